@@ -1,0 +1,72 @@
+# llmc build. `make` builds the CPU trainer and, where nvcc exists, the CUDA trainer.
+#   make              train_gpt_cpu (+ train_gpt if nvcc is found)
+#   make train        prepare the default corpus, then train the default model on the CPU
+#   make test         prepare test data, build and run the Catch2 tests
+#   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
+# Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
+# torch/numpy/regex), NO_CUDA=1 to skip the CUDA build.
+
+CXX       ?= g++
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+PYTHON    ?= /usr/bin/python3
+BUILD     := build
+
+CXXFLAGS  ?= -O3 -march=native
+CXXFLAGS  += -std=c++20 -fopenmp -Wall -Wextra -Werror=return-type -I. -MMD -MP
+LDFLAGS   += -fopenmp
+NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
+             -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
+NVCC_LIBS := -lcublasLt -lcublas -lnccl
+
+HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt)
+
+.PHONY: all deps train test test-gpu data clean
+all: deps $(TARGETS)
+
+# Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
+DEP_FILES := /usr/include/nlohmann/json.hpp /usr/include/catch2/catch.hpp \
+             /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h /usr/lib/python3/dist-packages/regex
+deps:
+	@for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
+
+# The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
+train_gpt_cpu: train_gpt.cu | deps
+	$(CXX) $(CXXFLAGS) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS)
+
+train_gpt: train_gpt.cu | deps
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp
+
+# ---- data (git-ignored, made by dev/data) ----
+BPE_DIR   := data/gpt2_bpe
+TOKENIZER := data/gpt2_tokenizer.bin
+DEFAULT_DATA := data/default/.done
+$(BPE_DIR)/encoder.json:
+	dev/data/fetch_gpt2_bpe.sh $(BPE_DIR)
+$(TOKENIZER): $(BPE_DIR)/encoder.json dev/data/gpt2_bpe.py
+	$(PYTHON) dev/data/gpt2_bpe.py --bpe-dir $(BPE_DIR) --write-tokenizer $@
+$(DEFAULT_DATA): $(TOKENIZER) dev/data/default_corpus.py
+	$(PYTHON) dev/data/default_corpus.py --bpe-dir $(BPE_DIR) --out-dir data/default
+	touch $@
+data: $(TOKENIZER) $(DEFAULT_DATA)
+
+# ---- training ----
+train: train_gpt_cpu data
+	./train_gpt_cpu
+
+# ---- tests ----
+TEST_SRCS := $(wildcard test/*.cpp)
+TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
+$(BUILD)/%.o: %.cpp | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+$(BUILD)/test_llmc: $(TEST_OBJS)
+	$(CXX) $^ -o $@ $(LDFLAGS)
+test: all data $(BUILD)/test_llmc
+	$(BUILD)/test_llmc
+
+clean:
+	rm -rf $(BUILD) train_gpt_cpu train_gpt
+
+-include $(TEST_OBJS:.o=.d)

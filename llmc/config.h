@@ -1,0 +1,335 @@
+// config.h: the run configuration: every flag, its default and its documentation in one table.
+//
+// One table (run_options) drives everything: command-line parsing (llm.c's short letters and
+// readable long names), `--config run.json` (keys are the long names), `--help`, and the resolved
+// config.json written into the output directory, so any run can be repeated exactly. Command-line
+// flags override the JSON file wherever they appear on the line.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model_config.h"
+#include "schedule.h"
+#include "utils.h"
+
+namespace llmc {
+
+struct RunConfig {
+    // data
+    std::string train_data = "data/default/default_train_*.bin";
+    std::string val_data = "data/default/default_val_*.bin";
+    std::string tokenizer = "data/gpt2_tokenizer.bin";
+    std::string output_dir = "out";
+    // model: a preset name or a model file, and optional shape overrides for presets
+    std::string model = "d4";
+    int num_layers = 0, num_heads = 0, channels = 0, max_seq_len = 0;  // 0: the preset's value
+    int vocab_size = 50257;
+    // batch
+    int batch_size = 8;          // B: sequences per micro-batch per rank
+    int seq_len = 64;            // T
+    int total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0 means B*T*world_size
+    // optimization
+    int steps = 250;
+    float lr = 1e-3f;
+    std::string lr_schedule = "cosine";
+    int warmup_steps = 20;
+    float final_lr_frac = 0.1f;
+    float wsd_decay_frac = 0.2f;
+    float weight_decay = 0.1f;
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    float grad_clip = 1.0f;  // global gradient-norm clip; 0 disables
+    uint64_t seed = 1337;
+    bool shuffle = true;
+    // evaluation and sampling
+    int val_every = 50;   // 0 disables
+    int val_steps = 10;   // validation batches per evaluation
+    int sample_every = 125;  // 0 disables
+    int sample_tokens = 48;
+    float temperature = 1.0f;
+    std::string config_file;  // --config, for the record
+
+    // Resolved by resolve(): the model shape and the batch arithmetic.
+    ModelConfig model_config;
+    int world_size = 1;
+    int grad_accum_steps = 1;
+    bool model_is_file = false;
+};
+
+// One row per option: how it is spelled, where it is stored and what it means.
+struct RunOption {
+    const char* short_flag;  // llm.c's letter, or "" when it has none
+    const char* name;        // long flag (--name, - and _ both accepted) and JSON key
+    std::variant<int RunConfig::*, float RunConfig::*, std::string RunConfig::*, bool RunConfig::*,
+                 uint64_t RunConfig::*> field;
+    const char* doc;
+};
+
+inline const std::vector<RunOption>& run_options() {
+    static const std::vector<RunOption> options = {
+        {"-i", "train_data", &RunConfig::train_data, "glob of training token shards"},
+        {"-j", "val_data", &RunConfig::val_data, "glob of validation token shards (\"\" disables validation)"},
+        {"-k", "tokenizer", &RunConfig::tokenizer, "tokenizer file for decoding samples (\"\" disables sampling)"},
+        {"-o", "output_dir", &RunConfig::output_dir, "directory for config.json, metrics.jsonl and model.bin"},
+        {"-e", "model", &RunConfig::model, "preset d4 d6 d12 d24 d36 d48, or a model file to start from"},
+        {"", "num_layers", &RunConfig::num_layers, "override the preset's layer count"},
+        {"", "num_heads", &RunConfig::num_heads, "override the preset's head count"},
+        {"", "channels", &RunConfig::channels, "override the preset's channel count"},
+        {"", "max_seq_len", &RunConfig::max_seq_len, "override the preset's maximum sequence length (1024)"},
+        {"", "vocab_size", &RunConfig::vocab_size, "vocabulary size of a preset model (padded to a multiple of 128)"},
+        {"-b", "batch_size", &RunConfig::batch_size, "micro-batch size B (sequences per rank per forward)"},
+        {"-t", "seq_len", &RunConfig::seq_len, "sequence length T"},
+        {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},
+        {"-x", "steps", &RunConfig::steps, "optimizer steps to train"},
+        {"-l", "lr", &RunConfig::lr, "peak learning rate"},
+        {"", "lr_schedule", &RunConfig::lr_schedule, "cosine | linear | constant | wsd"},
+        {"-u", "warmup_steps", &RunConfig::warmup_steps, "linear warmup steps"},
+        {"-q", "final_lr_frac", &RunConfig::final_lr_frac, "final learning rate as a fraction of the peak"},
+        {"", "wsd_decay_frac", &RunConfig::wsd_decay_frac, "wsd: fraction of the steps spent in the cooldown"},
+        {"-c", "weight_decay", &RunConfig::weight_decay, "AdamW decoupled weight decay (matrices only)"},
+        {"", "beta1", &RunConfig::beta1, "AdamW beta1"},
+        {"", "beta2", &RunConfig::beta2, "AdamW beta2"},
+        {"", "eps", &RunConfig::eps, "AdamW epsilon"},
+        {"", "grad_clip", &RunConfig::grad_clip, "clip the global gradient norm to this (0: off)"},
+        {"", "seed", &RunConfig::seed, "seed for weight init, data shuffling and sampling"},
+        {"", "shuffle", &RunConfig::shuffle, "shuffle training windows each epoch (0 or 1)"},
+        {"-v", "val_every", &RunConfig::val_every, "evaluate validation loss every N steps (0: never)"},
+        {"-m", "val_steps", &RunConfig::val_steps, "validation batches per evaluation"},
+        {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
+        {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
+        {"", "temperature", &RunConfig::temperature, "sampling temperature"},
+    };
+    return options;
+}
+
+namespace detail {
+
+// A float as the JSON number with the fewest digits that reads back to the same float (0.001, not
+// 0.0010000000474974513), so config.json is readable and round trips exactly.
+inline nlohmann::json json_value(float v) {
+    char buf[32];
+    auto result = std::to_chars(buf, buf + sizeof buf, v);
+    return std::strtod(std::string(buf, result.ptr).c_str(), nullptr);
+}
+template <typename T>
+nlohmann::json json_value(const T& v) { return v; }
+
+inline std::string flag_name(const RunOption& o) {
+    std::string n = o.name;
+    for (char& ch : n) if (ch == '_') ch = '-';
+    return "--" + n;
+}
+
+inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::string& where, const std::string& text) {
+    auto bad = [&](const char* expected) {
+        fail(strformat("%s expects %s, got '%s'", where.c_str(), expected, text.c_str()));
+    };
+    std::visit([&](auto member) {
+        using T = std::remove_reference_t<decltype(cfg.*member)>;
+        char* end = nullptr;
+        errno = 0;
+        if constexpr (std::is_same_v<T, std::string>) {
+            cfg.*member = text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+            if (text == "1" || text == "true") cfg.*member = true;
+            else if (text == "0" || text == "false") cfg.*member = false;
+            else bad("0 or 1");
+        } else if constexpr (std::is_same_v<T, float>) {
+            float v = strtof(text.c_str(), &end);
+            if (text.empty() || *end || errno) bad("a number");
+            cfg.*member = v;
+        } else if constexpr (std::is_same_v<T, int>) {
+            long v = strtol(text.c_str(), &end, 10);
+            if (text.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX) bad("an integer");
+            cfg.*member = (int)v;
+        } else {
+            if (!text.empty() && text[0] == '-') bad("a non-negative integer");
+            unsigned long long v = strtoull(text.c_str(), &end, 10);
+            if (text.empty() || *end || errno) bad("a non-negative integer");
+            cfg.*member = (T)v;
+        }
+    }, o.field);
+}
+
+inline void set_from_json(RunConfig& cfg, const RunOption& o, const std::string& where, const nlohmann::json& value) {
+    std::string text;
+    if (value.is_string()) text = value.get<std::string>();
+    else if (value.is_boolean()) text = value.get<bool>() ? "1" : "0";
+    else if (value.is_number()) text = value.dump();
+    else fail(strformat("%s must be a string, number or boolean, got %s", where.c_str(), value.dump().c_str()));
+    // A JSON number for a string field (or a string for a number) is converted and then validated
+    // exactly as the command line would be.
+    if (value.is_number_float() && std::holds_alternative<int RunConfig::*>(o.field)) {
+        fail(strformat("%s expects an integer, got %s", where.c_str(), text.c_str()));
+    }
+    set_from_string(cfg, o, where, text);
+}
+
+inline const RunOption* find_option(const std::string& spelled) {
+    std::string key = spelled;
+    bool is_long = key.rfind("--", 0) == 0;
+    if (is_long) {
+        key = key.substr(2);
+        for (char& ch : key) if (ch == '-') ch = '_';
+    }
+    for (const RunOption& o : run_options()) {
+        if (is_long ? key == o.name : spelled == o.short_flag) return &o;
+    }
+    return nullptr;
+}
+
+}  // namespace detail
+
+inline void apply_config_file(RunConfig& cfg, const std::string& path) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(read_text_file(path));
+    } catch (const nlohmann::json::exception& e) {
+        fail(strformat("config file '%s' is not valid JSON: %s", path.c_str(), e.what()));
+    }
+    if (!j.is_object()) fail(strformat("config file '%s' must hold a JSON object of option names to values", path.c_str()));
+    for (auto& [key, value] : j.items()) {
+        const RunOption* o = detail::find_option("--" + key);
+        if (!o) fail(strformat("config file '%s': unknown option '%s' (see --help for the names)", path.c_str(), key.c_str()));
+        detail::set_from_json(cfg, *o, strformat("config file '%s': option '%s'", path.c_str(), key.c_str()), value);
+    }
+    cfg.config_file = path;
+}
+
+inline std::string run_config_help(const char* program) {
+    std::string out = strformat("usage: %s [flags]\n\nFlags (a --config FILE.json sets the same options by long name):\n", program);
+    RunConfig defaults;
+    for (const RunOption& o : run_options()) {
+        std::string spelled = o.short_flag[0] ? strformat("%s, %s", o.short_flag, detail::flag_name(o).c_str())
+                                              : "    " + detail::flag_name(o);
+        std::string value = std::visit([&](auto member) {
+            return detail::json_value(defaults.*member).dump();
+        }, o.field);
+        out += strformat("  %-26s %s (default %s)\n", spelled.c_str(), o.doc, value.c_str());
+    }
+    out += "      --config FILE          read options from a JSON file; later flags override it\n";
+    out += "  -h, --help                 print this help\n";
+    return out;
+}
+
+// Parses argv into cfg. Returns false when --help was asked for (the caller prints the help).
+inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i];
+        if (arg == "-h" || arg == "--help") return false;
+        std::string value;
+        bool has_inline_value = false;
+        size_t eq = arg.find('=');
+        if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+            has_inline_value = true;
+        }
+        if (!has_inline_value) {
+            if (i + 1 >= argc) fail(strformat("flag %s needs a value", arg.c_str()));
+            value = argv[++i];
+        }
+        if (arg == "--config") {
+            apply_config_file(cfg, value);
+            continue;
+        }
+        const RunOption* o = detail::find_option(arg);
+        if (!o) fail(strformat("unknown flag '%s' (run with --help for the list)", arg.c_str()));
+        detail::set_from_string(cfg, *o, strformat("flag %s", arg.c_str()), value);
+    }
+    return true;
+}
+
+// Validates the options and derives the model shape and batch arithmetic for world_size ranks.
+// model_from_file is the header of the -e model file when -e names a file, else nullptr.
+inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
+    auto require = [](bool ok, const std::string& message) { if (!ok) fail(message); };
+    cfg.world_size = world_size;
+    cfg.model_is_file = model_from_file != nullptr;
+    if (model_from_file) {
+        cfg.model_config = *model_from_file;
+        require(!cfg.num_layers && !cfg.num_heads && !cfg.channels && !cfg.max_seq_len,
+                "--num-layers/--num-heads/--channels/--max-seq-len override presets only, but -e names a model file");
+    } else {
+        require(cfg.vocab_size > 0, strformat("--vocab-size must be positive, got %d", cfg.vocab_size));
+        ModelConfig m = model_preset(cfg.model, 1024, cfg.vocab_size);
+        if (cfg.num_layers) m.num_layers = cfg.num_layers;
+        if (cfg.num_heads) m.num_heads = cfg.num_heads;
+        if (cfg.channels) m.channels = cfg.channels;
+        if (cfg.max_seq_len) m.max_seq_len = cfg.max_seq_len;
+        cfg.model_config = m;
+    }
+    cfg.model_config.validate();
+
+    require(cfg.batch_size > 0, strformat("-b (batch_size) must be positive, got %d", cfg.batch_size));
+    require(cfg.seq_len > 0, strformat("-t (seq_len) must be positive, got %d", cfg.seq_len));
+    require(cfg.seq_len <= cfg.model_config.max_seq_len,
+            strformat("-t (seq_len) %d exceeds the model's max_seq_len %d", cfg.seq_len, cfg.model_config.max_seq_len));
+    long long micro_tokens = (long long)cfg.batch_size * cfg.seq_len * world_size;
+    if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = (int)micro_tokens;
+    require(cfg.total_batch_tokens > 0 && cfg.total_batch_tokens % micro_tokens == 0,
+            strformat("-d (total_batch_tokens) %d must be a positive multiple of B*T*ranks = %d*%d*%d = %lld",
+                      cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, world_size, micro_tokens));
+    cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
+
+    require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d", cfg.steps));
+    require(cfg.lr > 0, strformat("-l (lr) must be positive, got %g", cfg.lr));
+    parse_lr_schedule(cfg.lr_schedule);
+    require(cfg.warmup_steps >= 0, strformat("-u (warmup_steps) must be >= 0, got %d", cfg.warmup_steps));
+    require(cfg.final_lr_frac >= 0 && cfg.final_lr_frac <= 1,
+            strformat("-q (final_lr_frac) must be in [0, 1], got %g", cfg.final_lr_frac));
+    require(cfg.wsd_decay_frac > 0 && cfg.wsd_decay_frac <= 1,
+            strformat("--wsd-decay-frac must be in (0, 1], got %g", cfg.wsd_decay_frac));
+    require(cfg.weight_decay >= 0, strformat("-c (weight_decay) must be >= 0, got %g", cfg.weight_decay));
+    require(cfg.beta1 >= 0 && cfg.beta1 < 1, strformat("--beta1 must be in [0, 1), got %g", cfg.beta1));
+    require(cfg.beta2 >= 0 && cfg.beta2 < 1, strformat("--beta2 must be in [0, 1), got %g", cfg.beta2));
+    require(cfg.eps > 0, strformat("--eps must be positive, got %g", cfg.eps));
+    require(cfg.grad_clip >= 0, strformat("--grad-clip must be >= 0, got %g", cfg.grad_clip));
+    require(cfg.val_every >= 0, strformat("-v (val_every) must be >= 0, got %d", cfg.val_every));
+    require(cfg.val_steps > 0, strformat("-m (val_steps) must be positive, got %d", cfg.val_steps));
+    require(cfg.sample_every >= 0, strformat("-s (sample_every) must be >= 0, got %d", cfg.sample_every));
+    require(cfg.sample_tokens > 0, strformat("-g (sample_tokens) must be positive, got %d", cfg.sample_tokens));
+    require(cfg.temperature > 0, strformat("--temperature must be positive, got %g", cfg.temperature));
+    require(!cfg.output_dir.empty(), "-o (output_dir) must not be empty");
+}
+
+inline LrSchedule lr_schedule_of(const RunConfig& cfg) {
+    LrSchedule s;
+    s.kind = parse_lr_schedule(cfg.lr_schedule);
+    s.max_lr = cfg.lr;
+    s.warmup_steps = cfg.warmup_steps;
+    s.total_steps = cfg.steps;
+    s.final_lr_frac = cfg.final_lr_frac;
+    s.wsd_decay_frac = cfg.wsd_decay_frac;
+    return s;
+}
+
+// The resolved configuration as written to <output_dir>/config.json: every option by its long name
+// (so the file can be fed back with --config) plus, under "resolved", what was derived.
+inline nlohmann::json run_config_json(const RunConfig& cfg) {
+    nlohmann::json j;
+    for (const RunOption& o : run_options()) {
+        std::visit([&](auto member) { j[o.name] = detail::json_value(cfg.*member); }, o.field);
+    }
+    const ModelConfig& m = cfg.model_config;
+    j["resolved"] = {
+        {"model", {{"max_seq_len", m.max_seq_len}, {"vocab_size", m.vocab_size},
+                   {"padded_vocab_size", m.padded_vocab_size}, {"num_layers", m.num_layers},
+                   {"num_heads", m.num_heads}, {"channels", m.channels},
+                   {"num_params", ParamLayout(m).num_params}}},
+        {"world_size", cfg.world_size},
+        {"grad_accum_steps", cfg.grad_accum_steps},
+        {"model_is_file", cfg.model_is_file},
+        {"config_file", cfg.config_file},
+    };
+    return j;
+}
+
+}  // namespace llmc

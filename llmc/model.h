@@ -1,0 +1,57 @@
+// model.h: the interface between the train loop and a model implementation.
+//
+// The train loop (host C++, no CUDA) drives a Model through this narrow interface; the CPU
+// reference (gpt2_cpu.h, fp32) and the CUDA model (bf16) both implement it. Buffers named here are
+// the flat buffers of model_config.h's ParamLayout, so an optimizer "shard" is just a range
+// [begin, end) of element indices, which is what ZeRO needs.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "model_config.h"
+
+namespace llmc {
+
+struct AdamWConfig {
+    float lr = 3e-4f;
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+    float weight_decay = 0.0f;  // decoupled, applied to matrices only (ParamLayout::is_decayed)
+};
+
+class Model {
+public:
+    virtual ~Model() = default;
+    virtual const ModelConfig& config() const = 0;
+    // The largest micro-batch the activations were sized for; calls may use any B <= max_B, T <= max_T.
+    virtual int max_batch() const = 0;
+    virtual int max_seq_len() const = 0;
+
+    // Random GPT-2 init from a seed (identical across implementations), or weights from a model file.
+    virtual void init_random(uint64_t seed) = 0;
+    virtual void load(const std::string& path) = 0;
+    virtual void save(const std::string& path) = 0;
+
+    virtual void zero_grad() = 0;
+    // Forward and backward on one micro-batch of B x T tokens. Gradients ACCUMULATE (+=) and are
+    // scaled by grad_scale (1 / gradient-accumulation steps gives the mean over the whole batch).
+    // Returns the micro-batch's mean cross-entropy loss.
+    virtual float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale) = 0;
+    // Mean loss on a micro-batch, gradients untouched.
+    virtual float evaluate(const int* inputs, const int* targets, int B, int T) = 0;
+    // Logits (padded_vocab_size floats; only the first vocab_size mean anything) for the token that
+    // follows tokens[0..T), written to logits_out (host memory).
+    virtual void next_token_logits(const int* tokens, int T, float* logits_out) = 0;
+
+    // Sum of squared gradients over the flat range [begin, end), in double.
+    virtual double grad_sum_squares(size_t begin, size_t end) = 0;
+    // One AdamW step (1-based `step` for bias correction) on the range [begin, end). Each gradient
+    // is multiplied by grad_multiplier first (global-norm clipping).
+    virtual void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier, size_t begin, size_t end) = 0;
+
+    size_t num_params() const { return ParamLayout(config()).num_params; }
+};
+
+}  // namespace llmc

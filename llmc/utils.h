@@ -1,0 +1,147 @@
+// utils.h: errors, checked file I/O and atomic writes.
+//
+// Every failure in llmc is an llmc::Error carrying a message that names the file, flag or value
+// and what was expected. Library code throws; only main() catches, prints and exits non-zero. That
+// keeps the library testable (a test can assert on the message) and lets RAII clean up on the way.
+//
+// Files are written whole or not at all: AtomicFile writes to "<path>.tmp.<pid>" and renames onto
+// the final path only when commit() succeeds, so a crash or an error never leaves a half file.
+#pragma once
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace llmc {
+
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// printf-style formatting into a std::string.
+inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strformat(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    va_list copy;
+    va_copy(copy, args);
+    int n = vsnprintf(nullptr, 0, fmt, copy);
+    va_end(copy);
+    std::string out(n > 0 ? n : 0, '\0');
+    if (n > 0) vsnprintf(out.data(), n + 1, fmt, args);
+    va_end(args);
+    return out;
+}
+
+[[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+
+// A FILE* that closes itself. Reads and writes are checked and report the path and the byte offset.
+class File {
+public:
+    File(const std::string& path, const char* mode) : path_(path) {
+        f_ = fopen(path.c_str(), mode);
+        if (!f_) fail(strformat("cannot open '%s' (mode %s): %s", path.c_str(), mode, strerror(errno)));
+    }
+    ~File() { if (f_) fclose(f_); }
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
+
+    const std::string& path() const { return path_; }
+
+    int64_t size() {
+        int64_t here = tell();
+        seek(0, SEEK_END);
+        int64_t end = tell();
+        seek(here, SEEK_SET);
+        return end;
+    }
+    int64_t tell() { return (int64_t)ftello(f_); }
+    void seek(int64_t offset, int whence = SEEK_SET) {
+        if (fseeko(f_, (off_t)offset, whence) != 0)
+            fail(strformat("cannot seek to byte %lld in '%s': %s", (long long)offset, path_.c_str(), strerror(errno)));
+    }
+    // Reads exactly `count` items or fails naming the file and the offset where the data ran out.
+    template <typename T>
+    void read(T* out, size_t count, const char* what = "data") {
+        int64_t at = tell();
+        size_t got = fread(out, sizeof(T), count, f_);
+        if (got != count)
+            fail(strformat("'%s' is truncated: expected %zu bytes of %s at byte offset %lld, found %zu",
+                           path_.c_str(), count * sizeof(T), what, (long long)at, got * sizeof(T)));
+    }
+    template <typename T>
+    void write(const T* data, size_t count) {
+        if (count && fwrite(data, sizeof(T), count, f_) != count)
+            fail(strformat("cannot write %zu bytes to '%s': %s", count * sizeof(T), path_.c_str(), strerror(errno)));
+    }
+    void flush() {
+        if (fflush(f_) != 0) fail(strformat("cannot write to '%s': %s", path_.c_str(), strerror(errno)));
+    }
+    void close() {
+        FILE* f = f_;
+        f_ = nullptr;
+        if (f && fclose(f) != 0) fail(strformat("cannot close '%s': %s", path_.c_str(), strerror(errno)));
+    }
+
+private:
+    std::string path_;
+    FILE* f_ = nullptr;
+};
+
+// Writes a file whole or not at all. Write through file(), then commit(); if the object is destroyed
+// without commit() (an exception on the way), the temporary is removed and the target is untouched.
+class AtomicFile {
+public:
+    explicit AtomicFile(const std::string& path)
+        : path_(path), tmp_path_(path + ".tmp." + std::to_string(getpid())), file_(tmp_path_, "wb") {}
+    ~AtomicFile() {
+        if (!committed_) remove(tmp_path_.c_str());
+    }
+    File& file() { return file_; }
+    void commit() {
+        file_.close();
+        if (rename(tmp_path_.c_str(), path_.c_str()) != 0)
+            fail(strformat("cannot rename '%s' to '%s': %s", tmp_path_.c_str(), path_.c_str(), strerror(errno)));
+        committed_ = true;
+    }
+
+private:
+    std::string path_, tmp_path_;
+    File file_;
+    bool committed_ = false;
+};
+
+inline void write_text_file_atomic(const std::string& path, const std::string& text) {
+    AtomicFile out(path);
+    out.file().write(text.data(), text.size());
+    out.commit();
+}
+
+inline std::string read_text_file(const std::string& path) {
+    File f(path, "rb");
+    std::string text(f.size(), '\0');
+    f.read(text.data(), text.size(), "text");
+    return text;
+}
+
+// Creates a directory and its parents (like mkdir -p); fails naming the path.
+inline void make_dirs(const std::string& path) {
+    for (size_t i = 1; i <= path.size(); i++) {
+        if (i < path.size() && path[i] != '/') continue;
+        std::string partial = path.substr(0, i);
+        if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+            fail(strformat("cannot create directory '%s': %s", partial.c_str(), strerror(errno)));
+    }
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        fail(strformat("'%s' exists but is not a directory", path.c_str()));
+}
+
+}  // namespace llmc

@@ -1,0 +1,131 @@
+// Run and model configuration: presets, flag and JSON parsing, validation errors, and the resolved
+// config.json feeding back into the same run.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <vector>
+
+#include "llmc/config.h"
+
+using namespace llmc;
+using Catch::Contains;
+
+namespace {
+
+RunConfig parse(std::vector<const char*> args, int world_size = 1) {
+    args.insert(args.begin(), "train_gpt");
+    RunConfig cfg;
+    bool parsed = parse_run_args(cfg, (int)args.size(), args.data());  // throws on a bad flag
+    REQUIRE(parsed);
+    resolve_run_config(cfg, world_size, nullptr);
+    return cfg;
+}
+
+std::string temp_json(const std::string& text) {
+    char path[] = "/tmp/llmc_config_XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    write_text_file_atomic(path, text);
+    return path;
+}
+
+}  // namespace
+
+TEST_CASE("presets have GPT-2's published shapes and parameter counts", "[config]") {
+    // d12 is GPT-2 124M; counts include the padded vocab (50304 rows), as in llm.c.
+    CHECK(ParamLayout(model_preset("d12")).num_params == 124475904);
+    ModelConfig d48 = model_preset("d48");
+    CHECK((d48.num_layers == 48 && d48.channels == 1600 && d48.num_heads == 25));
+    CHECK(ParamLayout(d48).num_params == 1557686400);
+    ModelConfig d24 = model_preset("d24");
+    CHECK((d24.num_layers == 24 && d24.channels == 1024 && d24.num_heads == 16));
+    ModelConfig d36 = model_preset("d36");
+    CHECK((d36.num_layers == 36 && d36.channels == 1280 && d36.num_heads == 20));
+    for (const char* name : {"d4", "d6", "d12", "d24", "d36", "d48"}) {
+        ModelConfig c = model_preset(name);
+        CHECK_NOTHROW(c.validate());
+        CHECK(c.padded_vocab_size == 50304);
+    }
+    REQUIRE_THROWS_WITH(model_preset("d7"), Contains("unknown model preset 'd7'"));
+}
+
+TEST_CASE("flags use llm.c letters and long names, --name=value and - or _ alike", "[config]") {
+    RunConfig cfg = parse({"-b", "4", "--seq-len", "32", "--total_batch_tokens=256", "-l", "0.002",
+                           "--lr-schedule", "wsd", "-e", "d6", "--shuffle", "0"});
+    CHECK(cfg.batch_size == 4);
+    CHECK(cfg.seq_len == 32);
+    CHECK(cfg.total_batch_tokens == 256);
+    CHECK(cfg.grad_accum_steps == 2);
+    CHECK(cfg.lr == 0.002f);
+    CHECK(cfg.lr_schedule == "wsd");
+    CHECK(cfg.model_config.num_layers == 6);
+    CHECK_FALSE(cfg.shuffle);
+}
+
+TEST_CASE("total batch defaults to B*T*ranks and must be a multiple of it", "[config]") {
+    CHECK(parse({"-b", "2", "-t", "16"}, 4).total_batch_tokens == 128);
+    CHECK(parse({"-b", "2", "-t", "16", "-d", "512"}, 4).grad_accum_steps == 4);
+    REQUIRE_THROWS_WITH(parse({"-b", "2", "-t", "16", "-d", "100"}),
+                        Contains("-d (total_batch_tokens) 100 must be a positive multiple of B*T*ranks"));
+}
+
+TEST_CASE("invalid values are rejected with the value and the expectation", "[config]") {
+    REQUIRE_THROWS_WITH(parse({"--channels", "100", "--num-heads", "3"}),
+                        Contains("channels (100) must be divisible by num_heads (3)"));
+    REQUIRE_THROWS_WITH(parse({"-b", "x"}), Contains("flag -b expects an integer, got 'x'"));
+    REQUIRE_THROWS_WITH(parse({"-b", "0"}), Contains("-b (batch_size) must be positive, got 0"));
+    REQUIRE_THROWS_WITH(parse({"-l", "fast"}), Contains("flag -l expects a number, got 'fast'"));
+    REQUIRE_THROWS_WITH(parse({"-t", "2048"}), Contains("exceeds the model's max_seq_len 1024"));
+    REQUIRE_THROWS_WITH(parse({"--lr-schedule", "step"}), Contains("unknown learning-rate schedule 'step'"));
+    REQUIRE_THROWS_WITH(parse({"-e", "d5"}), Contains("unknown model preset 'd5'"));
+    REQUIRE_THROWS_WITH(parse({"--beta2", "1"}), Contains("--beta2 must be in [0, 1)"));
+    REQUIRE_THROWS_WITH(parse({"--shuffle", "maybe"}), Contains("expects 0 or 1"));
+    REQUIRE_THROWS_WITH(parse({"--seed", "-3"}), Contains("expects a non-negative integer"));
+}
+
+TEST_CASE("unknown flags, missing values and missing files are errors", "[config]") {
+    REQUIRE_THROWS_WITH(parse({"--batchsize", "4"}), Contains("unknown flag '--batchsize'"));
+    REQUIRE_THROWS_WITH(parse({"-b"}), Contains("flag -b needs a value"));
+    REQUIRE_THROWS_WITH(parse({"--config", "/nonexistent/run.json"}), Contains("/nonexistent/run.json"));
+    RunConfig cfg;
+    const char* help[] = {"train_gpt", "--help"};
+    CHECK_FALSE(parse_run_args(cfg, 2, help));
+}
+
+TEST_CASE("--config reads options by long name and later flags override it", "[config]") {
+    std::string path = temp_json(R"({"batch_size": 2, "lr": 0.005, "lr_schedule": "linear", "shuffle": false})");
+    RunConfig cfg = parse({"--config", path.c_str(), "-b", "4"});
+    CHECK(cfg.batch_size == 4);
+    CHECK(cfg.lr == 0.005f);
+    CHECK(cfg.lr_schedule == "linear");
+    CHECK_FALSE(cfg.shuffle);
+    CHECK(cfg.config_file == path);
+    remove(path.c_str());
+}
+
+TEST_CASE("--config rejects unknown keys, wrong types and broken JSON, naming the file", "[config]") {
+    std::string unknown = temp_json(R"({"batch_sze": 2})");
+    REQUIRE_THROWS_WITH(parse({"--config", unknown.c_str()}), Contains("unknown option 'batch_sze'") && Contains(unknown));
+    std::string fractional = temp_json(R"({"batch_size": 2.5})");
+    REQUIRE_THROWS_WITH(parse({"--config", fractional.c_str()}), Contains("'batch_size' expects an integer"));
+    std::string broken = temp_json(R"({"batch_size": )");
+    REQUIRE_THROWS_WITH(parse({"--config", broken.c_str()}), Contains("is not valid JSON") && Contains(broken));
+    std::string array = temp_json(R"([1, 2])");
+    REQUIRE_THROWS_WITH(parse({"--config", array.c_str()}), Contains("must hold a JSON object"));
+    for (auto& p : {unknown, fractional, broken, array}) remove(p.c_str());
+}
+
+TEST_CASE("the resolved config.json feeds back into an identical run", "[config]") {
+    RunConfig first = parse({"-b", "4", "-t", "32", "-l", "0.0007", "--lr-schedule", "wsd", "--seed", "99"});
+    nlohmann::json written = run_config_json(first);
+    CHECK(written["lr"].dump() == "0.0007");  // floats are written in their shortest exact form
+    CHECK(written["resolved"]["model"]["num_params"] == ParamLayout(first.model_config).num_params);
+    written.erase("resolved");
+    std::string path = temp_json(written.dump());
+    RunConfig second = parse({"--config", path.c_str()});
+    nlohmann::json rewritten = run_config_json(second);
+    rewritten.erase("resolved");
+    CHECK(rewritten == written);
+    remove(path.c_str());
+}
