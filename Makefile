@@ -13,7 +13,7 @@ PYTHON    ?= /usr/bin/python3
 BUILD     := build
 
 CXXFLAGS  ?= -O3 -march=native
-CXXFLAGS  += -std=c++20 -fopenmp -Wall -Wextra -Werror=return-type -I. -MMD -MP
+CXXFLAGS  += -std=c++20 -fopenmp -Wall -Wextra -Werror=return-type -I.
 LDFLAGS   += -fopenmp
 NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
              -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
@@ -32,10 +32,11 @@ deps:
 	@for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
 
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
-train_gpt_cpu: train_gpt.cu | deps
+HEADERS := $(wildcard llmc/*.h)
+train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS)
 
-train_gpt: train_gpt.cu | deps
+train_gpt: train_gpt.cu $(HEADERS) | deps
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp
 
 # ---- data (git-ignored, made by dev/data) ----
@@ -60,7 +61,7 @@ TEST_SRCS := $(wildcard test/*.cpp)
 TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 $(BUILD)/%.o: %.cpp | deps
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 test: all data $(BUILD)/test_llmc

@@ -1,0 +1,107 @@
+// model_file.h: reads and writes llm.c's GPT-2 model file (version 3: fp32 parameters).
+//
+// Layout: an int32[256] header, then every parameter as fp32 in ParamLayout order (padded wte rows
+// included), nothing after. Because the header carries the whole shape, a reader can compute the
+// exact expected file size up front, so truncation and trailing garbage are both caught, and
+// reported with the byte offset, before any parameter is trusted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model_config.h"
+#include "utils.h"
+
+namespace llmc {
+
+constexpr int MODEL_FILE_MAGIC = 20240326;
+constexpr int MODEL_FILE_VERSION_FP32 = 3;
+constexpr int MODEL_FILE_VERSION_BF16 = 5;
+constexpr int MODEL_FILE_HEADER_INTS = 256;
+constexpr int64_t MODEL_FILE_HEADER_BYTES = MODEL_FILE_HEADER_INTS * (int64_t)sizeof(int32_t);
+
+namespace detail {
+
+inline ModelConfig parse_model_header(const std::string& path, const int32_t* header) {
+    if (header[0] != MODEL_FILE_MAGIC)
+        fail(strformat("'%s' is not a GPT-2 model file: magic number %d, expected %d", path.c_str(),
+                       header[0], MODEL_FILE_MAGIC));
+    if (header[1] == MODEL_FILE_VERSION_BF16)
+        fail(strformat("'%s' is model file version 5 (bf16 parameters), which this reader does not "
+                       "support yet; expected version %d (fp32)", path.c_str(), MODEL_FILE_VERSION_FP32));
+    if (header[1] != MODEL_FILE_VERSION_FP32)
+        fail(strformat("'%s' has unsupported model file version %d, expected %d (fp32)", path.c_str(),
+                       header[1], MODEL_FILE_VERSION_FP32));
+    ModelConfig c;
+    c.max_seq_len = header[2];
+    c.vocab_size = header[3];
+    c.num_layers = header[4];
+    c.num_heads = header[5];
+    c.channels = header[6];
+    c.padded_vocab_size = header[7];
+    try {
+        c.validate();
+    } catch (const Error& e) {
+        fail(strformat("'%s' has an invalid header: %s", path.c_str(), e.what()));
+    }
+    return c;
+}
+
+}  // namespace detail
+
+// The shape stored in a model file's header (the file is opened, the parameters are not read).
+inline ModelConfig read_model_header(const std::string& path) {
+    File f(path, "rb");
+    int32_t header[MODEL_FILE_HEADER_INTS];
+    f.read(header, MODEL_FILE_HEADER_INTS, "model header");
+    return detail::parse_model_header(path, header);
+}
+
+// Reads the parameters of a model file whose shape must equal `expected` into `params`
+// (ParamLayout(expected).num_params floats).
+inline void read_model_file(const std::string& path, const ModelConfig& expected, float* params) {
+    File f(path, "rb");
+    int32_t header[MODEL_FILE_HEADER_INTS];
+    f.read(header, MODEL_FILE_HEADER_INTS, "model header");
+    ModelConfig got = detail::parse_model_header(path, header);
+    auto check = [&](const char* field, int file_value, int expected_value) {
+        if (file_value != expected_value)
+            fail(strformat("'%s' does not match the model: %s is %d in the file, expected %d", path.c_str(),
+                           field, file_value, expected_value));
+    };
+    check("max_seq_len", got.max_seq_len, expected.max_seq_len);
+    check("vocab_size", got.vocab_size, expected.vocab_size);
+    check("num_layers", got.num_layers, expected.num_layers);
+    check("num_heads", got.num_heads, expected.num_heads);
+    check("channels", got.channels, expected.channels);
+    check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
+
+    size_t num_params = ParamLayout(expected).num_params;
+    int64_t expected_bytes = MODEL_FILE_HEADER_BYTES + (int64_t)(num_params * sizeof(float));
+    f.read(params, num_params, "fp32 parameters");
+    int64_t actual_bytes = f.size();
+    if (actual_bytes != expected_bytes)
+        fail(strformat("'%s' has %lld trailing bytes after the parameters (expected size %lld bytes, found %lld)",
+                       path.c_str(), (long long)(actual_bytes - expected_bytes), (long long)expected_bytes,
+                       (long long)actual_bytes));
+}
+
+// Writes a version-3 model file whole or not at all.
+inline void write_model_file(const std::string& path, const ModelConfig& config, const float* params) {
+    config.validate();
+    int32_t header[MODEL_FILE_HEADER_INTS] = {};
+    header[0] = MODEL_FILE_MAGIC;
+    header[1] = MODEL_FILE_VERSION_FP32;
+    header[2] = config.max_seq_len;
+    header[3] = config.vocab_size;
+    header[4] = config.num_layers;
+    header[5] = config.num_heads;
+    header[6] = config.channels;
+    header[7] = config.padded_vocab_size;
+    AtomicFile out(path);
+    out.file().write(header, MODEL_FILE_HEADER_INTS);
+    out.file().write(params, ParamLayout(config).num_params);
+    out.commit();
+}
+
+}  // namespace llmc

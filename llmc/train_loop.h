@@ -1,0 +1,156 @@
+// train_loop.h: the training loop, shared by the CPU and the CUDA trainer.
+//
+// Host orchestration only: it knows a Model through model.h's interface and nothing of CUDA. One
+// optimizer step = grad_accum_steps micro-batches of forward+backward (gradients accumulate, each
+// scaled by 1/grad_accum_steps so the sum is the mean over the whole batch), then the global
+// gradient norm, clipping, and AdamW at the scheduled learning rate. Validation and samples happen
+// between steps and never touch the training data order or the training RNG.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "dataloader.h"
+#include "metrics.h"
+#include "model.h"
+#include "rng.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+namespace llmc {
+
+struct TrainSummary {
+    float first_val_loss = NAN, last_val_loss = NAN;
+    float last_train_loss = NAN;
+    double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
+};
+
+// Mean loss over the first val_steps batches of the validation set (the same batches every time).
+inline float validation_loss(Model& model, DataLoader& val, int val_steps, int B, int T) {
+    val.reset();
+    int batches = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
+    double total = 0.0;
+    for (int i = 0; i < batches; i++) {
+        val.next_batch();
+        total += model.evaluate(val.inputs(), val.targets(), B, T);
+    }
+    return (float)(total / batches);
+}
+
+class Trainer {
+public:
+    Trainer(const RunConfig& cfg, Model& model, int rank = 0)
+        : cfg_(cfg), model_(model),
+          train_(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, cfg.world_size,
+                 cfg.model_config.vocab_size, cfg.shuffle, cfg.seed),
+          log_(cfg.output_dir + "/metrics.jsonl"),
+          sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
+        if (!cfg.val_data.empty() && cfg.val_every > 0)
+            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, cfg.world_size,
+                                                cfg.model_config.vocab_size, false, cfg.seed);
+        if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
+            tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
+            if (tokenizer_->vocab_size() != cfg.model_config.vocab_size)
+                fail(strformat("tokenizer '%s' has %d tokens but the model's vocab_size is %d", cfg.tokenizer.c_str(),
+                               tokenizer_->vocab_size(), cfg.model_config.vocab_size));
+        }
+    }
+
+    TrainSummary run() {
+        TrainSummary summary;
+        LrSchedule schedule = lr_schedule_of(cfg_);
+        AdamWConfig opt{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
+        const int B = cfg_.batch_size, T = cfg_.seq_len;
+        const size_t num_params = model_.num_params();
+        double timed_ms = 0;
+        long long timed_tokens = 0;
+
+        for (int step = 0; step <= cfg_.steps; step++) {
+            bool last = step == cfg_.steps;
+            if (val_ && (step % cfg_.val_every == 0 || last)) {
+                float loss = validation_loss(model_, *val_, cfg_.val_steps, B, T);
+                log_.log_val(step, loss);
+                if (std::isnan(summary.first_val_loss)) summary.first_val_loss = loss;
+                summary.last_val_loss = loss;
+            }
+            if (tokenizer_ && step > 0 && (step % cfg_.sample_every == 0 || last)) print_samples(step);
+            if (last) break;
+
+            auto start = std::chrono::steady_clock::now();
+            model_.zero_grad();
+            double loss_sum = 0.0;
+            for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
+                train_.next_batch();
+                loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T,
+                                                    1.0f / cfg_.grad_accum_steps);
+            }
+            float grad_norm = (float)std::sqrt(model_.grad_sum_squares(0, num_params));
+            // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
+            float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
+            float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;
+            opt.lr = schedule.lr_at(step);
+            model_.adamw_step(opt, step + 1, grad_multiplier, 0, num_params);
+            double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
+            StepMetrics m;
+            m.step = step + 1;
+            m.total_steps = cfg_.steps;
+            m.train_loss = (float)(loss_sum / cfg_.grad_accum_steps);
+            m.lr = opt.lr;
+            m.grad_norm = grad_norm;
+            m.step_ms = step_ms;
+            m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
+            log_.log_step(m);
+            if (!std::isfinite(m.train_loss))
+                fail(strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
+            summary.last_train_loss = m.train_loss;
+            if (step > 0) {
+                timed_ms += step_ms;
+                timed_tokens += cfg_.total_batch_tokens;
+            }
+        }
+        if (timed_ms > 0) summary.mean_tokens_per_s = timed_tokens / (timed_ms / 1000.0);
+        return summary;
+    }
+
+private:
+    // One unconditional sample (from <|endoftext|>) and, when validation data exists, one continuing
+    // the opening tokens of the first validation document.
+    void print_samples(int step) {
+        std::vector<int> tokens = {tokenizer_->eot_token()};
+        generate(model_, tokens, cfg_.sample_tokens, cfg_.temperature, sample_rng_);
+        log_.log_sample(step, "", tokenizer_->decode(std::vector<int>(tokens.begin() + 1, tokens.end())));
+        if (!val_) return;
+        std::vector<int> prompt = validation_prompt(16);
+        tokens = prompt;
+        generate(model_, tokens, cfg_.sample_tokens, cfg_.temperature, sample_rng_);
+        bool starts_document = prompt[0] == tokenizer_->eot_token();
+        log_.log_sample(step, tokenizer_->decode(std::vector<int>(prompt.begin() + starts_document, prompt.end())),
+                        tokenizer_->decode(std::vector<int>(tokens.begin() + prompt.size(), tokens.end())));
+    }
+
+    // The first prompt_tokens tokens of the first validation document, starting at its <|endoftext|>.
+    std::vector<int> validation_prompt(int prompt_tokens) {
+        val_->reset();
+        val_->next_batch();
+        const int* tokens = val_->inputs();
+        int n = cfg_.batch_size * cfg_.seq_len, begin = 0;
+        while (begin < n && tokens[begin] != tokenizer_->eot_token()) begin++;
+        if (begin + prompt_tokens > n) begin = 0;
+        return std::vector<int>(tokens + begin, tokens + std::min(n, begin + prompt_tokens));
+    }
+
+    const RunConfig& cfg_;
+    Model& model_;
+    DataLoader train_;
+    std::unique_ptr<DataLoader> val_;
+    std::unique_ptr<Tokenizer> tokenizer_;
+    MetricsLog log_;
+    Rng sample_rng_;
+};
+
+}  // namespace llmc

@@ -1,0 +1,419 @@
+// Tests of the fp32 CPU GPT-2 (llmc/gpt2_cpu.h) against the float64 PyTorch oracle written by
+// dev/ref/make_fixture.py, plus the model file format, init, AdamW ranges and determinism.
+// Comparisons use relative error per tensor, ||a - b|| / ||b||, which is +inf whenever `a` holds a
+// NaN or an infinity, so a broken computation can never pass.
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "llmc/gpt2_cpu.h"
+#include "llmc/model_file.h"
+#include "llmc/utils.h"
+
+using namespace llmc;
+
+namespace {
+
+const char* MODEL_PATH = "test/fixtures/gpt2_tiny_model.bin";
+const char* STATE_PATH = "test/fixtures/gpt2_tiny_state.bin";
+constexpr int STATE_MAGIC = 20241121, STATE_VERSION = 1;
+
+double rel_error(const float* a, const float* b, size_t n) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+        const double d = (double)a[i] - (double)b[i];
+        diff += d * d;
+        ref += (double)b[i] * b[i];
+    }
+    if (ref == 0.0) return diff == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+    return std::sqrt(diff / ref);
+}
+
+double rel_error(double a, double b) {
+    if (!std::isfinite(a)) return std::numeric_limits<double>::infinity();
+    return std::fabs(a - b) / std::fabs(b);
+}
+
+// Everything in gpt2_tiny_state.bin (see make_fixture.py for the layout).
+struct Fixture {
+    ModelConfig config;
+    int B = 0, T = 0, steps = 0;
+    AdamWConfig opt;
+    float grad_clip = 0.0f;
+    std::vector<int> inputs, targets;
+    std::vector<float> logits, grads, losses;
+    float loss = 0.0f;
+
+    Fixture() : config(read_model_header(MODEL_PATH)) {
+        File f(STATE_PATH, "rb");
+        int32_t header[256];
+        f.read(header, 256, "state header");
+        if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION)
+            fail(strformat("'%s': bad magic/version %d/%d", STATE_PATH, header[0], header[1]));
+        B = header[2];
+        T = header[3];
+        steps = header[4];
+        float hyper[8];
+        f.read(hyper, 8, "hyperparameters");
+        opt.lr = hyper[0];
+        opt.beta1 = hyper[1];
+        opt.beta2 = hyper[2];
+        opt.eps = hyper[3];
+        opt.weight_decay = hyper[4];
+        grad_clip = hyper[5];
+        const size_t BT = (size_t)B * T;
+        inputs.resize(BT);
+        targets.resize(BT);
+        logits.resize(BT * config.vocab_size);
+        grads.resize(ParamLayout(config).num_params);
+        losses.resize(steps);
+        f.read(inputs.data(), BT, "inputs");
+        f.read(targets.data(), BT, "targets");
+        f.read(logits.data(), logits.size(), "logits");
+        f.read(&loss, 1, "loss");
+        f.read(grads.data(), grads.size(), "grads");
+        f.read(losses.data(), losses.size(), "losses");
+        if (f.tell() != f.size()) fail(strformat("'%s' has trailing bytes", STATE_PATH));
+    }
+};
+
+const Fixture& fixture() {
+    static const Fixture f;
+    return f;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+    File f(path, "rb");
+    std::vector<char> bytes(f.size());
+    f.read(bytes.data(), bytes.size(), "bytes");
+    return bytes;
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+    File f(path, "wb");
+    f.write(bytes.data(), bytes.size());
+    f.close();
+}
+
+std::string temp_path(const std::string& name) {
+    return (std::filesystem::temp_directory_path() / ("llmc_test_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+// Restores the OpenMP thread count when a test changes it.
+struct ThreadCount {
+    int saved = omp_get_max_threads();
+    explicit ThreadCount(int n) { omp_set_num_threads(n); }
+    ~ThreadCount() { omp_set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("forward logits and loss match the PyTorch reference", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    const float loss = model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B, fx.T);
+    CHECK(rel_error(loss, fx.loss) <= 1e-5);
+
+    // the model's logits rows are Vp wide; the fixture's hold the V real columns
+    const int V = fx.config.vocab_size, Vp = fx.config.padded_vocab_size;
+    std::vector<float> logits((size_t)fx.B * fx.T * V);
+    for (int r = 0; r < fx.B * fx.T; r++)
+        std::copy(model.logits() + (size_t)r * Vp, model.logits() + (size_t)r * Vp + V, logits.begin() + (size_t)r * V);
+    CHECK(rel_error(logits.data(), fx.logits.data(), logits.size()) <= 1e-4);
+}
+
+TEST_CASE("next_token_logits is the last position's row of the causal forward", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    const int V = fx.config.vocab_size;
+    std::vector<float> out(fx.config.padded_vocab_size);
+    for (int T : {1, 5, fx.T}) {
+        CAPTURE(T);
+        const int b = 1;  // any row: causality means the prefix alone decides position T-1
+        model.next_token_logits(fx.inputs.data() + (size_t)b * fx.T, T, out.data());
+        const float* expected = fx.logits.data() + ((size_t)b * fx.T + T - 1) * V;
+        CHECK(rel_error(out.data(), expected, V) <= 1e-4);
+    }
+}
+
+TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    model.zero_grad();
+    const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
+    CHECK(rel_error(loss, fx.loss) <= 1e-5);
+    const ParamLayout layout(fx.config);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const std::string tensor = ParamLayout::names[t];
+        CAPTURE(tensor);
+        CHECK(rel_error(model.grads() + layout.offsets[t], fx.grads.data() + layout.offsets[t], layout.sizes[t]) <= 1e-4);
+    }
+}
+
+TEST_CASE("ten AdamW steps with grad clipping follow the PyTorch losses", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    Model& m = model;  // drive it only through the interface the train loop uses
+    m.load(MODEL_PATH);
+    const size_t n = m.num_params();
+    for (int step = 1; step <= fx.steps; step++) {
+        CAPTURE(step);
+        m.zero_grad();
+        const float loss = m.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
+        CHECK(rel_error(loss, fx.losses[step - 1]) <= 1e-5);
+        // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
+        const double norm = std::sqrt(m.grad_sum_squares(0, n));
+        const double coef = fx.grad_clip / (norm + 1e-6);
+        m.adamw_step(fx.opt, step, coef < 1.0 ? (float)coef : 1.0f, 0, n);
+    }
+}
+
+TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch gradient", "[gpt2]") {
+    const Fixture& fx = fixture();
+    REQUIRE(fx.B % 2 == 0);
+    const int half = fx.B / 2;
+    GPT2CPU full(fx.config, fx.B, fx.T), accum(fx.config, half, fx.T);
+    full.load(MODEL_PATH);
+    accum.load(MODEL_PATH);
+    full.zero_grad();
+    const float loss = full.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
+    accum.zero_grad();
+    float half_losses = 0.0f;
+    for (int part = 0; part < 2; part++) {
+        const size_t at = (size_t)part * half * fx.T;
+        half_losses += accum.forward_backward(fx.inputs.data() + at, fx.targets.data() + at, half, fx.T, 0.5f);
+    }
+    CHECK(rel_error(0.5 * half_losses, loss) <= 1e-6);
+    const ParamLayout layout(fx.config);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const std::string tensor = ParamLayout::names[t];
+        CAPTURE(tensor);
+        CHECK(rel_error(accum.grads() + layout.offsets[t], full.grads() + layout.offsets[t], layout.sizes[t]) <= 1e-5);
+    }
+}
+
+TEST_CASE("results are bitwise reproducible, whatever the thread count", "[gpt2]") {
+    const Fixture& fx = fixture();
+    const size_t n = ParamLayout(fx.config).num_params;
+    auto run = [&](int threads, std::vector<float>& grads, std::vector<float>& params) {
+        ThreadCount tc(threads);
+        GPT2CPU model(fx.config, fx.B, fx.T);
+        model.load(MODEL_PATH);
+        float loss = 0.0f;
+        AdamWConfig opt = fx.opt;
+        for (int step = 1; step <= 2; step++) {
+            model.zero_grad();
+            loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
+            const double norm = std::sqrt(model.grad_sum_squares(0, n));
+            model.adamw_step(opt, step, (float)std::min(1.0, 0.5 / norm), 0, n);
+        }
+        grads.assign(model.grads(), model.grads() + n);
+        params.assign(model.params(), model.params() + n);
+        return loss;
+    };
+    std::vector<float> grads_a, params_a, grads_b, params_b;
+    const int default_threads = omp_get_max_threads();
+    const float loss_a = run(default_threads, grads_a, params_a);
+    for (int threads : {default_threads, 1, 3}) {
+        CAPTURE(threads);
+        const float loss_b = run(threads, grads_b, params_b);
+        CHECK(std::memcmp(&loss_a, &loss_b, sizeof(float)) == 0);
+        CHECK(std::memcmp(grads_a.data(), grads_b.data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(params_a.data(), params_b.data(), n * sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("evaluate leaves the gradients untouched", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    model.zero_grad();
+    model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
+    const size_t n = model.num_params();
+    const std::vector<float> before(model.grads(), model.grads() + n);
+    const float loss = model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B, fx.T);
+    CHECK(rel_error(loss, fx.loss) <= 1e-5);
+    CHECK(std::memcmp(before.data(), model.grads(), n * sizeof(float)) == 0);
+}
+
+TEST_CASE("bad batches are rejected with the offending value", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    std::vector<int> tokens = fx.inputs;
+    tokens[3] = fx.config.vocab_size;
+    REQUIRE_THROWS_WITH(model.evaluate(tokens.data(), fx.targets.data(), fx.B, fx.T),
+                        Catch::Contains("inputs[3] = 500"));
+    REQUIRE_THROWS_WITH(model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B + 1, fx.T),
+                        Catch::Contains("B = 5"));
+    REQUIRE_THROWS_WITH(GPT2CPU(fx.config, 1, fx.config.max_seq_len + 1), Catch::Contains("max_T"));
+}
+
+TEST_CASE("model files round-trip exactly", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, 1, 8);
+    model.load(MODEL_PATH);
+    const std::string path = temp_path("roundtrip.bin");
+    model.save(path);
+    // the writer reproduces the reference file byte for byte
+    CHECK(read_bytes(path) == read_bytes(MODEL_PATH));
+    GPT2CPU again(read_model_header(path), 1, 8);
+    again.load(path);
+    CHECK(std::memcmp(model.params(), again.params(), model.num_params() * sizeof(float)) == 0);
+    std::remove(path.c_str());
+}
+
+TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
+    const Fixture& fx = fixture();
+    const std::vector<char> good = read_bytes(MODEL_PATH);
+    const std::string path = temp_path("bad_model.bin");
+    std::vector<float> params(ParamLayout(fx.config).num_params);
+    auto with_header_int = [&](int index, int32_t value) {
+        std::vector<char> bytes = good;
+        std::memcpy(bytes.data() + index * sizeof(int32_t), &value, sizeof(value));
+        return bytes;
+    };
+
+    SECTION("wrong magic") {
+        write_bytes(path, with_header_int(0, 12345));
+        REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("magic number 12345"));
+    }
+    SECTION("bf16 version") {
+        write_bytes(path, with_header_int(1, 5));
+        REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()), Catch::Contains("bf16"));
+    }
+    SECTION("unknown version") {
+        write_bytes(path, with_header_int(1, 7));
+        REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()), Catch::Contains("version 7"));
+    }
+    SECTION("truncated parameters") {
+        std::vector<char> bytes(good.begin(), good.end() - 100);
+        write_bytes(path, bytes);
+        REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()),
+                            Catch::Contains(path) && Catch::Contains("truncated") && Catch::Contains("offset 1024"));
+    }
+    SECTION("truncated header") {
+        write_bytes(path, std::vector<char>(good.begin(), good.begin() + 100));
+        REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains("truncated"));
+    }
+    SECTION("trailing bytes") {
+        std::vector<char> bytes = good;
+        bytes.resize(bytes.size() + 8, 0);
+        write_bytes(path, bytes);
+        REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()), Catch::Contains("8 trailing bytes"));
+    }
+    SECTION("config mismatch names the field") {
+        write_bytes(path, good);
+        ModelConfig other = fx.config;
+        other.num_layers += 1;
+        REQUIRE_THROWS_WITH(read_model_file(path, other, params.data()),
+                            Catch::Contains("num_layers is 2 in the file, expected 3"));
+        GPT2CPU model(other, 1, 8);
+        REQUIRE_THROWS_WITH(model.load(path), Catch::Contains("num_layers"));
+    }
+    SECTION("invalid shape in the header") {
+        write_bytes(path, with_header_int(5, 5));  // 64 channels over 5 heads
+        REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("num_heads"));
+    }
+    std::remove(path.c_str());
+}
+
+TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]") {
+    const ModelConfig config = fixture().config;
+    const ParamLayout layout(config);
+    std::vector<float> a(layout.num_params), b(layout.num_params), c(layout.num_params);
+    init_gpt2_params(config, a.data(), 42);
+    {
+        ThreadCount tc(1);
+        init_gpt2_params(config, b.data(), 42);
+    }
+    init_gpt2_params(config, c.data(), 43);
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) != 0);
+
+    auto stddev = [&](int t) {
+        double sq = 0.0;
+        for (size_t i = 0; i < layout.sizes[t]; i++) sq += (double)a[layout.offsets[t] + i] * a[layout.offsets[t] + i];
+        return std::sqrt(sq / layout.sizes[t]);
+    };
+    CHECK(stddev(ParamLayout::QKVW) == Approx(0.02).epsilon(0.02));
+    CHECK(stddev(ParamLayout::FCPROJW) == Approx(0.02 / std::sqrt(2.0 * config.num_layers)).epsilon(0.02));
+    for (int t : {ParamLayout::LN1W, ParamLayout::LN2W, ParamLayout::LNFW})
+        for (size_t i = 0; i < layout.sizes[t]; i++) REQUIRE(a[layout.offsets[t] + i] == 1.0f);
+    for (int t : {ParamLayout::QKVB, ParamLayout::FCB, ParamLayout::LNFB})
+        for (size_t i = 0; i < layout.sizes[t]; i++) REQUIRE(a[layout.offsets[t] + i] == 0.0f);
+    const size_t pad_begin = (size_t)config.vocab_size * config.channels;
+    for (size_t i = pad_begin; i < layout.sizes[ParamLayout::WTE]; i++) REQUIRE(a[i] == 0.0f);
+    CHECK(a[pad_begin - 1] != 0.0f);
+}
+
+TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[gpt2]") {
+    const ModelConfig config = fixture().config;
+    const ParamLayout layout(config);
+    const size_t n = layout.num_params;
+    std::vector<float> p(n), g(n), m(n), v(n);
+    Rng rng(7);
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (float)rng.normal();
+        g[i] = (float)rng.normal();
+        m[i] = 0.1f * (float)rng.normal();
+        v[i] = rng.uniform();
+    }
+    AdamWConfig opt;
+    opt.weight_decay = 0.1f;
+    std::vector<float> p2 = p, m2 = m, v2 = v;
+    adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 3, 0.7f);
+    // split mid-way through qkvw (decayed) and mid-way through qkvb (not decayed)
+    const size_t cut1 = layout.offsets[ParamLayout::QKVW] + 1001, cut2 = layout.offsets[ParamLayout::QKVB] + 17;
+    for (auto [lo, hi] : {std::pair{size_t(0), cut1}, std::pair{cut1, cut2}, std::pair{cut2, n}})
+        adamw_update(layout, p2.data(), g.data(), m2.data(), v2.data(), lo, hi, opt, 3, 0.7f);
+    CHECK(std::memcmp(p.data(), p2.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(m.data(), m2.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(v.data(), v2.data(), n * sizeof(float)) == 0);
+    CHECK(sum_squares(g.data(), 0, cut1) + sum_squares(g.data(), cut1, n) == Approx(sum_squares(g.data(), 0, n)));
+    REQUIRE_THROWS_WITH(adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n + 1, opt, 1, 1.0f),
+                        Catch::Contains("not within"));
+    REQUIRE_THROWS_WITH(adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 0, 1.0f),
+                        Catch::Contains("step must be >= 1"));
+}
+
+TEST_CASE("the packed GEMM matches a float64 product for every layout and edge", "[gpt2]") {
+    // Shapes chosen to hit partial register tiles, several KC blocks, several NC blocks, and both
+    // B-packing modes (the whole of K at once, and one KC block at a time when K x N is large).
+    struct Shape { int M, N, K; };
+    const Shape shapes[] = {{1, 1, 1}, {13, 37, 5}, {29, 70, 300}, {50, 1100, 40}, {13, 2100, 1100}, {100, 33, 700}};
+    Rng rng(11);
+    for (const Shape& sh : shapes) {
+        for (int variant = 0; variant < 8; variant++) {
+            const bool a_t = variant & 1, b_t = variant & 2, accumulate = variant & 4;
+            CAPTURE(sh.M, sh.N, sh.K, a_t, b_t, accumulate);
+            std::vector<float> a((size_t)sh.M * sh.K), b((size_t)sh.K * sh.N), c((size_t)sh.M * sh.N);
+            for (auto& x : a) x = (float)rng.normal();
+            for (auto& x : b) x = (float)rng.normal();
+            for (auto& x : c) x = (float)rng.normal();
+            std::vector<float> expected(c.size());
+            for (int i = 0; i < sh.M; i++)
+                for (int j = 0; j < sh.N; j++) {
+                    double sum = accumulate ? c[(size_t)i * sh.N + j] : 0.0;
+                    for (int k = 0; k < sh.K; k++)
+                        sum += (double)(a_t ? a[(size_t)k * sh.M + i] : a[(size_t)i * sh.K + k]) *
+                               (b_t ? b[(size_t)j * sh.K + k] : b[(size_t)k * sh.N + j]);
+                    expected[(size_t)i * sh.N + j] = (float)sum;
+                }
+            const cpu::MatRef ar{a.data(), (size_t)(a_t ? sh.M : sh.K), a_t};
+            const cpu::MatRef br{b.data(), (size_t)(b_t ? sh.K : sh.N), b_t};
+            cpu::gemm(sh.M, sh.N, sh.K, ar, br, c.data(), sh.N, accumulate);
+            CHECK(rel_error(c.data(), expected.data(), c.size()) <= 1e-6);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+// train_gpt.cu: the llmc trainer. Flags and config -> model -> train loop -> final model file.
+//
+// One source, two binaries: nvcc builds `train_gpt` (the CUDA model) and the host compiler builds
+// `train_gpt_cpu` from this same file with -DLLMC_CPU_ONLY (the fp32 CPU reference model). Both run
+// the same host code: config, data loading, schedule, train loop, metrics. Only make_model differs.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+
+#include "llmc/config.h"
+#include "llmc/model_file.h"
+#include "llmc/train_loop.h"
+#include "llmc/utils.h"
+
+#ifdef LLMC_CPU_ONLY
+#include "llmc/gpt2_cpu.h"
+#else
+#include <cuda_runtime.h>
+#endif
+
+using namespace llmc;
+
+static std::unique_ptr<Model> make_model(const RunConfig& cfg) {
+#ifdef LLMC_CPU_ONLY
+    printf("device: CPU, %d OpenMP threads (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
+    return std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len);
+#else
+    int devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0)
+        fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu",
+                       err != cudaSuccess ? cudaGetErrorString(err) : "0 devices"));
+    fail("the CUDA model is not implemented yet; train on the CPU with ./train_gpt_cpu");
+#endif
+}
+
+static bool is_preset(const std::string& name) {
+    for (const char* preset : {"d4", "d6", "d12", "d24", "d36", "d48"})
+        if (name == preset) return true;
+    return false;
+}
+
+int main(int argc, char** argv) {
+    try {
+        RunConfig cfg;
+        if (!parse_run_args(cfg, argc, argv)) {
+            fputs(run_config_help(argv[0]).c_str(), stdout);
+            return 0;
+        }
+        ModelConfig file_config;
+        bool from_file = !is_preset(cfg.model);
+        if (from_file) file_config = read_model_header(cfg.model);
+        resolve_run_config(cfg, /*world_size=*/1, from_file ? &file_config : nullptr);
+
+        make_dirs(cfg.output_dir);
+        write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
+        const ModelConfig& m = cfg.model_config;
+        printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters\n",
+               cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
+               m.max_seq_len, ParamLayout(m).num_params / 1e6);
+        printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps\n",
+               cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps);
+
+        std::unique_ptr<Model> model = make_model(cfg);
+        if (from_file) model->load(cfg.model);
+        else model->init_random(cfg.seed);
+
+        Trainer trainer(cfg, *model);
+        TrainSummary summary = trainer.run();
+
+        std::string model_path = cfg.output_dir + "/model.bin";
+        model->save(model_path);
+        printf("done: val loss %.4f -> %.4f | train loss %.4f | %.0f tok/s mean | model saved to %s\n",
+               summary.first_val_loss, summary.last_val_loss, summary.last_train_loss, summary.mean_tokens_per_s,
+               model_path.c_str());
+        return 0;
+    } catch (const std::exception& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
