@@ -24,7 +24,12 @@ using namespace llmc;
 static std::unique_ptr<Model> make_model(const RunConfig& cfg) {
 #ifdef LLMC_CPU_ONLY
     printf("device: CPU, %d OpenMP threads (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
-    return std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    try {
+        return std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    } catch (const std::bad_alloc&) {
+        fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "
+                       "logits with B*T*vocab): reduce -b or -t", cfg.batch_size, cfg.seq_len));
+    }
 #else
     int devices = 0;
     cudaError_t err = cudaGetDeviceCount(&devices);
@@ -50,7 +55,14 @@ int main(int argc, char** argv) {
         }
         ModelConfig file_config;
         bool from_file = !is_preset(cfg.model);
-        if (from_file) file_config = read_model_header(cfg.model);
+        if (from_file) {
+            try {
+                file_config = read_model_header(cfg.model);
+            } catch (const Error& e) {
+                fail(strformat("-e '%s' is not a preset (d4 d6 d12 d24 d36 d48) and not a usable model file: %s",
+                               cfg.model.c_str(), e.what()));
+            }
+        }
         resolve_run_config(cfg, /*world_size=*/1, from_file ? &file_config : nullptr);
 
         make_dirs(cfg.output_dir);

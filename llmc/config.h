@@ -34,13 +34,13 @@ struct RunConfig {
     int vocab_size = 50257;
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per rank
-    int seq_len = 64;            // T
+    int seq_len = 128;           // T
     int total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0 means B*T*world_size
     // optimization
-    int steps = 250;
-    float lr = 1e-3f;
+    int steps = 500;
+    float lr = 1.5e-3f;
     std::string lr_schedule = "cosine";
-    int warmup_steps = 20;
+    int warmup_steps = 30;
     float final_lr_frac = 0.1f;
     float wsd_decay_frac = 0.2f;
     float weight_decay = 0.1f;
@@ -49,9 +49,9 @@ struct RunConfig {
     uint64_t seed = 1337;
     bool shuffle = true;
     // evaluation and sampling
-    int val_every = 50;   // 0 disables
+    int val_every = 100;  // 0 disables
     int val_steps = 10;   // validation batches per evaluation
-    int sample_every = 125;  // 0 disables
+    int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;
     std::string config_file;  // --config, for the record
