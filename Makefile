@@ -1,7 +1,8 @@
 # llmc build. `make` builds the CPU trainer and, where nvcc exists, the CUDA trainer.
 #   make              train_gpt_cpu (+ train_gpt if nvcc is found)
 #   make train        prepare the default corpus, then train the default model on the CPU
-#   make test         prepare test data, build and run the Catch2 tests
+#   make test         prepare test data, build and run the Catch2 tests, then test-mpi
+#   make test-mpi     the communicator tests under mpirun with 1-4 ranks (test/mpi/run_comm_tests.sh)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build.
@@ -20,9 +21,12 @@ NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
 NVCC_LIBS := -lcublasLt -lcublas -lnccl
 
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
-TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt)
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.o)
+MPICXX    ?= mpicxx
+# MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
+MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
 
-.PHONY: all deps train test test-gpu data clean
+.PHONY: all deps train test test-mpi test-gpu data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -38,6 +42,11 @@ train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
 
 train_gpt: train_gpt.cu $(HEADERS) | deps
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp
+
+# Compile-only check of the NCCL communicator (no GPU needed to build it).
+$(BUILD)/comm_nccl_check.o: dev/cuda/comm_nccl_check.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -Xcompiler -Wall,-Wextra -c $< -o $@
 
 # ---- data (git-ignored, made by dev/data) ----
 BPE_DIR   := data/gpt2_bpe
@@ -66,6 +75,14 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 test: all data $(BUILD)/test_llmc
 	$(BUILD)/test_llmc
+	$(MAKE) --no-print-directory test-mpi
+
+# Communicator tests: a standalone MPI program (Catch2 does not run under mpirun), run by the script.
+$(BUILD)/test_comm: test/mpi/test_comm.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(MPICXX) -std=c++20 -O2 -Wall -Wextra -I. $< -o $@ -pthread
+test-mpi: $(BUILD)/test_comm
+	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt

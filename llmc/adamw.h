@@ -2,8 +2,8 @@
 // flat element range [begin, end) of the ParamLayout buffers.
 //
 // A range is what a ZeRO shard owns, so it may start or end in the middle of a tensor; the update
-// therefore walks the tensors that intersect the range and picks weight decay per tensor
-// (ParamLayout::is_decayed), never per range. Semantics are PyTorch's AdamW: decoupled decay
+// therefore walks the layout's segments (tensor slices) that intersect the range and picks weight
+// decay per segment (ParamLayout::is_decayed of its tensor), never per range. Semantics are PyTorch's AdamW: decoupled decay
 // p -= lr * wd * p, then p -= lr * mhat / (sqrt(vhat) + eps) with 1-based bias correction.
 //
 // sum_squares is reproducible bit for bit: the range is cut into fixed blocks (not one block per
@@ -83,11 +83,10 @@ inline void adamw_update(const ParamLayout& layout, float* params, const float* 
     const float bias_correction1 = (float)(1.0 - std::pow((double)opt.beta1, step));
     const float bias_correction2 = (float)(1.0 - std::pow((double)opt.beta2, step));
     constexpr size_t CHUNK_ELEMS = 1 << 14;  // static chunks: each element's thread is fixed
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const size_t lo = std::max(begin, layout.offsets[t]);
-        const size_t hi = std::min(end, layout.offsets[t] + layout.sizes[t]);
+    for (const ParamLayout::Segment& s : layout.segments()) {
+        const size_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
         if (lo >= hi) continue;
-        const float decay = ParamLayout::is_decayed(t) ? opt.weight_decay : 0.0f;
+        const float decay = ParamLayout::is_decayed(s.tensor) ? opt.weight_decay : 0.0f;
         const size_t num_chunks = (hi - lo + CHUNK_ELEMS - 1) / CHUNK_ELEMS;
 #pragma omp parallel for schedule(static) if (num_chunks > 1)
         for (size_t c = 0; c < num_chunks; c++) {

@@ -9,10 +9,11 @@
 // other reduction over rows is split by columns rather than rows, so results are bitwise identical
 // for any thread count or schedule.
 //
-// Memory: parameters, gradients and the AdamW moments are one flat buffer each in ParamLayout
-// order; activations are one flat buffer sized for max_B x max_T, cut per call by ActivationLayout.
-// The lm-head logits (B x T x Vp floats) stay readable after evaluate(); forward_backward turns
-// them into dlogits in place, inside the cross-entropy, while each row is still in cache.
+// Memory: parameters, gradients and the AdamW moments are one flat buffer each in ParamLayout's
+// bucket-major order, reached only through param(tensor, layer) and grad(tensor, layer); activations
+// are one flat buffer sized for max_B x max_T, cut per call by ActivationLayout. The lm-head logits
+// (B x T x Vp floats) stay readable after evaluate(); forward_backward turns them into dlogits in
+// place, inside the cross-entropy, while each row is still in cache.
 #pragma once
 
 #include <immintrin.h>
@@ -766,9 +767,9 @@ public:
                      grad_multiplier);
     }
 
-    // Direct access for tests and tools: flat buffers in ParamLayout order, and the B x T x Vp logits
-    // of the most recent evaluate() (valid until the next call; after forward_backward the buffer
-    // holds dlogits instead).
+    // Direct access for tests and tools: flat buffers in ParamLayout (bucket-major) order, and the
+    // B x T x Vp logits of the most recent evaluate() (valid until the next call; after
+    // forward_backward the buffer holds dlogits instead).
     float* params() { return params_.data(); }
     const float* grads() const { return grads_.data(); }
     const float* logits() const { return ActivationLayout(config_, last_B_, last_T_, activation_base()).logits; }
@@ -783,8 +784,10 @@ private:
         const uintptr_t p = reinterpret_cast<uintptr_t>(acts_.data());
         return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
     }
-    float* param(int tensor) { return params_.data() + layout_.offsets[tensor]; }
-    float* grad(int tensor) { return grads_.data() + layout_.offsets[tensor]; }
+    // The only way the model reaches parameter and gradient memory: a tensor's slice (one layer's,
+    // for the per-layer tensors) wherever ParamLayout puts it.
+    float* param(int tensor, int layer = 0) { return params_.data() + layout_.offset(tensor, layer); }
+    float* grad(int tensor, int layer = 0) { return grads_.data() + layout_.offset(tensor, layer); }
 
     void reset_training_state() {
         std::fill(grads_.begin(), grads_.end(), 0.0f);
@@ -821,19 +824,19 @@ private:
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             cpu::layernorm_forward(a.ln1 + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
-                                   param(P::LN1W) + l * C, param(P::LN1B) + l * C, BT, C);
-            cpu::matmul_forward(a.qkv + 3 * lc, a.ln1 + lc, param(P::QKVW) + (size_t)l * 3 * C * C,
-                                param(P::QKVB) + l * 3 * C, nullptr, BT, C, 3 * C);
+                                   param(P::LN1W, l), param(P::LN1B, l), BT, C);
+            cpu::matmul_forward(a.qkv + 3 * lc, a.ln1 + lc, param(P::QKVW, l), param(P::QKVB, l), nullptr, BT, C,
+                                3 * C);
             cpu::attention_forward(a.atty + lc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * lc, B, T, C, NH);
-            cpu::matmul_forward(a.residual2 + lc, a.atty + lc, param(P::ATTPROJW) + (size_t)l * C * C,
-                                param(P::ATTPROJB) + l * C, residual, BT, C, C);
+            cpu::matmul_forward(a.residual2 + lc, a.atty + lc, param(P::ATTPROJW, l), param(P::ATTPROJB, l), residual,
+                                BT, C, C);
             cpu::layernorm_forward(a.ln2 + lc, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, a.residual2 + lc,
-                                   param(P::LN2W) + l * C, param(P::LN2B) + l * C, BT, C);
-            cpu::matmul_forward(a.fch + 4 * lc, a.ln2 + lc, param(P::FCW) + (size_t)l * 4 * C * C,
-                                param(P::FCB) + l * 4 * C, nullptr, BT, C, 4 * C);
+                                   param(P::LN2W, l), param(P::LN2B, l), BT, C);
+            cpu::matmul_forward(a.fch + 4 * lc, a.ln2 + lc, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C,
+                                4 * C);
             cpu::gelu_forward(a.fch_gelu + 4 * lc, a.fch + 4 * lc, (size_t)BT * 4 * C);
-            cpu::matmul_forward(a.residual3 + lc, a.fch_gelu + 4 * lc, param(P::FCPROJW) + (size_t)l * 4 * C * C,
-                                param(P::FCPROJB) + l * C, a.residual2 + lc, BT, 4 * C, C);
+            cpu::matmul_forward(a.residual3 + lc, a.fch_gelu + 4 * lc, param(P::FCPROJW, l),
+                                param(P::FCPROJB, l), a.residual2 + lc, BT, 4 * C, C);
         }
         cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * BT * C,
                                param(P::LNFW), param(P::LNFB), BT, C);
@@ -865,23 +868,22 @@ private:
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
-            cpu::matmul_backward(a.d4C, grad(P::FCPROJW) + (size_t)l * 4 * C * C, grad(P::FCPROJB) + l * C,
-                                 a.dresidual, a.fch_gelu + 4 * lc, param(P::FCPROJW) + (size_t)l * 4 * C * C, BT,
-                                 4 * C, C);
+            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual, a.fch_gelu + 4 * lc,
+                                 param(P::FCPROJW, l), BT, 4 * C, C);
             cpu::gelu_backward(a.d4C, a.fch + 4 * lc, (size_t)BT * 4 * C);
-            cpu::matmul_backward(a.dC, grad(P::FCW) + (size_t)l * 4 * C * C, grad(P::FCB) + l * 4 * C, a.d4C,
-                                 a.ln2 + lc, param(P::FCW) + (size_t)l * 4 * C * C, BT, C, 4 * C);
-            cpu::layernorm_backward(a.dresidual, grad(P::LN2W) + l * C, grad(P::LN2B) + l * C, a.dC,
-                                    a.residual2 + lc, param(P::LN2W) + l * C, a.ln2_mean + l * BT,
+            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2 + lc, param(P::FCW, l), BT, C,
+                                 4 * C);
+            cpu::layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.dC,
+                                    a.residual2 + lc, param(P::LN2W, l), a.ln2_mean + l * BT,
                                     a.ln2_rstd + l * BT, BT, C);
             // dresidual is now d(residual2[l]); the attention projection reads atty
-            cpu::matmul_backward(a.dC, grad(P::ATTPROJW) + (size_t)l * C * C, grad(P::ATTPROJB) + l * C,
-                                 a.dresidual, a.atty + lc, param(P::ATTPROJW) + (size_t)l * C * C, BT, C, C);
+            cpu::matmul_backward(a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual, a.atty + lc,
+                                 param(P::ATTPROJW, l), BT, C, C);
             cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * lc, B, T, C, NH);
-            cpu::matmul_backward(a.dC, grad(P::QKVW) + (size_t)l * 3 * C * C, grad(P::QKVB) + l * 3 * C, a.d3C,
-                                 a.ln1 + lc, param(P::QKVW) + (size_t)l * 3 * C * C, BT, C, 3 * C);
-            cpu::layernorm_backward(a.dresidual, grad(P::LN1W) + l * C, grad(P::LN1B) + l * C, a.dC, residual,
-                                    param(P::LN1W) + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+            cpu::matmul_backward(a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1 + lc, param(P::QKVW, l), BT,
+                                 C, 3 * C);
+            cpu::layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.dC, residual,
+                                    param(P::LN1W, l), a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
         }
         cpu::encoder_backward(grad(P::WTE), grad(P::WPE), a.dresidual, inputs, B, T, C);
     }

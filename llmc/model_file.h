@@ -1,13 +1,18 @@
 // model_file.h: reads and writes llm.c's GPT-2 model file (version 3: fp32 parameters).
 //
-// Layout: an int32[256] header, then every parameter as fp32 in ParamLayout order (padded wte rows
-// included), nothing after. Because the header carries the whole shape, a reader can compute the
-// exact expected file size up front, so truncation and trailing garbage are both caught, and
-// reported with the byte offset, before any parameter is trusted.
+// Layout: an int32[256] header, then every parameter as fp32 in llm.c's tensor-major order (padded
+// wte rows included), nothing after. In memory the flat buffer is bucket-major (see ParamLayout), so
+// reading and writing stream the file sequentially, slice by slice, each slice landing at (or coming
+// from) its flat offset; no full-size temporary. Because the header carries the whole shape, a reader
+// can compute the exact expected file size up front, so truncation and trailing garbage are both
+// caught, and reported with the byte offset, before any parameter is read.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "model_config.h"
 #include "utils.h"
@@ -49,6 +54,26 @@ inline ModelConfig parse_model_header(const std::string& path, const int32_t* he
 
 }  // namespace detail
 
+// The layout's segments in the order a model file stores them (ascending file_offset). This and
+// ParamLayout::file_offset are the whole flat <-> file permutation; everything below walks it.
+inline std::vector<ParamLayout::Segment> file_order_segments(const ParamLayout& layout) {
+    std::vector<ParamLayout::Segment> segs = layout.segments();
+    std::sort(segs.begin(), segs.end(), [&](const ParamLayout::Segment& a, const ParamLayout::Segment& b) {
+        return layout.file_offset(a.tensor, a.layer) < layout.file_offset(b.tensor, b.layer);
+    });
+    return segs;
+}
+
+// Copies a whole flat (bucket-major) buffer into llm.c file order, and back; num_params floats each.
+inline void to_file_order(const ParamLayout& layout, const float* flat, float* file_order) {
+    for (const ParamLayout::Segment& s : file_order_segments(layout))
+        std::memcpy(file_order + layout.file_offset(s.tensor, s.layer), flat + s.begin, (s.end - s.begin) * sizeof(float));
+}
+inline void from_file_order(const ParamLayout& layout, const float* file_order, float* flat) {
+    for (const ParamLayout::Segment& s : file_order_segments(layout))
+        std::memcpy(flat + s.begin, file_order + layout.file_offset(s.tensor, s.layer), (s.end - s.begin) * sizeof(float));
+}
+
 // The shape stored in a model file's header (the file is opened, the parameters are not read).
 inline ModelConfig read_model_header(const std::string& path) {
     File f(path, "rb");
@@ -57,8 +82,8 @@ inline ModelConfig read_model_header(const std::string& path) {
     return detail::parse_model_header(path, header);
 }
 
-// Reads the parameters of a model file whose shape must equal `expected` into `params`
-// (ParamLayout(expected).num_params floats).
+// Reads the parameters of a model file whose shape must equal `expected` into the flat buffer
+// `params` (ParamLayout(expected).num_params floats, bucket-major).
 inline void read_model_file(const std::string& path, const ModelConfig& expected, float* params) {
     File f(path, "rb");
     int32_t header[MODEL_FILE_HEADER_INTS];
@@ -76,17 +101,23 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("channels", got.channels, expected.channels);
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
 
-    size_t num_params = ParamLayout(expected).num_params;
-    int64_t expected_bytes = MODEL_FILE_HEADER_BYTES + (int64_t)(num_params * sizeof(float));
-    f.read(params, num_params, "fp32 parameters");
-    int64_t actual_bytes = f.size();
-    if (actual_bytes != expected_bytes)
+    const ParamLayout layout(expected);
+    const int64_t param_bytes = (int64_t)(layout.num_params * sizeof(float));
+    const int64_t expected_bytes = MODEL_FILE_HEADER_BYTES + param_bytes;
+    const int64_t actual_bytes = f.size();
+    if (actual_bytes < expected_bytes)
+        fail(strformat("'%s' is truncated: expected %lld bytes of fp32 parameters at byte offset %lld, found %lld",
+                       path.c_str(), (long long)param_bytes, (long long)MODEL_FILE_HEADER_BYTES,
+                       (long long)(actual_bytes - MODEL_FILE_HEADER_BYTES)));
+    if (actual_bytes > expected_bytes)
         fail(strformat("'%s' has %lld trailing bytes after the parameters (expected size %lld bytes, found %lld)",
                        path.c_str(), (long long)(actual_bytes - expected_bytes), (long long)expected_bytes,
                        (long long)actual_bytes));
+    for (const ParamLayout::Segment& s : file_order_segments(layout))
+        f.read(params + s.begin, s.end - s.begin, "fp32 parameters");
 }
 
-// Writes a version-3 model file whole or not at all.
+// Writes a version-3 model file from the flat buffer `params`, whole or not at all.
 inline void write_model_file(const std::string& path, const ModelConfig& config, const float* params) {
     config.validate();
     int32_t header[MODEL_FILE_HEADER_INTS] = {};
@@ -100,7 +131,8 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     header[7] = config.padded_vocab_size;
     AtomicFile out(path);
     out.file().write(header, MODEL_FILE_HEADER_INTS);
-    out.file().write(params, ParamLayout(config).num_params);
+    for (const ParamLayout::Segment& s : file_order_segments(ParamLayout(config)))
+        out.file().write(params + s.begin, s.end - s.begin);
     out.commit();
 }
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "llmc/config.h"
@@ -48,6 +49,75 @@ TEST_CASE("presets have GPT-2's published shapes and parameter counts", "[config
         CHECK(c.padded_vocab_size == 50304);
     }
     REQUIRE_THROWS_WITH(model_preset("d7"), Contains("unknown model preset 'd7'"));
+}
+
+TEST_CASE("ParamLayout is bucket-major in memory and llm.c order in files", "[config]") {
+    ModelConfig c;
+    c.max_seq_len = 4;
+    c.vocab_size = 10;
+    c.padded_vocab_size = 16;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.channels = 4;
+    const ParamLayout layout(c);
+    using P = ParamLayout;
+    // embeddings 16*4 + 4*4 = 80; a layer 4+4+48+12+16+4+4+4+64+16+64+4 = 244; final LayerNorm 8
+    REQUIRE(layout.num_params == 80 + 2 * 244 + 8);
+    REQUIRE(layout.num_buckets() == 4);
+    CHECK(layout.bucket_size(P::EMBEDDING_BUCKET) == 80);
+    CHECK(layout.bucket_size(layout.layer_bucket(1)) == 244);
+    CHECK(layout.bucket_size(layout.final_bucket()) == 8);
+    CHECK(layout.tensor_size(P::QKVW) == 48);   // one layer's slice
+    CHECK(layout.offset_in_bucket(P::QKVW) == 8);
+    CHECK(layout.offset(P::QKVW, 1) == 80 + 244 + 8);
+    CHECK(layout.offset(P::LNFB) == 80 + 2 * 244 + 4);
+    CHECK(layout.file_offset(P::LN1B, 1) == 80 + 2 * 4 + 4);  // after wte, wpe, both ln1w, ln1b[0]
+    CHECK(layout.file_offset(P::QKVW, 1) == 80 + 2 * 4 + 2 * 4 + 48);
+    CHECK(layout.file_offset(P::LNFB) == layout.num_params - 4);
+    CHECK(layout.bucket_of(P::WPE, 0) == P::EMBEDDING_BUCKET);
+    CHECK(layout.bucket_of(P::FCPROJB, 1) == layout.layer_bucket(1));
+    CHECK(layout.bucket_of(P::LNFW, 0) == layout.final_bucket());
+    REQUIRE_THROWS_WITH(layout.offset(P::QKVW, 2), Contains("layer 2 of qkvw"));
+    REQUIRE_THROWS_WITH(layout.offset(P::WTE, 1), Contains("layer 1 of wte"));
+
+    for (const char* name : {"tiny", "d4", "d12"}) {
+        CAPTURE(name);
+        const ModelConfig m = std::string(name) == "tiny" ? c : model_preset(name);
+        const ParamLayout lay(m);
+        // buckets tile [0, num_params) in order
+        size_t at = 0;
+        for (int b = 0; b < lay.num_buckets(); b++) {
+            CHECK(lay.bucket_begin(b) == at);
+            at += lay.bucket_size(b);
+        }
+        CHECK(at == lay.num_params);
+        // so do the segments, each inside its bucket, with its tensor's size and flat offset
+        at = 0;
+        std::vector<bool> file_covered(lay.num_params, false);
+        size_t file_elements = 0;
+        for (const ParamLayout::Segment& s : lay.segments()) {
+            CAPTURE(P::names[s.tensor], s.layer);
+            REQUIRE(s.begin == at);
+            at = s.end;
+            CHECK(s.end - s.begin == lay.tensor_size(s.tensor));
+            CHECK(s.begin == lay.offset(s.tensor, s.layer));
+            const int b = lay.bucket_of(s.tensor, s.layer);
+            if (P::is_per_layer(s.tensor)) CHECK(b == lay.layer_bucket(s.layer));
+            CHECK((lay.bucket_begin(b) <= s.begin && s.end <= lay.bucket_begin(b) + lay.bucket_size(b)));
+            CHECK(s.begin - lay.bucket_begin(b) == lay.offset_in_bucket(s.tensor));
+            // file offsets: each file element covered exactly once
+            const size_t f = lay.file_offset(s.tensor, s.layer);
+            REQUIRE(f + (s.end - s.begin) <= lay.num_params);
+            for (size_t i = f; i < f + (s.end - s.begin); i++) {
+                if (file_covered[i]) FAIL("file element " << i << " covered twice");
+                file_covered[i] = true;
+            }
+            file_elements += s.end - s.begin;
+        }
+        CHECK(at == lay.num_params);
+        CHECK(file_elements == lay.num_params);
+        CHECK(lay.segments().size() == (size_t)(4 + 12 * m.num_layers));
+    }
 }
 
 TEST_CASE("flags use llm.c letters and long names, --name=value and - or _ alike", "[config]") {

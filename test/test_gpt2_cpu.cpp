@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -106,6 +107,22 @@ std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() / ("llmc_test_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
+// Tensor t, all layers together, in a buffer in model file (llm.c) order: [begin, begin + size).
+struct FileRange {
+    size_t begin, size;
+};
+FileRange file_range(const ParamLayout& layout, const ModelConfig& config, int t) {
+    const size_t layers = ParamLayout::is_per_layer(t) ? config.num_layers : 1;
+    return {layout.file_offset(t), layers * layout.tensor_size(t)};
+}
+
+// A flat (bucket-major) buffer rearranged into model file order.
+std::vector<float> in_file_order(const ParamLayout& layout, const float* flat) {
+    std::vector<float> out(layout.num_params);
+    to_file_order(layout, flat, out.data());
+    return out;
+}
+
 // Restores the OpenMP thread count when a test changes it.
 struct ThreadCount {
     int saved = omp_get_max_threads();
@@ -152,11 +169,14 @@ TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") {
     model.zero_grad();
     const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f);
     CHECK(rel_error(loss, fx.loss) <= 1e-5);
+    // the fixture stores gradients in model file order
     const ParamLayout layout(fx.config);
+    const std::vector<float> grads = in_file_order(layout, model.grads());
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const std::string tensor = ParamLayout::names[t];
         CAPTURE(tensor);
-        CHECK(rel_error(model.grads() + layout.offsets[t], fx.grads.data() + layout.offsets[t], layout.sizes[t]) <= 1e-4);
+        const FileRange r = file_range(layout, fx.config, t);
+        CHECK(rel_error(grads.data() + r.begin, fx.grads.data() + r.begin, r.size) <= 1e-4);
     }
 }
 
@@ -195,10 +215,13 @@ TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch 
     }
     CHECK(rel_error(0.5 * half_losses, loss) <= 1e-6);
     const ParamLayout layout(fx.config);
+    const std::vector<float> accum_grads = in_file_order(layout, accum.grads());
+    const std::vector<float> full_grads = in_file_order(layout, full.grads());
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const std::string tensor = ParamLayout::names[t];
         CAPTURE(tensor);
-        CHECK(rel_error(accum.grads() + layout.offsets[t], full.grads() + layout.offsets[t], layout.sizes[t]) <= 1e-5);
+        const FileRange r = file_range(layout, fx.config, t);
+        CHECK(rel_error(accum_grads.data() + r.begin, full_grads.data() + r.begin, r.size) <= 1e-5);
     }
 }
 
@@ -266,7 +289,17 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     const std::string path = temp_path("roundtrip.bin");
     model.save(path);
     // the writer reproduces the reference file byte for byte
-    CHECK(read_bytes(path) == read_bytes(MODEL_PATH));
+    const std::vector<char> reference = read_bytes(MODEL_PATH);
+    CHECK(read_bytes(path) == reference);
+    // the parameters after the header are the flat buffer in file order, and back
+    const ParamLayout layout(fx.config);
+    const std::vector<float> file_order = in_file_order(layout, model.params());
+    REQUIRE(reference.size() == MODEL_FILE_HEADER_BYTES + file_order.size() * sizeof(float));
+    CHECK(std::memcmp(reference.data() + MODEL_FILE_HEADER_BYTES, file_order.data(),
+                      file_order.size() * sizeof(float)) == 0);
+    std::vector<float> flat(layout.num_params);
+    from_file_order(layout, file_order.data(), flat.data());
+    CHECK(std::memcmp(flat.data(), model.params(), flat.size() * sizeof(float)) == 0);
     GPT2CPU again(read_model_header(path), 1, 8);
     again.load(path);
     CHECK(std::memcmp(model.params(), again.params(), model.num_params() * sizeof(float)) == 0);
@@ -341,20 +374,27 @@ TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]
     CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) != 0);
 
+    const std::vector<float> f = in_file_order(layout, a.data());  // whole tensors, all layers
     auto stddev = [&](int t) {
+        const FileRange r = file_range(layout, config, t);
         double sq = 0.0;
-        for (size_t i = 0; i < layout.sizes[t]; i++) sq += (double)a[layout.offsets[t] + i] * a[layout.offsets[t] + i];
-        return std::sqrt(sq / layout.sizes[t]);
+        for (size_t i = 0; i < r.size; i++) sq += (double)f[r.begin + i] * f[r.begin + i];
+        return std::sqrt(sq / r.size);
     };
     CHECK(stddev(ParamLayout::QKVW) == Approx(0.02).epsilon(0.02));
     CHECK(stddev(ParamLayout::FCPROJW) == Approx(0.02 / std::sqrt(2.0 * config.num_layers)).epsilon(0.02));
-    for (int t : {ParamLayout::LN1W, ParamLayout::LN2W, ParamLayout::LNFW})
-        for (size_t i = 0; i < layout.sizes[t]; i++) REQUIRE(a[layout.offsets[t] + i] == 1.0f);
-    for (int t : {ParamLayout::QKVB, ParamLayout::FCB, ParamLayout::LNFB})
-        for (size_t i = 0; i < layout.sizes[t]; i++) REQUIRE(a[layout.offsets[t] + i] == 0.0f);
+    for (int t : {ParamLayout::LN1W, ParamLayout::LN2W, ParamLayout::LNFW}) {
+        const FileRange r = file_range(layout, config, t);
+        for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 1.0f);
+    }
+    for (int t : {ParamLayout::QKVB, ParamLayout::FCB, ParamLayout::LNFB}) {
+        const FileRange r = file_range(layout, config, t);
+        for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 0.0f);
+    }
+    const float* wte = a.data() + layout.offset(ParamLayout::WTE);
     const size_t pad_begin = (size_t)config.vocab_size * config.channels;
-    for (size_t i = pad_begin; i < layout.sizes[ParamLayout::WTE]; i++) REQUIRE(a[i] == 0.0f);
-    CHECK(a[pad_begin - 1] != 0.0f);
+    for (size_t i = pad_begin; i < layout.tensor_size(ParamLayout::WTE); i++) REQUIRE(wte[i] == 0.0f);
+    CHECK(wte[pad_begin - 1] != 0.0f);
 }
 
 TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[gpt2]") {
@@ -373,8 +413,8 @@ TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[g
     opt.weight_decay = 0.1f;
     std::vector<float> p2 = p, m2 = m, v2 = v;
     adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 3, 0.7f);
-    // split mid-way through qkvw (decayed) and mid-way through qkvb (not decayed)
-    const size_t cut1 = layout.offsets[ParamLayout::QKVW] + 1001, cut2 = layout.offsets[ParamLayout::QKVB] + 17;
+    // split mid-way through layer 0's qkvw (decayed) and mid-way through layer 1's qkvb (not decayed)
+    const size_t cut1 = layout.offset(ParamLayout::QKVW, 0) + 1001, cut2 = layout.offset(ParamLayout::QKVB, 1) + 17;
     for (auto [lo, hi] : {std::pair{size_t(0), cut1}, std::pair{cut1, cut2}, std::pair{cut2, n}})
         adamw_update(layout, p2.data(), g.data(), m2.data(), v2.data(), lo, hi, opt, 3, 0.7f);
     CHECK(std::memcmp(p.data(), p2.data(), n * sizeof(float)) == 0);
@@ -385,6 +425,24 @@ TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[g
                         Catch::Contains("not within"));
     REQUIRE_THROWS_WITH(adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 0, 1.0f),
                         Catch::Contains("step must be >= 1"));
+}
+
+TEST_CASE("AdamW decays exactly the matrices, segment by segment", "[gpt2]") {
+    const ModelConfig config = fixture().config;
+    const ParamLayout layout(config);
+    const size_t n = layout.num_params;
+    // zero gradients and moments: the update is the decay alone
+    std::vector<float> p(n, 1.0f), g(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+    AdamWConfig opt;
+    opt.lr = 0.5f;
+    opt.weight_decay = 0.1f;
+    adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 1, 1.0f);
+    for (const ParamLayout::Segment& s : layout.segments()) {
+        const std::string tensor = ParamLayout::names[s.tensor];
+        CAPTURE(tensor, s.layer);
+        const float expected = ParamLayout::is_decayed(s.tensor) ? 0.95f : 1.0f;
+        CHECK(std::all_of(p.begin() + s.begin, p.begin() + s.end, [&](float x) { return x == expected; }));
+    }
 }
 
 TEST_CASE("the packed GEMM matches a float64 product for every layout and edge", "[gpt2]") {

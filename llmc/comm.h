@@ -1,0 +1,140 @@
+// comm.h: the collective-communication interface the trainer talks to, and LocalComm (one rank).
+//
+// Every collective is asynchronous: it returns a CommHandle at once and the caller waits on it when
+// it needs the result, so communication overlaps compute. The trainer's one thread issues
+// collectives in the same order on every rank and each backend completes them in that order, so a
+// handle's wait() also vouches for every collective issued before it. A collective that cannot
+// finish within timeout_s (a rank died or diverged) fails with an llmc::Error instead of hanging,
+// and breaks the communicator: every later collective fails at once with the same cause.
+//
+// Backends: LocalComm (here, one rank, no launcher), MpiComm (comm_mpi.h, host buffers) and
+// NcclComm (comm_nccl.h, device buffers). bootstrap.h picks the host one for a launch.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "utils.h"
+
+namespace llmc {
+
+// Element type of a collective. BF16 travels as raw 16-bit words; sums add in float and round to
+// nearest even, as the GPU's bf16 gradients will need.
+enum class CommDtype { F32, BF16 };
+
+inline size_t comm_dtype_bytes(CommDtype dtype) { return dtype == CommDtype::F32 ? 4 : 2; }
+inline const char* comm_dtype_name(CommDtype dtype) { return dtype == CommDtype::F32 ? "f32" : "bf16"; }
+
+// The backend's side of one asynchronous collective. Shared by the handle and the backend, so either
+// may go first; wait_ms accumulates here so copies of a handle report the same total.
+class CommOp {
+public:
+    virtual ~CommOp() = default;
+    virtual bool done() = 0;  // non-blocking; true also when the collective failed
+    virtual void wait() = 0;  // blocks until done; throws llmc::Error when it failed or timed out
+    double wait_ms = 0;
+};
+
+// Completion handle of an asynchronous collective. A default-constructed handle is already complete
+// (LocalComm's collectives finish inside the call).
+class CommHandle {
+public:
+    CommHandle() = default;
+    explicit CommHandle(std::shared_ptr<CommOp> op) : op_(std::move(op)) {}
+
+    // Blocks until the collective is done; throws llmc::Error naming the collective, its size, the
+    // rank and the timeout when it failed. Time spent here is the communication the caller did not
+    // hide behind compute, so it is added to wait_ms() even when wait() throws.
+    void wait() {
+        if (!op_) return;
+        auto start = std::chrono::steady_clock::now();
+        struct AddElapsed {
+            CommOp& op;
+            std::chrono::steady_clock::time_point start;
+            ~AddElapsed() {
+                op.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            }
+        } add_elapsed{*op_, start};
+        op_->wait();
+    }
+    bool done() const { return !op_ || op_->done(); }
+    double wait_ms() const { return op_ ? op_->wait_ms : 0.0; }
+
+private:
+    std::shared_ptr<CommOp> op_;
+};
+
+// A group of ranks that run collectives together. All buffers live in the backend's memory (host for
+// local and mpi, device for nccl) and must stay valid until the collective's handle is done.
+// Reductions are sums.
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int world_size() const = 0;
+    virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
+
+    double timeout_s = 600;  // per collective, from issue to completion; read when a collective is issued
+
+    // In place: every rank's buf ends up holding the element-wise sum over ranks.
+    virtual CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) = 0;
+    // send holds world_size * recv_count elements; recv gets block [rank] of their sum over ranks.
+    // In place when recv == send + rank * recv_count; the other blocks of send are then clobbered.
+    virtual CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) = 0;
+    // recv gets every rank's send_count elements, rank r's at block r. In place when
+    // send == recv + rank * send_count.
+    virtual CommHandle all_gather(const void* send, void* recv, size_t send_count, CommDtype dtype) = 0;
+    // Every rank's buf gets root's bytes.
+    virtual CommHandle broadcast(void* buf, size_t bytes, int root) = 0;
+    // Done once every rank has issued it.
+    virtual CommHandle barrier() = 0;
+
+protected:
+    void check_root(int root, size_t bytes) const {
+        if (root < 0 || root >= world_size())
+            fail(strformat("broadcast of %zu bytes from root %d: the root must be a rank in [0, %d)", bytes, root,
+                           world_size()));
+    }
+    // Whether `block` is this rank's block of the world-sized buffer `whole` (an in-place collective).
+    // A block that lies outside `whole` is a separate buffer; any other overlap is a caller bug that
+    // would corrupt data silently, so it fails here.
+    bool is_in_place(const char* collective, const void* whole, const void* block, size_t block_bytes) const {
+        auto w = (uintptr_t)whole, b = (uintptr_t)block, whole_bytes = (uintptr_t)(block_bytes * world_size());
+        if (block_bytes == 0 || b + block_bytes <= w || b >= w + whole_bytes) return false;
+        if (b == w + rank() * block_bytes) return true;
+        fail(strformat("%s of %zu bytes per rank: the rank's block overlaps the world-sized buffer but is not "
+                       "block %d of it (in place needs exactly that block)", collective, block_bytes, rank()));
+    }
+};
+
+// World of one: every collective is complete when the call returns.
+class LocalComm : public Communicator {
+public:
+    int rank() const override { return 0; }
+    int world_size() const override { return 1; }
+    const char* backend() const override { return "local"; }
+
+    CommHandle all_reduce_sum(void*, size_t, CommDtype) override { return {}; }
+    // With one rank the world-sized buffer is the rank's block, so both collectives are a copy.
+    CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        size_t bytes = recv_count * comm_dtype_bytes(dtype);
+        if (!is_in_place("reduce_scatter", send, recv, bytes) && bytes) memcpy(recv, send, bytes);
+        return {};
+    }
+    CommHandle all_gather(const void* send, void* recv, size_t send_count, CommDtype dtype) override {
+        size_t bytes = send_count * comm_dtype_bytes(dtype);
+        if (!is_in_place("all_gather", recv, send, bytes) && bytes) memcpy(recv, send, bytes);
+        return {};
+    }
+    CommHandle broadcast(void*, size_t bytes, int root) override {
+        check_root(root, bytes);
+        return {};
+    }
+    CommHandle barrier() override { return {}; }
+};
+
+}  // namespace llmc

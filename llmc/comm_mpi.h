@@ -1,0 +1,289 @@
+// comm_mpi.h: MpiComm, the Communicator over MPI_COMM_WORLD on host buffers.
+//
+// The idea: one communication thread owns every MPI call after construction. It takes collectives
+// from a FIFO queue, starts each with MPI's non-blocking call and polls MPI_Test until it completes
+// or its deadline passes. Open MPI makes progress on a non-blocking collective only inside MPI calls,
+// so without this thread nothing would move while the trainer computes; and because the thread polls
+// rather than blocks, a rank that never joins costs a clear timeout error instead of a hang.
+//
+// MPI is initialised MPI_THREAD_SERIALIZED (bootstrap.h): the comm thread and the main thread
+// (construction, abort, finalize) may both call MPI, so every call holds mpi_mutex().
+#pragma once
+
+// Only MPI's C API is used; its deprecated C++ bindings would add warnings and a link dependency.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm.h"
+#include "utils.h"
+
+namespace llmc {
+
+inline void mpi_check(int code, const char* call, const char* file, int line) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = snprintf(text, sizeof text, "error %d", code);
+    fail(strformat("%s failed at %s:%d: %.*s", call, file, line, length, text));
+}
+// Not MPI_CHECK: the MPI_ prefix belongs to the MPI standard.
+#define LLMC_MPI_CHECK(call) ::llmc::mpi_check((call), #call, __FILE__, __LINE__)
+
+// Serialises this process's MPI calls, which is what MPI_THREAD_SERIALIZED asks of the program.
+inline std::mutex& mpi_mutex() {
+    static std::mutex mutex;
+    return mutex;
+}
+
+// bf16 as raw bits: the top half of an f32. Rounding to nearest even keeps sums unbiased.
+inline float bf16_bits_to_float(uint16_t bits) {
+    uint32_t word = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &word, sizeof value);
+    return value;
+}
+inline uint16_t float_to_bf16_bits(float value) {
+    uint32_t word;
+    memcpy(&word, &value, sizeof word);
+    if ((word & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((word >> 16) | 0x40);  // NaN stays a quiet NaN
+    word += 0x7fffu + ((word >> 16) & 1);  // carries into the exponent when rounding up, reaching inf on overflow
+    return (uint16_t)(word >> 16);
+}
+
+// MPI has no bf16 type, so BF16 travels as MPI_UINT16_T and reduces with this user-defined sum.
+inline void mpi_bf16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
+    auto* a = (const uint16_t*)in;
+    auto* b = (uint16_t*)inout;
+    for (int i = 0; i < *count; i++) b[i] = float_to_bf16_bits(bf16_bits_to_float(a[i]) + bf16_bits_to_float(b[i]));
+}
+
+class MpiComm : public Communicator {
+public:
+    // Collective: every rank of MPI_COMM_WORLD constructs one, in the same order, after MPI_Init_thread.
+    MpiComm() {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        // A private communicator keeps our collectives apart from any other MPI traffic, and
+        // returning errors lets them become llmc::Errors that name the collective.
+        LLMC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+        LLMC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+        LLMC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        LLMC_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
+        LLMC_MPI_CHECK(MPI_Op_create(&mpi_bf16_sum, /*commute=*/1, &bf16_sum_));
+        thread_ = std::thread([this] { serve(); });
+    }
+    // Finishes (or fails, each within its deadline) every collective already issued, then stops.
+    ~MpiComm() override {
+        {
+            std::lock_guard<std::mutex> lock(queue_mutex_);
+            stopping_ = true;
+        }
+        queue_cv_.notify_one();
+        thread_.join();
+        // After a failure a request may still reference the communicator and the op, so they are
+        // left for process exit (the trainer aborts the launch then). Errors cannot be thrown here.
+        if (!broken_.empty()) return;
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        MPI_Op_free(&bf16_sum_);
+        MPI_Comm_free(&comm_);
+    }
+    MpiComm(const MpiComm&) = delete;
+    MpiComm& operator=(const MpiComm&) = delete;
+
+    int rank() const override { return rank_; }
+    int world_size() const override { return world_size_; }
+    const char* backend() const override { return "mpi"; }
+
+    CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
+        int n = mpi_count("all_reduce", count, comm_dtype_name(dtype));
+        return issue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), [=, this](MPI_Request* request) {
+            LLMC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), sum_op(dtype), comm_, request));
+        });
+    }
+    CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        int n = mpi_count("reduce_scatter", recv_count, comm_dtype_name(dtype));
+        size_t block_bytes = recv_count * comm_dtype_bytes(dtype);
+        const void* mpi_send = send;
+        void* mpi_recv = recv;
+        std::function<void()> after;
+        // MPI's in-place reduce-scatter takes the whole buffer and leaves the sum in block 0, so the
+        // result is moved to block [rank] afterwards.
+        if (is_in_place("reduce_scatter", send, recv, block_bytes)) {
+            mpi_send = MPI_IN_PLACE;
+            mpi_recv = (void*)send;
+            after = [=] { memmove(recv, send, block_bytes); };
+        }
+        return issue(strformat("reduce_scatter of %zu %s per rank", recv_count, comm_dtype_name(dtype)),
+                     [=, this](MPI_Request* request) {
+                         LLMC_MPI_CHECK(MPI_Ireduce_scatter_block(mpi_send, mpi_recv, n, mpi_type(dtype), sum_op(dtype),
+                                                                  comm_, request));
+                     },
+                     std::move(after));
+    }
+    CommHandle all_gather(const void* send, void* recv, size_t send_count, CommDtype dtype) override {
+        int n = mpi_count("all_gather", send_count, comm_dtype_name(dtype));
+        if (is_in_place("all_gather", recv, send, send_count * comm_dtype_bytes(dtype))) send = MPI_IN_PLACE;
+        return issue(strformat("all_gather of %zu %s per rank", send_count, comm_dtype_name(dtype)),
+                     [=, this](MPI_Request* request) {
+                         LLMC_MPI_CHECK(MPI_Iallgather(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, request));
+                     });
+    }
+    CommHandle broadcast(void* buf, size_t bytes, int root) override {
+        check_root(root, bytes);
+        int n = mpi_count("broadcast", bytes, "bytes");
+        return issue(strformat("broadcast of %zu bytes from root %d", bytes, root), [=, this](MPI_Request* request) {
+            LLMC_MPI_CHECK(MPI_Ibcast(buf, n, MPI_BYTE, root, comm_, request));
+        });
+    }
+    CommHandle barrier() override {
+        return issue("barrier", [this](MPI_Request* request) { LLMC_MPI_CHECK(MPI_Ibarrier(comm_, request)); });
+    }
+
+private:
+    using Clock = std::chrono::steady_clock;
+
+    struct Op : CommOp {
+        std::string what;                           // "all_reduce of 1024 f32", for messages
+        std::function<void(MPI_Request*)> start;    // the non-blocking MPI call
+        std::function<void()> after;                // host work once MPI is done, or empty
+        double timeout_s = 0;
+        Clock::time_point deadline;
+
+        std::mutex mutex;
+        std::condition_variable cv;
+        bool finished = false;
+        std::string error;  // empty on success
+
+        bool done() override {
+            std::lock_guard<std::mutex> lock(mutex);
+            return finished;
+        }
+        void wait() override {
+            std::unique_lock<std::mutex> lock(mutex);
+            cv.wait(lock, [&] { return finished; });
+            if (!error.empty()) fail(error);
+        }
+        void finish(std::string failure) {
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                finished = true;
+                error = std::move(failure);
+            }
+            cv.notify_all();
+        }
+    };
+
+    // MPI-3 counts are ints; larger collectives fail here rather than being truncated.
+    static int mpi_count(const char* collective, size_t count, const char* unit) {
+        if (count > (size_t)INT_MAX)
+            fail(strformat("%s of %zu %s exceeds MPI's per-call limit of %d; split it", collective, count, unit, INT_MAX));
+        return (int)count;
+    }
+    static MPI_Datatype mpi_type(CommDtype dtype) { return dtype == CommDtype::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+    MPI_Op sum_op(CommDtype dtype) const { return dtype == CommDtype::F32 ? MPI_SUM : bf16_sum_; }
+
+    CommHandle issue(std::string what, std::function<void(MPI_Request*)> start, std::function<void()> after = {}) {
+        if (!(timeout_s > 0)) fail(strformat("%s: timeout_s must be positive, got %g", what.c_str(), timeout_s));
+        auto op = std::make_shared<Op>();
+        op->what = std::move(what);
+        op->start = std::move(start);
+        op->after = std::move(after);
+        op->timeout_s = timeout_s;
+        op->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+        {
+            std::lock_guard<std::mutex> lock(queue_mutex_);
+            queue_.push_back(op);
+        }
+        queue_cv_.notify_one();
+        return CommHandle(op);
+    }
+
+    // The comm thread: runs collectives in issue order until the communicator is destroyed.
+    void serve() {
+        for (;;) {
+            std::shared_ptr<Op> op;
+            {
+                std::unique_lock<std::mutex> lock(queue_mutex_);
+                queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+                if (queue_.empty()) return;
+                op = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            if (!broken_.empty()) {
+                op->finish(strformat("%s failed on rank %d of %d because an earlier collective failed: %s",
+                                     op->what.c_str(), rank_, world_size_, broken_.c_str()));
+                continue;
+            }
+            try {
+                run(*op);
+            } catch (const Error& e) {
+                broken_ = e.what();
+            }
+            op->finish(broken_);
+        }
+    }
+
+    void run(Op& op) {
+        // Each MPI call holds the process's MPI lock; its failure is reported against the collective.
+        auto mpi = [&](const std::function<void()>& call) {
+            std::lock_guard<std::mutex> lock(mpi_mutex());
+            try {
+                call();
+            } catch (const Error& e) {
+                fail(strformat("%s failed on rank %d of %d: %s", op.what.c_str(), rank_, world_size_, e.what()));
+            }
+        };
+        MPI_Request request;
+        mpi([&] { op.start(&request); });
+        // Polls back to back at first (small collectives finish within microseconds), then sleeps a
+        // little between polls so a long wait does not take a core from the trainer's compute.
+        auto sleep = std::chrono::microseconds(10);
+        for (int polls = 0;; polls++) {
+            int complete = 0;
+            mpi([&] { LLMC_MPI_CHECK(MPI_Test(&request, &complete, MPI_STATUS_IGNORE)); });
+            if (complete) break;
+            // MPI cannot cancel a collective, so the request stays pending; the communicator is
+            // broken from here on and the launch is expected to be aborted.
+            if (Clock::now() >= op.deadline)
+                fail(strformat("%s timed out after %.1f s on rank %d of %d (a rank did not join)", op.what.c_str(),
+                               op.timeout_s, rank_, world_size_));
+            if (polls < 100) {
+                std::this_thread::yield();
+            } else {
+                std::this_thread::sleep_for(sleep);
+                sleep = std::min(sleep * 2, std::chrono::microseconds(200));
+            }
+        }
+        if (op.after) op.after();
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    MPI_Op bf16_sum_ = MPI_OP_NULL;
+    int rank_ = 0, world_size_ = 1;
+
+    std::mutex queue_mutex_;
+    std::condition_variable queue_cv_;
+    std::deque<std::shared_ptr<Op>> queue_;
+    bool stopping_ = false;
+    std::string broken_;  // the first failure's message; touched only by the comm thread, then by ~MpiComm after join
+    std::thread thread_;
+};
+
+}  // namespace llmc

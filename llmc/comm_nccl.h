@@ -1,0 +1,296 @@
+// comm_nccl.h: NcclComm, the Communicator over NCCL on device buffers (compiled by nvcc only).
+//
+// The idea: nothing here ever blocks inside CUDA or NCCL. The communicator is created non-blocking
+// and its initialisation polled; each collective goes onto the communicator's own stream followed by
+// an event; and waiting polls that event together with NCCL's asynchronous error state against the
+// collective's deadline. So a rank that dies or never joins costs a timeout error and an aborted
+// communicator (which also stops the stuck kernels) instead of a hung GPU and a hung trainer.
+//
+// The compute stream hands data to the communicator with an event (wait_for); results come back
+// through CommHandle::wait or an event the caller records on stream(). Waiting through handles is
+// what keeps the timeout: a cudaStreamSynchronize on a stuck collective would hang.
+//
+// NcclComm and its handles are used from one thread, the trainer's.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "comm.h"
+#include "utils.h"
+
+namespace llmc {
+
+inline void cuda_check(cudaError_t code, const char* call, const char* file, int line) {
+    if (code != cudaSuccess) fail(strformat("%s failed at %s:%d: %s", call, file, line, cudaGetErrorString(code)));
+}
+#define CUDA_CHECK(call) ::llmc::cuda_check((call), #call, __FILE__, __LINE__)
+
+// On a non-blocking communicator any NCCL call may answer ncclInProgress (the work goes on in the
+// background); that is not a failure, so it is returned for the caller to poll on.
+inline ncclResult_t nccl_check(ncclResult_t code, const char* call, const char* file, int line) {
+    if (code == ncclSuccess || code == ncclInProgress) return code;
+    fail(strformat("%s failed at %s:%d: %s (%s)", call, file, line, ncclGetErrorString(code), ncclGetLastError(nullptr)));
+}
+#define NCCL_CHECK(call) ::llmc::nccl_check((call), #call, __FILE__, __LINE__)
+
+class NcclComm : public Communicator {
+public:
+    // Collective over the ranks of `host` (LocalComm or MpiComm), which carries NCCL's unique id from
+    // rank 0 to the others; `device` is this rank's GPU (the launch's local_rank). timeout_s bounds
+    // the initialisation and becomes the collectives' timeout.
+    NcclComm(Communicator& host, int device, double timeout_s = 600) : state_(std::make_shared<State>()) {
+        this->timeout_s = timeout_s;
+        state_->rank = host.rank();
+        state_->world_size = host.world_size();
+        int devices = 0;
+        CUDA_CHECK(cudaGetDeviceCount(&devices));
+        if (device < 0 || device >= devices)
+            fail(strformat("rank %d was given GPU %d but this node has %d; NCCL needs one GPU per rank on the node",
+                           state_->rank, device, devices));
+        CUDA_CHECK(cudaSetDevice(device));
+
+        ncclUniqueId id{};
+        if (state_->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+        host.broadcast(&id, sizeof id, 0).wait();
+
+        auto deadline = deadline_after(timeout_s);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        try {
+            NCCL_CHECK(ncclCommInitRankConfig(&state_->comm, state_->world_size, id, state_->rank, &config));
+            state_->settle(deadline);
+        } catch (const Error& e) {
+            state_->abort();
+            fail(strformat("creating the NCCL communicator on rank %d of %d (GPU %d) failed: %s", state_->rank,
+                           state_->world_size, device, e.what()));
+        }
+        if (!state_->comm)
+            fail(strformat("creating the NCCL communicator timed out after %.1f s on rank %d of %d (GPU %d): a rank did "
+                           "not join or the ranks could not connect (NCCL_DEBUG=INFO tells which)",
+                           timeout_s, state_->rank, state_->world_size, device));
+
+        // Its own high-priority stream lets communication run beside compute and go first when both wait.
+        int least_priority = 0, greatest_priority = 0;
+        CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+        CUDA_CHECK(cudaStreamCreateWithPriority(&state_->stream, cudaStreamNonBlocking, greatest_priority));
+        CUDA_CHECK(cudaMalloc(&state_->barrier_word, sizeof(float)));
+    }
+    NcclComm(const NcclComm&) = delete;
+    NcclComm& operator=(const NcclComm&) = delete;
+
+    int rank() const override { return state_->rank; }
+    int world_size() const override { return state_->world_size; }
+    const char* backend() const override { return "nccl"; }
+
+    // Collectives issued after this call start once `compute_done` (recorded on the compute
+    // stream after the buffers were written) has completed.
+    void wait_for(cudaEvent_t compute_done) { CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0)); }
+    cudaStream_t stream() const { return state_->stream; }
+
+    CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
+        return enqueue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), [&](ncclComm_t comm, cudaStream_t s) {
+            return NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm, s));
+        });
+    }
+    // NCCL's in-place forms are exactly ours (the rank's block of the world-sized buffer), so
+    // is_in_place only rejects overlaps that are not.
+    CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        is_in_place("reduce_scatter", send, recv, recv_count * comm_dtype_bytes(dtype));
+        return enqueue(strformat("reduce_scatter of %zu %s per rank", recv_count, comm_dtype_name(dtype)),
+                       [&](ncclComm_t comm, cudaStream_t s) {
+                           return NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm, s));
+                       });
+    }
+    CommHandle all_gather(const void* send, void* recv, size_t send_count, CommDtype dtype) override {
+        is_in_place("all_gather", recv, send, send_count * comm_dtype_bytes(dtype));
+        return enqueue(strformat("all_gather of %zu %s per rank", send_count, comm_dtype_name(dtype)),
+                       [&](ncclComm_t comm, cudaStream_t s) {
+                           return NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm, s));
+                       });
+    }
+    CommHandle broadcast(void* buf, size_t bytes, int root) override {
+        check_root(root, bytes);
+        return enqueue(strformat("broadcast of %zu bytes from root %d", bytes, root), [&](ncclComm_t comm, cudaStream_t s) {
+            return NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm, s));
+        });
+    }
+    // NCCL has no barrier; an all-reduce of one word cannot complete before every rank has joined.
+    CommHandle barrier() override {
+        return enqueue("barrier", [&](ncclComm_t comm, cudaStream_t s) {
+            return NCCL_CHECK(ncclAllReduce(state_->barrier_word, state_->barrier_word, 1, ncclFloat32, ncclSum, comm, s));
+        });
+    }
+
+private:
+    using Clock = std::chrono::steady_clock;
+
+    static Clock::time_point deadline_after(double seconds) {
+        return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    }
+    static ncclDataType_t nccl_type(CommDtype dtype) { return dtype == CommDtype::F32 ? ncclFloat32 : ncclBfloat16; }
+
+    // Polls back to back at first (most waits are short), then sleeps a little between polls so a
+    // long wait does not take a core from the host side of the trainer.
+    class Backoff {
+    public:
+        void pause() {
+            if (polls_++ < 100) {
+                std::this_thread::yield();
+                return;
+            }
+            std::this_thread::sleep_for(sleep_);
+            sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(200));
+        }
+
+    private:
+        int polls_ = 0;
+        std::chrono::microseconds sleep_{10};
+    };
+
+    // The communicator's resources, shared with the handles so that either may outlive the other.
+    struct State {
+        int rank = 0, world_size = 1;
+        ncclComm_t comm = nullptr;  // null once aborted
+        cudaStream_t stream = nullptr;
+        float* barrier_word = nullptr;
+        std::string broken;  // the first failure; once set, every collective not yet seen complete fails
+
+        // Polls until NCCL's background work on the communicator (initialisation, or enqueueing a
+        // collective) is finished; throws on an NCCL error; aborts on the deadline, leaving comm null.
+        void settle(Clock::time_point deadline) {
+            Backoff backoff;
+            for (;;) {
+                ncclResult_t state = ncclInProgress;
+                NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+                if (state == ncclSuccess) return;
+                if (state != ncclInProgress)
+                    fail(strformat("NCCL reports %s (%s)", ncclGetErrorString(state), ncclGetLastError(comm)));
+                if (Clock::now() >= deadline) {
+                    abort();
+                    return;
+                }
+                backoff.pause();
+            }
+        }
+        // Tears the communicator down without its peers; NCCL's kernels still running on it exit.
+        void abort() {
+            if (comm) ncclCommAbort(comm);
+            comm = nullptr;
+        }
+        void break_with(std::string cause) {
+            if (broken.empty()) broken = std::move(cause);
+            abort();
+        }
+        // Finalizing flushes outstanding work with the peers. It is polled, and a communicator that
+        // does not finish within finalize_timeout_s (a peer is gone) is aborted: exit must not hang.
+        // Errors cannot be thrown from a destructor.
+        static constexpr double finalize_timeout_s = 60;
+        ~State() {
+            if (comm) {
+                ncclResult_t state = ncclCommFinalize(comm);
+                auto deadline = deadline_after(finalize_timeout_s);
+                while (state == ncclInProgress && Clock::now() < deadline) {
+                    std::this_thread::sleep_for(std::chrono::microseconds(100));
+                    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+                }
+                if (state == ncclSuccess) ncclCommDestroy(comm);
+                else ncclCommAbort(comm);
+            }
+            if (barrier_word) cudaFree(barrier_word);
+            if (stream) cudaStreamDestroy(stream);
+        }
+    };
+
+    struct Op : CommOp {
+        std::shared_ptr<State> state;
+        std::string what;  // "all_reduce of 1024 bf16", for messages
+        double timeout_s = 0;
+        Clock::time_point deadline;
+        cudaEvent_t event = nullptr;
+        bool finished = false;
+        std::string error;  // empty on success
+
+        ~Op() override {
+            if (event) cudaEventDestroy(event);
+        }
+        bool done() override { return poll(); }
+        void wait() override {
+            Backoff backoff;
+            while (!poll()) backoff.pause();
+            if (!error.empty()) fail(error);
+        }
+        // One non-blocking look: complete, failed (an NCCL error, the deadline, or an earlier
+        // failure), or still running.
+        bool poll() {
+            if (finished) return true;
+            auto where = [&] { return strformat("%s on rank %d of %d", what.c_str(), state->rank, state->world_size); };
+            if (!state->broken.empty()) return finish(strformat("%s failed because an earlier collective failed: %s",
+                                                                where().c_str(), state->broken.c_str()));
+            cudaError_t query = cudaEventQuery(event);
+            if (query == cudaSuccess) return finish("");
+            if (query != cudaErrorNotReady) {
+                state->break_with(strformat("%s failed: cudaEventQuery: %s", where().c_str(), cudaGetErrorString(query)));
+                return finish(state->broken);
+            }
+            ncclResult_t async = ncclSuccess;
+            ncclResult_t asked = ncclCommGetAsyncError(state->comm, &async);
+            if (asked != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+                ncclResult_t code = asked != ncclSuccess ? asked : async;
+                state->break_with(strformat("%s failed: NCCL reports %s (%s); the communicator was aborted", where().c_str(),
+                                            ncclGetErrorString(code), ncclGetLastError(state->comm)));
+                return finish(state->broken);
+            }
+            if (Clock::now() >= deadline) {
+                state->break_with(strformat("%s timed out after %.1f s (a rank did not join); the communicator was aborted",
+                                            where().c_str(), timeout_s));
+                return finish(state->broken);
+            }
+            return false;
+        }
+        bool finish(std::string failure) {
+            finished = true;
+            error = std::move(failure);
+            return true;
+        }
+    };
+
+    // Puts one collective on the stream, followed by its completion event. A failure while
+    // enqueueing breaks the communicator and surfaces from the handle's wait(), like any other.
+    CommHandle enqueue(std::string what, const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
+        if (!(timeout_s > 0)) fail(strformat("%s: timeout_s must be positive, got %g", what.c_str(), timeout_s));
+        auto op = std::make_shared<Op>();
+        op->state = state_;
+        op->what = std::move(what);
+        op->timeout_s = timeout_s;
+        op->deadline = deadline_after(timeout_s);
+        CUDA_CHECK(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
+        if (!state_->broken.empty()) return CommHandle(op);  // fails at once, naming the earlier failure
+        try {
+            // Until NCCL has finished enqueueing, nothing else may go onto its stream.
+            if (call(state_->comm, state_->stream) == ncclInProgress) state_->settle(op->deadline);
+            if (state_->comm) {
+                CUDA_CHECK(cudaEventRecord(op->event, state_->stream));
+                return CommHandle(op);
+            }
+            state_->break_with(strformat("enqueueing %s timed out after %.1f s on rank %d of %d", op->what.c_str(),
+                                         timeout_s, state_->rank, state_->world_size));
+        } catch (const Error& e) {
+            state_->break_with(strformat("%s failed on rank %d of %d: %s", op->what.c_str(), state_->rank,
+                                         state_->world_size, e.what()));
+        }
+        op->finish(state_->broken);
+        return CommHandle(op);
+    }
+
+    std::shared_ptr<State> state_;
+};
+
+}  // namespace llmc
