@@ -25,6 +25,8 @@ TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
 MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
+# MPI's link flags, minus the C++ bindings library, which llmc does not use.
+MPI_LIBS  := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null))
 
 .PHONY: all deps train test test-mpi test-gpu data clean
 all: deps $(TARGETS)
@@ -38,10 +40,10 @@ deps:
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
 HEADERS := $(wildcard llmc/*.h)
 train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
-	$(CXX) $(CXXFLAGS) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 
 train_gpt: train_gpt.cu $(HEADERS) | deps
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 
 # Compile-only check of the NCCL communicator (no GPU needed to build it).
 $(BUILD)/comm_nccl_check.o: dev/cuda/comm_nccl_check.cu $(HEADERS) | deps

@@ -2,14 +2,17 @@
 //
 // One source, two binaries: nvcc builds `train_gpt` (the CUDA model) and the host compiler builds
 // `train_gpt_cpu` from this same file with -DLLMC_CPU_ONLY (the fp32 CPU reference model). Both run
-// the same host code: config, data loading, schedule, train loop, metrics. Only make_model differs.
+// the same host code: launch (MPI when started by mpirun/srun), config, data loading, schedule,
+// ZeRO sharding, train loop, metrics. Only make_model differs.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 
+#include "llmc/bootstrap.h"
 #include "llmc/config.h"
 #include "llmc/model_file.h"
+#include "llmc/planner.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
 
@@ -21,16 +24,18 @@
 
 using namespace llmc;
 
-static std::unique_ptr<Model> make_model(const RunConfig& cfg) {
+static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm) {
 #ifdef LLMC_CPU_ONLY
-    printf("device: CPU, %d OpenMP threads (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
+    if (comm.rank() == 0)
+        printf("device: CPU, %d OpenMP threads per rank (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
     try {
-        return std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len);
+        return std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, comm, cfg.zero_stage);
     } catch (const std::bad_alloc&) {
         fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "
-                       "logits with B*T*vocab): reduce -b or -t", cfg.batch_size, cfg.seq_len));
+                       "logits with B*T*vocab): reduce -b or -t, or shard more with -z", cfg.batch_size, cfg.seq_len));
     }
 #else
+    (void)comm;
     int devices = 0;
     cudaError_t err = cudaGetDeviceCount(&devices);
     if (err != cudaSuccess || devices == 0)
@@ -46,49 +51,86 @@ static bool is_preset(const std::string& name) {
     return false;
 }
 
-int main(int argc, char** argv) {
-    try {
-        RunConfig cfg;
-        if (!parse_run_args(cfg, argc, argv)) {
-            fputs(run_config_help(argv[0]).c_str(), stdout);
-            return 0;
+// Resolves the config for world_size ranks, reading the -e model file's header if it names one.
+static void resolve(RunConfig& cfg, int world_size) {
+    ModelConfig file_config;
+    bool from_file = !is_preset(cfg.model);
+    if (from_file) {
+        try {
+            file_config = read_model_header(cfg.model);
+        } catch (const Error& e) {
+            fail(strformat("-e '%s' is not a preset (d4 d6 d12 d24 d36 d48) and not a usable model file: %s",
+                           cfg.model.c_str(), e.what()));
         }
-        ModelConfig file_config;
-        bool from_file = !is_preset(cfg.model);
-        if (from_file) {
-            try {
-                file_config = read_model_header(cfg.model);
-            } catch (const Error& e) {
-                fail(strformat("-e '%s' is not a preset (d4 d6 d12 d24 d36 d48) and not a usable model file: %s",
-                               cfg.model.c_str(), e.what()));
-            }
-        }
-        resolve_run_config(cfg, /*world_size=*/1, from_file ? &file_config : nullptr);
+    }
+    resolve_run_config(cfg, world_size, from_file ? &file_config : nullptr);
+}
 
+// --plan N: the memory plan of rank 0 of N, computed without allocating anything.
+static void print_plan(RunConfig cfg) {
+    resolve(cfg, cfg.plan);
+    ParamLayout layout(cfg.model_config);
+    ZeroPlan zero(layout, cfg.zero_stage, 0, cfg.plan);
+#ifdef LLMC_CPU_ONLY
+    size_t activations = GPT2CPU::activation_floats(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    const char* kind = "fp32 CPU model";
+#else
+    size_t activations = 0;
+    const char* kind = "CUDA model not built yet: activations not planned";
+#endif
+    fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, activations), kind).c_str(), stdout);
+}
+
+static void train(RunConfig& cfg, Communicator& comm) {
+    resolve(cfg, comm.world_size());
+    const bool is_rank0 = comm.rank() == 0;
+    if (is_rank0) {
         make_dirs(cfg.output_dir);
         write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
         const ModelConfig& m = cfg.model_config;
         printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters\n",
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
                m.max_seq_len, ParamLayout(m).num_params / 1e6);
-        printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps\n",
-               cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps);
+        printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
+               cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
+               cfg.zero_stage, comm.backend());
+    }
+    std::unique_ptr<Model> model = make_model(cfg, comm);
+    if (cfg.model_is_file) model->load(cfg.model);
+    else model->init_random(cfg.seed);
 
-        std::unique_ptr<Model> model = make_model(cfg);
-        if (from_file) model->load(cfg.model);
-        else model->init_random(cfg.seed);
+    Trainer trainer(cfg, *model, comm, cfg.output_dir + "/metrics.jsonl");
+    TrainSummary summary = trainer.run();
 
-        Trainer trainer(cfg, *model);
-        TrainSummary summary = trainer.run();
-
-        std::string model_path = cfg.output_dir + "/model.bin";
-        model->save(model_path);
+    std::string model_path = cfg.output_dir + "/model.bin";
+    model->save(model_path);  // a collective: rank 0 writes
+    if (is_rank0)
         printf("done: val loss %.4f -> %.4f | train loss %.4f | %.0f tok/s mean | model saved to %s\n",
                summary.first_val_loss, summary.last_val_loss, summary.last_train_loss, summary.mean_tokens_per_s,
                model_path.c_str());
-        return 0;
+}
+
+int main(int argc, char** argv) {
+    Launch launch;
+    try {
+        launch = bootstrap_launch(&argc, &argv);
+        RunConfig cfg;
+        if (!parse_run_args(cfg, argc, argv)) {
+            if (launch.rank == 0) fputs(run_config_help(argv[0]).c_str(), stdout);
+        } else if (cfg.plan > 0) {
+            if (launch.rank == 0) print_plan(cfg);
+        } else {
+            std::unique_ptr<Communicator> comm = make_host_communicator(launch);
+            comm->timeout_s = cfg.comm_timeout_s;
+            train(cfg, *comm);
+        }
     } catch (const std::exception& e) {
-        fprintf(stderr, "error: %s\n", e.what());
+        fprintf(stderr, "error%s: %s\n", launch.world_size > 1 ? strformat(" (rank %d)", launch.rank).c_str() : "",
+                e.what());
+        fflush(stderr);
+        if (launch.under_launcher) abort_launch(launch, 1);
         return 1;
     }
+    finalize_launch(launch);
+    return 0;
 }

@@ -76,24 +76,32 @@ inline void adamw_span(float* params, const float* grads, float* m, float* v, si
 
 }  // namespace detail
 
+// AdamW on n contiguous elements that share one weight decay (one tensor slice, or part of one).
+inline void adamw_contiguous(float* params, const float* grads, float* m, float* v, size_t n, float decay,
+                             const AdamWConfig& opt, int step, float grad_multiplier) {
+    if (step < 1) fail(strformat("adamw: step must be >= 1 (1-based for bias correction), got %d", step));
+    const float bias_correction1 = (float)(1.0 - std::pow((double)opt.beta1, step));
+    const float bias_correction2 = (float)(1.0 - std::pow((double)opt.beta2, step));
+    constexpr size_t CHUNK_ELEMS = 1 << 14;  // static chunks: each element's thread is fixed
+    const size_t num_chunks = (n + CHUNK_ELEMS - 1) / CHUNK_ELEMS;
+#pragma omp parallel for schedule(static) if (num_chunks > 1)
+    for (size_t c = 0; c < num_chunks; c++) {
+        const size_t at = c * CHUNK_ELEMS, count = std::min(CHUNK_ELEMS, n - at);
+        detail::adamw_span(params + at, grads + at, m + at, v + at, count, opt.lr, opt.beta1, opt.beta2, opt.eps,
+                           decay, bias_correction1, bias_correction2, grad_multiplier);
+    }
+}
+
+// AdamW on the flat range [begin, end) of buffers in ParamLayout order, decay chosen per segment.
 inline void adamw_update(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
                          size_t begin, size_t end, const AdamWConfig& opt, int step, float grad_multiplier) {
     check_param_range(layout, begin, end, "adamw_update");
     if (step < 1) fail(strformat("adamw_update: step must be >= 1 (1-based for bias correction), got %d", step));
-    const float bias_correction1 = (float)(1.0 - std::pow((double)opt.beta1, step));
-    const float bias_correction2 = (float)(1.0 - std::pow((double)opt.beta2, step));
-    constexpr size_t CHUNK_ELEMS = 1 << 14;  // static chunks: each element's thread is fixed
     for (const ParamLayout::Segment& s : layout.segments()) {
         const size_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
         if (lo >= hi) continue;
         const float decay = ParamLayout::is_decayed(s.tensor) ? opt.weight_decay : 0.0f;
-        const size_t num_chunks = (hi - lo + CHUNK_ELEMS - 1) / CHUNK_ELEMS;
-#pragma omp parallel for schedule(static) if (num_chunks > 1)
-        for (size_t c = 0; c < num_chunks; c++) {
-            const size_t at = lo + c * CHUNK_ELEMS, n = std::min(CHUNK_ELEMS, hi - at);
-            detail::adamw_span(params + at, grads + at, m + at, v + at, n, opt.lr, opt.beta1, opt.beta2, opt.eps,
-                               decay, bias_correction1, bias_correction2, grad_multiplier);
-        }
+        adamw_contiguous(params + lo, grads + lo, m + lo, v + lo, hi - lo, decay, opt, step, grad_multiplier);
     }
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "utils.h"
@@ -136,5 +137,16 @@ public:
     }
     CommHandle barrier() override { return {}; }
 };
+
+// Sums one value per rank in rank order, so every rank gets the same bits, and exactly (a float
+// all-reduce would round and may differ by algorithm): each rank's double travels as two raw words.
+inline double sum_over_ranks(Communicator& comm, double local) {
+    std::vector<double> all(comm.world_size());
+    all[comm.rank()] = local;
+    comm.all_gather(&all[comm.rank()], all.data(), 2, CommDtype::F32).wait();
+    double total = 0.0;
+    for (double x : all) total += x;
+    return total;
+}
 
 }  // namespace llmc

@@ -54,6 +54,11 @@ struct RunConfig {
     int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;
+    // data parallelism
+    int zero_stage = 0;           // 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients, 3 + sharded parameters
+    float comm_timeout_s = 600;   // a collective not finished after this long is an error
+    int plan = 0;                 // >0: print the memory plan for this many ranks and exit
+    int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
     std::string config_file;  // --config, for the record
 
     // Resolved by resolve(): the model shape and the batch arithmetic.
@@ -105,6 +110,10 @@ inline const std::vector<RunOption>& run_options() {
         {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
+        {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
+        {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
+        {"", "world_size", &RunConfig::expected_world_size, "the number of ranks this run expects (0: any); a launch with another count is an error"},
+        {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;
 }
@@ -251,6 +260,9 @@ inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
 // model_from_file is the header of the -e model file when -e names a file, else nullptr.
 inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
     auto require = [](bool ok, const std::string& message) { if (!ok) fail(message); };
+    if (cfg.expected_world_size > 0 && cfg.expected_world_size != world_size)
+        fail(strformat("--world-size is %d but the job was launched with %d rank(s)", cfg.expected_world_size,
+                       world_size));
     cfg.world_size = world_size;
     cfg.model_is_file = model_from_file != nullptr;
     if (model_from_file) {
@@ -298,6 +310,9 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.sample_tokens > 0, strformat("-g (sample_tokens) must be positive, got %d", cfg.sample_tokens));
     require(cfg.temperature > 0, strformat("--temperature must be positive, got %g", cfg.temperature));
     require(!cfg.output_dir.empty(), "-o (output_dir) must not be empty");
+    require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
+    require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
+    require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }
 
 inline LrSchedule lr_schedule_of(const RunConfig& cfg) {

@@ -34,6 +34,7 @@
 #include "model_file.h"
 #include "model_init.h"
 #include "utils.h"
+#include "zero.h"
 
 namespace llmc {
 namespace cpu {
@@ -707,44 +708,56 @@ struct ActivationLayout {
 
 class GPT2CPU : public Model {
 public:
-    GPT2CPU(const ModelConfig& config, int max_B, int max_T)
-        : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T) {
+    // A model sharded over `comm` by ZeRO stage `zero_stage` (see zero.h).
+    GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& comm, int zero_stage)
+        : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T),
+          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm),
+          bucket_params_(layout_.num_buckets(), nullptr), bucket_grads_(layout_.num_buckets(), nullptr) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
-        params_.assign(layout_.num_params, 0.0f);
-        grads_.assign(layout_.num_params, 0.0f);
-        m_.assign(layout_.num_params, 0.0f);
-        v_.assign(layout_.num_params, 0.0f);
-        acts_.assign(ActivationLayout::size_for(config_, max_B, max_T) + 16, 0.0f);
+        acts_.assign(activation_floats(config_, max_B, max_T), 0.0f);
+    }
+    // A single-rank model (stage 0, nothing to communicate).
+    GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_comm(), 0) {}
+
+    // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
+    static size_t activation_floats(const ModelConfig& c, int max_B, int max_T) {
+        return ActivationLayout::size_for(c, max_B, max_T) + 16;  // + slack for 64-byte alignment
     }
 
     const ModelConfig& config() const override { return config_; }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
-    // Both start a fresh model: gradients and AdamW moments are reset.
+    // Both start a fresh model: gradients and AdamW moments are reset. Every rank passes the same
+    // seed or file and keeps its own shard.
     void init_random(uint64_t seed) override {
-        init_gpt2_params(config_, params_.data(), seed);
-        reset_training_state();
+        std::vector<float> full(layout_.num_params);
+        init_gpt2_params(config_, full.data(), seed);
+        reset(full);
     }
     void load(const std::string& path) override {
-        read_model_file(path, config_, params_.data());
-        reset_training_state();
+        std::vector<float> full(layout_.num_params);
+        read_model_file(path, config_, full.data());
+        reset(full);
     }
-    void save(const std::string& path) override { write_model_file(path, config_, params_.data()); }
-
-    void zero_grad() override {
-        float* g = grads_.data();
-#pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < grads_.size(); i++) g[i] = 0.0f;
+    // A collective: every rank calls it, rank 0 writes the file.
+    void save(const std::string& path) override {
+        std::vector<float> full(layout_.num_params);
+        engine_.get_params(full.data());
+        if (engine_.plan().rank == 0) write_model_file(path, config_, full.data());
     }
+    void get_params(float* full) { engine_.get_params(full); }
 
-    float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale) override {
+    void zero_grad() override { engine_.zero_grad(); }
+
+    float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
+                           bool last_micro_batch) override {
         check_batch(inputs, targets, B, T, "forward_backward");
         const float loss = forward(inputs, targets, B, T, Pass::Train, grad_scale);
-        backward(inputs, B, T);
+        backward(inputs, B, T, last_micro_batch);
         return loss;
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
@@ -758,20 +771,21 @@ public:
         std::copy(a.logits, a.logits + config_.padded_vocab_size, logits_out);
     }
 
-    double grad_sum_squares(size_t begin, size_t end) override {
-        check_param_range(layout_, begin, end, "grad_sum_squares");
-        return sum_squares(grads_.data(), begin, end);
+    double grad_norm_squared() override { return engine_.grad_norm_squared(); }
+    void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
+        engine_.adamw_step(opt, step, grad_multiplier);
     }
-    void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier, size_t begin, size_t end) override {
-        adamw_update(layout_, params_.data(), grads_.data(), m_.data(), v_.data(), begin, end, opt, step,
-                     grad_multiplier);
+    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    size_t allocated_bytes(MemoryKind kind) const override {
+        if (kind == MemoryKind::Activations) return acts_.size() * sizeof(float);
+        return engine_.allocated_bytes(kind);
     }
 
-    // Direct access for tests and tools: flat buffers in ParamLayout (bucket-major) order, and the
-    // B x T x Vp logits of the most recent evaluate() (valid until the next call; after
-    // forward_backward the buffer holds dlogits instead).
-    float* params() { return params_.data(); }
-    const float* grads() const { return grads_.data(); }
+    // Direct access for tests and tools on an unsharded single-rank model (stage 0, 1 rank), where
+    // the engine's buffers are exactly ParamLayout's: parameters and gradients, and the B x T x Vp
+    // logits of the most recent evaluate() (after forward_backward the buffer holds dlogits).
+    float* params() { return unsharded(engine_.full_params()); }
+    const float* grads() { return unsharded(engine_.full_grads()); }
     const float* logits() const { return ActivationLayout(config_, last_B_, last_T_, activation_base()).logits; }
 
 private:
@@ -779,20 +793,44 @@ private:
         c.validate();
         return c;
     }
+    static Communicator& local_comm() {
+        static LocalComm comm;
+        return comm;
+    }
     // The activation buffer rounded up to a 64-byte boundary (acts_ has 16 floats of slack).
     float* activation_base() const {
         const uintptr_t p = reinterpret_cast<uintptr_t>(acts_.data());
         return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
     }
-    // The only way the model reaches parameter and gradient memory: a tensor's slice (one layer's,
-    // for the per-layer tensors) wherever ParamLayout puts it.
-    float* param(int tensor, int layer = 0) { return params_.data() + layout_.offset(tensor, layer); }
-    float* grad(int tensor, int layer = 0) { return grads_.data() + layout_.offset(tensor, layer); }
+    template <typename T>
+    T* unsharded(T* p) {
+        if (engine_.plan().world_size != 1 || engine_.plan().stage != 0)
+            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank)");
+        return p;
+    }
 
-    void reset_training_state() {
-        std::fill(grads_.begin(), grads_.end(), 0.0f);
-        std::fill(m_.begin(), m_.end(), 0.0f);
-        std::fill(v_.begin(), v_.end(), 0.0f);
+    // Parameters and gradients are reached only through these, via the bucket pointers the engine
+    // handed out (acquire_params / grad_buffer), so the model never knows how they are sharded.
+    const float* param(int tensor, int layer = 0) const {
+        return bucket_params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    float* grad(int tensor, int layer = 0) {
+        return bucket_grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
+    // fetching the bucket that will be needed next.
+    void acquire(int bucket, int next_bucket) {
+        bucket_params_[bucket] = engine_.acquire_params(bucket);
+        if (next_bucket >= 0) engine_.prefetch_params(next_bucket);
+    }
+    void release(int bucket) {
+        engine_.release_params(bucket);
+        bucket_params_[bucket] = nullptr;
+    }
+
+    void reset(const std::vector<float>& full) {
+        engine_.set_params(full.data());
+        engine_.reset_optimizer();
     }
 
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
@@ -819,8 +857,11 @@ private:
         const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
         const ActivationLayout a(config_, B, T, activation_base());
         using P = ParamLayout;
+        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        acquire(embedding, final_norm);
         cpu::encoder_forward(a.encoded, inputs, param(P::WTE), param(P::WPE), B, T, C);
         for (int l = 0; l < L; l++) {
+            acquire(layout_.layer_bucket(l), l + 1 < L ? layout_.layer_bucket(l + 1) : -1);
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             cpu::layernorm_forward(a.ln1 + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
@@ -837,14 +878,19 @@ private:
             cpu::gelu_forward(a.fch_gelu + 4 * lc, a.fch + 4 * lc, (size_t)BT * 4 * C);
             cpu::matmul_forward(a.residual3 + lc, a.fch_gelu + 4 * lc, param(P::FCPROJW, l),
                                 param(P::FCPROJB, l), a.residual2 + lc, BT, 4 * C, C);
+            release(layout_.layer_bucket(l));
         }
+        acquire(final_norm, -1);
         cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * BT * C,
                                param(P::LNFW), param(P::LNFB), BT, C);
         if (pass == Pass::LastLogits) {
             cpu::matmul_forward(a.logits, a.lnf + (size_t)(BT - 1) * C, param(P::WTE), nullptr, nullptr, 1, C, Vp);
+            release_all();
             return 0.0f;
         }
         cpu::matmul_forward(a.logits, a.lnf, param(P::WTE), nullptr, nullptr, BT, C, Vp);
+        // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
+        if (pass != Pass::Train) release_all();
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
         cpu::crossentropy(a.row_loss, a.logits, targets, pass == Pass::Train, grad_scale / BT, BT, V, Vp);
         double total = 0.0;
@@ -853,18 +899,27 @@ private:
     }
 
     // Backward of the Pass::Train forward that just ran on the same batch, starting from the
-    // dlogits it left in the logits buffer; parameter gradients accumulate.
-    void backward(const int* inputs, int B, int T) {
+    // dlogits it left in the logits buffer; parameter gradients accumulate. Each bucket is handed to
+    // the engine (grads_ready) as soon as its gradient is complete, so its communication overlaps
+    // the rest of backward.
+    void backward(const int* inputs, int B, int T, bool last_micro_batch) {
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size, BT = B * T;
         const ActivationLayout a(config_, B, T, activation_base());
         using P = ParamLayout;
+        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        bucket_grads_[embedding] = engine_.grad_buffer(embedding);
+        bucket_grads_[final_norm] = engine_.grad_buffer(final_norm);
         float* dlogits = a.logits;
         cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, a.lnf, param(P::WTE), BT, C, Vp);
         std::fill(a.dresidual, a.dresidual + (size_t)BT * C, 0.0f);
         cpu::layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.dC,
                                 a.residual3 + (size_t)(L - 1) * BT * C, param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C);
+        engine_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
+            const int bucket = layout_.layer_bucket(l);
+            acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
+            bucket_grads_[bucket] = engine_.grad_buffer(bucket);
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
@@ -884,15 +939,29 @@ private:
                                  C, 3 * C);
             cpu::layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.dC, residual,
                                     param(P::LN1W, l), a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+            engine_.grads_ready(bucket, last_micro_batch);
+            release(bucket);
         }
         cpu::encoder_backward(grad(P::WTE), grad(P::WPE), a.dresidual, inputs, B, T, C);
+        engine_.grads_ready(embedding, last_micro_batch);
+        engine_.finish_backward();
+        release_all();
+    }
+
+    void release_all() {
+        engine_.invalidate_gathered();
+        std::fill(bucket_params_.begin(), bucket_params_.end(), nullptr);
+        std::fill(bucket_grads_.begin(), bucket_grads_.end(), nullptr);
     }
 
     ModelConfig config_;
     ParamLayout layout_;
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;
-    std::vector<float> params_, grads_, m_, v_, acts_;
+    ZeroEngine engine_;
+    std::vector<const float*> bucket_params_;  // the buckets acquired for the pass under way
+    std::vector<float*> bucket_grads_;
+    std::vector<float> acts_;
 };
 
 }  // namespace llmc

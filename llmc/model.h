@@ -13,6 +13,15 @@
 
 namespace llmc {
 
+// What the memory of a rank is for (the planner's categories). MasterWeights stays empty on the fp32
+// CPU model, whose parameters are their own master copy.
+enum class MemoryKind { Parameters, Gradients, OptimizerState, MasterWeights, CommBuffers, Activations, Count };
+inline const char* memory_kind_name(MemoryKind k) {
+    static const char* names[] = {"parameters", "gradients", "optimizer state", "master weights", "comm buffers",
+                                  "activations"};
+    return names[(int)k];
+}
+
 struct AdamWConfig {
     float lr = 3e-4f;
     float beta1 = 0.9f;
@@ -36,20 +45,27 @@ public:
 
     virtual void zero_grad() = 0;
     // Forward and backward on one micro-batch of B x T tokens. Gradients ACCUMULATE (+=) and are
-    // scaled by grad_scale (1 / gradient-accumulation steps gives the mean over the whole batch).
-    // Returns the micro-batch's mean cross-entropy loss.
-    virtual float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale) = 0;
+    // scaled by grad_scale (1 / (accumulation steps x ranks) gives the mean over the global batch).
+    // last_micro_batch: the step's gradient is complete after this one, so its collectives start.
+    // Returns this rank's micro-batch mean cross-entropy loss.
+    virtual float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
+                                   bool last_micro_batch) = 0;
     // Mean loss on a micro-batch, gradients untouched.
     virtual float evaluate(const int* inputs, const int* targets, int B, int T) = 0;
     // Logits (padded_vocab_size floats; only the first vocab_size mean anything) for the token that
     // follows tokens[0..T), written to logits_out (host memory).
     virtual void next_token_logits(const int* tokens, int T, float* logits_out) = 0;
 
-    // Sum of squared gradients over the flat range [begin, end), in double.
-    virtual double grad_sum_squares(size_t begin, size_t end) = 0;
-    // One AdamW step (1-based `step` for bias correction) on the range [begin, end). Each gradient
-    // is multiplied by grad_multiplier first (global-norm clipping).
-    virtual void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier, size_t begin, size_t end) = 0;
+    // The squared norm of the whole (all-rank) gradient; the same on every rank.
+    virtual double grad_norm_squared() = 0;
+    // One AdamW step (1-based `step` for bias correction) on this rank's shard of the parameters.
+    // Each gradient is multiplied by grad_multiplier first (global-norm clipping).
+    virtual void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) = 0;
+
+    // Milliseconds spent blocked on communication since the last call (exposed, not overlapped).
+    virtual double take_exposed_comm_ms() = 0;
+    // Bytes this rank allocated for one kind of memory (the --plan printout must agree).
+    virtual size_t allocated_bytes(MemoryKind kind) const = 0;
 
     size_t num_params() const { return ParamLayout(config()).num_params; }
 };

@@ -5,6 +5,11 @@
 // scaled by 1/grad_accum_steps so the sum is the mean over the whole batch), then the global
 // gradient norm, clipping, and AdamW at the scheduled learning rate. Validation and samples happen
 // between steps and never touch the training data order or the training RNG.
+//
+// With several ranks every rank runs this same loop on its own windows of the data; the model's
+// ZeRO engine does the gradient and parameter collectives, and the loop averages the losses over
+// ranks. Everything collective (validation, sampling under ZeRO-3) runs on every rank in the same
+// order; only rank 0 prints and writes files.
 #pragma once
 
 #include <chrono>
@@ -13,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comm.h"
 #include "config.h"
 #include "dataloader.h"
 #include "metrics.h"
@@ -26,11 +32,13 @@ namespace llmc {
 struct TrainSummary {
     float first_val_loss = NAN, last_val_loss = NAN;
     float last_train_loss = NAN;
+    std::vector<float> train_losses;  // every step's loss, averaged over ranks
     double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
 };
 
-// Mean loss over the first val_steps batches of the validation set (the same batches every time).
-inline float validation_loss(Model& model, DataLoader& val, int val_steps, int B, int T) {
+// Mean loss over the first val_steps batches of every rank's validation windows (the same batches
+// every time).
+inline float validation_loss(Model& model, DataLoader& val, Communicator& comm, int val_steps, int B, int T) {
     val.reset();
     int batches = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
     double total = 0.0;
@@ -38,20 +46,24 @@ inline float validation_loss(Model& model, DataLoader& val, int val_steps, int B
         val.next_batch();
         total += model.evaluate(val.inputs(), val.targets(), B, T);
     }
-    return (float)(total / batches);
+    return (float)(sum_over_ranks(comm, total / batches) / comm.world_size());
 }
 
 class Trainer {
 public:
-    Trainer(const RunConfig& cfg, Model& model, int rank = 0)
-        : cfg_(cfg), model_(model),
-          train_(cfg.train_data, cfg.batch_size, cfg.seq_len, rank, cfg.world_size,
+    // metrics_path: where rank 0 writes the JSONL metrics ("" for none).
+    Trainer(const RunConfig& cfg, Model& model, Communicator& comm, const std::string& metrics_path)
+        : cfg_(cfg), model_(model), comm_(comm),
+          train_(cfg.train_data, cfg.batch_size, cfg.seq_len, comm.rank(), comm.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed),
-          log_(cfg.output_dir + "/metrics.jsonl"),
+          log_(comm.rank() == 0 ? metrics_path : ""),
           sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
+        if (comm.world_size() != cfg.world_size)
+            fail(strformat("Trainer: the config was resolved for %d rank(s) but the communicator has %d",
+                           cfg.world_size, comm.world_size()));
         if (!cfg.val_data.empty() && cfg.val_every > 0)
-            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, rank, cfg.world_size,
-                                                cfg.model_config.vocab_size, false, cfg.seed);
+            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, comm.rank(),
+                                                comm.world_size(), cfg.model_config.vocab_size, false, cfg.seed);
         if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
             tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
             if (tokenizer_->vocab_size() != cfg.model_config.vocab_size)
@@ -65,14 +77,16 @@ public:
         LrSchedule schedule = lr_schedule_of(cfg_);
         AdamWConfig opt{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
         const int B = cfg_.batch_size, T = cfg_.seq_len;
-        const size_t num_params = model_.num_params();
+        // Each rank's micro-batch loss is a mean over its B*T tokens; this scale makes the summed
+        // gradient the mean over the whole global batch.
+        const float grad_scale = 1.0f / ((float)cfg_.grad_accum_steps * cfg_.world_size);
         double timed_ms = 0;
         long long timed_tokens = 0;
 
         for (int step = 0; step <= cfg_.steps; step++) {
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
-                float loss = validation_loss(model_, *val_, cfg_.val_steps, B, T);
+                float loss = validation_loss(model_, *val_, comm_, cfg_.val_steps, B, T);
                 log_.log_val(step, loss);
                 if (std::isnan(summary.first_val_loss)) summary.first_val_loss = loss;
                 summary.last_val_loss = loss;
@@ -85,21 +99,23 @@ public:
             double loss_sum = 0.0;
             for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
                 train_.next_batch();
-                loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T,
-                                                    1.0f / cfg_.grad_accum_steps);
+                loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T, grad_scale,
+                                                    micro == cfg_.grad_accum_steps - 1);
             }
-            float grad_norm = (float)std::sqrt(model_.grad_sum_squares(0, num_params));
+            const double step_loss = sum_over_ranks(comm_, loss_sum) / (cfg_.grad_accum_steps * cfg_.world_size);
+            float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
             float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
             float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;
             opt.lr = schedule.lr_at(step);
-            model_.adamw_step(opt, step + 1, grad_multiplier, 0, num_params);
+            model_.adamw_step(opt, step + 1, grad_multiplier);
             double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
             StepMetrics m;
             m.step = step + 1;
             m.total_steps = cfg_.steps;
-            m.train_loss = (float)(loss_sum / cfg_.grad_accum_steps);
+            m.train_loss = (float)step_loss;
+            m.comm_ms = model_.take_exposed_comm_ms();
             m.lr = opt.lr;
             m.grad_norm = grad_norm;
             m.step_ms = step_ms;
@@ -108,6 +124,7 @@ public:
             if (!std::isfinite(m.train_loss))
                 fail(strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
             summary.last_train_loss = m.train_loss;
+            summary.train_losses.push_back(m.train_loss);
             if (step > 0) {
                 timed_ms += step_ms;
                 timed_tokens += cfg_.total_batch_tokens;
@@ -146,6 +163,7 @@ private:
 
     const RunConfig& cfg_;
     Model& model_;
+    Communicator& comm_;
     DataLoader train_;
     std::unique_ptr<DataLoader> val_;
     std::unique_ptr<Tokenizer> tokenizer_;

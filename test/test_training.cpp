@@ -36,7 +36,8 @@ TEST_CASE("a short CPU training run lowers the validation loss well below ln(voc
 
     GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len);
     model.init_random(cfg.seed);
-    TrainSummary summary = Trainer(cfg, model).run();
+    LocalComm comm;
+    TrainSummary summary = Trainer(cfg, model, comm, std::string(dir) + "/metrics.jsonl").run();
 
     const float uniform_loss = std::log(50257.0f);  // 10.82
     CHECK(std::fabs(summary.first_val_loss - uniform_loss) < 0.5f);  // a fresh model guesses ~uniformly

@@ -1,0 +1,77 @@
+// planner.h: the per-rank memory plan printed by --plan, and the step's FLOPs and communication.
+//
+// The plan is not an estimate: it lists the very buffers ZeroEngine allocates (buffer_specs) plus
+// the model's activation buffer, as returned by the model's own size function, so a test can
+// require plan == allocation for every stage.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "zero.h"
+
+namespace llmc {
+
+struct MemoryPlan {
+    std::vector<BufferSpec> buffers;                 // everything, activations included
+    size_t bytes[(int)MemoryKind::Count] = {};       // per category, per rank
+    double flops_per_step = 0;                       // forward + backward, all ranks together
+    double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step (ring algorithms)
+    size_t total_bytes() const {
+        size_t total = 0;
+        for (size_t b : bytes) total += b;
+        return total;
+    }
+};
+
+// activation_floats: what the model allocates for its activations at this B x T.
+inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, size_t activation_floats) {
+    MemoryPlan plan;
+    plan.buffers = buffer_specs(zero);
+    plan.buffers.push_back({"activations", MemoryKind::Activations, activation_floats});
+    for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.count * sizeof(float);
+
+    const ModelConfig& m = cfg.model_config;
+    const double params = (double)ParamLayout(m).num_params;
+    // 6 FLOPs per parameter per token (forward 2, backward 4), plus attention's T-dependent matmuls
+    const double flops_per_token = 6.0 * params + 12.0 * m.num_layers * m.channels * cfg.seq_len;
+    plan.flops_per_step = flops_per_token * cfg.total_batch_tokens;
+
+    const double W = zero.world_size, bytes = (double)zero.padded_num_params * sizeof(float);
+    const double ring = (W - 1) / W * bytes;  // one reduce-scatter or one all-gather of the whole buffer
+    switch (zero.stage) {
+    case 0: plan.comm_bytes_per_rank = 2 * ring; break;                                  // all-reduce
+    case 1: plan.comm_bytes_per_rank = 2 * ring; break;                                  // reduce-scatter + all-gather
+    case 2: plan.comm_bytes_per_rank = (cfg.grad_accum_steps + 1) * ring; break;         // a reduce-scatter per micro-batch
+    case 3: plan.comm_bytes_per_rank = 3.0 * cfg.grad_accum_steps * ring; break;         // + 2 gathers per micro-batch
+    }
+    return plan;
+}
+
+inline std::string format_bytes(double bytes) {
+    if (bytes >= 1024.0 * 1024 * 1024) return strformat("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    if (bytes >= 1024.0 * 1024) return strformat("%.2f MiB", bytes / (1024.0 * 1024));
+    return strformat("%.1f KiB", bytes / 1024.0);
+}
+
+inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero, const MemoryPlan& plan,
+                                      const char* model_kind) {
+    const ModelConfig& m = cfg.model_config;
+    std::string out = strformat(
+        "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %d rank(s), ZeRO-%d, %s\n",
+        cfg.model.c_str(), ParamLayout(m).num_params / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps,
+        zero.world_size, zero.stage, model_kind);
+    for (int k = 0; k < (int)MemoryKind::Count; k++) {
+        out += strformat("  %-16s %12s\n", memory_kind_name((MemoryKind)k), format_bytes(plan.bytes[k]).c_str());
+        for (const BufferSpec& b : plan.buffers)
+            if ((int)b.kind == k)
+                out += strformat("      %-26s %12s  (%zu floats)\n", b.name, format_bytes(b.count * 4.0).c_str(), b.count);
+    }
+    out += strformat("  %-16s %12s\n", "total", format_bytes((double)plan.total_bytes()).c_str());
+    out += strformat("per optimizer step: %.3g TFLOP over all ranks, %s sent by each rank\n",
+                     plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
+    return out;
+}
+
+}  // namespace llmc

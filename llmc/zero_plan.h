@@ -1,0 +1,69 @@
+// zero_plan.h: how ZeRO cuts the flat buffers among ranks (pure arithmetic, no memory, no comm).
+//
+// The flat parameter buffer is bucket-major (model_config.h): the embeddings, each transformer
+// layer and the final LayerNorm are contiguous buckets. Each bucket is sharded ON ITS OWN: it is
+// padded to a multiple of the world size and rank r owns the r-th of world_size equal slices. So
+// a bucket's gradients can be reduce-scattered the moment backward finishes that layer, and a
+// layer's parameters can be all-gathered just before it runs, each as one collective of equal
+// counts (which NCCL requires). Any parameter count works on any world size; the padding is at
+// most world_size - 1 elements per bucket and is always zero.
+//
+// A rank's shard is the concatenation of its slices of every bucket, stored compactly (shard
+// buffers: AdamW moments, master weights, sharded gradients and parameters). Full-size buffers use
+// the padded layout (padded_begin), so a bucket's slices sit back to back as collectives expect.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "model_config.h"
+#include "utils.h"
+
+namespace llmc {
+
+struct ZeroPlan {
+    struct Bucket {
+        size_t begin = 0, size = 0;  // the bucket in the unpadded ParamLayout flat buffer
+        size_t padded_begin = 0;     // the bucket in padded full-size buffers, world_size * shard_size long
+        size_t shard_size = 0;       // elements each rank owns: ceil(size / world_size)
+        size_t padded_extent = 0;    // world_size * shard_size
+        size_t shard_offset = 0;     // where this rank's slice sits in the compact shard buffers
+        // This rank's slice of the bucket's real (unpadded) elements, relative to the bucket start.
+        size_t owned_begin = 0, owned_end = 0;
+    };
+
+    int stage = 0;
+    int rank = 0;
+    int world_size = 1;
+    std::vector<Bucket> buckets;
+    size_t padded_num_params = 0;  // length of padded full-size buffers
+    size_t shard_num_params = 0;   // length of this rank's compact shard buffers
+
+    ZeroPlan(const ParamLayout& layout, int stage_, int rank_, int world_size_)
+        : stage(stage_), rank(rank_), world_size(world_size_) {
+        if (stage < 0 || stage > 3) fail(strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", stage));
+        if (world_size < 1 || rank < 0 || rank >= world_size)
+            fail(strformat("ZeroPlan: rank %d is not in [0, %d)", rank, world_size));
+        for (int b = 0; b < layout.num_buckets(); b++) {
+            Bucket k;
+            k.begin = layout.bucket_begin(b);
+            k.size = layout.bucket_size(b);
+            k.shard_size = (k.size + world_size - 1) / world_size;
+            k.padded_extent = k.shard_size * world_size;
+            k.padded_begin = padded_num_params;
+            k.shard_offset = shard_num_params;
+            k.owned_begin = std::min(k.size, (size_t)rank * k.shard_size);
+            k.owned_end = std::min(k.size, (size_t)(rank + 1) * k.shard_size);
+            padded_num_params += k.padded_extent;
+            shard_num_params += k.shard_size;
+            buckets.push_back(k);
+        }
+    }
+
+    bool shards_optimizer() const { return stage >= 1; }
+    bool shards_gradients() const { return stage >= 2; }
+    bool shards_parameters() const { return stage >= 3; }
+};
+
+}  // namespace llmc
