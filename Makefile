@@ -2,7 +2,7 @@
 #   make              train_gpt_cpu (+ train_gpt if nvcc is found)
 #   make train        prepare the default corpus, then train the default model on the CPU
 #   make test         prepare test data, build and run the Catch2 tests, then test-mpi
-#   make test-mpi     the communicator tests under mpirun with 1-4 ranks (test/mpi/run_comm_tests.sh)
+#   make test-mpi     communicator and ZeRO tests under mpirun with 1-4 ranks (test/mpi/run_*_tests.sh)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build.
@@ -83,8 +83,12 @@ test: all data $(BUILD)/test_llmc
 $(BUILD)/test_comm: test/mpi/test_comm.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(MPICXX) -std=c++20 -O2 -Wall -Wextra -I. $< -o $@ -pthread
-test-mpi: $(BUILD)/test_comm
+$(BUILD)/test_zero: test/mpi/test_zero.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(MPICXX) -std=c++20 -O3 -march=native -fopenmp -Wall -Wextra -I. $< -o $@
+test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero train_gpt_cpu
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
+	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt
