@@ -69,7 +69,7 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
                 out += strformat("      %-26s %12s  (%zu floats)\n", b.name, format_bytes(b.count * 4.0).c_str(), b.count);
     }
     out += strformat("  %-16s %12s\n", "total", format_bytes((double)plan.total_bytes()).c_str());
-    out += strformat("per optimizer step: %.3g TFLOP over all ranks, %s sent by each rank\n",
+    out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                      plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
     return out;
 }
