@@ -278,6 +278,16 @@ public:
         invalidate_gathered();
     }
 
+    // Drops every gathered parameter buffer (stage 3): after a forward-only pass, and whenever the
+    // parameters change.
+    void invalidate_gathered() {
+        for (ParamSlot* s : {&embedding_params_, &final_params_, &layer_params_[0], &layer_params_[1]}) {
+            finish(s->pending);
+            s->bucket = -1;
+            s->in_use = false;
+        }
+    }
+
     // Milliseconds the caller spent blocked on collectives since the last call.
     double take_exposed_comm_ms() {
         double ms = exposed_ms_;
@@ -338,18 +348,6 @@ private:
         release_params(bucket);
         return p;
     }
-public:
-    // Drops every gathered parameter buffer (stage 3): after a forward-only pass, and whenever the
-    // parameters change.
-    void invalidate_gathered() {
-        for (ParamSlot* s : {&embedding_params_, &final_params_, &layer_params_[0], &layer_params_[1]}) {
-            finish(s->pending);
-            s->bucket = -1;
-            s->in_use = false;
-        }
-    }
-
-private:
     // Stage 2-3 gradient buffers: embeddings and final norm have their own, layers alternate two.
     GradSlot* grad_slot_for(int bucket) {
         if (bucket == 0) return &embedding_grads_;
