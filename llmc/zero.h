@@ -43,10 +43,7 @@ struct BufferSpec {
 // Every buffer the engine allocates for a plan (the single size function for engine and planner).
 inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan) {
     using K = MemoryKind;
-    const auto& embedding = plan.buckets.front();
-    const auto& final_norm = plan.buckets.back();
-    const size_t layer_extent = plan.buckets.size() > 2 ? plan.buckets[1].padded_extent : 0;
-    const size_t layer_shard = plan.buckets.size() > 2 ? plan.buckets[1].shard_size : 0;
+    const ZeroPlan::Bucket &embedding = plan.embedding(), &layer = plan.layer(), &final_norm = plan.final_norm();
     std::vector<BufferSpec> specs;
     if (!plan.shards_parameters()) {
         specs.push_back({"parameters", K::Parameters, plan.padded_num_params});
@@ -54,7 +51,7 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan) {
         specs.push_back({"parameter shard", K::Parameters, plan.shard_num_params});
         specs.push_back({"gathered embeddings", K::Parameters, embedding.padded_extent});
         specs.push_back({"gathered final norm", K::Parameters, final_norm.padded_extent});
-        specs.push_back({"gathered layers (2)", K::Parameters, 2 * layer_extent});
+        specs.push_back({"gathered layers (2)", K::Parameters, 2 * layer.padded_extent});
     }
     if (!plan.shards_gradients()) {
         specs.push_back({"gradients", K::Gradients, plan.padded_num_params});
@@ -63,9 +60,9 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan) {
         specs.push_back({"gradient shard", K::Gradients, plan.shard_num_params});
         specs.push_back({"embedding gradients", K::Gradients, embedding.padded_extent});
         specs.push_back({"final norm gradients", K::Gradients, final_norm.padded_extent});
-        specs.push_back({"layer gradients (2)", K::Gradients, 2 * layer_extent});
+        specs.push_back({"layer gradients (2)", K::Gradients, 2 * layer.padded_extent});
         specs.push_back({"reduce-scatter landing", K::CommBuffers,
-                         embedding.shard_size + final_norm.shard_size + 2 * layer_shard});
+                         embedding.shard_size + final_norm.shard_size + 2 * layer.shard_size});
     }
     const size_t moments = plan.shards_optimizer() ? plan.shard_num_params : plan.padded_num_params;
     specs.push_back({"AdamW m", K::OptimizerState, moments});
@@ -95,7 +92,7 @@ public:
             final_params_.data = next();
             float* layers = next();
             layer_params_[0].data = layers;
-            layer_params_[1].data = layers + layer_extent();
+            layer_params_[1].data = layers + plan.layer().padded_extent;
         }
         if (!plan.shards_gradients()) {
             grads_full_ = next();
@@ -106,12 +103,12 @@ public:
             final_grads_.data = next();
             float* layers = next();
             layer_grads_[0].data = layers;
-            layer_grads_[1].data = layers + layer_extent();
+            layer_grads_[1].data = layers + plan.layer().padded_extent;
             float* landing = next();
-            for (GradSlot* s : {&embedding_grads_, &final_grads_, &layer_grads_[0], &layer_grads_[1]}) {
-                s->landing = landing;
-                landing += bucket_shard_size_for(*s);
-            }
+            embedding_grads_.landing = landing;
+            final_grads_.landing = embedding_grads_.landing + plan.embedding().shard_size;
+            layer_grads_[0].landing = final_grads_.landing + plan.final_norm().shard_size;
+            layer_grads_[1].landing = layer_grads_[0].landing + plan.layer().shard_size;
         }
         m_ = next();
         v_ = next();
@@ -311,13 +308,6 @@ private:
 
     size_t optimizer_count() const {
         return plan_.shards_optimizer() ? plan_.shard_num_params : plan_.padded_num_params;
-    }
-    size_t layer_extent() const { return plan_.buckets.size() > 2 ? plan_.buckets[1].padded_extent : 0; }
-    bool is_layer(int bucket) const { return bucket != 0 && bucket != (int)plan_.buckets.size() - 1; }
-    size_t bucket_shard_size_for(const GradSlot& s) const {
-        if (&s == &embedding_grads_) return plan_.buckets.front().shard_size;
-        if (&s == &final_grads_) return plan_.buckets.back().shard_size;
-        return plan_.buckets.size() > 2 ? plan_.buckets[1].shard_size : 0;
     }
 
     void wait_counted(CommHandle& h) {

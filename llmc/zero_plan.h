@@ -61,6 +61,11 @@ struct ZeroPlan {
         }
     }
 
+    // The buckets by role. Every layer bucket has the same size, and a model has at least one layer.
+    const Bucket& embedding() const { return buckets.front(); }
+    const Bucket& layer() const { return buckets[1]; }
+    const Bucket& final_norm() const { return buckets.back(); }
+
     bool shards_optimizer() const { return stage >= 1; }
     bool shards_gradients() const { return stage >= 2; }
     bool shards_parameters() const { return stage >= 3; }
