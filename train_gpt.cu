@@ -45,16 +45,10 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
 #endif
 }
 
-static bool is_preset(const std::string& name) {
-    for (const char* preset : {"d4", "d6", "d12", "d24", "d36", "d48"})
-        if (name == preset) return true;
-    return false;
-}
-
 // Resolves the config for world_size ranks, reading the -e model file's header if it names one.
 static void resolve(RunConfig& cfg, int world_size) {
     ModelConfig file_config;
-    bool from_file = !is_preset(cfg.model);
+    bool from_file = !is_model_preset(cfg.model);
     if (from_file) {
         try {
             file_config = read_model_header(cfg.model);

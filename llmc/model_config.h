@@ -48,6 +48,13 @@ struct ModelConfig {
 // V rounded up to a multiple of 128, as llm.c pads it.
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
+inline constexpr std::array<const char*, 6> MODEL_PRESET_NAMES = {"d4", "d6", "d12", "d24", "d36", "d48"};
+inline bool is_model_preset(const std::string& name) {
+    for (const char* preset : MODEL_PRESET_NAMES)
+        if (name == preset) return true;
+    return false;
+}
+
 // "dN" presets: N layers, 64*N channels, 64-wide heads, except that GPT-2's own sizes keep their
 // published head counts (d24 = 345M has 16 heads, d36 = 774M 20, d48 = 1558M 25).
 // d12 is GPT-2 124M, d48 is GPT-2 1.5B.

@@ -43,7 +43,7 @@ TEST_CASE("presets have GPT-2's published shapes and parameter counts", "[config
     CHECK((d24.num_layers == 24 && d24.channels == 1024 && d24.num_heads == 16));
     ModelConfig d36 = model_preset("d36");
     CHECK((d36.num_layers == 36 && d36.channels == 1280 && d36.num_heads == 20));
-    for (const char* name : {"d4", "d6", "d12", "d24", "d36", "d48"}) {
+    for (const char* name : MODEL_PRESET_NAMES) {
         ModelConfig c = model_preset(name);
         CHECK_NOTHROW(c.validate());
         CHECK(c.padded_vocab_size == 50304);
