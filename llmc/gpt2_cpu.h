@@ -75,6 +75,15 @@ constexpr int GEMM_MR = 4, GEMM_NV = 4;
 #endif
 
 constexpr int GEMM_NR = GEMM_NV * VEC_FLOATS;
+
+// GCC's loop-unroll pragma for the micro-kernel; nvcc (which also compiles this file into the GPU
+// tests, as host code) does not know it, so there it is left out.
+#if defined(__CUDACC__)
+#define LLMC_GCC_UNROLL(n)
+#else
+#define LLMC_PRAGMA(x) _Pragma(#x)
+#define LLMC_GCC_UNROLL(n) LLMC_PRAGMA(GCC unroll n)
+#endif
 constexpr int GEMM_KC = 256;            // k per packed block: an NR-wide B panel (32 KiB) stays in L1
 constexpr int GEMM_MC = GEMM_MR * 16;   // rows per packed A block (about 200 KiB, in L2)
 constexpr int GEMM_NC = GEMM_NR * 32;   // columns per packed B block
@@ -224,27 +233,27 @@ inline void micro_kernel(int kc, const float* __restrict ap, const float* __rest
                          int rows, int cols, bool overwrite) {
     constexpr int MR = GEMM_MR, NV = GEMM_NV, NR = GEMM_NR;
     vec acc[MR][NV];
-#pragma GCC unroll 16
+LLMC_GCC_UNROLL(16)
     for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
+LLMC_GCC_UNROLL(4)
         for (int j = 0; j < NV; j++) acc[i][j] = vzero();
     for (int k = 0; k < kc; k++) {
         vec bk[NV];
-#pragma GCC unroll 4
+LLMC_GCC_UNROLL(4)
         for (int j = 0; j < NV; j++) bk[j] = vload(bp + j * VEC_FLOATS);
-#pragma GCC unroll 16
+LLMC_GCC_UNROLL(16)
         for (int i = 0; i < MR; i++) {
             const vec ai = vbroadcast(ap[i]);
-#pragma GCC unroll 4
+LLMC_GCC_UNROLL(4)
             for (int j = 0; j < NV; j++) acc[i][j] = vfma(ai, bk[j], acc[i][j]);
         }
         ap += MR;
         bp += NR;
     }
     if (rows == MR && cols == NR) {
-#pragma GCC unroll 16
+LLMC_GCC_UNROLL(16)
         for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
+LLMC_GCC_UNROLL(4)
             for (int j = 0; j < NV; j++) {
                 float* ci = c + i * ldc + j * VEC_FLOATS;
                 vstore(ci, overwrite ? acc[i][j] : vadd(vload(ci), acc[i][j]));
@@ -726,6 +735,12 @@ public:
     static size_t activation_floats(const ModelConfig& c, int max_B, int max_T) {
         return ActivationLayout::size_for(c, max_B, max_T) + 16;  // + slack for 64-byte alignment
     }
+    // Everything one rank allocates: the engine's buffers and the activations (what --plan prints).
+    static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T) {
+        std::vector<BufferSpec> specs = buffer_specs(zero);
+        specs.push_back({"activations", MemoryKind::Activations, activation_floats(c, max_B, max_T)});
+        return specs;
+    }
 
     const ModelConfig& config() const override { return config_; }
     int max_batch() const override { return max_B_; }
@@ -834,15 +849,7 @@ private:
     }
 
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
-        if (B < 1 || B > max_B_) fail(strformat("%s: B = %d is not in [1, %d] (max_B)", who, B, max_B_));
-        if (T < 1 || T > max_T_) fail(strformat("%s: T = %d is not in [1, %d] (max_T)", who, T, max_T_));
-        const int V = config_.vocab_size;
-        for (int i = 0; i < B * T; i++) {
-            if (inputs[i] < 0 || inputs[i] >= V)
-                fail(strformat("%s: inputs[%d] = %d is not a token id in [0, %d)", who, i, inputs[i], V));
-            if (targets && (targets[i] < 0 || targets[i] >= V))
-                fail(strformat("%s: targets[%d] = %d is not a token id in [0, %d)", who, i, targets[i], V));
-        }
+        llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
     }
 
     // What a forward pass leaves behind: the loss and logits (Evaluate), the loss and dlogits

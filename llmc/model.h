@@ -10,6 +10,7 @@
 #include <string>
 
 #include "model_config.h"
+#include "utils.h"
 
 namespace llmc {
 
@@ -69,5 +70,20 @@ public:
 
     size_t num_params() const { return ParamLayout(config()).num_params; }
 };
+
+// The argument checks every implementation makes before a pass: B and T within what the model was
+// sized for, every token id within the vocabulary (targets may be null).
+inline void check_batch(const ModelConfig& config, int max_B, int max_T, const int* inputs, const int* targets, int B,
+                        int T, const char* who) {
+    if (B < 1 || B > max_B) fail(strformat("%s: B = %d is not in [1, %d] (max_B)", who, B, max_B));
+    if (T < 1 || T > max_T) fail(strformat("%s: T = %d is not in [1, %d] (max_T)", who, T, max_T));
+    const int V = config.vocab_size;
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            fail(strformat("%s: inputs[%d] = %d is not a token id in [0, %d)", who, i, inputs[i], V));
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            fail(strformat("%s: targets[%d] = %d is not a token id in [0, %d)", who, i, targets[i], V));
+    }
+}
 
 }  // namespace llmc

@@ -25,12 +25,11 @@ struct MemoryPlan {
     }
 };
 
-// activation_floats: what the model allocates for its activations at this B x T.
-inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, size_t activation_floats) {
+// buffers: everything the model allocates per rank (its own size function's list).
+inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::vector<BufferSpec> buffers) {
     MemoryPlan plan;
-    plan.buffers = buffer_specs(zero);
-    plan.buffers.push_back({"activations", MemoryKind::Activations, activation_floats});
-    for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.count * sizeof(float);
+    plan.buffers = std::move(buffers);
+    for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
 
     const ModelConfig& m = cfg.model_config;
     const double params = (double)ParamLayout(m).num_params;
@@ -38,6 +37,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, size_t
     const double flops_per_token = 6.0 * params + 12.0 * m.num_layers * m.channels * cfg.seq_len;
     plan.flops_per_step = flops_per_token * cfg.total_batch_tokens;
 
+    // gradients travel as fp32 in both models
     const double W = zero.world_size, bytes = (double)zero.padded_num_params * sizeof(float);
     const double ring = (W - 1) / W * bytes;  // one reduce-scatter or one all-gather of the whole buffer
     switch (zero.stage) {
@@ -66,7 +66,8 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
         out += strformat("  %-16s %12s\n", memory_kind_name((MemoryKind)k), format_bytes(plan.bytes[k]).c_str());
         for (const BufferSpec& b : plan.buffers)
             if ((int)b.kind == k)
-                out += strformat("      %-26s %12s  (%zu floats)\n", b.name, format_bytes(b.count * 4.0).c_str(), b.count);
+                out += strformat("      %-26s %12s  (%zu x %zu bytes)\n", b.name, format_bytes((double)b.bytes()).c_str(),
+                                 b.count, b.element_bytes);
     }
     out += strformat("  %-16s %12s\n", "total", format_bytes((double)plan.total_bytes()).c_str());
     out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",

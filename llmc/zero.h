@@ -33,11 +33,14 @@
 
 namespace llmc {
 
-// One buffer of the sharded state: what it is for, and its length in fp32 elements.
+// One buffer a model allocates: what it is for, its length in elements and the element size (the
+// engine's buffers are fp32; the CUDA model's parameters are bf16, its activations counted in bytes).
 struct BufferSpec {
     const char* name;
     MemoryKind kind;
     size_t count;
+    size_t element_bytes = sizeof(float);
+    size_t bytes() const { return count * element_bytes; }
 };
 
 // Every buffer the engine allocates for a plan (the single size function for engine and planner).
@@ -79,7 +82,7 @@ public:
                            plan.rank, plan.world_size, comm.rank(), comm.world_size()));
         for (const BufferSpec& spec : buffer_specs(plan)) {
             buffers_.emplace_back(spec.count, 0.0f);
-            allocated_bytes_[(int)spec.kind] += spec.count * sizeof(float);
+            allocated_bytes_[(int)spec.kind] += spec.bytes();
         }
         // Name the buffers in the order buffer_specs() made them.
         size_t i = 0;

@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
 
             const ParamLayout layout(cfg.model_config);
             const ZeroPlan zero(layout, stage, comm->rank(), W);
-            const MemoryPlan plan = plan_memory(cfg, zero, GPT2CPU::activation_floats(cfg.model_config, 2, 16));
+            const MemoryPlan plan = plan_memory(cfg, zero, GPT2CPU::memory_specs(zero, cfg.model_config, 2, 16));
             for (int k = 0; k < (int)MemoryKind::Count; k++)
                 check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
                       strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
