@@ -3,6 +3,9 @@
 #   make train        prepare the default corpus, then train the default model on the CPU
 #   make test         prepare test data, build and run the Catch2 tests, then test-mpi
 #   make test-mpi     communicator and ZeRO tests under mpirun with 1-4 ranks (test/mpi/run_*_tests.sh)
+#   make test-gpu     the CUDA model against the CPU reference, then every kernel workbench's --check
+#                     (each skips with a message where there is no GPU)
+#   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build.
@@ -21,14 +24,16 @@ NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
 NVCC_LIBS := -lcublasLt -lcublas -lnccl
 
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
-TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.o)
+# Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.o $(BUILD)/test_gpt2_cuda \
+             $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
 MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
 # MPI's link flags, minus the C++ bindings library, which llmc does not use.
 MPI_LIBS  := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null))
 
-.PHONY: all deps train test test-mpi test-gpu data clean
+.PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -38,7 +43,7 @@ deps:
 	@for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
 
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
-HEADERS := $(wildcard llmc/*.h)
+HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
 train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) $(MPI_INC) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 
@@ -91,10 +96,22 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero train_gpt_cpu
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 
 clean:
-	rm -rf $(BUILD) train_gpt_cpu train_gpt
+	rm -rf $(BUILD) train_gpt_cpu train_gpt dev/cuda/build
 
 -include $(TEST_OBJS:.o=.d)
 
-# GPU tests arrive with the CUDA model (issue 3); until then say so instead of passing silently.
-test-gpu:
-	@echo "make test-gpu: there are no GPU tests yet; the CUDA model is still to be written" >&2; exit 1
+# ---- CUDA: GPU tests, kernel workbench, benchmark ----
+CUDA_BIN_FLAGS := -Xcompiler -fopenmp,-march=native
+$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+$(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+cuda-workbench:
+	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
+bench: $(BUILD)/bench_train_step
+
+test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench
+	$(BUILD)/test_gpt2_cuda
+	$(MAKE) --no-print-directory -C dev/cuda check

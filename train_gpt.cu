@@ -19,10 +19,18 @@
 #ifdef LLMC_CPU_ONLY
 #include "llmc/gpt2_cpu.h"
 #else
-#include <cuda_runtime.h>
+#include "llmc/gpt2_cuda.h"
 #endif
 
 using namespace llmc;
+
+#ifndef LLMC_CPU_ONLY
+static GPT2CUDAOptions cuda_options(const RunConfig& cfg) {
+    GPT2CUDAOptions o;
+    o.recompute = (Recompute)cfg.recompute;
+    return o;
+}
+#endif
 
 static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm) {
 #ifdef LLMC_CPU_ONLY
@@ -35,13 +43,18 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
                        "logits with B*T*vocab): reduce -b or -t, or shard more with -z", cfg.batch_size, cfg.seq_len));
     }
 #else
-    (void)comm;
-    int devices = 0;
-    cudaError_t err = cudaGetDeviceCount(&devices);
-    if (err != cudaSuccess || devices == 0)
-        fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu",
-                       err != cudaSuccess ? cudaGetErrorString(err) : "0 devices"));
-    fail("the CUDA model is not implemented yet; train on the CPU with ./train_gpt_cpu");
+    if (comm.world_size() > 1)
+        fail(strformat("the CUDA model trains on one GPU so far, and this launch has %d ranks; data parallelism "
+                       "runs on the CPU model (train_gpt_cpu) until the GPU ZeRO engine lands", comm.world_size()));
+    std::string why;
+    if (!cuda_device_present(&why))
+        fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu", why.c_str()));
+    CUDA_CHECK(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d\n", prop.name,
+           prop.totalGlobalMem / 1073741824.0, cfg.recompute);
+    return std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg));
 #endif
 }
 
@@ -66,13 +79,29 @@ static void print_plan(RunConfig cfg) {
     ParamLayout layout(cfg.model_config);
     ZeroPlan zero(layout, cfg.zero_stage, 0, cfg.plan);
 #ifdef LLMC_CPU_ONLY
-    size_t activations = GPT2CPU::activation_floats(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len);
     const char* kind = "fp32 CPU model";
 #else
-    size_t activations = 0;
-    const char* kind = "CUDA model not built yet: activations not planned";
+    if (cfg.plan > 1)
+        fail(strformat("--plan %d: the CUDA model trains on one GPU so far; plan 1 rank, or plan N ranks with "
+                       "./train_gpt_cpu (the CPU model's ZeRO engine)", cfg.plan));
+    std::vector<BufferSpec> buffers =
+        GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg));
+    const char* kind = "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)";
 #endif
-    fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, activations), kind).c_str(), stdout);
+    fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers), kind).c_str(), stdout);
+#ifndef LLMC_CPU_ONLY
+    printf("activations by recomputation setting (-r):");
+    for (int r = 0; r <= 3; r++) {
+        RunConfig alt = cfg;
+        alt.recompute = r;
+        printf(" %d: %s%s", r,
+               format_bytes((double)CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len,
+                                                                   cuda_options(alt)))
+                   .c_str(),
+               r < 3 ? "," : "\n");
+    }
+#endif
 }
 
 static void train(RunConfig& cfg, Communicator& comm) {

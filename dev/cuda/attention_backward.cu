@@ -1,0 +1,272 @@
+// attention_backward.cu: workbench for llmc::attention_backward, the causal self-attention backward
+// from the forward's out and lse, deterministic (no atomics), writing all of dqkv.
+//
+//   v1  scalar, one warp per row: D = rowsum(dout * out); then per query row dq = sum_j dS_tj k_j
+//       over its keys, and per key row dk, dv summed over the queries that see it. Each warp owns
+//       the row it writes, so it is deterministic too; slow (a warp-wide reduction per pair).
+//   v2  llmc/attention.cuh: the same three steps as FlashAttention-2 tiles on bf16 tensor cores.
+//
+// The backward's inputs out and lse come from llmc::attention_forward on the GPU, as in training;
+// out is checked too (so a forward fault is not blamed on the backward). Checks, per shape, on the
+// same bf16-exact inputs for every version:
+//   dqkv  against llmc::cpu::attention_backward (from the CPU forward's probabilities), as one
+//         tensor, BF16_TOLERANCE: it is stored in bf16, and v2 rounds P and dS to bf16 for the mma.
+//         (dq and dk alone can be exactly zero in the reference, e.g. T = 1, where a relative error
+//         has no meaning.)
+//   determinism: v2 run twice, dqkv bitwise equal.
+// Counted: the backward as 2.5x the forward's 4 B NH T^2 HS / 2 FLOPs (the usual convention: dV, dP,
+// dQ, dK products plus S recomputed). v2 actually does 3.5x: S and dP are computed in both its
+// kernels, the price of having no atomics.
+// For each timed shape of GPT-2 size it also prints one line "fwd+bwd ms B= T= NH= HS=: <ms>" for
+// llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
+#include <cstring>
+
+#include "dev/cuda/common.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/gpt2_cpu.h"
+
+using llmc::floatX;
+
+// ---- v1: one warp per row ----
+// Rows are numbered like lse, (b, h, t) with t fastest; each lane holds HS/32 columns.
+
+constexpr int V1_MAX_PER_LANE = 4;  // HS <= 128
+
+struct RowIndex {
+    size_t b;
+    int h, t;
+};
+__device__ inline RowIndex row_index(size_t row, int T, int NH) {
+    return {row / T / NH, (int)(row / T % NH), (int)(row % T)};
+}
+
+__global__ void attention_backward_v1_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T,
+                                                    int NH, int HS) {
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    const int lane = threadIdx.x % 32;
+    const RowIndex r = row_index(row, T, NH);
+    const size_t offset = (r.b * T + r.t) * NH * HS + r.h * HS;
+    float sum = 0.0f;
+    for (int d = lane; d < HS; d += 32) sum += (float)dout[offset + d] * (float)out[offset + d];
+    sum = llmc::warp_reduce_sum(sum);
+    if (lane == 0) D[row] = sum;
+}
+
+// dq of query row t: scale * sum over keys j <= t of P_tj (dP_tj - D_t) k_j.
+__global__ void attention_backward_v1_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                                const float* lse, const float* D, int B, int T, int NH, int HS) {
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    const int lane = threadIdx.x % 32, per_lane = HS / 32;
+    const RowIndex r = row_index(row, T, NH);
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* head = qkv + r.b * T * ld + r.h * HS;
+    const floatX* dO = dout + (r.b * T + r.t) * C + r.h * HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float row_lse = lse[row], row_d = D[row];
+
+    float q[V1_MAX_PER_LANE], g[V1_MAX_PER_LANE], dq[V1_MAX_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+        q[i] = i < per_lane ? (float)head[r.t * ld + lane + 32 * i] : 0.0f;
+        g[i] = i < per_lane ? (float)dO[lane + 32 * i] : 0.0f;
+        dq[i] = 0.0f;
+    }
+    for (int j = 0; j <= r.t; j++) {
+        const floatX* k = head + j * ld + C;
+        const floatX* v = k + C;
+        float qk = 0.0f, gv = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+            if (i < per_lane) {
+                qk += q[i] * (float)k[lane + 32 * i];
+                gv += g[i] * (float)v[lane + 32 * i];
+            }
+        }
+        const float p = expf(llmc::warp_reduce_sum(qk) * scale - row_lse);
+        const float ds = p * (llmc::warp_reduce_sum(gv) - row_d);
+#pragma unroll
+        for (int i = 0; i < V1_MAX_PER_LANE; i++)
+            if (i < per_lane) dq[i] += ds * (float)k[lane + 32 * i];
+    }
+    floatX* dq_row = dqkv + (r.b * T + r.t) * ld + r.h * HS;
+#pragma unroll
+    for (int i = 0; i < V1_MAX_PER_LANE; i++)
+        if (i < per_lane) dq_row[lane + 32 * i] = (floatX)(dq[i] * scale);
+}
+
+// dk, dv of key row j (the row's t): sums over queries t2 >= j of scale dS_t2j q_t2 and P_t2j dout_t2.
+__global__ void attention_backward_v1_dkv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                                 const float* lse, const float* D, int B, int T, int NH, int HS) {
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    const int lane = threadIdx.x % 32, per_lane = HS / 32;
+    const RowIndex r = row_index(row, T, NH);
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* head = qkv + r.b * T * ld + r.h * HS;
+    const float* head_lse = lse + (row - r.t);  // this (b, h)'s rows
+    const float* head_d = D + (row - r.t);
+    const float scale = 1.0f / sqrtf((float)HS);
+
+    float k[V1_MAX_PER_LANE], v[V1_MAX_PER_LANE], dk[V1_MAX_PER_LANE], dv[V1_MAX_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+        k[i] = i < per_lane ? (float)head[r.t * ld + C + lane + 32 * i] : 0.0f;
+        v[i] = i < per_lane ? (float)head[r.t * ld + 2 * C + lane + 32 * i] : 0.0f;
+        dk[i] = dv[i] = 0.0f;
+    }
+    for (int t2 = r.t; t2 < T; t2++) {
+        const floatX* q = head + t2 * ld;
+        const floatX* dO = dout + (r.b * T + t2) * C + r.h * HS;
+        float qk = 0.0f, gv = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+            if (i < per_lane) {
+                qk += (float)q[lane + 32 * i] * k[i];
+                gv += (float)dO[lane + 32 * i] * v[i];
+            }
+        }
+        const float p = expf(llmc::warp_reduce_sum(qk) * scale - head_lse[t2]);
+        const float ds = p * (llmc::warp_reduce_sum(gv) - head_d[t2]);
+#pragma unroll
+        for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+            if (i < per_lane) {
+                dv[i] += p * (float)dO[lane + 32 * i];
+                dk[i] += ds * (float)q[lane + 32 * i];
+            }
+        }
+    }
+    floatX* dk_row = dqkv + (r.b * T + r.t) * ld + C + r.h * HS;
+#pragma unroll
+    for (int i = 0; i < V1_MAX_PER_LANE; i++) {
+        if (i < per_lane) {
+            dk_row[lane + 32 * i] = (floatX)(dk[i] * scale);
+            dk_row[C + lane + 32 * i] = (floatX)dv[i];
+        }
+    }
+}
+
+void attention_backward_v1(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
+                           const float* lse, int B, int T, int NH, int HS, cudaStream_t stream) {
+    if (HS % 32 != 0 || HS > 128)
+        llmc::fail(llmc::strformat("attention_backward_v1: head size %d must be a multiple of 32, at most 128", HS));
+    constexpr int THREADS = 256, ROWS_PER_BLOCK = THREADS / 32;
+    const size_t rows = (size_t)B * NH * T;
+    const unsigned blocks = (unsigned)llmc::ceil_div(rows, (size_t)ROWS_PER_BLOCK);
+    attention_backward_v1_rowdot_kernel<<<blocks, THREADS, 0, stream>>>(scratch, dout, out, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+    attention_backward_v1_dq_kernel<<<blocks, THREADS, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+    attention_backward_v1_dkv_kernel<<<blocks, THREADS, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- the workbench ----
+
+constexpr int NUM_VERSIONS = 2;
+const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {"", "one warp per row, scalar",
+                                                     "llmc/attention.cuh: FlashAttention-2 tiles on bf16 tensor cores, no atomics"};
+
+void run_version(int version, floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
+                 const float* lse, int B, int T, int NH, int HS) {
+    if (version == 1) attention_backward_v1(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
+    else llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
+}
+
+struct Shape {
+    int B, T, NH, HS;
+    bool check;      // false: too large for the CPU reference, timed only
+    bool headline;   // print the "fwd+bwd ms" line compared with torch
+};
+
+void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+    const int C = s.NH * s.HS;
+    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C, lse_n = (size_t)s.B * s.NH * s.T;
+    const size_t scratch_n = llmc::attention_backward_scratch_floats(s.B, s.T, s.NH);
+    const double forward_flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
+    printf("B=%d T=%d NH=%d HS=%d%s\n", s.B, s.T, s.NH, s.HS, s.check ? "" : " (timed only)");
+
+    const std::vector<float> qkv = bench::random_bf16(qkv_n, rng), dout = bench::random_bf16(out_n, rng);
+    bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv), dout_d = bench::to_device_bf16(dout);
+    bench::DeviceBuffer<floatX> out_d(out_n, "out"), dqkv_d(qkv_n, "dqkv"), dqkv2_d(qkv_n, "dqkv (second run)");
+    bench::DeviceBuffer<float> lse_d(lse_n, "lse"), scratch_d(scratch_n, "scratch");
+    llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    std::vector<float> dqkv_ref;
+    if (s.check) {
+        std::vector<float> out_ref(out_n), att((size_t)s.B * s.NH * s.T * s.T);
+        llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+        bench::check("forward out (backward input)", bench::to_host(out_d.get(), out_n), out_ref,
+                     bench::BF16_TOLERANCE);
+        dqkv_ref.resize(qkv_n);
+        llmc::cpu::attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+    }
+
+    for (int v = 1; v <= NUM_VERSIONS; v++) {
+        if (opt.version != 0 && opt.version != v) continue;
+        printf(" version %d: %s\n", v, VERSION_NAMES[v]);
+        bench::poison(dqkv_d.get(), qkv_n);
+        bench::poison(scratch_d.get(), scratch_n);
+        run_version(v, dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B, s.T,
+                    s.NH, s.HS);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> dqkv = bench::to_host(dqkv_d.get(), qkv_n);
+        if (s.check) bench::check("dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
+        if (v == NUM_VERSIONS) {
+            bench::poison(dqkv2_d.get(), qkv_n);
+            bench::poison(scratch_d.get(), scratch_n);
+            run_version(v, dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B,
+                        s.T, s.NH, s.HS);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> dqkv2 = bench::to_host(dqkv2_d.get(), qkv_n);
+            const bool same = std::memcmp(dqkv.data(), dqkv2.data(), qkv_n * sizeof(float)) == 0;
+            printf("  %s %-28s\n", same ? "ok  " : "FAIL", "bitwise equal over 2 runs");
+            if (!same) bench::failure_count()++;
+        }
+        if (!opt.check_only) {
+            const float ms = bench::time_ms([&] {
+                run_version(v, dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(),
+                            s.B, s.T, s.NH, s.HS);
+            });
+            bench::report_compute_bound("backward", ms, 2.5 * forward_flops);
+            if (v == NUM_VERSIONS && s.headline) {
+                const float both_ms = bench::time_ms([&] {
+                    llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
+                    llmc::attention_backward(dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(),
+                                             lse_d.get(), s.B, s.T, s.NH, s.HS, 0);
+                });
+                printf("fwd+bwd ms B=%d T=%d NH=%d HS=%d: %.4f\n", s.B, s.T, s.NH, s.HS, both_ms);
+            }
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
+    bench::require_gpu_or_skip(argv[0]);
+    printf("seed %llu\n", (unsigned long long)opt.seed);
+    std::mt19937_64 rng(opt.seed);
+    const Shape shapes[] = {
+        {2, 17, 3, 64, true, false},     // one partial tile
+        {1, 1, 1, 64, true, false},      // a single key
+        {2, 130, 2, 32, true, false},    // partial tiles, the other head sizes
+        {2, 130, 2, 128, true, false},
+        {1, 259, 2, 64, true, false},    // several tiles, a partial last one
+        {8, 1024, 12, 64, true, true},   // GPT-2 124M
+        {2, 4096, 12, 64, false, true},
+    };
+    try {
+        for (const Shape& s : shapes) {
+            if (opt.check_only && !s.check) continue;
+            run_shape(s, opt, rng);
+        }
+    } catch (const llmc::Error& e) {
+        fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        return 1;
+    }
+    return bench::finish(argv[0]);
+}

@@ -1,0 +1,207 @@
+// attention_forward.cu: workbench for llmc::attention_forward, causal self-attention that writes the
+// output and each query row's log-sum-exp (lse) and never a T x T matrix.
+//
+//   v1  one warp per query row, a scalar online softmax over its keys: obviously correct, and slow
+//       (every key costs a warp-wide reduction and the keys are re-read by every query row)
+//   v2  llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores (mma.sync m16n8k16)
+//
+// Checks, per shape, on the same bf16-exact inputs for every version:
+//   out  against llmc::cpu::attention_forward, BF16_TOLERANCE (out is stored in bf16; v2 also rounds
+//        the probabilities to bf16 for the P V product).
+//   lse  as exp(lse), the softmax denominator sum_j exp(s_j), against a double-precision host sum.
+//        Its relative error is lse's absolute error, which is what the backward's exp(s - lse) feels,
+//        and unlike lse's own relative error it stays well-conditioned when lse is near 0 (T = 1).
+//        Limit 1e-4: the expected error is about 1e-6 (fp32 dot products whose tensor-core rounding
+//        is not IEEE-specified, ex2.approx at 2 ulp, lse = max ln2 + ln sum), while a wrong mask or
+//        index moves it by far more (one key more or less in a 1000-key row: ~1e-3).
+//   determinism: v2 run twice, outputs bitwise equal.
+// Counted: 4 B NH T^2 HS / 2 FLOPs (Q K^T and P V over the causal half), against the bf16 peak.
+#include <cstring>
+
+#include "dev/cuda/common.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/gpt2_cpu.h"
+
+using llmc::floatX;
+
+// ---- v1: one warp per query row ----
+
+// Rows are numbered like lse, (b, h, t) with t fastest; each lane holds HS/32 columns of q and out.
+__global__ void attention_forward_v1_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH,
+                                            int HS) {
+    constexpr int MAX_PER_LANE = 4;  // HS <= 128
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    const int lane = threadIdx.x % 32, per_lane = HS / 32;
+    const int t = (int)(row % T), h = (int)(row / T % NH);
+    const size_t b = row / T / NH;
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* head = qkv + b * T * ld + h * HS;  // q of position 0 of this head
+    const float scale = 1.0f / sqrtf((float)HS);
+
+    float q[MAX_PER_LANE], o[MAX_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < MAX_PER_LANE; i++) {
+        q[i] = i < per_lane ? (float)head[t * ld + lane + 32 * i] : 0.0f;
+        o[i] = 0.0f;
+    }
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        const floatX* k = head + j * ld + C;
+        const floatX* v = k + C;
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MAX_PER_LANE; i++)
+            if (i < per_lane) dot += q[i] * (float)k[lane + 32 * i];
+        const float s = llmc::warp_reduce_sum(dot) * scale;
+        const float new_max = fmaxf(running_max, s);
+        const float rescale = expf(running_max - new_max), p = expf(s - new_max);
+        running_sum = running_sum * rescale + p;
+#pragma unroll
+        for (int i = 0; i < MAX_PER_LANE; i++)
+            if (i < per_lane) o[i] = o[i] * rescale + p * (float)v[lane + 32 * i];
+        running_max = new_max;
+    }
+    floatX* o_row = out + (b * T + t) * C + h * HS;
+#pragma unroll
+    for (int i = 0; i < MAX_PER_LANE; i++)
+        if (i < per_lane) o_row[lane + 32 * i] = (floatX)(o[i] / running_sum);
+    if (lane == 0) lse[row] = running_max + logf(running_sum);
+}
+
+void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
+                          cudaStream_t stream) {
+    if (HS % 32 != 0 || HS > 128)
+        llmc::fail(llmc::strformat("attention_forward_v1: head size %d must be a multiple of 32, at most 128", HS));
+    constexpr int THREADS = 256, ROWS_PER_BLOCK = THREADS / 32;
+    const size_t rows = (size_t)B * NH * T;
+    attention_forward_v1_kernel<<<(unsigned)llmc::ceil_div(rows, (size_t)ROWS_PER_BLOCK), THREADS, 0, stream>>>(
+        out, lse, qkv, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- the workbench ----
+
+constexpr int NUM_VERSIONS = 2;
+const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {"", "one warp per query row, scalar online softmax",
+                                                     "llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores"};
+
+void run_version(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS) {
+    if (version == 1) attention_forward_v1(out, lse, qkv, B, T, NH, HS, 0);
+    else llmc::attention_forward(out, lse, qkv, B, T, NH, HS, 0);
+}
+
+// exp(lse) of every (b, h, t) row, in double from the same bf16-exact inputs.
+std::vector<float> reference_softmax_denominators(const std::vector<float>& qkv, int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const double scale = 1.0 / std::sqrt((double)HS);
+    std::vector<float> out((size_t)B * NH * T);
+#pragma omp parallel for schedule(dynamic, 16)
+    for (long long row = 0; row < (long long)out.size(); row++) {
+        const int t = (int)(row % T), h = (int)(row / T % NH);
+        const size_t b = (size_t)(row / T / NH);
+        const float* q = qkv.data() + (b * T + t) * ld + h * HS;
+        std::vector<double> s(t + 1);
+        double max_s = -INFINITY;
+        for (int j = 0; j <= t; j++) {
+            const float* k = qkv.data() + (b * T + j) * ld + C + h * HS;
+            double dot = 0.0;
+            for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
+            s[j] = dot * scale;
+            max_s = std::max(max_s, s[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= t; j++) sum += std::exp(s[j] - max_s);
+        out[row] = (float)std::exp(max_s + std::log(sum));
+    }
+    return out;
+}
+
+std::vector<float> exp_of(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = (float)std::exp((double)x[i]);
+    return out;
+}
+
+struct Shape {
+    int B, T, NH, HS;
+    bool check;  // false: too large for the CPU reference, timed only
+};
+
+void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+    const int C = s.NH * s.HS;
+    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C, lse_n = (size_t)s.B * s.NH * s.T;
+    const double flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
+    printf("B=%d T=%d NH=%d HS=%d%s\n", s.B, s.T, s.NH, s.HS, s.check ? "" : " (timed only)");
+
+    const std::vector<float> qkv = bench::random_bf16(qkv_n, rng);
+    std::vector<float> out_ref, denom_ref;
+    if (s.check) {
+        out_ref.resize(out_n);
+        std::vector<float> att((size_t)s.B * s.NH * s.T * s.T);
+        llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+        denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.HS);
+    }
+    bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv);
+    bench::DeviceBuffer<floatX> out_d(out_n, "out"), out2_d(out_n, "out (second run)");
+    bench::DeviceBuffer<float> lse_d(lse_n, "lse"), lse2_d(lse_n, "lse (second run)");
+
+    for (int v = 1; v <= NUM_VERSIONS; v++) {
+        if (opt.version != 0 && opt.version != v) continue;
+        printf(" version %d: %s\n", v, VERSION_NAMES[v]);
+        bench::poison(out_d.get(), out_n);
+        bench::poison(lse_d.get(), lse_n);
+        run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> out = bench::to_host(out_d.get(), out_n), lse = bench::to_host(lse_d.get(), lse_n);
+        if (s.check) {
+            bench::check("out", out, out_ref, bench::BF16_TOLERANCE);
+            bench::check("exp(lse)", exp_of(lse), denom_ref, 1e-4);
+        }
+        if (v == NUM_VERSIONS) {
+            bench::poison(out2_d.get(), out_n);
+            bench::poison(lse2_d.get(), lse_n);
+            run_version(v, out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> out2 = bench::to_host(out2_d.get(), out_n);
+            const std::vector<float> lse2 = bench::to_host(lse2_d.get(), lse_n);
+            const bool same = std::memcmp(out.data(), out2.data(), out_n * sizeof(float)) == 0 &&
+                              std::memcmp(lse.data(), lse2.data(), lse_n * sizeof(float)) == 0;
+            printf("  %s %-28s\n", same ? "ok  " : "FAIL", "bitwise equal over 2 runs");
+            if (!same) bench::failure_count()++;
+        }
+        if (!opt.check_only) {
+            const float ms = bench::time_ms(
+                [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS); });
+            bench::report_compute_bound("forward", ms, flops);
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
+    bench::require_gpu_or_skip(argv[0]);
+    printf("seed %llu\n", (unsigned long long)opt.seed);
+    std::mt19937_64 rng(opt.seed);
+    const Shape shapes[] = {
+        {2, 17, 3, 64, true},     // one partial tile
+        {1, 1, 1, 64, true},      // a single key
+        {2, 130, 2, 32, true},    // partial tiles, the other head sizes
+        {2, 130, 2, 128, true},
+        {1, 259, 2, 64, true},    // several tiles, a partial last one
+        {8, 1024, 12, 64, true},  // GPT-2 124M
+        {2, 4096, 12, 64, false},
+    };
+    try {
+        for (const Shape& s : shapes) {
+            if (opt.check_only && !s.check) continue;
+            run_shape(s, opt, rng);
+        }
+    } catch (const llmc::Error& e) {
+        fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        return 1;
+    }
+    return bench::finish(argv[0]);
+}

@@ -1,0 +1,240 @@
+// dev/cuda/common.cuh: the harness every kernel workbench file shares.
+//
+// A workbench file holds numbered versions of one kernel (version 1 the simplest correct one, the
+// highest the one llmc/ uses). For each version it fills fresh random inputs, poisons the outputs
+// (every byte 0xFF, which is NaN in both bf16 and fp32, so an element the kernel forgot to write
+// fails), runs it, compares against the CPU reference of llmc/gpt2_cpu.h, and times it with CUDA
+// events against a floor: bytes moved / memory bandwidth, or FLOPs / the dense bf16 peak.
+//
+//   ./layernorm            check and time every version
+//   ./layernorm 2          check and time version 2 only
+//   ./layernorm --check    check every version, no timing; exit 1 on any failure (make test-gpu)
+//   --seed N               reuse the inputs of an earlier run (the seed is printed)
+//
+// Relative error is per tensor, ||gpu - ref|| / ||ref||, +inf when the GPU output holds a NaN or an
+// inf. Inputs are generated as bf16 values, and the CPU reference reads exactly those values widened
+// to fp32, so what remains is accumulation order and the rounding of the outputs.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llmc/cuda_common.h"
+
+namespace bench {
+
+using llmc::floatX;
+
+// bf16 tolerance for outputs stored in bf16, fp32 tolerance for fp32 paths (the guide's limits).
+constexpr double BF16_TOLERANCE = 1e-2;
+constexpr double FP32_TOLERANCE = 1e-5;
+
+struct Options {
+    int version = 0;     // 0: every version
+    bool check_only = false;
+    uint64_t seed = 0;
+};
+
+inline Options parse_options(int argc, char** argv, int num_versions) {
+    Options o;
+    o.seed = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--check") o.check_only = true;
+        else if (a == "--seed" && i + 1 < argc) o.seed = std::strtoull(argv[++i], nullptr, 10);
+        else {
+            char* end = nullptr;
+            long v = std::strtol(a.c_str(), &end, 10);
+            if (*end != '\0' || v < 1 || v > num_versions) {
+                fprintf(stderr, "usage: %s [version 1..%d] [--check] [--seed N]; got '%s'\n", argv[0], num_versions,
+                        a.c_str());
+                exit(2);
+            }
+            o.version = (int)v;
+        }
+    }
+    return o;
+}
+
+// Exits 0 with a message where there is no GPU, so `make test-gpu` skips rather than fails there.
+inline void require_gpu_or_skip(const char* program) {
+    std::string why;
+    if (!llmc::cuda_device_present(&why)) {
+        printf("%s: no CUDA device (%s): skipped\n", program, why.c_str());
+        exit(0);
+    }
+}
+
+// ---- host data ----
+
+inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// n values from N(0, scale^2), each exactly representable in bf16.
+inline std::vector<float> random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> out(n);
+    for (auto& x : out) x = bf16_round(dist(rng));
+    return out;
+}
+inline std::vector<float> random_f32(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> out(n);
+    for (auto& x : out) x = dist(rng);
+    return out;
+}
+inline std::vector<int> random_tokens(size_t n, int vocab, std::mt19937_64& rng) {
+    std::uniform_int_distribution<int> dist(0, vocab - 1);
+    std::vector<int> out(n);
+    for (auto& x : out) x = dist(rng);
+    return out;
+}
+
+// ---- device data ----
+
+template <typename T>
+using DeviceBuffer = llmc::DeviceBuffer<T>;
+
+inline DeviceBuffer<floatX> to_device_bf16(const std::vector<float>& host) {
+    std::vector<floatX> tmp(host.size());
+    for (size_t i = 0; i < host.size(); i++) tmp[i] = __float2bfloat16_rn(host[i]);
+    DeviceBuffer<floatX> d(host.size(), "workbench input");
+    CUDA_CHECK(cudaMemcpy(d.get(), tmp.data(), tmp.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T>
+inline DeviceBuffer<T> to_device(const std::vector<T>& host) {
+    DeviceBuffer<T> d(host.size(), "workbench input");
+    CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+// Copies a device tensor back as floats (bf16 widened).
+inline std::vector<float> to_host(const floatX* d, size_t n) {
+    std::vector<floatX> tmp(n);
+    CUDA_CHECK(cudaMemcpy(tmp.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; i++) out[i] = __bfloat162float(tmp[i]);
+    return out;
+}
+inline std::vector<float> to_host(const float* d, size_t n) {
+    std::vector<float> out(n);
+    CUDA_CHECK(cudaMemcpy(out.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+// Every byte 0xFF: NaN as bf16 and as fp32.
+template <typename T>
+inline void poison(T* d, size_t n) {
+    CUDA_CHECK(cudaMemset(d, 0xFF, n * sizeof(T)));
+}
+
+// ---- comparison ----
+
+// ||a - b|| / ||b||; +inf if `a` holds a NaN or inf anywhere.
+inline double rel_error(const float* a, const float* b, size_t n) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - (double)b[i];
+        diff += d * d;
+        norm += (double)b[i] * b[i];
+    }
+    if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
+    return std::sqrt(diff / norm);
+}
+
+// Records pass/fail for the whole run; main() returns failures() != 0.
+inline int& failure_count() {
+    static int n = 0;
+    return n;
+}
+inline bool check(const char* what, const std::vector<float>& gpu, const std::vector<float>& ref, double tolerance) {
+    if (gpu.size() != ref.size()) {
+        printf("  FAIL %-28s size %zu, reference %zu\n", what, gpu.size(), ref.size());
+        failure_count()++;
+        return false;
+    }
+    const double err = rel_error(gpu.data(), ref.data(), gpu.size());
+    const bool ok = err < tolerance;
+    printf("  %s %-28s rel. error %.3e (limit %.0e)\n", ok ? "ok  " : "FAIL", what, err, tolerance);
+    if (!ok) failure_count()++;
+    return ok;
+}
+
+// ---- timing and floors ----
+
+// Median milliseconds of `repeats` runs of fn (after warm-ups), timed with CUDA events.
+inline float time_ms(const std::function<void()>& fn, int repeats = 20) {
+    for (int i = 0; i < 3; i++) fn();
+    std::vector<float> times;
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < repeats; i++) {
+        CUDA_CHECK(cudaEventRecord(start));
+        fn();
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+struct DeviceCeilings {
+    char name[256];
+    double bandwidth_gbs;   // peak DRAM bytes/s / 1e9, from memory clock x bus width (x2 for DDR)
+    double bf16_tflops;     // dense bf16 tensor-core peak
+};
+
+inline DeviceCeilings device_ceilings() {
+    DeviceCeilings c{};
+    int dev = 0, mem_khz = 0, bus_bits = 0, sm_khz = 0, sms = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(c.name, sizeof(c.name), "%s", prop.name);
+    CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    c.bandwidth_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+    // dense bf16 FLOPs per SM per clock: 4096 on Hopper, 2048 on Ampere/Ada
+    const double per_sm_clock = major >= 9 ? 4096.0 : 2048.0;
+    c.bf16_tflops = per_sm_clock * sms * sm_khz * 1e3 / 1e12;
+    return c;
+}
+
+// One timing line: the time, the achieved rate, and the fraction of the floor it reaches.
+inline void report_memory_bound(const char* what, float ms, double bytes) {
+    static DeviceCeilings ceil = device_ceilings();
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("  time %-28s %8.4f ms  %7.1f GB/s  (floor %.4f ms at %.0f GB/s: %4.1f%%)\n", what, ms, gbs,
+           bytes / (ceil.bandwidth_gbs * 1e9) * 1e3, ceil.bandwidth_gbs, 100.0 * gbs / ceil.bandwidth_gbs);
+}
+inline void report_compute_bound(const char* what, float ms, double flops) {
+    static DeviceCeilings ceil = device_ceilings();
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    printf("  time %-28s %8.4f ms  %7.1f TFLOP/s  (floor %.4f ms at %.0f TFLOP/s: %4.1f%%)\n", what, ms, tflops,
+           flops / (ceil.bf16_tflops * 1e12) * 1e3, ceil.bf16_tflops, 100.0 * tflops / ceil.bf16_tflops);
+}
+
+// The standard end of a workbench main().
+inline int finish(const char* program) {
+    if (failure_count()) printf("%s: %d check(s) FAILED\n", program, failure_count());
+    else printf("%s: all checks passed\n", program);
+    return failure_count() ? 1 : 0;
+}
+
+}  // namespace bench

@@ -1,0 +1,150 @@
+// dev/cuda/gelu.cu: GELU (tanh form) forward and backward on bf16 tensors, two ways:
+//
+//   1  one element per thread, 2-byte loads and stores
+//   2  llmc/gelu.cuh: eight elements per thread through 16-byte loads and stores, a scalar tail
+//
+//   ./gelu [version] [--check] [--seed N]
+//
+// Checked against cpu::gelu_forward / cpu::gelu_backward (bf16 outputs: BF16_TOLERANCE) on the
+// GPT-2 124M fc activation (BT 8192 x 4C 3072 = 25.2M elements) and an odd length (7403: three
+// elements past the last 8-wide group); version 2 runs twice and must repeat its bits. Inputs are
+// N(0, 2^2), so both tails of GELU are exercised. Timed on the 124M shape against DRAM bandwidth:
+// the forward reads and writes n bf16 values (4n bytes), the backward reads the gradient and the
+// pre-activation and writes the gradient back (6n bytes).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dev/cuda/common.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/gpt2_cpu.h"
+
+using bench::DeviceBuffer;
+using llmc::ceil_div;
+using llmc::floatX;
+using llmc::strformat;
+
+constexpr int NUM_VERSIONS = 2;
+const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {"", "scalar, one element per thread",
+                                                     "llmc/gelu.cuh: 16-byte vectors, eight elements per thread"};
+
+// ---------------------------------------------------------------------------------------------
+// Version 1.
+
+__global__ void gelu_forward_scalar_kernel(floatX* out, const floatX* inp, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(llmc::gelu_value(__bfloat162float(inp[i])));
+}
+
+__global__ void gelu_backward_scalar_kernel(floatX* d_in_out, const floatX* pre_gelu, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float d = __bfloat162float(d_in_out[i]);
+        d_in_out[i] = __float2bfloat16_rn(d * llmc::gelu_derivative(__bfloat162float(pre_gelu[i])));
+    }
+}
+
+constexpr int SCALAR_BLOCK = 256;
+
+void gelu_forward_v1(floatX* out, const floatX* inp, size_t n) {
+    gelu_forward_scalar_kernel<<<(unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK>>>(out, inp, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_v1(floatX* d_in_out, const floatX* pre_gelu, size_t n) {
+    gelu_backward_scalar_kernel<<<(unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK>>>(d_in_out, pre_gelu, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void forward(int version, floatX* out, const floatX* inp, size_t n) {
+    if (version == 1) gelu_forward_v1(out, inp, n);
+    else llmc::gelu_forward(out, inp, n, 0);
+}
+
+void backward(int version, floatX* d_in_out, const floatX* pre_gelu, size_t n) {
+    if (version == 1) gelu_backward_v1(d_in_out, pre_gelu, n);
+    else llmc::gelu_backward_inplace(d_in_out, pre_gelu, n, 0);
+}
+
+// Widening bf16 to float is injective on bits, so comparing the widened copies bytewise compares
+// the bf16 bits.
+void check_bitwise(const std::string& what, const std::vector<float>& first, const std::vector<float>& second) {
+    const bool same =
+        first.size() == second.size() && std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0;
+    printf("  %s %-28s %s\n", same ? "ok  " : "FAIL", what.c_str(),
+           same ? "bitwise identical on a second run" : "differs on a second run");
+    if (!same) bench::failure_count()++;
+}
+
+struct Shape {
+    const char* name;
+    size_t n;
+};
+const Shape CHECK_SHAPES[] = {{"odd", 7403}, {"124M fc", (size_t)8 * 1024 * 4 * 768}};
+constexpr size_t TIMING_N = (size_t)8 * 1024 * 4 * 768;
+
+void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
+    const size_t n = s.n;
+    printf(" %s: n %zu\n", s.name, n);
+    const std::vector<float> x = bench::random_bf16(n, rng, 2.0f);
+    const std::vector<float> d = bench::random_bf16(n, rng);
+    std::vector<float> ref_out(n), ref_d = d;
+    llmc::cpu::gelu_forward(ref_out.data(), x.data(), n);
+    llmc::cpu::gelu_backward(ref_d.data(), x.data(), n);
+
+    DeviceBuffer<floatX> d_x = bench::to_device_bf16(x), d_out(n, "out");
+    auto run_forward = [&] {
+        bench::poison(d_out.get(), n);
+        forward(version, d_out.get(), d_x.get(), n);
+        return bench::to_host(d_out.get(), n);
+    };
+    // The backward works in place: each run starts from a fresh copy of the incoming gradient.
+    DeviceBuffer<floatX> d_incoming = bench::to_device_bf16(d), d_grad(n, "gradient");
+    auto run_backward = [&] {
+        CUDA_CHECK(cudaMemcpy(d_grad.get(), d_incoming.get(), n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+        backward(version, d_grad.get(), d_x.get(), n);
+        return bench::to_host(d_grad.get(), n);
+    };
+    const std::vector<float> out = run_forward();
+    bench::check("forward", out, ref_out, bench::BF16_TOLERANCE);
+    const std::vector<float> grad = run_backward();
+    bench::check("backward", grad, ref_d, bench::BF16_TOLERANCE);
+    if (version == NUM_VERSIONS) {
+        check_bitwise("forward", out, run_forward());
+        check_bitwise("backward", grad, run_backward());
+    }
+}
+
+void time_version(int version, std::mt19937_64& rng) {
+    const size_t n = TIMING_N;
+    printf(" 124M fc: n %zu\n", n);
+    DeviceBuffer<floatX> x = bench::to_device_bf16(bench::random_bf16(n, rng, 2.0f));
+    DeviceBuffer<floatX> grad = bench::to_device_bf16(bench::random_bf16(n, rng));
+    DeviceBuffer<floatX> out(n, "out");
+    const float forward_ms = bench::time_ms([&] { forward(version, out.get(), x.get(), n); });
+    bench::report_memory_bound("forward", forward_ms, 4.0 * n);
+    // Repeated in place, the gradient shrinks or grows by GELU' each run; the timing does not care.
+    const float backward_ms = bench::time_ms([&] { backward(version, grad.get(), x.get(), n); });
+    bench::report_memory_bound("backward (in place)", backward_ms, 6.0 * n);
+}
+
+int main(int argc, char** argv) {
+    const bench::Options opts = bench::parse_options(argc, argv, NUM_VERSIONS);
+    bench::require_gpu_or_skip(argv[0]);
+    printf("seed %llu\n", (unsigned long long)opts.seed);
+    try {
+        for (int version = 1; version <= NUM_VERSIONS; version++) {
+            if (opts.version != 0 && opts.version != version) continue;
+            std::mt19937_64 rng(opts.seed + version);  // `./gelu 2 --seed N` repeats version 2 of a full run
+            printf("version %d: %s\n", version, VERSION_NAMES[version]);
+            for (const Shape& s : CHECK_SHAPES) check_shape(version, s, rng);
+            if (!opts.check_only) time_version(version, rng);
+        }
+    } catch (const llmc::Error& e) {
+        fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        return 1;
+    }
+    return bench::finish(argv[0]);
+}

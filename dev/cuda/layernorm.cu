@@ -1,0 +1,280 @@
+// dev/cuda/layernorm.cu: LayerNorm forward, recompute and backward (llmc/layernorm.cuh).
+//
+//   version 1: one thread per row (forward, backward dinp); one thread per channel for dweight, dbias
+//   version 2: llmc/layernorm.cuh: one warp per row, the row in registers; backward's dweight/dbias as
+//              per-block partial rows in shared memory, then a fixed-order sum over blocks
+//
+// Tolerances. out and dinp are stored in bf16: BF16_TOLERANCE. mean and rstd are fp32, computed from the
+// same bf16-exact inputs with the same two-pass fp32 formulas as the CPU, so only summation order
+// differs: FP32_TOLERANCE. dweight and dbias are fp32 sums of products of the same bf16 dout and of norm =
+// (x - mean) * rstd, computed in fp32 from the same x, mean and rstd (the GPU is given the CPU's
+// statistics), so again only summation order (and FMA contraction) differs: FP32_TOLERANCE. dinp,
+// dweight and dbias accumulate: they start from the same random values on both sides.
+//
+// Version 2 is also checked for: recompute bitwise equal to the forward's output, and forward and
+// backward bitwise equal run to run.
+#include "dev/cuda/common.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/gpt2_cpu.h"
+
+using llmc::floatX;
+
+// ---------------------------------------------------------------------------------------------
+// Version 1.
+
+__global__ void layernorm_forward_v1_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                            const floatX* weight, const floatX* bias, int N, int C) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    const floatX* x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = 0; c < C; c++) sum += __bfloat162float(x[c]);
+    const float m = sum / C;
+    float squares = 0.0f;
+    for (int c = 0; c < C; c++) {
+        const float centered = __bfloat162float(x[c]) - m;
+        squares += centered * centered;
+    }
+    const float s = 1.0f / sqrtf(squares / C + llmc::LAYERNORM_EPSILON);
+    for (int c = 0; c < C; c++) {
+        const float norm = (__bfloat162float(x[c]) - m) * s;
+        out[(size_t)row * C + c] = __float2bfloat16_rn(norm * __bfloat162float(weight[c]) + __bfloat162float(bias[c]));
+    }
+    mean[row] = m;
+    rstd[row] = s;
+}
+
+void layernorm_forward_v1(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                          const floatX* bias, int N, int C) {
+    layernorm_forward_v1_kernel<<<llmc::ceil_div(N, 128), 128>>>(out, mean, rstd, inp, weight, bias, N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void layernorm_backward_dinp_v1_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
+                                                  const floatX* weight, const float* mean, const float* rstd, int N,
+                                                  int C) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    const floatX* x = inp + (size_t)row * C;
+    const floatX* d = dout + (size_t)row * C;
+    floatX* dx = dinp + (size_t)row * C;
+    const float m = mean[row], s = rstd[row];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int c = 0; c < C; c++) {
+        const float dnorm = __bfloat162float(d[c]) * __bfloat162float(weight[c]);
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * ((__bfloat162float(x[c]) - m) * s);
+    }
+    const float dnorm_mean = dnorm_sum / C, dnorm_norm_mean = dnorm_norm_sum / C;
+    for (int c = 0; c < C; c++) {
+        const float norm = (__bfloat162float(x[c]) - m) * s;
+        const float dnorm = __bfloat162float(d[c]) * __bfloat162float(weight[c]);
+        dx[c] = __float2bfloat16_rn(__bfloat162float(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    }
+}
+
+__global__ void layernorm_backward_params_v1_kernel(float* dweight, float* dbias, const floatX* dout,
+                                                    const floatX* inp, const float* mean, const float* rstd, int N,
+                                                    int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = dweight[c], db = dbias[c];
+    for (int row = 0; row < N; row++) {
+        const float d = __bfloat162float(dout[(size_t)row * C + c]);
+        dw += d * ((__bfloat162float(inp[(size_t)row * C + c]) - mean[row]) * rstd[row]);
+        db += d;
+    }
+    dweight[c] = dw;
+    dbias[c] = db;
+}
+
+void layernorm_backward_v1(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
+                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    layernorm_backward_dinp_v1_kernel<<<llmc::ceil_div(N, 128), 128>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
+    layernorm_backward_params_v1_kernel<<<llmc::ceil_div(C, 128), 128>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness.
+
+template <typename T>
+std::vector<unsigned char> device_bytes(const T* d, size_t n) {
+    std::vector<unsigned char> out(n * sizeof(T));
+    CUDA_CHECK(cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+void check_bitwise(const char* what, const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
+    const bool ok = a == b;
+    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", what, ok ? "bitwise equal" : "NOT bitwise equal");
+    if (!ok) bench::failure_count()++;
+}
+
+template <typename T>
+void upload(T* d, const std::vector<T>& host) {
+    CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+void upload_bf16(floatX* d, const std::vector<float>& host) {
+    std::vector<floatX> tmp(host.size());
+    for (size_t i = 0; i < host.size(); i++) tmp[i] = __float2bfloat16_rn(host[i]);
+    upload(d, tmp);
+}
+
+struct Shape {
+    const char* name;
+    int N, C;
+    bool timed;
+};
+
+void run_forward(int version, const Shape& shape, bool check_only, std::mt19937_64& rng) {
+    const int N = shape.N, C = shape.C;
+    const size_t NC = (size_t)N * C;
+    const std::vector<float> inp = bench::random_bf16(NC, rng), weight = bench::random_bf16(C, rng),
+                             bias = bench::random_bf16(C, rng);
+    std::vector<float> ref_out(NC), ref_mean(N), ref_rstd(N);
+    llmc::cpu::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), inp.data(), weight.data(),
+                                 bias.data(), N, C);
+
+    auto d_inp = bench::to_device_bf16(inp), d_weight = bench::to_device_bf16(weight),
+         d_bias = bench::to_device_bf16(bias);
+    bench::DeviceBuffer<floatX> d_out(NC, "out");
+    bench::DeviceBuffer<float> d_mean(N, "mean"), d_rstd(N, "rstd");
+    auto forward = [&]() {
+        if (version == 1) {
+            layernorm_forward_v1(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(), d_bias.get(),
+                                 N, C);
+        } else {
+            llmc::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(),
+                                    d_bias.get(), N, C, 0);
+        }
+    };
+    bench::poison(d_out.get(), NC);
+    bench::poison(d_mean.get(), N);
+    bench::poison(d_rstd.get(), N);
+    forward();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::check("forward out", bench::to_host(d_out.get(), NC), ref_out, bench::BF16_TOLERANCE);
+    bench::check("forward mean", bench::to_host(d_mean.get(), N), ref_mean, bench::FP32_TOLERANCE);
+    bench::check("forward rstd", bench::to_host(d_rstd.get(), N), ref_rstd, bench::FP32_TOLERANCE);
+
+    bench::DeviceBuffer<floatX> d_recomputed;
+    if (version == 2) {
+        d_recomputed.allocate(NC, "recomputed out");
+        const auto out_bits = device_bytes(d_out.get(), NC), mean_bits = device_bytes(d_mean.get(), N),
+                   rstd_bits = device_bytes(d_rstd.get(), N);
+        bench::poison(d_recomputed.get(), NC);
+        llmc::layernorm_recompute(d_recomputed.get(), d_inp.get(), d_mean.get(), d_rstd.get(), d_weight.get(),
+                                  d_bias.get(), N, C, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        check_bitwise("recompute == forward out", device_bytes(d_recomputed.get(), NC), out_bits);
+
+        bench::poison(d_out.get(), NC);
+        bench::poison(d_mean.get(), N);
+        bench::poison(d_rstd.get(), N);
+        forward();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        check_bitwise("forward out, run twice", device_bytes(d_out.get(), NC), out_bits);
+        check_bitwise("forward mean, run twice", device_bytes(d_mean.get(), N), mean_bits);
+        check_bitwise("forward rstd, run twice", device_bytes(d_rstd.get(), N), rstd_bits);
+    }
+    if (check_only || !shape.timed) return;
+    // Bytes: read inp, write out, write mean and rstd, read weight and bias.
+    const double bytes = 2.0 * NC * sizeof(floatX) + 2.0 * N * sizeof(float) + 2.0 * C * sizeof(floatX);
+    bench::report_memory_bound("forward", bench::time_ms(forward), bytes);
+    if (version == 2) {
+        auto recompute = [&]() {
+            llmc::layernorm_recompute(d_recomputed.get(), d_inp.get(), d_mean.get(), d_rstd.get(), d_weight.get(),
+                                      d_bias.get(), N, C, 0);
+        };
+        // Bytes: the forward's, with mean and rstd read instead of written.
+        bench::report_memory_bound("recompute", bench::time_ms(recompute), bytes);
+    }
+}
+
+void run_backward(int version, const Shape& shape, bool check_only, std::mt19937_64& rng) {
+    const int N = shape.N, C = shape.C;
+    const size_t NC = (size_t)N * C;
+    const std::vector<float> inp = bench::random_bf16(NC, rng), weight = bench::random_bf16(C, rng),
+                             bias = bench::random_bf16(C, rng), dout = bench::random_bf16(NC, rng);
+    // Realistic statistics: the CPU forward's; both sides then use exactly these values.
+    std::vector<float> out(NC), mean(N), rstd(N);
+    llmc::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    // Accumulators start from random values: dinp as the bf16 it is on the GPU.
+    const std::vector<float> dinp_init = bench::random_bf16(NC, rng), dweight_init = bench::random_f32(C, rng),
+                             dbias_init = bench::random_f32(C, rng);
+    std::vector<float> ref_dinp = dinp_init, ref_dweight = dweight_init, ref_dbias = dbias_init;
+    llmc::cpu::layernorm_backward(ref_dinp.data(), ref_dweight.data(), ref_dbias.data(), dout.data(), inp.data(),
+                                  weight.data(), mean.data(), rstd.data(), N, C);
+
+    auto d_inp = bench::to_device_bf16(inp), d_weight = bench::to_device_bf16(weight),
+         d_dout = bench::to_device_bf16(dout);
+    auto d_mean = bench::to_device(mean), d_rstd = bench::to_device(rstd);
+    bench::DeviceBuffer<floatX> d_dinp(NC, "dinp");
+    bench::DeviceBuffer<float> d_dweight(C, "dweight"), d_dbias(C, "dbias");
+    const size_t scratch_floats = llmc::layernorm_backward_scratch_floats(N, C);
+    bench::DeviceBuffer<float> d_scratch(scratch_floats, "scratch");
+    auto reset = [&]() {
+        upload_bf16(d_dinp.get(), dinp_init);
+        upload(d_dweight.get(), dweight_init);
+        upload(d_dbias.get(), dbias_init);
+        bench::poison(d_scratch.get(), scratch_floats);
+    };
+    auto backward = [&]() {
+        if (version == 1) {
+            layernorm_backward_v1(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(), d_inp.get(),
+                                  d_weight.get(), d_mean.get(), d_rstd.get(), N, C);
+        } else {
+            llmc::layernorm_backward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_scratch.get(), d_dout.get(),
+                                     d_inp.get(), d_weight.get(), d_mean.get(), d_rstd.get(), N, C, 0);
+        }
+    };
+    reset();
+    backward();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::check("backward dinp (+=)", bench::to_host(d_dinp.get(), NC), ref_dinp, bench::BF16_TOLERANCE);
+    bench::check("backward dweight (+=)", bench::to_host(d_dweight.get(), C), ref_dweight, bench::FP32_TOLERANCE);
+    bench::check("backward dbias (+=)", bench::to_host(d_dbias.get(), C), ref_dbias, bench::FP32_TOLERANCE);
+
+    if (version == 2) {
+        const auto dinp_bits = device_bytes(d_dinp.get(), NC), dweight_bits = device_bytes(d_dweight.get(), C),
+                   dbias_bits = device_bytes(d_dbias.get(), C);
+        reset();
+        backward();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        check_bitwise("backward dinp, run twice", device_bytes(d_dinp.get(), NC), dinp_bits);
+        check_bitwise("backward dweight, run twice", device_bytes(d_dweight.get(), C), dweight_bits);
+        check_bitwise("backward dbias, run twice", device_bytes(d_dbias.get(), C), dbias_bits);
+    }
+    if (check_only || !shape.timed) return;
+    // Bytes: read dout, inp and dinp, write dinp, read mean, rstd and weight, read and write dweight and
+    // dbias. The scratch partials (version 2) are not counted: they are the kernel's own overhead.
+    const double bytes = 4.0 * NC * sizeof(floatX) + 2.0 * N * sizeof(float) + C * sizeof(floatX) +
+                         4.0 * C * sizeof(float);
+    bench::report_memory_bound("backward", bench::time_ms(backward), bytes);
+}
+
+int main(int argc, char** argv) {
+    const bench::Options opts = bench::parse_options(argc, argv, 2);
+    bench::require_gpu_or_skip(argv[0]);
+    printf("seed %llu\n", (unsigned long long)opts.seed);
+    std::mt19937_64 rng(opts.seed);
+    const Shape shapes[] = {
+        {"GPT-2 124M: N = 8*1024, C = 768", 8 * 1024, 768, true},
+        {"GPT-2 1.5B: N = 4*1024, C = 1600", 4 * 1024, 1600, true},
+        {"awkward: N = 37, C = 1600", 37, 1600, false},
+        {"tiny: N = 1, C = 8", 1, 8, false},
+        {"widest in registers: N = 300, C = 2048", 300, 2048, false},
+        {"streamed rows: N = 19, C = 6400", 19, 6400, false},
+    };
+    for (int version = 1; version <= 2; version++) {
+        if (opts.version != 0 && opts.version != version) continue;
+        for (const Shape& shape : shapes) {
+            printf("version %d, %s\n", version, shape.name);
+            run_forward(version, shape, opts.check_only, rng);
+            run_backward(version, shape, opts.check_only, rng);
+        }
+    }
+    return bench::finish(argv[0]);
+}

@@ -1,0 +1,683 @@
+// attention.cuh: causal self-attention, forward and backward, FlashAttention-2 style on bf16 tensor
+// cores (mma.sync m16n8k16, fp32 accumulation).
+//
+// The idea: never hold the T x T score matrix. The forward streams 64-key tiles of K and V through
+// shared memory and keeps, per query row, a running maximum and sum of exponentials (online
+// softmax), so each output row is finished in registers; it saves only the row's log-sum-exp (lse).
+// The backward recomputes the probabilities P = exp(S - lse) tile by tile in two kernels, each of
+// which owns what it writes: one a tile of keys (dK, dV summed over the query tiles that see it),
+// one a tile of queries (dQ summed over its key tiles). Every gradient is then a fixed-order sum in
+// one warp's registers: deterministic without atomics, at the price of computing S and dP twice.
+//
+// Inside a block each warp owns 16 rows (queries in the forward and dQ kernels, keys in the dK/dV
+// kernel) and never needs another warp's numbers: the row-wise softmax statistics live in the four
+// threads of a quad, and the accumulator of one mma is, element for element, the A operand of the
+// next (S -> P -> P V), so P never leaves registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_common.h"
+#include "utils.h"
+
+namespace llmc {
+
+namespace attention_detail {
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+// Keys per shared-memory tile in the forward and dQ kernels.
+constexpr int KEY_TILE = 64;
+// Largest T: grid.y holds the tile index (at most 65535) and every kernel's tile is at least 64 rows.
+constexpr int MAX_T = 65535 * 64;
+
+// A shared-memory tile row is HS bf16 plus 16 bytes of padding: a row is then an odd number of
+// 16-byte units long, so the 8 rows that one ldmatrix phase reads start in 8 different bank groups.
+template <int HS>
+constexpr int tile_stride() {
+    return HS + 8;
+}
+
+// ---- PTX wrappers ----
+
+__device__ inline uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy that bypasses registers; with valid false nothing is read and the
+// 16 bytes are zero-filled (src must still be a mapped address).
+__device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ inline void cp_async4(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
+// lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of matrix i (of its transpose with .trans).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a b for a 16x16 (row-major) times 16x8 (column-major) bf16 product, fp32 accumulators.
+// With g = lane / 4 and c = 2 (lane % 4): d[0], d[1] are row g, columns c, c+1; d[2], d[3] row g+8.
+// a[0]: row g, columns c, c+1; a[1]: row g+8, same; a[2], a[3]: the same rows, columns c+8, c+9.
+// b0: rows (k) c, c+1 of column (n) g; b1: rows c+8, c+9.
+__device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x in one instruction (relative error about 2^-22); 2^-inf = 0, which is how masked scores vanish.
+__device__ inline float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats as a bf16 pair, the lower column in the low half (the mma operand order).
+__device__ inline uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+}
+
+// ---- warp-level tile products ----
+// A warp multiplies its 16 rows, held as A operands in registers, by a tile in shared memory. The
+// tile is read with ldmatrix, two n8 column blocks per instruction: non-transposed when the tile is
+// stored [n][k] (the product is with its transpose, e.g. S = Q K^T with K rows as n), transposed
+// when it is stored [k][n] (e.g. O = P V with V rows as k).
+
+// A operands (16 x 16) of rows row0..row0+15, columns col0..col0+15 of a padded tile.
+template <int STRIDE>
+__device__ inline void load_a_frag(uint32_t (&a)[4], const floatX* tile, int row0, int col0, int lane) {
+    ldmatrix_x4(a, smem_addr(tile + (row0 + lane % 16) * STRIDE + col0 + (lane / 16) * 8));
+}
+
+// The warp's 16 rows x K columns of a padded tile, as K/16 A operands.
+template <int K, int STRIDE>
+__device__ inline void load_a_rows(uint32_t (&a)[K / 16][4], const floatX* tile, int row0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) load_a_frag<STRIDE>(a[kk], tile, row0, kk * 16, lane);
+}
+
+// acc (16 x N) += a (16 x K) * tile^T, tile stored [n][k]: N rows of K = HS columns.
+template <int N, int K, int STRIDE>
+__device__ inline void mma_a_bt(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4], const floatX* tile,
+                                int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, smem_addr(tile + (nn * 16 + (lane / 16) * 8 + lane % 8) * STRIDE + kk * 16 +
+                                     ((lane / 8) % 2) * 8));
+            mma_bf16_16816(acc[2 * nn], a[kk], b[0], b[1]);
+            mma_bf16_16816(acc[2 * nn + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// acc (16 x N) += a (16 x K) * tile, tile stored [k][n]: K rows of N = HS columns.
+template <int N, int K, int STRIDE>
+__device__ inline void mma_a_b(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4], const floatX* tile,
+                               int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, smem_addr(tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * STRIDE + nn * 16 +
+                                           (lane / 16) * 8));
+            mma_bf16_16816(acc[2 * nn], a[kk], b[0], b[1]);
+            mma_bf16_16816(acc[2 * nn + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// A 16 x N accumulator as bf16 A operands over k = its N columns: the accumulators of column
+// blocks 2kk and 2kk+1 hold exactly the elements of A operand kk, in the same threads.
+template <int N>
+__device__ inline void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        a[kk][0] = pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
+        a[kk][1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+        a[kk][2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+        a[kk][3] = pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+    }
+}
+
+// Stores the warp's 16 x HS accumulator, times `scale`, as bf16 rows: row r of the warp goes to
+// dst + (row0 + r) * ld, for the rows below T only.
+template <int HS>
+__device__ inline void store_rows(floatX* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0,
+                                  int T, int lane) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = row0 + lane / 4 + 8 * half;
+        if (row >= T) continue;
+        floatX* p = dst + (size_t)row * ld + 2 * (lane % 4);
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+            *reinterpret_cast<__nv_bfloat162*>(p + n * 8) =
+                __floats2bfloat162_rn(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
+    }
+}
+
+// Starts copying rows row0..row0+ROWS-1 of one head's (T, HS) slice (row stride ld elements) into a
+// padded shared tile. Rows at or past T are zero-filled, so padded keys and queries are finite and
+// contribute nothing: a NaN there would survive multiplication by a zero probability.
+template <int ROWS, int HS, int THREADS>
+__device__ inline void load_rows_async(floatX* tile, const floatX* head, size_t ld, int row0, int T) {
+    constexpr int CHUNKS = HS / 8;
+    static_assert((ROWS * CHUNKS) % THREADS == 0, "tile copy must divide evenly among the threads");
+#pragma unroll
+    for (int k = 0; k < ROWS * CHUNKS / THREADS; k++) {
+        const int i = k * THREADS + threadIdx.x;
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const bool valid = row0 + r < T;
+        const floatX* src = valid ? head + (size_t)(row0 + r) * ld + c * 8 : head;
+        cp_async16(smem_addr(tile + r * tile_stride<HS>() + c * 8), src, valid);
+    }
+}
+
+// Starts copying n floats src[row0..row0+n-1] into shared memory, zeros at or past T.
+template <int N, int THREADS>
+__device__ inline void load_floats_async(float* dst, const float* src, int row0, int T) {
+    static_assert(N <= THREADS, "one float per thread");
+    const int i = threadIdx.x;
+    if (i < N) {
+        const bool valid = row0 + i < T;
+        cp_async4(smem_addr(dst + i), valid ? src + row0 + i : src, valid);
+    }
+}
+
+// ---- forward ----
+// Grid (B*NH, query tiles); a block of WARPS warps owns 16*WARPS query rows of one head and loops
+// over the key tiles up to its diagonal, the next tile copied in while this one is used.
+
+template <int HS>
+constexpr int forward_warps() {
+    return HS <= 64 ? 8 : 4;
+}
+template <int HS>
+constexpr size_t forward_smem_bytes() {
+    return (size_t)(16 * forward_warps<HS>() + 4 * KEY_TILE) * tile_stride<HS>() * sizeof(floatX);
+}
+
+template <int HS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
+    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
+    constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
+    extern __shared__ __align__(16) unsigned char attention_smem[];
+    floatX* q_s = reinterpret_cast<floatX*>(attention_smem);  // [BM][STRIDE]
+    floatX* k_s = q_s + BM * STRIDE;                          // [2][BN][STRIDE]
+    floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
+    const floatX* k_head = q_head + C;
+    const floatX* v_head = q_head + 2 * C;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_first = q0 + 16 * warp;  // this warp's rows: row_first .. row_first + 15
+    const bool warp_active = row_first < T;
+    // keys past the last query row below T are never needed
+    const int num_tiles = ceil_div(min(q0 + BM, T), BN);
+
+    load_rows_async<BM, HS, THREADS>(q_s, q_head, ld, q0, T);
+    load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, 0, T);
+    load_rows_async<BN, HS, THREADS>(v_s, v_head, ld, 0, T);
+    cp_async_commit();
+
+    uint32_t q_frag[HS / 16][4];
+    float o[HS / 8][4] = {};
+    // per thread, rows lane/4 and lane/4 + 8: running max (in units of log2, scores scaled) and this
+    // thread's share of the running sum of 2^(score - max)
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        if (tile + 1 < num_tiles) {
+            load_rows_async<BN, HS, THREADS>(k_s + (buf ^ 1) * BN * STRIDE, k_head, ld, (tile + 1) * BN, T);
+            load_rows_async<BN, HS, THREADS>(v_s + (buf ^ 1) * BN * STRIDE, v_head, ld, (tile + 1) * BN, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // everything but the tile just requested has landed
+        __syncthreads();
+        if (tile == 0) load_a_rows<HS, STRIDE>(q_frag, q_s, 16 * warp, lane);
+
+        const int key0 = tile * BN;
+        // Tile 0 (key 0) is seen by every row, so row_max is finite from then on.
+        if (warp_active && key0 <= row_first + 15) {
+            float s[BN / 8][4] = {};
+            mma_a_bt<BN, HS, STRIDE>(s, q_frag, k_s + buf * BN * STRIDE, lane);
+            if (key0 + BN - 1 > row_first) {  // the tile crosses this warp's diagonal
+#pragma unroll
+                for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+                        const int row = row_first + lane / 4 + 8 * (e / 2);
+                        if (key > row) s[n][e] = -INFINITY;
+                    }
+            }
+            float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
+                tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
+            }
+            float rescale[2], max_used[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                // the four threads of a quad hold one row between them
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+                const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
+                // a row with nothing unmasked yet must not compute -inf - -inf
+                max_used[r] = new_max == -INFINITY ? 0.0f : new_max;
+                rescale[r] = fast_exp2(row_max[r] - max_used[r]);
+                row_max[r] = new_max;
+                row_sum[r] *= rescale[r];
+            }
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[n][e] = fast_exp2(fmaf(s[n][e], scale_log2, -max_used[e / 2]));
+                    row_sum[e / 2] += s[n][e];
+                }
+#pragma unroll
+            for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[n][e] *= rescale[e / 2];
+            uint32_t p_frag[BN / 16][4];
+            acc_to_a<BN>(p_frag, s);
+            mma_a_b<HS, BN, STRIDE>(o, p_frag, v_s + buf * BN * STRIDE, lane);
+        }
+        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2
+    }
+
+    if (!warp_active) return;
+    float inv_sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+        inv_sum[r] = 1.0f / row_sum[r];  // >= 1: the row's maximum contributes 2^0
+        const int row = row_first + lane / 4 + 8 * r;
+        if (lane % 4 == 0 && row < T) lse[(size_t)bh * T + row] = row_max[r] * LN2 + logf(row_sum[r]);
+    }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
+    store_rows<HS>(out + (size_t)b * T * C + h * HS, C, o, 1.0f, row_first, T, lane);
+}
+
+// ---- backward ----
+
+// D[b, h, t] = sum over the head's columns of dout * out: the softmax backward's row term
+// sum_j P_ij dP_ij, since dP = dout V^T and out = P V. One thread per row, in lse's layout.
+template <int HS>
+__global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int T, int NH,
+                                                 size_t rows) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows) return;
+    const int t = (int)(idx % T);
+    const size_t bh = idx / T;
+    const int h = (int)(bh % NH);
+    const size_t b = bh / NH;
+    const size_t C = (size_t)NH * HS;
+    const size_t offset = (b * T + t) * C + h * HS;
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < HS; c += 8) {
+        const x128 d = load128(dout + offset + c), o = load128(out + offset + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum += (float)d[i] * (float)o[i];
+    }
+    D[idx] = sum;
+}
+
+// dQ: grid (B*NH, query tiles); each warp owns 16 query rows (Q and dout rows as A operands in
+// registers) and walks the key tiles up to its diagonal: S = Q K^T, P = 2^(S scale log2e - lse log2e),
+// dP = dout V^T, dS = P (dP - D), dQ += dS K. dQ is scaled by 1/sqrt(HS) once at the end.
+
+constexpr int DQ_WARPS = 4;
+template <int HS>
+constexpr size_t dq_smem_bytes() {
+    return (size_t)(2 * 16 * DQ_WARPS + 4 * KEY_TILE) * tile_stride<HS>() * sizeof(floatX);
+}
+
+// Three blocks per SM for HS <= 64 (12 warps rather than 8 to hide latency): capped at 168
+// registers it still needs no spills (ptxas -v).
+template <int HS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
+    attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                 const float* D, int T, int NH, float scale_log2, float scale) {
+    constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
+    extern __shared__ __align__(16) unsigned char attention_smem[];
+    floatX* q_s = reinterpret_cast<floatX*>(attention_smem);  // [BM][STRIDE]
+    floatX* do_s = q_s + BM * STRIDE;                         // [BM][STRIDE]
+    floatX* k_s = do_s + BM * STRIDE;                         // [2][BN][STRIDE]
+    floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
+    const floatX* k_head = q_head + C;
+    const floatX* v_head = q_head + 2 * C;
+    const floatX* do_head = dout + (size_t)b * T * C + h * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_first = q0 + 16 * warp;
+    const bool warp_active = row_first < T;
+    const int num_tiles = ceil_div(min(q0 + BM, T), BN);
+
+    load_rows_async<BM, HS, THREADS>(q_s, q_head, ld, q0, T);
+    load_rows_async<BM, HS, THREADS>(do_s, do_head, C, q0, T);
+    load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, 0, T);
+    load_rows_async<BN, HS, THREADS>(v_s, v_head, ld, 0, T);
+    cp_async_commit();
+
+    // lse in log2 units and D for this thread's rows lane/4 and lane/4 + 8 (zero past T: finite)
+    float lse2[2], row_d[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_first + lane / 4 + 8 * r;
+        lse2[r] = row < T ? lse[(size_t)bh * T + row] * LOG2E : 0.0f;
+        row_d[r] = row < T ? D[(size_t)bh * T + row] : 0.0f;
+    }
+
+    uint32_t q_frag[HS / 16][4], do_frag[HS / 16][4];
+    float dq[HS / 8][4] = {};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        if (tile + 1 < num_tiles) {
+            load_rows_async<BN, HS, THREADS>(k_s + (buf ^ 1) * BN * STRIDE, k_head, ld, (tile + 1) * BN, T);
+            load_rows_async<BN, HS, THREADS>(v_s + (buf ^ 1) * BN * STRIDE, v_head, ld, (tile + 1) * BN, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (tile == 0) {
+            load_a_rows<HS, STRIDE>(q_frag, q_s, 16 * warp, lane);
+            load_a_rows<HS, STRIDE>(do_frag, do_s, 16 * warp, lane);
+        }
+
+        const int key0 = tile * BN;
+        if (warp_active && key0 <= row_first + 15) {
+            const floatX* k_tile = k_s + buf * BN * STRIDE;
+            float s[BN / 8][4] = {};
+            mma_a_bt<BN, HS, STRIDE>(s, q_frag, k_tile, lane);
+            const bool crosses_diagonal = key0 + BN - 1 > row_first;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = fast_exp2(fmaf(s[n][e], scale_log2, -lse2[e / 2]));
+                    const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+                    const int row = row_first + lane / 4 + 8 * (e / 2);
+                    s[n][e] = crosses_diagonal && key > row ? 0.0f : p;
+                }
+            float dp[BN / 8][4] = {};
+            mma_a_bt<BN, HS, STRIDE>(dp, do_frag, v_s + buf * BN * STRIDE, lane);
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] *= dp[n][e] - row_d[e / 2];
+            uint32_t ds_frag[BN / 16][4];
+            acc_to_a<BN>(ds_frag, s);
+            mma_a_b<HS, BN, STRIDE>(dq, ds_frag, k_tile, lane);
+        }
+        __syncthreads();
+    }
+
+    if (!warp_active) return;
+    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, dq, scale, row_first, T, lane);
+}
+
+// dK, dV: grid (B*NH, key tiles); each warp owns 16 keys (K and V rows as A operands in registers)
+// and walks the query tiles from its diagonal to T, working with transposes so that its keys stay
+// the rows: S^T = K Q^T, P^T, dV += P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D), dK += dS^T Q.
+
+constexpr int DKV_WARPS = 4;
+template <int HS>
+constexpr int dkv_query_tile() {
+    return HS <= 64 ? 64 : 32;  // fewer score registers where dK and dV take 128 each
+}
+template <int HS>
+constexpr size_t dkv_smem_bytes() {
+    constexpr int BQ = dkv_query_tile<HS>();
+    return (size_t)(2 * 16 * DKV_WARPS + 4 * BQ) * tile_stride<HS>() * sizeof(floatX) + 4 * BQ * sizeof(float);
+}
+
+template <int HS, int WARPS, int BQ>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                  const float* D, int T, int NH, float scale_log2, float scale) {
+    constexpr int BN = 16 * WARPS, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
+    extern __shared__ __align__(16) unsigned char attention_smem[];
+    floatX* k_s = reinterpret_cast<floatX*>(attention_smem);  // [BN][STRIDE]
+    floatX* v_s = k_s + BN * STRIDE;                          // [BN][STRIDE]
+    floatX* q_s = v_s + BN * STRIDE;                          // [2][BQ][STRIDE]
+    floatX* do_s = q_s + 2 * BQ * STRIDE;                     // [2][BQ][STRIDE]
+    // 16-byte aligned: every bf16 tile above is a multiple of 16 bytes
+    float* lse_s = reinterpret_cast<float*>(do_s + 2 * BQ * STRIDE);  // [2][BQ]
+    float* d_s = lse_s + 2 * BQ;                                      // [2][BQ]
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
+    const int C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
+    const floatX* k_head = q_head + C;
+    const floatX* v_head = q_head + 2 * C;
+    const floatX* do_head = dout + (size_t)b * T * C + h * HS;
+    const float* lse_head = lse + (size_t)bh * T;
+    const float* d_head = D + (size_t)bh * T;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int key_first = kv0 + 16 * warp;  // this warp's keys: key_first .. key_first + 15
+    const bool warp_active = key_first < T;
+    const int num_tiles = ceil_div(T - kv0, BQ);  // query tiles start at kv0: earlier ones see no key here
+
+    load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, kv0, T);
+    load_rows_async<BN, HS, THREADS>(v_s, v_head, ld, kv0, T);
+    load_rows_async<BQ, HS, THREADS>(q_s, q_head, ld, kv0, T);
+    load_rows_async<BQ, HS, THREADS>(do_s, do_head, C, kv0, T);
+    load_floats_async<BQ, THREADS>(lse_s, lse_head, kv0, T);
+    load_floats_async<BQ, THREADS>(d_s, d_head, kv0, T);
+    cp_async_commit();
+
+    uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
+    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        const int q0 = kv0 + tile * BQ;
+        if (tile + 1 < num_tiles) {
+            const int next = q0 + BQ;
+            load_rows_async<BQ, HS, THREADS>(q_s + (buf ^ 1) * BQ * STRIDE, q_head, ld, next, T);
+            load_rows_async<BQ, HS, THREADS>(do_s + (buf ^ 1) * BQ * STRIDE, do_head, C, next, T);
+            load_floats_async<BQ, THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);
+            load_floats_async<BQ, THREADS>(d_s + (buf ^ 1) * BQ, d_head, next, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (tile == 0) {
+            load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);
+            load_a_rows<HS, STRIDE>(v_frag, v_s, 16 * warp, lane);
+        }
+
+        if (warp_active && q0 + BQ - 1 >= key_first) {
+            const floatX* q_tile = q_s + buf * BQ * STRIDE;
+            const floatX* do_tile = do_s + buf * BQ * STRIDE;
+            const float* lse_tile = lse_s + buf * BQ;
+            const float* d_tile = d_s + buf * BQ;
+            // some query of the tile precedes one of the warp's keys, or lies past T
+            const bool needs_mask = q0 < key_first + 15 || q0 + BQ > T;
+            float pt[BQ / 8][4] = {};  // rows: keys, columns: queries
+            mma_a_bt<BQ, HS, STRIDE>(pt, k_frag, q_tile, lane);
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const int col = n * 8 + 2 * (lane % 4);
+                const float2 lse_pair = *reinterpret_cast<const float2*>(lse_tile + col);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float lse_q = e % 2 ? lse_pair.y : lse_pair.x;
+                    const float p = fast_exp2(fmaf(pt[n][e], scale_log2, -lse_q * LOG2E));
+                    const int query = q0 + col + e % 2;
+                    const int key = key_first + lane / 4 + 8 * (e / 2);
+                    pt[n][e] = needs_mask && (query < key || query >= T) ? 0.0f : p;
+                }
+            }
+            uint32_t p_frag[BQ / 16][4];
+            acc_to_a<BQ>(p_frag, pt);
+            mma_a_b<HS, BQ, STRIDE>(dv, p_frag, do_tile, lane);
+
+            float dpt[BQ / 8][4] = {};
+            mma_a_bt<BQ, HS, STRIDE>(dpt, v_frag, do_tile, lane);
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 d_pair = *reinterpret_cast<const float2*>(d_tile + n * 8 + 2 * (lane % 4));
+#pragma unroll
+                for (int e = 0; e < 4; e++) pt[n][e] *= dpt[n][e] - (e % 2 ? d_pair.y : d_pair.x);
+            }
+            uint32_t ds_frag[BQ / 16][4];
+            acc_to_a<BQ>(ds_frag, pt);
+            mma_a_b<HS, BQ, STRIDE>(dk, ds_frag, q_tile, lane);
+        }
+        __syncthreads();
+    }
+
+    if (!warp_active) return;
+    floatX* dk_head = dqkv + (size_t)b * T * ld + C + h * HS;
+    store_rows<HS>(dk_head, ld, dk, scale, key_first, T, lane);
+    store_rows<HS>(dk_head + C, ld, dv, 1.0f, key_first, T, lane);
+}
+
+// ---- launchers ----
+
+inline void check_attention_shape(const char* who, int B, int T, int NH, int HS) {
+    if (HS != 32 && HS != 64 && HS != 128)
+        fail(strformat("%s: head size %d is not supported (expected 32, 64 or 128)", who, HS));
+    if (B < 1 || NH < 1 || T < 1) fail(strformat("%s: B=%d, T=%d, NH=%d must all be >= 1", who, B, T, NH));
+    if (T > MAX_T) fail(strformat("%s: T=%d exceeds the largest supported sequence length %d", who, T, MAX_T));
+    if ((long long)B * NH > 2147483647LL)
+        fail(strformat("%s: B*NH = %lld exceeds the grid limit 2^31-1", who, (long long)B * NH));
+}
+
+// Raises the kernel's dynamic shared-memory limit to `bytes`, or fails naming what the device allows.
+template <typename Kernel>
+inline void set_smem_limit(Kernel kernel, size_t bytes, const char* who, int HS) {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (bytes > (size_t)optin)
+        fail(strformat("%s: head size %d needs %zu bytes of shared memory per block; this device allows %d", who, HS,
+                       bytes, optin));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int HS>
+inline void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH,
+                                     cudaStream_t stream) {
+    constexpr int WARPS = forward_warps<HS>();
+    constexpr size_t smem = forward_smem_bytes<HS>();
+    auto kernel = attention_forward_kernel<HS, WARPS>;
+    set_smem_limit(kernel, smem, "attention_forward", HS);
+    const dim3 grid(B * NH, ceil_div(T, 16 * WARPS));
+    const float scale_log2 = LOG2E / sqrtf((float)HS);
+    kernel<<<grid, WARPS * 32, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+inline void attention_backward_launch(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int NH,
+                                      cudaStream_t stream) {
+    const size_t rows = (size_t)B * NH * T;
+    constexpr int ROWDOT_THREADS = 256;
+    attention_backward_rowdot_kernel<HS><<<(unsigned)ceil_div(rows, (size_t)ROWDOT_THREADS), ROWDOT_THREADS, 0,
+                                           stream>>>(D, dout, out, T, NH, rows);
+    CUDA_CHECK_LAUNCH();
+
+    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
+
+    constexpr int BQ = dkv_query_tile<HS>();
+    constexpr size_t dkv_smem = dkv_smem_bytes<HS>();
+    auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ>;
+    set_smem_limit(dkv_kernel, dkv_smem, "attention_backward", HS);
+    const dim3 dkv_grid(B * NH, ceil_div(T, 16 * DKV_WARPS));
+    dkv_kernel<<<dkv_grid, DKV_WARPS * 32, dkv_smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    CUDA_CHECK_LAUNCH();
+
+    constexpr size_t dq_smem = dq_smem_bytes<HS>();
+    auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS>;
+    set_smem_limit(dq_kernel, dq_smem, "attention_backward", HS);
+    const dim3 dq_grid(B * NH, ceil_div(T, 16 * DQ_WARPS));
+    dq_kernel<<<dq_grid, DQ_WARPS * 32, dq_smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attention_detail
+
+// qkv (B, T, 3C) rows [q | k | v], C = NH*HS: head h's q at column h*HS, k at C + h*HS, v at 2C + h*HS.
+// out (B, T, C): head h at columns h*HS... lse (B, NH, T) fp32: the natural-log log-sum-exp of the
+// scaled scores (scale 1/sqrt(HS)) of each query row over its causal keys 0..t. HS is 32, 64 or 128.
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
+                              cudaStream_t stream) {
+    using namespace attention_detail;
+    check_attention_shape("attention_forward", B, T, NH, HS);
+    switch (HS) {
+        case 32: attention_forward_launch<32>(out, lse, qkv, B, T, NH, stream); break;
+        case 64: attention_forward_launch<64>(out, lse, qkv, B, T, NH, stream); break;
+        default: attention_forward_launch<128>(out, lse, qkv, B, T, NH, stream); break;
+    }
+}
+
+// Floats of device scratch attention_backward needs: D = rowsum(dout * out), one per (b, h, t).
+inline size_t attention_backward_scratch_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
+
+// dqkv (B, T, 3C) is fully overwritten (dq, dk, dv of every head). out and lse are the forward's.
+// scratch: attention_backward_scratch_floats(B, T, NH) floats. Deterministic: no atomics.
+inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
+                               const floatX* out, const float* lse, int B, int T, int NH, int HS,
+                               cudaStream_t stream) {
+    using namespace attention_detail;
+    check_attention_shape("attention_backward", B, T, NH, HS);
+    switch (HS) {
+        case 32: attention_backward_launch<32>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
+        case 64: attention_backward_launch<64>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
+        default: attention_backward_launch<128>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
+    }
+}
+
+}  // namespace llmc

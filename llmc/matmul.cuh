@@ -1,0 +1,457 @@
+// matmul.cuh: the linear layers' products through cuBLASLt, with the bias, the GELU and the residual
+// add fused into the product's epilogue, and a deterministic bias gradient.
+//
+// The one idea: a row-major (rows x cols) matrix is, byte for byte, a column-major (cols x rows)
+// matrix with leading dimension cols. cuBLASLt is column-major, so each PyTorch-shaped product is
+// handed to it transposed, and no data is ever moved:
+//   forward  out (BT x OC) = inp W^T   becomes  out^T (OC x BT)  = op_T(W as C x OC)   * inp^T (C x BT)
+//   dinp     dinp (BT x C) = dout W    becomes  dinp^T (C x BT)  = W^T (C x OC)        * dout^T (OC x BT)
+//   dweight  dW (OC x C) += dout^T inp becomes  dW^T (C x OC)   += inp^T (C x BT)      * op_T(dout^T as OC x BT)
+// The bias (one value per output channel) is then a per-row vector of the column-major D, which is
+// exactly what cuBLASLt's BIAS epilogues broadcast, and the GELU input (pre_gelu) has D's layout.
+//
+// Determinism: cuBLASLt repeats its bits for the same algorithm on the same GPU (architecture and SM
+// count) with the same library version. So the algorithm is chosen once per (shape, epilogue,
+// types) and cached, and the same one runs every call. The heuristic only sees algorithms without
+// split-K (REDUCTION_SCHEME_NONE: each output element is one dot product in a fixed order), and the
+// bias gradient, which cuBLASLt would reduce its own way (BGRADB), is our two-stage kernel with a
+// fixed summation order. REDUCTION_SCHEME_COMPUTE_TYPE (fp32 partials in the workspace, reduced by
+// a separate kernel) is very likely deterministic too, but nothing documents it, so it stays
+// excluded; OUTPUT_TYPE would round a bf16 product's partials to bf16, and INPLACE reduces through
+// the output buffer with counters.
+#pragma once
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "cuda_common.h"
+
+namespace llmc {
+
+namespace matmul_detail {
+
+// One cuBLASLt product in its column-major terms: D (m x n) = op(A) (m x k) op(B) (k x n) + beta C,
+// then the epilogue. Every matrix is tight (leading dimension = its stored row count); C and D
+// share one layout, and the GELU input `aux` has D's shape with leading dimension m.
+struct Gemm {
+    const char* op = "";  // the launcher and its PyTorch-level shape, for error messages only
+    int BT = 0, C = 0, OC = 0;
+
+    int m = 0, n = 0, k = 0;
+    bool transpose_a = false, transpose_b = false;
+    const floatX* a = nullptr;  // stored (k x m) when transposed, else (m x k)
+    const floatX* b = nullptr;  // stored (n x k) when transposed, else (k x n)
+    const void* c = nullptr;    // read only when beta != 0
+    void* d = nullptr;
+    cudaDataType_t cd_type = CUDA_R_16BF;
+    float beta = 0.0f;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const floatX* bias = nullptr;  // m values (BIAS epilogues)
+    // The GELU input: an output of GELU_AUX*, an input of DGELU; cuBLASLt takes either as an
+    // attribute value, so it is held here as read-only.
+    const floatX* aux = nullptr;
+};
+
+// cuBLASLt derives the alignment it may assume for the bias and aux buffers from their addresses,
+// so the algorithm chosen for one call is reused only for pointers aligned at least as well.
+inline int pointer_alignment(const void* p) {
+    if (!p) return 0;
+    const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t lowest_bit = address & (~address + 1);
+    return (int)(lowest_bit < 256 ? lowest_bit : 256);
+}
+
+struct GemmKey {
+    int m, n, k;
+    bool transpose_a, transpose_b;
+    int cd_type, epilogue;
+    int bias_alignment, aux_alignment;
+    auto operator<=>(const GemmKey&) const = default;
+};
+
+inline const char* epilogue_name(cublasLtEpilogue_t e) {
+    switch (e) {
+        case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+        case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+        case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+        case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+        default: return "other";
+    }
+}
+
+inline std::string describe(const Gemm& g) {
+    return strformat("%s (BT %d, C %d, OC %d; cuBLASLt m %d n %d k %d, op(A) %c, op(B) %c, bf16 A/B, %s C/D, "
+                     "beta %g, epilogue %s)",
+                     g.op, g.BT, g.C, g.OC, g.m, g.n, g.k, g.transpose_a ? 'T' : 'N', g.transpose_b ? 'T' : 'N',
+                     g.cd_type == CUDA_R_32F ? "fp32" : "bf16", (double)g.beta, epilogue_name(g.epilogue));
+}
+
+// Owning wrappers for the descriptors of one call. Their destroy functions only free host memory;
+// a destructor cannot report their status, so it is ignored there.
+class LtMatmulDesc {
+public:
+    LtMatmulDesc() { CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
+    ~LtMatmulDesc() { (void)cublasLtMatmulDescDestroy(desc_); }
+    LtMatmulDesc(const LtMatmulDesc&) = delete;
+    LtMatmulDesc& operator=(const LtMatmulDesc&) = delete;
+    template <typename T>
+    void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof(value)));
+    }
+    cublasLtMatmulDesc_t get() const { return desc_; }
+
+private:
+    cublasLtMatmulDesc_t desc_ = nullptr;
+};
+
+class LtLayout {
+public:
+    // A column-major rows x cols matrix with leading dimension ld (elements).
+    LtLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, (uint64_t)rows, (uint64_t)cols, ld));
+    }
+    ~LtLayout() { (void)cublasLtMatrixLayoutDestroy(layout_); }
+    LtLayout(const LtLayout&) = delete;
+    LtLayout& operator=(const LtLayout&) = delete;
+    cublasLtMatrixLayout_t get() const { return layout_; }
+
+private:
+    cublasLtMatrixLayout_t layout_ = nullptr;
+};
+
+class LtPreference {
+public:
+    LtPreference() { CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference_)); }
+    ~LtPreference() { (void)cublasLtMatmulPreferenceDestroy(preference_); }
+    LtPreference(const LtPreference&) = delete;
+    LtPreference& operator=(const LtPreference&) = delete;
+    template <typename T>
+    void set(cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference_, attribute, &value, sizeof(value)));
+    }
+    cublasLtMatmulPreference_t get() const { return preference_; }
+
+private:
+    cublasLtMatmulPreference_t preference_ = nullptr;
+};
+
+}  // namespace matmul_detail
+
+// The cuBLASLt handle, its workspace and the algorithm chosen for each product shape. Not
+// thread-safe, and the workspace is shared by every call: products that may run concurrently (on
+// different streams) need a context each.
+class MatmulContext {
+public:
+    static constexpr size_t WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLAS asks for on Hopper
+
+    MatmulContext() : workspace_(WORKSPACE_BYTES, "cuBLASLt workspace") { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+    ~MatmulContext() { (void)cublasLtDestroy(handle_); }  // nothing to report to from a destructor
+    MatmulContext(const MatmulContext&) = delete;
+    MatmulContext& operator=(const MatmulContext&) = delete;
+
+    size_t workspace_bytes() const { return workspace_.bytes(); }
+
+    // Runs one product; any failure names the product's shape and epilogue.
+    void run(const matmul_detail::Gemm& g, cudaStream_t stream) {
+        try {
+            run_unlabelled(g, stream);
+        } catch (const Error& e) {
+            fail(strformat("%s: %s", matmul_detail::describe(g).c_str(), e.what()));
+        }
+    }
+
+private:
+    // Every pointer llmc passes is 16-byte aligned (the convention of every tensor), and the
+    // heuristic is told so: the default (256) could pick an algorithm that a layer's offset
+    // pointer does not satisfy.
+    static constexpr uint32_t MIN_ALIGNMENT_BYTES = 16;
+
+    void run_unlabelled(const matmul_detail::Gemm& g, cudaStream_t stream) {
+        using namespace matmul_detail;
+        LtMatmulDesc desc;
+        desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+        desc.set(CUBLASLT_MATMUL_DESC_TRANSB, g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+        desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
+        if (g.bias) {
+            desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
+            desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_16BF);
+        }
+        if (g.aux) {
+            // EPILOGUE_AUX_DATA_TYPE is left unset: it defaults to D's type, bf16 here, and the
+            // header documents setting it only for fp8 kernels (where other values are rejected).
+            desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
+            desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)g.m);
+        }
+        const LtLayout a(CUDA_R_16BF, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.transpose_a ? g.k : g.m);
+        const LtLayout b(CUDA_R_16BF, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.transpose_b ? g.n : g.k);
+        const LtLayout cd(g.cd_type, g.m, g.n, g.m);
+
+        const cublasLtMatmulAlgo_t algo = algorithm(g, desc, a, b, cd);
+        const float alpha = 1.0f;
+        CUBLAS_CHECK(cublasLtMatmul(handle_, desc.get(), &alpha, g.a, a.get(), g.b, b.get(), &g.beta,
+                                    g.c ? g.c : g.d, cd.get(), g.d, cd.get(), &algo, workspace_.get(),
+                                    workspace_.bytes(), stream));
+    }
+
+    cublasLtMatmulAlgo_t algorithm(const matmul_detail::Gemm& g, const matmul_detail::LtMatmulDesc& desc,
+                                   const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
+                                   const matmul_detail::LtLayout& cd) {
+        using namespace matmul_detail;
+        const GemmKey key{g.m, g.n, g.k, g.transpose_a, g.transpose_b, (int)g.cd_type, (int)g.epilogue,
+                          pointer_alignment(g.bias), pointer_alignment(g.aux)};
+        if (auto it = algorithms_.find(key); it != algorithms_.end()) return it->second;
+
+        LtPreference preference;
+        preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (uint64_t)workspace_.bytes());
+        preference.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, (uint32_t)CUBLASLT_REDUCTION_SCHEME_NONE);
+        preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, MIN_ALIGNMENT_BYTES);
+        preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, MIN_ALIGNMENT_BYTES);
+        preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MIN_ALIGNMENT_BYTES);
+        preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MIN_ALIGNMENT_BYTES);
+        cublasLtMatmulHeuristicResult_t result{};
+        int returned = 0;
+        const cublasStatus_t heuristic_status = cublasLtMatmulAlgoGetHeuristic(
+            handle_, desc.get(), a.get(), b.get(), cd.get(), cd.get(), preference.get(), 1, &result, &returned);
+        if (heuristic_status == CUBLAS_STATUS_NOT_SUPPORTED ||
+            (heuristic_status == CUBLAS_STATUS_SUCCESS && (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)))
+            fail(strformat("cuBLASLt has no algorithm for this product on this GPU (asked for: no split-K "
+                           "reduction, %u-byte alignment, at most %zu bytes of workspace)",
+                           MIN_ALIGNMENT_BYTES, workspace_.bytes()));
+        CUBLAS_CHECK(heuristic_status);
+        return algorithms_.emplace(key, result.algo).first->second;
+    }
+
+    DeviceBuffer<uint8_t> workspace_;
+    cublasLtHandle_t handle_ = nullptr;
+    std::map<matmul_detail::GemmKey, cublasLtMatmulAlgo_t> algorithms_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks shared by the launchers.
+
+namespace matmul_detail {
+
+inline void check_shape(const char* op, int BT, int C, int OC) {
+    if (BT < 1) fail(strformat("%s: BT = %d rows, expected at least 1", op, BT));
+    if (C < 8 || C % 8 != 0) fail(strformat("%s: C = %d, expected a positive multiple of 8", op, C));
+    if (OC < 8 || OC % 8 != 0) fail(strformat("%s: OC = %d, expected a positive multiple of 8", op, OC));
+}
+
+// `required`: a null pointer is an error; otherwise null means "not used".
+inline void check_pointer(const char* op, const char* name, const void* p, bool required) {
+    if (!p && required) fail(strformat("%s: %s is null", op, name));
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+        fail(strformat("%s: %s = %p is not 16-byte aligned (every llmc tensor is)", op, name, p));
+}
+
+// An output must not share memory with an input of the same call (`bytes` each).
+inline void check_disjoint(const char* op, const char* out_name, const void* out, size_t out_bytes,
+                           const char* in_name, const void* in, size_t in_bytes) {
+    if (!out || !in) return;
+    const uintptr_t o = reinterpret_cast<uintptr_t>(out), i = reinterpret_cast<uintptr_t>(in);
+    if (o < i + in_bytes && i < o + out_bytes)
+        fail(strformat("%s: %s (%p) overlaps %s (%p)", op, out_name, out, in_name, in));
+}
+
+}  // namespace matmul_detail
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient: dbias[c] += sum over rows of dout[r][c], in two passes with a fixed order. Pass 1:
+// block (x, y) owns rows [64x, 64x + 64) and columns [256y, 256y + 256); its 8 row lanes each sum
+// every 8th row of 8 adjacent columns (one 16-byte load per row), the lanes are added in order, and
+// the block's partial sums go to partials[x][column]. Pass 2: one thread per column adds the
+// partials of all row blocks in order. Nothing depends on the GPU's size or scheduling.
+
+constexpr int BIAS_GRAD_ROWS_PER_BLOCK = 64;
+constexpr int BIAS_GRAD_ROW_LANES = 8;                                       // threadIdx.y
+constexpr int BIAS_GRAD_COLUMN_GROUPS = 32;                                  // threadIdx.x, 8 columns each
+constexpr int BIAS_GRAD_COLUMNS_PER_BLOCK = BIAS_GRAD_COLUMN_GROUPS * x128::size;  // 256
+constexpr int BIAS_GRAD_THREADS = BIAS_GRAD_ROW_LANES * BIAS_GRAD_COLUMN_GROUPS;   // 256
+static_assert(BIAS_GRAD_THREADS == BIAS_GRAD_COLUMNS_PER_BLOCK, "pass 1 ends with one thread per column");
+
+inline size_t matmul_backward_scratch_floats(int BT, int OC) {
+    return (size_t)ceil_div(BT, BIAS_GRAD_ROWS_PER_BLOCK) * (size_t)OC;
+}
+
+__global__ void __launch_bounds__(BIAS_GRAD_THREADS)
+    bias_grad_partials_kernel(float* partials, const floatX* dout, int BT, int OC) {
+    __shared__ __align__(16) float lane_sums[BIAS_GRAD_ROW_LANES][BIAS_GRAD_COLUMNS_PER_BLOCK];
+    const int lane = threadIdx.y, group = threadIdx.x;
+    const int block_col = blockIdx.y * BIAS_GRAD_COLUMNS_PER_BLOCK;
+    const int col = block_col + group * x128::size;  // OC % 8 == 0: a group is wholly in or out
+    const int row_begin = blockIdx.x * BIAS_GRAD_ROWS_PER_BLOCK;
+    const int row_end = min(BT, row_begin + BIAS_GRAD_ROWS_PER_BLOCK);
+
+    float sum[x128::size] = {};
+    if (col < OC) {
+        for (int r = row_begin + lane; r < row_end; r += BIAS_GRAD_ROW_LANES) {
+            // a plain (cached) load: the dinp and dweight products read dout next
+            const x128 d = load128(dout + (size_t)r * OC + col);
+#pragma unroll
+            for (int i = 0; i < x128::size; i++) sum[i] += __bfloat162float(d[i]);
+        }
+    }
+    float4* mine = reinterpret_cast<float4*>(&lane_sums[lane][group * x128::size]);
+    mine[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    mine[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+    __syncthreads();
+
+    const int t = threadIdx.y * BIAS_GRAD_COLUMN_GROUPS + threadIdx.x;  // 0..255: one column each
+    const int out_col = block_col + t;
+    if (out_col < OC) {
+        float total = 0.0f;
+#pragma unroll
+        for (int l = 0; l < BIAS_GRAD_ROW_LANES; l++) total += lane_sums[l][t];
+        partials[(size_t)blockIdx.x * OC + out_col] = total;
+    }
+}
+
+__global__ void bias_grad_sum_kernel(float* dbias, const float* partials, int row_blocks, int OC) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= OC) return;
+    float total = 0.0f;
+#pragma unroll 8
+    for (int b = 0; b < row_blocks; b++) total += partials[(size_t)b * OC + col];
+    dbias[col] += total;
+}
+
+// dbias (OC) += column sums of dout (BT x OC); `scratch` holds matmul_backward_scratch_floats(BT, OC)
+// floats.
+inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int BT, int OC, cudaStream_t stream) {
+    const char* op = "bias_backward";
+    if (BT < 1) fail(strformat("%s: BT = %d rows, expected at least 1", op, BT));
+    if (OC < 8 || OC % 8 != 0) fail(strformat("%s: OC = %d, expected a positive multiple of 8", op, OC));
+    matmul_detail::check_pointer(op, "dbias", dbias, true);
+    matmul_detail::check_pointer(op, "scratch", scratch, true);
+    matmul_detail::check_pointer(op, "dout", dout, true);
+    const int row_blocks = ceil_div(BT, BIAS_GRAD_ROWS_PER_BLOCK);
+    const int col_blocks = ceil_div(OC, BIAS_GRAD_COLUMNS_PER_BLOCK);
+    if (col_blocks > 65535) fail(strformat("%s: OC = %d columns is too many (at most %d)", op, OC, 65535 * 256));
+    const dim3 grid(row_blocks, col_blocks), block(BIAS_GRAD_COLUMN_GROUPS, BIAS_GRAD_ROW_LANES);
+    bias_grad_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, BT, OC);
+    CUDA_CHECK_LAUNCH();
+    constexpr int SUM_THREADS = 256;
+    bias_grad_sum_kernel<<<ceil_div(OC, SUM_THREADS), SUM_THREADS, 0, stream>>>(dbias, scratch, row_blocks, OC);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launchers.
+//
+// GELU in the epilogues: the cuBLAS docs say only "GELU". It is the tanh approximation, 0.5 x (1 +
+// tanh(sqrt(2/pi) (x + 0.044715 x^3))): the form XLA and Transformer Engine fuse into these
+// epilogues, and the function of gelu.cuh and cpu::gelu_forward (written there as x * sigmoid(2u),
+// one accurate expf). If cuBLASLt evaluates tanh like CUTLASS's GELU_taylor, with the hardware
+// tanh.approx.f32 (relative error ~2^-11), the two differ by at most ~2.5e-4 |x|: below bf16's
+// resolution of the result except in the tail x < -2, where GELU is tiny and the error, large
+// relative to it, is immaterial to training. (The erf form differs from the tanh form by up to 5e-4,
+// near x = -2.7; dev/cuda/matmul.cu prints how far the epilogue is from each there.) DGELU
+// multiplies by the derivative of the same tanh form.
+
+// out (BT x OC) = inp (BT x C) @ weight^T + bias + residual; weight is (OC x C) row-major. bias (OC)
+// and residual (BT x OC) may be null; residual is added as cuBLASLt's C with beta = 1 and must not
+// overlap out. With pre_gelu (BT x OC): pre_gelu = inp @ weight^T + bias and out = GELU(pre_gelu),
+// in the one GELU_AUX(_BIAS) product; residual must then be null.
+inline void matmul_forward(MatmulContext& ctx, floatX* out, floatX* pre_gelu, const floatX* inp,
+                           const floatX* weight, const floatX* bias, const floatX* residual, int BT, int C, int OC,
+                           cudaStream_t stream) {
+    using namespace matmul_detail;
+    const char* op = "matmul_forward";
+    check_shape(op, BT, C, OC);
+    check_pointer(op, "out", out, true);
+    check_pointer(op, "pre_gelu", pre_gelu, false);
+    check_pointer(op, "inp", inp, true);
+    check_pointer(op, "weight", weight, true);
+    check_pointer(op, "bias", bias, false);
+    check_pointer(op, "residual", residual, false);
+    if (pre_gelu && residual)
+        fail(strformat("%s (BT %d, C %d, OC %d): a residual cannot be added after a fused GELU; pass residual = "
+                       "nullptr with pre_gelu",
+                       op, BT, C, OC));
+    const size_t out_bytes = (size_t)BT * OC * sizeof(floatX);
+    check_disjoint(op, "out", out, out_bytes, "residual", residual, out_bytes);
+    check_disjoint(op, "out", out, out_bytes, "pre_gelu", pre_gelu, out_bytes);
+    check_disjoint(op, "out", out, out_bytes, "inp", inp, (size_t)BT * C * sizeof(floatX));
+    check_disjoint(op, "pre_gelu", pre_gelu, out_bytes, "inp", inp, (size_t)BT * C * sizeof(floatX));
+
+    Gemm g;
+    g.op = op;
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = OC, g.n = BT, g.k = C;
+    g.transpose_a = true;  // W (OC x C) row-major is a column-major (C x OC): op_T makes it (OC x C)
+    g.a = weight;
+    g.b = inp;  // inp (BT x C) row-major is inp^T as a column-major (C x BT)
+    g.d = out;
+    g.c = residual;
+    g.beta = residual ? 1.0f : 0.0f;
+    g.cd_type = CUDA_R_16BF;
+    g.bias = bias;
+    g.aux = pre_gelu;
+    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    ctx.run(g, stream);
+}
+
+// The backward of matmul_forward (the residual's gradient is the caller's already):
+//   dinp (BT x C) = dout (BT x OC) @ weight, OVERWRITTEN; skipped if dinp is null. With pre_gelu
+//     (BT x C, the input of the GELU whose output was `inp`), dinp is also multiplied elementwise by
+//     GELU'(pre_gelu) in the product's DGELU epilogue: it becomes the pre-activation's gradient.
+//   dweight (OC x C, fp32) += dout^T @ inp: bf16 operands, fp32 C = D with beta = 1, so gradients
+//     accumulate in fp32 across micro-batches.
+//   dbias (OC, fp32) += column sums of dout, by bias_backward in `scratch`
+//     (matmul_backward_scratch_floats(BT, OC) floats); skipped if dbias is null.
+inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, float* dbias, float* scratch,
+                            const floatX* dout, const floatX* inp, const floatX* weight, const floatX* pre_gelu,
+                            int BT, int C, int OC, cudaStream_t stream) {
+    using namespace matmul_detail;
+    const char* op = "matmul_backward";
+    check_shape(op, BT, C, OC);
+    check_pointer(op, "dinp", dinp, false);
+    check_pointer(op, "dweight", dweight, true);
+    check_pointer(op, "dbias", dbias, false);
+    check_pointer(op, "scratch", scratch, dbias != nullptr);
+    check_pointer(op, "dout", dout, true);
+    check_pointer(op, "inp", inp, true);
+    check_pointer(op, "weight", weight, dinp != nullptr);
+    check_pointer(op, "pre_gelu", pre_gelu, false);
+    const size_t dinp_bytes = (size_t)BT * C * sizeof(floatX);
+    check_disjoint(op, "dinp", dinp, dinp_bytes, "dout", dout, (size_t)BT * OC * sizeof(floatX));
+    check_disjoint(op, "dinp", dinp, dinp_bytes, "pre_gelu", pre_gelu, dinp_bytes);
+    check_disjoint(op, "dinp", dinp, dinp_bytes, "weight", weight, (size_t)OC * C * sizeof(floatX));
+
+    if (dbias) bias_backward(dbias, scratch, dout, BT, OC, stream);
+
+    if (dinp) {
+        Gemm g;
+        g.op = "matmul_backward dinp";
+        g.BT = BT, g.C = C, g.OC = OC;
+        g.m = C, g.n = BT, g.k = OC;
+        g.a = weight;  // W (OC x C) row-major is W^T as a column-major (C x OC)
+        g.b = dout;    // dout (BT x OC) row-major is dout^T as a column-major (OC x BT)
+        g.d = dinp;
+        g.beta = 0.0f;
+        g.cd_type = CUDA_R_16BF;
+        g.aux = pre_gelu;  // (BT x C) row-major: dinp's layout
+        g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+        ctx.run(g, stream);
+    }
+
+    Gemm g;
+    g.op = "matmul_backward dweight";
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = C, g.n = OC, g.k = BT;
+    g.a = inp;  // inp (BT x C) row-major is inp^T as a column-major (C x BT)
+    g.transpose_b = true;
+    g.b = dout;  // dout^T as a column-major (OC x BT); op_T makes it dout (BT x OC)
+    g.c = dweight;
+    g.d = dweight;  // dweight (OC x C) row-major is dweight^T as a column-major (C x OC)
+    g.beta = 1.0f;
+    g.cd_type = CUDA_R_32F;
+    ctx.run(g, stream);
+}
+
+}  // namespace llmc

@@ -1,0 +1,287 @@
+// GPU tests of the CUDA model against the fp32 CPU reference (make test-gpu). Skipped, with a
+// message and exit status 0, where no CUDA device is present.
+//
+// Both models get the same weights: the random init rounded to bf16, which the CUDA model's bf16
+// copy holds exactly, so what differs is only bf16 activations and summation order. Comparisons
+// use relative error per tensor, ||a - b|| / ||b||, +inf when `a` holds a NaN or an inf.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llmc/gpt2_cpu.h"
+#include "llmc/gpt2_cuda.h"
+
+using namespace llmc;
+
+namespace {
+
+double rel_error(const float* a, const float* b, size_t n) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        const double d = (double)a[i] - b[i];
+        diff += d * d;
+        norm += (double)b[i] * b[i];
+    }
+    if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
+    return std::sqrt(diff / norm);
+}
+double rel_error(double a, double b) { return std::isfinite(a) ? std::fabs(a - b) / std::fabs(b) : INFINITY; }
+
+// Two layers, 64-wide heads (GPT-2's head size), a vocabulary padded from 500 to 512.
+ModelConfig test_config() {
+    ModelConfig c;
+    c.num_layers = 2;
+    c.channels = 128;
+    c.num_heads = 2;
+    c.max_seq_len = 64;
+    c.vocab_size = 500;
+    c.padded_vocab_size = 512;
+    return c;
+}
+
+std::vector<float> bf16_exact_init(const ModelConfig& c, uint64_t seed) {
+    std::vector<float> full(ParamLayout(c).num_params);
+    init_gpt2_params(c, full.data(), seed);
+    for (float& x : full) x = __bfloat162float(__float2bfloat16_rn(x));
+    return full;
+}
+
+struct Batch {
+    std::vector<int> inputs, targets;
+};
+Batch random_batch(const ModelConfig& c, int B, int T, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> token(0, c.vocab_size - 1);
+    Batch b{std::vector<int>(B * T), std::vector<int>(B * T)};
+    for (int i = 0; i < B * T; i++) {
+        b.inputs[i] = token(rng);
+        b.targets[i] = token(rng);
+    }
+    return b;
+}
+
+GPT2CUDAOptions options(Recompute r, int chunk_rows = 8192) {
+    GPT2CUDAOptions o;
+    o.recompute = r;
+    o.classifier_chunk_rows = chunk_rows;
+    return o;
+}
+
+std::vector<float> grads_of(GPT2CUDA& m) {
+    std::vector<float> g(m.num_params());
+    m.get_grads(g.data());
+    return g;
+}
+std::vector<float> master_of(GPT2CUDA& m) {
+    std::vector<float> p(m.num_params());
+    m.get_master_weights(p.data());
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every gradient tensor within 5e-2") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 42);
+    const ParamLayout layout(c);
+    // (4, 64): whole attention tiles; (3, 37): ragged ones. 50-row classifier chunks: several, ragged.
+    for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
+        const Batch batch = random_batch(c, B, T, 7 + B);
+        GPT2CPU cpu(c, B, T);
+        std::copy(weights.begin(), weights.end(), cpu.params());
+        cpu.zero_grad();
+        const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+
+        GPT2CUDA gpu(c, B, T, options(Recompute::None, 50));
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        const float gpu_loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        INFO("B " << B << " T " << T << ": loss gpu " << gpu_loss << " cpu " << cpu_loss);
+        CHECK(rel_error(gpu_loss, cpu_loss) <= 1e-2);
+
+        const std::vector<float> g = grads_of(gpu);
+        for (const ParamLayout::Segment& s : layout.segments()) {
+            const double err = rel_error(g.data() + s.begin, cpu.grads() + s.begin, s.end - s.begin);
+            INFO("gradient of " << ParamLayout::names[s.tensor] << " layer " << s.layer << ": rel. error " << err);
+            CHECK(err <= 5e-2);
+        }
+    }
+}
+
+TEST_CASE("evaluation loss and next-token logits match the CPU reference within 1e-2") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 5);
+    const int B = 2, T = 40;
+    const Batch batch = random_batch(c, B, T, 11);
+    GPT2CPU cpu(c, B, T);
+    std::copy(weights.begin(), weights.end(), cpu.params());
+    GPT2CUDA gpu(c, B, T);
+    gpu.set_master_weights(weights.data());
+    CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
+                    cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
+    std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
+    gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
+    cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
+    CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+}
+
+TEST_CASE("10 AdamW steps track the CPU reference: every loss within 2e-2") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 3);
+    const int B = 4, T = 64;
+    GPT2CPU cpu(c, B, T);
+    std::copy(weights.begin(), weights.end(), cpu.params());
+    GPT2CUDA gpu(c, B, T);
+    gpu.set_master_weights(weights.data());
+    AdamWConfig opt;
+    opt.lr = 1e-3f;
+    opt.weight_decay = 0.1f;
+    for (int step = 1; step <= 10; step++) {
+        const Batch batch = random_batch(c, B, T, 100 + step % 2);  // two batches, alternating: loss must fall
+        float losses[2];
+        Model* models[2] = {&gpu, &cpu};
+        for (int i = 0; i < 2; i++) {
+            models[i]->zero_grad();
+            losses[i] = models[i]->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+            const double norm = std::sqrt(models[i]->grad_norm_squared());
+            models[i]->adamw_step(opt, step, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
+        }
+        INFO("step " << step << ": loss gpu " << losses[0] << " cpu " << losses[1]);
+        CHECK(rel_error(losses[0], losses[1]) <= 2e-2);
+    }
+}
+
+TEST_CASE("two runs with the same seed give bitwise identical losses and weights") {
+    const ModelConfig c = test_config();
+    const int B = 4, T = 64;
+    std::vector<float> losses[2], weights[2];
+    for (int run = 0; run < 2; run++) {
+        GPT2CUDA gpu(c, B, T, options(Recompute::None, 100));
+        gpu.init_random(1337);
+        AdamWConfig opt;
+        opt.lr = 1e-3f;
+        for (int step = 1; step <= 3; step++) {
+            const Batch batch = random_batch(c, B, T, step);
+            gpu.zero_grad();
+            losses[run].push_back(gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true));
+            (void)gpu.grad_norm_squared();
+            gpu.adamw_step(opt, step, 1.0f);
+        }
+        weights[run] = master_of(gpu);
+    }
+    CHECK(losses[0] == losses[1]);
+    CHECK(weights[0] == weights[1]);
+}
+
+TEST_CASE("recomputation 1-3 gives gradients bitwise equal to each other, and within 1e-2 of none") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 9);
+    const int B = 2, T = 50;
+    const Batch batch = random_batch(c, B, T, 13);
+    std::vector<float> grads[4];
+    float losses[4];
+    for (int r = 0; r <= 3; r++) {
+        GPT2CUDA gpu(c, B, T, options((Recompute)r));
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        losses[r] = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        grads[r] = grads_of(gpu);
+    }
+    CHECK(losses[1] == losses[2]);
+    CHECK(losses[1] == losses[3]);
+    CHECK(grads[1] == grads[2]);
+    CHECK(grads[1] == grads[3]);
+    CHECK(rel_error(losses[1], losses[0]) <= 1e-2);
+    CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 1e-2);
+}
+
+TEST_CASE("gradient accumulation: two half-scaled micro-batches equal the sum of their gradients") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 21);
+    const int B = 2, T = 32;
+    const Batch a = random_batch(c, B, T, 1), b = random_batch(c, B, T, 2);
+    GPT2CUDA gpu(c, B, T);
+    gpu.set_master_weights(weights.data());
+    gpu.zero_grad();
+    gpu.forward_backward(a.inputs.data(), a.targets.data(), B, T, 0.5f, false);
+    const std::vector<float> only_a = grads_of(gpu);
+    gpu.forward_backward(b.inputs.data(), b.targets.data(), B, T, 0.5f, true);
+    const std::vector<float> both = grads_of(gpu);
+    gpu.zero_grad();
+    gpu.forward_backward(b.inputs.data(), b.targets.data(), B, T, 0.5f, true);
+    const std::vector<float> only_b = grads_of(gpu);
+    std::vector<float> sum(both.size());
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = only_a[i] + only_b[i];
+    CHECK(rel_error(both.data(), sum.data(), sum.size()) <= 1e-6);
+}
+
+TEST_CASE("save then load round-trips the model file exactly") {
+    const ModelConfig c = test_config();
+    const int B = 2, T = 16;
+    const std::string dir = "build/test_gpu_tmp";
+    make_dirs(dir);
+    GPT2CUDA gpu(c, B, T);
+    gpu.init_random(77);
+    const Batch batch = random_batch(c, B, T, 3);
+    gpu.zero_grad();
+    gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+    AdamWConfig opt;
+    gpu.adamw_step(opt, 1, 1.0f);  // master weights no longer bf16-exact
+    gpu.save(dir + "/a.bin");
+    GPT2CUDA loaded(c, B, T);
+    loaded.load(dir + "/a.bin");
+    CHECK(master_of(loaded) == master_of(gpu));
+    loaded.save(dir + "/b.bin");
+    File fa(dir + "/a.bin", "rb"), fb(dir + "/b.bin", "rb");
+    std::vector<char> bytes_a(fa.size()), bytes_b(fb.size());
+    fa.read(bytes_a.data(), bytes_a.size(), "model file");
+    fb.read(bytes_b.data(), bytes_b.size(), "model file");
+    CHECK(bytes_a == bytes_b);
+}
+
+TEST_CASE("the memory plan equals what the model allocates, for every recomputation setting") {
+    const ModelConfig c = test_config();
+    for (int r = 0; r <= 3; r++) {
+        const GPT2CUDAOptions o = options((Recompute)r);
+        GPT2CUDA gpu(c, 4, 64, o);
+        size_t planned[(int)MemoryKind::Count] = {};
+        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 4, 64, o)) planned[(int)s.kind] += s.bytes();
+        for (int k = 0; k < (int)MemoryKind::Count; k++) {
+            INFO("recompute " << r << ", " << memory_kind_name((MemoryKind)k));
+            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+        }
+    }
+    // each setting keeps less than the one before
+    size_t previous = SIZE_MAX;
+    for (int r = 0; r <= 3; r++) {
+        const size_t bytes = CudaActivationLayout::bytes_for(c, 4, 64, options((Recompute)r));
+        CHECK(bytes < previous);
+        previous = bytes;
+    }
+}
+
+TEST_CASE("bad batches are refused with a message naming the value") {
+    const ModelConfig c = test_config();
+    GPT2CUDA gpu(c, 2, 16);
+    const Batch batch = random_batch(c, 3, 16, 1);
+    CHECK_THROWS_WITH(gpu.forward_backward(batch.inputs.data(), batch.targets.data(), 3, 16, 1.0f, true),
+                      Catch::Contains("B = 3 is not in [1, 2]"));
+    std::vector<int> bad(32, 0);
+    bad[5] = c.vocab_size;
+    CHECK_THROWS_WITH(gpu.evaluate(bad.data(), bad.data(), 2, 16), Catch::Contains("inputs[5] = 500"));
+}
+
+int main(int argc, char** argv) {
+    std::string why;
+    if (!cuda_device_present(&why)) {
+        printf("test_gpt2_cuda: no CUDA device (%s): skipped\n", why.c_str());
+        return 0;
+    }
+    return Catch::Session().run(argc, argv);
+}
