@@ -234,8 +234,13 @@ inline LayerNormBackwardPlan layernorm_backward_plan(int N, int C) {
     return plan;
 }
 
+// Enough for any call with at most N rows, as a buffer sized once for the largest batch needs. The
+// plan's final block count is not monotone in N (C = 768: 4096 rows give 512 blocks, 4097 rows 456),
+// so the bound is the count before rounding to whole rows per block, which is.
 inline size_t layernorm_backward_scratch_floats(int N, int C) {
-    return (size_t)layernorm_backward_plan(N, C).blocks * 2 * (size_t)C;
+    const LayerNormBackwardPlan plan = layernorm_backward_plan(N, C);
+    const int max_blocks = std::min(ceil_div(N, plan.warps_per_block), LAYERNORM_BACKWARD_MAX_BLOCKS);
+    return (size_t)max_blocks * 2 * (size_t)C;
 }
 
 // A warp's shared-memory slice holds dweight then dbias, C floats each. Inside each, channel c of
@@ -409,6 +414,8 @@ __global__ void __launch_bounds__(WARP_SIZE * LAYERNORM_PARTIAL_SUM_SLICES)
     }
 }
 
+// dinp (N x C) += ..., dweight and dbias (C) += ... scratch: layernorm_backward_scratch_floats(M, C) floats for
+// some M >= N.
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
                                int C, cudaStream_t stream) {

@@ -248,6 +248,7 @@ void run_backward(int version, const Case& cs, bool check_only, std::mt19937_64&
             const auto elapsed = std::chrono::steady_clock::now() - start;
             host_ms.push_back(std::chrono::duration<double, std::milli>(elapsed).count());
         }
+        CUDA_CHECK(cudaDeviceSynchronize());  // the last upload reads the pinned buffer freed on return
         std::sort(host_ms.begin(), host_ms.end());
         printf("  host EncoderBackward::prepare   %8.4f ms (median of 20)\n", host_ms[host_ms.size() / 2]);
     }
