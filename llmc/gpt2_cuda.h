@@ -100,10 +100,14 @@ struct CudaActivationLayout {
             p = base ? reinterpret_cast<T_*>(base + total_bytes) : nullptr;
             total_bytes += (count * sizeof(T_) + 255) / 256 * 256;
         };
-        // kept: L slices; recomputed in backward: one
+        // kept: L slices; recomputed in backward: one. Every slice starts on a 256-byte boundary, so
+        // a layer's tensors are aligned alike whatever the setting (cuBLASLt picks its algorithm by
+        // alignment, and recomputation must not change which one runs).
         auto layered = [&](auto& t, size_t per_layer, bool kept) {
-            take(t.base, kept ? L * per_layer : per_layer);
-            t.layer_stride = kept ? per_layer : 0;
+            constexpr size_t per_256_bytes = 256 / sizeof(*t.base);
+            const size_t stride = (per_layer + per_256_bytes - 1) / per_256_bytes * per_256_bytes;
+            take(t.base, kept ? L * stride : stride);
+            t.layer_stride = kept ? stride : 0;
         };
         take(encoded, BT * C);
         layered(residual3, BT * C, true);
