@@ -8,7 +8,8 @@
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
-# torch/numpy/regex), NO_CUDA=1 to skip the CUDA build.
+# torch/numpy/regex), NO_CUDA=1 to skip the CUDA build, NO_MPI=1 to build without MPI (one rank only),
+# SKIP_DEPS=1 to not check for (or install) Debian packages, EXTRA_INC=-I<dir> for headers elsewhere.
 
 CXX       ?= g++
 CUDA_HOME ?= /usr/local/cuda
@@ -29,9 +30,16 @@ TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.
              $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
-MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
 # MPI's link flags, minus the C++ bindings library, which llmc does not use.
+ifeq ($(NO_MPI),1)
+MPI_INC   := -DLLMC_NO_MPI
+MPI_LIBS  :=
+else
+MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
 MPI_LIBS  := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null))
+endif
+CXXFLAGS  += $(EXTRA_INC)
+NVCCFLAGS += $(EXTRA_INC)
 
 .PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data clean
 all: deps $(TARGETS)
@@ -40,7 +48,7 @@ all: deps $(TARGETS)
 DEP_FILES := /usr/include/nlohmann/json.hpp /usr/include/catch2/catch.hpp \
              /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h /usr/lib/python3/dist-packages/regex
 deps:
-	@for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
+	@[ -n "$(SKIP_DEPS)" ] || for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
 
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
 HEADERS := $(wildcard llmc/*.h llmc/*.cuh)

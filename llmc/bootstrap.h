@@ -6,6 +6,9 @@
 // call, so it needs neither a launcher nor a working MPI setup; only a launched process calls
 // MPI_Init_thread.
 //
+// Built with -DLLMC_NO_MPI (make NO_MPI=1, for a single-GPU machine without MPI installed), the
+// binary runs only as one rank and refuses a launch by mpirun or srun.
+//
 // main() calls bootstrap_launch first, make_host_communicator next, and on a fatal error
 // abort_launch (so the other ranks do not wait out their timeouts); on success it destroys every
 // communicator and then calls finalize_launch.
@@ -18,7 +21,9 @@
 #include <mutex>
 
 #include "comm.h"
+#ifndef LLMC_NO_MPI
 #include "comm_mpi.h"  // and <mpi.h>, without its C++ bindings
+#endif
 #include "utils.h"
 
 namespace llmc {
@@ -55,7 +60,13 @@ inline Launch bootstrap_launch(int* argc, char*** argv) {
     Launch launch;
     LauncherEnv launcher = detect_launcher();
     if (!launcher.name) return launch;
-
+#ifdef LLMC_NO_MPI
+    (void)argc;
+    (void)argv;
+    fail(strformat("started by %s, but this binary was built without MPI (make NO_MPI=1), so it runs only as one "
+                   "rank: run it directly, or rebuild with MPI",
+                   launcher.name));
+#else
     // The comm thread and the main thread both call MPI, one at a time (mpi_mutex).
     int provided = 0;
     LLMC_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
@@ -83,11 +94,15 @@ inline Launch bootstrap_launch(int* argc, char*** argv) {
     LLMC_MPI_CHECK(MPI_Comm_size(node, &launch.local_size));
     LLMC_MPI_CHECK(MPI_Comm_free(&node));
     return launch;
+#endif
 }
 
 inline std::unique_ptr<Communicator> make_host_communicator(const Launch& launch) {
-    if (!launch.under_launcher) return std::make_unique<LocalComm>();
-    return std::make_unique<MpiComm>();
+#ifndef LLMC_NO_MPI
+    if (launch.under_launcher) return std::make_unique<MpiComm>();
+#endif
+    (void)launch;
+    return std::make_unique<LocalComm>();
 }
 
 // Ends every rank of the launch with `code`; call it after printing the error. Without a launcher
@@ -95,18 +110,25 @@ inline std::unique_ptr<Communicator> make_host_communicator(const Launch& launch
 [[noreturn]] inline void abort_launch(const Launch& launch, int code) {
     fflush(stdout);
     fflush(stderr);
+#ifndef LLMC_NO_MPI
     if (launch.under_launcher) {
         std::lock_guard<std::mutex> lock(mpi_mutex());
         MPI_Abort(MPI_COMM_WORLD, code);
     }
+#endif
+    (void)launch;
     std::exit(code);
 }
 
 // Call once every communicator is destroyed.
 inline void finalize_launch(const Launch& launch) {
+#ifndef LLMC_NO_MPI
     if (!launch.under_launcher) return;
     std::lock_guard<std::mutex> lock(mpi_mutex());
     LLMC_MPI_CHECK(MPI_Finalize());
+#else
+    (void)launch;
+#endif
 }
 
 }  // namespace llmc
