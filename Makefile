@@ -27,7 +27,7 @@ NVCC_LIBS := -lcublasLt -lcublas -lnccl
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.o $(BUILD)/test_gpt2_cuda \
-             $(BUILD)/bench_train_step cuda-workbench)
+             $(BUILD)/test_cuda_host $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
 # MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -90,6 +90,7 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 test: all data $(BUILD)/test_llmc
 	$(BUILD)/test_llmc
+	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
 
 # Communicator tests: a standalone MPI program (Catch2 does not run under mpirun), run by the script.
@@ -111,6 +112,10 @@ clean:
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 CUDA_BIN_FLAGS := -Xcompiler -fopenmp,-march=native
 $(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+# The CUDA model's host-side logic (memory plan, activation layout, validation): runs without a GPU.
+$(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
 $(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps

@@ -1,0 +1,128 @@
+// Host-side tests of the CUDA model: the parts that run on the CPU (memory planning, activation
+// layout, scratch sizing, config validation). Compiled by nvcc, needs no GPU, so CI runs it as part
+// of `make test` wherever nvcc exists.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "llmc/gpt2_cuda.h"
+
+using namespace llmc;
+
+namespace {
+
+GPT2CUDAOptions with(Recompute r) {
+    GPT2CUDAOptions o;
+    o.recompute = r;
+    return o;
+}
+
+bool aligned_256(const void* p) { return reinterpret_cast<uintptr_t>(p) % 256 == 0; }
+
+}  // namespace
+
+TEST_CASE("each recomputation setting keeps less activation memory than the one before") {
+    for (const char* preset : {"d12", "d48"}) {
+        const ModelConfig c = model_preset(preset);
+        size_t previous = SIZE_MAX;
+        for (int r = 0; r <= 3; r++) {
+            const size_t bytes = CudaActivationLayout::bytes_for(c, 8, 1024, with((Recompute)r));
+            INFO(preset << " -r " << r << ": " << bytes << " bytes");
+            CHECK(bytes < previous);
+            previous = bytes;
+        }
+    }
+}
+
+TEST_CASE("every smaller call's activations fit in the allocation made for max_B x max_T") {
+    const ModelConfig c = model_preset("d12");
+    for (int r = 0; r <= 3; r++) {
+        const GPT2CUDAOptions o = with((Recompute)r);
+        const size_t allocated = CudaActivationLayout::bytes_for(c, 16, 1024, o);
+        for (int B : {1, 3, 8, 15, 16})
+            for (int T : {1, 7, 64, 1000, 1024}) {
+                INFO("-r " << r << " B " << B << " T " << T);
+                CHECK(CudaActivationLayout::bytes_for(c, B, T, o) <= allocated);
+            }
+    }
+}
+
+TEST_CASE("every activation slice, per layer too, starts on a 256-byte boundary") {
+    const ModelConfig c = model_preset("d12");
+    char* const base = reinterpret_cast<char*>(uintptr_t(1) << 32);  // never dereferenced
+    for (int r = 0; r <= 3; r++)
+        for (auto [B, T] : {std::pair{3, 37}, std::pair{8, 1024}}) {
+            const CudaActivationLayout a(c, B, T, with((Recompute)r), base);
+            for (int l = 0; l < c.num_layers; l++) {
+                INFO("-r " << r << " B " << B << " T " << T << " layer " << l);
+                for (const void* p : {(const void*)a.residual2.at(l), (const void*)a.residual3.at(l),
+                                      (const void*)a.ln1.at(l), (const void*)a.qkv.at(l), (const void*)a.atty.at(l),
+                                      (const void*)a.ln2.at(l), (const void*)a.fch.at(l),
+                                      (const void*)a.fch_gelu.at(l), (const void*)a.ln1_mean.at(l),
+                                      (const void*)a.lse.at(l)})
+                    CHECK(aligned_256(p));
+            }
+            for (const void* p : {(const void*)a.encoded, (const void*)a.lnf, (const void*)a.logits,
+                                  (const void*)a.scratch, (const void*)a.dresidual, (const void*)a.norm})
+                CHECK(aligned_256(p));
+        }
+}
+
+TEST_CASE("recomputed tensors share one slice; kept ones have one per layer") {
+    const ModelConfig c = model_preset("d4");
+    char* const base = reinterpret_cast<char*>(uintptr_t(1) << 32);
+    const CudaActivationLayout none(c, 2, 64, with(Recompute::None), base);
+    CHECK(none.fch_gelu.layer_stride > 0);
+    CHECK(none.ln1.layer_stride > 0);
+    const CudaActivationLayout gelu(c, 2, 64, with(Recompute::Gelu), base);
+    CHECK(gelu.fch_gelu.layer_stride == 0);
+    CHECK(gelu.ln1.layer_stride > 0);
+    const CudaActivationLayout ln(c, 2, 64, with(Recompute::GeluLayerNorm), base);
+    CHECK(ln.ln1.layer_stride == 0);
+    CHECK(ln.ln2.layer_stride == 0);
+    CHECK(ln.fch.layer_stride > 0);
+    const CudaActivationLayout block(c, 2, 64, with(Recompute::Block), base);
+    CHECK(block.residual3.layer_stride > 0);  // each layer's input is what a block recomputes from
+    for (auto s : {block.residual2.layer_stride, block.qkv.layer_stride, block.atty.layer_stride,
+                   block.fch.layer_stride, block.ln1.layer_stride})
+        CHECK(s == 0);
+    CHECK(block.lse.layer_stride == 0);
+}
+
+TEST_CASE("kernel scratch sizes never shrink as the row count grows") {
+    for (int C : {64, 768, 1600}) {
+        size_t ln_prev = 0, mm_prev = 0;
+        for (int N = 1; N <= 70000; N += N < 600 ? 1 : 97) {
+            const size_t ln = layernorm_backward_scratch_floats(N, C), mm = matmul_backward_scratch_floats(N, 4 * C);
+            INFO("N " << N << " C " << C);
+            CHECK(ln >= ln_prev);
+            CHECK(mm >= mm_prev);
+            ln_prev = ln;
+            mm_prev = mm;
+        }
+    }
+}
+
+TEST_CASE("the memory plan lists the parameters at 18 bytes each and the activation layout's bytes") {
+    const ModelConfig c = model_preset("d12");
+    const GPT2CUDAOptions o = with(Recompute::Gelu);
+    size_t per_kind[(int)MemoryKind::Count] = {};
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 16, 1024, o)) per_kind[(int)s.kind] += s.bytes();
+    const size_t n = ParamLayout(c).num_params;
+    CHECK(per_kind[(int)MemoryKind::Parameters] == 2 * n);
+    CHECK(per_kind[(int)MemoryKind::MasterWeights] == 4 * n);
+    CHECK(per_kind[(int)MemoryKind::Gradients] == 4 * n);
+    CHECK(per_kind[(int)MemoryKind::OptimizerState] == 8 * n);
+    CHECK(per_kind[(int)MemoryKind::Activations] >= CudaActivationLayout::bytes_for(c, 16, 1024, o));
+    CHECK(per_kind[(int)MemoryKind::CommBuffers] == 0);
+}
+
+TEST_CASE("the CUDA model refuses shapes its kernels cannot run, before touching the GPU") {
+    ModelConfig c = model_preset("d4");
+    c.channels = 100;  // 4 heads of 25: not a multiple of 8
+    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("channels (100) must be a multiple of 8"));
+    c = model_preset("d4");
+    c.padded_vocab_size = c.vocab_size;  // 50257
+    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("padded_vocab_size (50257) must be a multiple of 8"));
+}
