@@ -134,11 +134,9 @@ struct CudaActivationLayout {
         take(dC, BT * C);
         take(d3C, BT * 3 * C);
         take(d4C, BT * 4 * C);
-        const size_t chunk = std::min(BT, (size_t)o.classifier_chunk_rows);
         size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)C),
                                           matmul_backward_scratch_floats((int)BT, 3 * (int)C),
                                           matmul_backward_scratch_floats((int)BT, (int)C),
-                                          matmul_backward_scratch_floats((int)chunk, (int)Vp),
                                           layernorm_backward_scratch_floats((int)BT, (int)C),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
         take(scratch, scratch_floats);
@@ -305,6 +303,10 @@ private:
             fail(strformat("GPT2CUDA: channels (%d) must be a multiple of 8 (16-byte vector loads)", c.channels));
         if (c.padded_vocab_size % 8 != 0)
             fail(strformat("GPT2CUDA: padded_vocab_size (%d) must be a multiple of 8", c.padded_vocab_size));
+        if (c.head_size() != 32 && c.head_size() != 64 && c.head_size() != 128)
+            fail(strformat("GPT2CUDA: head size channels / num_heads = %d must be 32, 64 or 128 (the attention "
+                           "kernels' instantiations)",
+                           c.head_size()));
         return c;
     }
 
@@ -391,7 +393,8 @@ private:
             }
             if (train) {
                 PhaseScope phase(timer_, "matmul", s);
-                matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P::WTE), nullptr, a.scratch, a.logits, lnf_rows,
+                // the lm head has no bias, so no bias-gradient scratch
+                matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P::WTE), nullptr, nullptr, a.logits, lnf_rows,
                                 param(P::WTE), nullptr, rows, C, Vp, s);
             }
         }

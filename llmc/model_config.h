@@ -190,4 +190,13 @@ private:
     std::vector<Segment> segments_;
 };
 
+// Model FLOPs per trained token at sequence length T, the figure MFU is measured against: 6 per
+// parameter that multiplies (forward 2, backward 4; all but the position embedding), plus causal
+// attention's QK^T and PV: 4 T C per layer forward at full length, halved by the mask, times 3 for
+// forward and backward.
+inline double model_flops_per_token(const ModelConfig& c, int T) {
+    const double multiplying = (double)ParamLayout(c).num_params - (double)c.max_seq_len * c.channels;
+    return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
+}
+
 }  // namespace llmc

@@ -32,10 +32,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
 
     const ModelConfig& m = cfg.model_config;
-    const double params = (double)ParamLayout(m).num_params;
-    // 6 FLOPs per parameter per token (forward 2, backward 4), plus attention's T-dependent matmuls
-    const double flops_per_token = 6.0 * params + 12.0 * m.num_layers * m.channels * cfg.seq_len;
-    plan.flops_per_step = flops_per_token * cfg.total_batch_tokens;
+    plan.flops_per_step = model_flops_per_token(m, cfg.seq_len) * cfg.total_batch_tokens;
 
     // gradients travel as fp32 in both models
     const double W = zero.world_size, bytes = (double)zero.padded_num_params * sizeof(float);

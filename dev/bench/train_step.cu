@@ -6,10 +6,9 @@
 //   build/bench_train_step -e d12 --profile            also the per-kernel time shares of one step
 //
 // A step is what the trainer does: zero_grad, forward+backward of one micro-batch, the global
-// gradient norm and AdamW, on random tokens (no data loading). MFU counts the model FLOPs per
-// token 6 N + 6 L C T (N: parameters without the position embedding; the second term is causal
-// attention's two matmuls, forward and backward, halved for causality) against the GPU's dense
-// bf16 peak (--peak-tflops, default 989 for an H100/H200 SXM).
+// gradient norm and AdamW, on random tokens (no data loading). MFU counts model_flops_per_token
+// (model_config.h: 6 N + 6 L C T, N the parameters without the position embedding, the second term
+// causal attention) against the GPU's dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,11 +64,6 @@ Args parse(int argc, char** argv) {
     if (a.recompute < 0 || a.recompute > 3) usage(argv[0], "-r must be 0..3");
     if (a.T < 1 || a.B < 0 || a.steps < 1 || a.warmup < 0) usage(argv[0], "-t, -b, --steps, --warmup out of range");
     return a;
-}
-
-double flops_per_token(const ModelConfig& c, int T) {
-    const double n = (double)ParamLayout(c).num_params - (double)c.max_seq_len * c.channels;
-    return 6.0 * n + 6.0 * c.num_layers * c.channels * T;
 }
 
 struct Run {
@@ -144,7 +138,7 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double step_ms = seconds * 1e3 / args.steps;
         const double tokens_per_s = (double)B * args.T * args.steps / seconds;
-        const double mfu = flops_per_token(c, args.T) * tokens_per_s / (args.peak_tflops * 1e12);
+        const double mfu = model_flops_per_token(c, args.T) * tokens_per_s / (args.peak_tflops * 1e12);
         size_t bytes = 0;
         for (int k = 0; k < (int)MemoryKind::Count; k++) bytes += run.model->allocated_bytes((MemoryKind)k);
         cudaDeviceProp prop;
