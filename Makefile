@@ -3,8 +3,8 @@
 #   make train        prepare the default corpus, then train the default model on the CPU
 #   make test         prepare test data, build and run the Catch2 tests, then test-mpi
 #   make test-mpi     communicator and ZeRO tests under mpirun with 1-4 ranks (test/mpi/run_*_tests.sh)
-#   make test-gpu     the CUDA model against the CPU reference, then every kernel workbench's --check
-#                     (each skips with a message where there is no GPU)
+#   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
+#                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
@@ -125,6 +125,7 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench
+test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench train_gpt data
 	$(BUILD)/test_gpt2_cuda
 	$(MAKE) --no-print-directory -C dev/cuda check
+	test/mpi/run_gpu_dp_tests.sh ./train_gpt

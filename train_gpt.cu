@@ -19,6 +19,7 @@
 #ifdef LLMC_CPU_ONLY
 #include "llmc/gpt2_cpu.h"
 #else
+#include "llmc/comm_nccl.h"
 #include "llmc/gpt2_cuda.h"
 #endif
 
@@ -32,8 +33,13 @@ static GPT2CUDAOptions cuda_options(const RunConfig& cfg) {
 }
 #endif
 
-static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm) {
+// The model for this rank. On several ranks the CUDA model sums gradients over grad_comm, which
+// make_model creates (NCCL) or points at the host communicator (MPI); it must outlive the model.
+static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm, const Launch& launch,
+                                         std::unique_ptr<Communicator>& grad_comm) {
 #ifdef LLMC_CPU_ONLY
+    (void)launch;
+    (void)grad_comm;
     if (comm.rank() == 0)
         printf("device: CPU, %d OpenMP threads per rank (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
     try {
@@ -43,18 +49,35 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
                        "logits with B*T*vocab): reduce -b or -t, or shard more with -z", cfg.batch_size, cfg.seq_len));
     }
 #else
-    if (comm.world_size() > 1)
-        fail(strformat("the CUDA model trains on one GPU so far, and this launch has %d ranks; data parallelism "
-                       "runs on the CPU model (train_gpt_cpu) until the GPU ZeRO engine lands", comm.world_size()));
+    if (comm.world_size() > 1 && cfg.zero_stage != 0)
+        fail(strformat("-z %d: the CUDA model on several ranks runs ZeRO-0 only so far (gradient all-reduce, "
+                       "everything replicated); sharded stages run on the CPU model (train_gpt_cpu)",
+                       cfg.zero_stage));
     std::string why;
     if (!cuda_device_present(&why))
         fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu", why.c_str()));
-    CUDA_CHECK(cudaSetDevice(0));
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    // NCCL needs a GPU per rank; through MPI several ranks may share one.
+    const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
+    if (nccl && launch.local_rank >= devices)
+        fail(strformat("--gpu-comm nccl needs a GPU per rank, but local rank %d of %d has only %d GPU(s) on its "
+                       "node; launch fewer ranks per node, or pass --gpu-comm mpi to let ranks share GPUs",
+                       launch.local_rank, launch.local_size, devices));
+    const int device = launch.local_rank % devices;
+    CUDA_CHECK(cudaSetDevice(device));
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d\n", prop.name,
-           prop.totalGlobalMem / 1073741824.0, cfg.recompute);
-    return std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (comm.rank() == 0)
+        printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s\n", prop.name,
+               prop.totalGlobalMem / 1073741824.0, cfg.recompute,
+               nccl ? ", gradients all-reduced over NCCL" : comm.world_size() > 1 ? ", gradients all-reduced over MPI" : "");
+    Communicator* sync = &comm;
+    if (nccl) {
+        grad_comm = std::make_unique<NcclComm>(comm, device, cfg.comm_timeout_s);
+        sync = grad_comm.get();
+    }
+    return std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), sync);
 #endif
 }
 
@@ -82,11 +105,12 @@ static void print_plan(RunConfig cfg) {
     std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len);
     const char* kind = "fp32 CPU model";
 #else
-    if (cfg.plan > 1)
-        fail(strformat("--plan %d: the CUDA model trains on one GPU so far; plan 1 rank, or plan N ranks with "
-                       "./train_gpt_cpu (the CPU model's ZeRO engine)", cfg.plan));
+    if (cfg.plan > 1 && cfg.zero_stage != 0)
+        fail(strformat("--plan %d -z %d: the CUDA model on several ranks runs ZeRO-0 only so far; plan the sharded "
+                       "stages with ./train_gpt_cpu (the CPU model's ZeRO engine)", cfg.plan, cfg.zero_stage));
+    const GradSync sync = cfg.plan == 1 ? GradSync::None : cfg.gpu_comm == "nccl" ? GradSync::Device : GradSync::HostStaged;
     std::vector<BufferSpec> buffers =
-        GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg));
+        GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), sync);
     const char* kind = "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)";
 #endif
     fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers), kind).c_str(), stdout);
@@ -104,7 +128,7 @@ static void print_plan(RunConfig cfg) {
 #endif
 }
 
-static void train(RunConfig& cfg, Communicator& comm) {
+static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
@@ -118,7 +142,8 @@ static void train(RunConfig& cfg, Communicator& comm) {
                cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                cfg.zero_stage, comm.backend());
     }
-    std::unique_ptr<Model> model = make_model(cfg, comm);
+    std::unique_ptr<Communicator> grad_comm;  // declared first: the model holds a pointer to it
+    std::unique_ptr<Model> model = make_model(cfg, comm, launch, grad_comm);
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
@@ -145,7 +170,7 @@ int main(int argc, char** argv) {
         } else {
             std::unique_ptr<Communicator> comm = make_host_communicator(launch);
             comm->timeout_s = cfg.comm_timeout_s;
-            train(cfg, *comm);
+            train(cfg, *comm, launch);
         }
     } catch (const std::exception& e) {
         fprintf(stderr, "error%s: %s\n", launch.world_size > 1 ? strformat(" (rank %d)", launch.rank).c_str() : "",

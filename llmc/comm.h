@@ -81,6 +81,16 @@ public:
 
     double timeout_s = 600;  // per collective, from issue to completion; read when a collective is issued
 
+    // Whether the buffers are device memory (NCCL) rather than host memory.
+    virtual bool uses_device_buffers() const { return false; }
+    // Device communicators only: collectives issued after this call start once `cuda_event` (a
+    // cudaEvent_t recorded on the producer's stream after it wrote the buffers) has completed. Typed
+    // void* so that host code needs no CUDA header.
+    virtual void order_after(void* cuda_event) {
+        (void)cuda_event;
+        fail(strformat("order_after: the %s communicator works on host buffers and has no stream", backend()));
+    }
+
     // In place: every rank's buf ends up holding the element-wise sum over ranks.
     virtual CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) = 0;
     // send holds world_size * recv_count elements; recv gets block [rank] of their sum over ranks.

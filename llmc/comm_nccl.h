@@ -24,14 +24,10 @@
 #include <thread>
 
 #include "comm.h"
+#include "cuda_common.h"  // CUDA_CHECK
 #include "utils.h"
 
 namespace llmc {
-
-inline void cuda_check(cudaError_t code, const char* call, const char* file, int line) {
-    if (code != cudaSuccess) fail(strformat("%s failed at %s:%d: %s", call, file, line, cudaGetErrorString(code)));
-}
-#define CUDA_CHECK(call) ::llmc::cuda_check((call), #call, __FILE__, __LINE__)
 
 // On a non-blocking communicator any NCCL call may answer ncclInProgress (the work goes on in the
 // background); that is not a failure, so it is returned for the caller to poll on.
@@ -93,6 +89,8 @@ public:
     // Collectives issued after this call start once `compute_done` (recorded on the compute
     // stream after the buffers were written) has completed.
     void wait_for(cudaEvent_t compute_done) { CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0)); }
+    bool uses_device_buffers() const override { return true; }
+    void order_after(void* cuda_event) override { wait_for(static_cast<cudaEvent_t>(cuda_event)); }
     cudaStream_t stream() const { return state_->stream; }
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {

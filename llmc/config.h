@@ -57,6 +57,7 @@ struct RunConfig {
     // data parallelism
     int zero_stage = 0;           // 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients, 3 + sharded parameters
     float comm_timeout_s = 600;   // a collective not finished after this long is an error
+    std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
@@ -113,6 +114,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
+        {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
         {"", "world_size", &RunConfig::expected_world_size, "the number of ranks this run expects (0: any); a launch with another count is an error"},
         {"-r", "recompute", &RunConfig::recompute, "CUDA model activation recomputation: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block (the CPU model stores all)"},
@@ -314,6 +316,8 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.temperature > 0, strformat("--temperature must be positive, got %g", cfg.temperature));
     require(!cfg.output_dir.empty(), "-o (output_dir) must not be empty");
     require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
+    require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
+            strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
     require(cfg.recompute >= 0 && cfg.recompute <= 3,
             strformat("-r (recompute) must be 0 (none), 1 (GELU), 2 (GELU + LayerNorm) or 3 (whole block), got %d",

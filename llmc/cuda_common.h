@@ -254,6 +254,21 @@ private:
     cudaStream_t stream_ = nullptr;
 };
 
+// An owned CUDA event without timing (for ordering work across streams).
+class CudaEvent {
+public:
+    CudaEvent() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+    ~CudaEvent() {
+        if (event_) cudaEventDestroy(event_);
+    }
+    CudaEvent(const CudaEvent&) = delete;
+    CudaEvent& operator=(const CudaEvent&) = delete;
+    cudaEvent_t get() const { return event_; }
+
+private:
+    cudaEvent_t event_ = nullptr;
+};
+
 // Whether this process can see a CUDA device (tests and tools use it to skip with a message).
 inline bool cuda_device_present(std::string* why = nullptr) {
     int n = 0;

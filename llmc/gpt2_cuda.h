@@ -23,6 +23,13 @@
 // dlogits in place by one kernel, and immediately pushed back through the lm head (dlnf for those
 // rows, and the chunk's share of dwte), so the B x T x V logits never exist at once.
 //
+// Data parallelism (ZeRO-0): every rank keeps everything, and once the step's last micro-batch has
+// finished a bucket's gradient (the final LayerNorm, each layer, then the embeddings), the bucket is
+// all-reduced over the ranks. Over NCCL (device buffers) each bucket's all-reduce starts on the
+// communicator's stream as soon as its gradient is done, overlapping the rest of backward. Over MPI
+// (host buffers; several ranks may share one GPU) the whole gradient goes through pinned host
+// memory after backward. Sharded stages (ZeRO-1..3) are not implemented for the CUDA model yet.
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
@@ -52,6 +59,15 @@
 namespace llmc {
 
 enum class Recompute { None = 0, Gelu = 1, GeluLayerNorm = 2, Block = 3 };
+
+// How the gradients of data-parallel ranks are summed.
+enum class GradSync { None, Device, HostStaged };
+// A device communicator is used even for one rank (mpirun -np 1 --gpu-comm nccl), which runs the
+// NCCL path end to end on a single GPU.
+inline GradSync grad_sync_for(const Communicator* comm) {
+    if (comm && comm->uses_device_buffers()) return GradSync::Device;
+    return comm && comm->world_size() > 1 ? GradSync::HostStaged : GradSync::None;
+}
 
 struct GPT2CUDAOptions {
     Recompute recompute = Recompute::None;
@@ -147,9 +163,12 @@ struct CudaActivationLayout {
 
 class GPT2CUDA : public Model {
 public:
-    GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {})
+    // grad_comm: the ranks gradients are summed over (ZeRO-0); nullptr or a world of one for one GPU.
+    // It must outlive the model.
+    GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
+             Communicator* grad_comm = nullptr)
         : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T), options_(options),
-          encoder_backward_(max_B, max_T) {
+          grad_comm_(grad_comm), grad_sync_(grad_sync_for(grad_comm)), encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CUDA: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
@@ -173,15 +192,19 @@ public:
         add_allocation(MemoryKind::OptimizerState, m_.bytes() + v_.bytes());
         add_allocation(MemoryKind::Activations,
                        acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes());
+        if (grad_sync_ == GradSync::HostStaged) {
+            staged_grads_ = PinnedBuffer<float>(n, "gradient staging for the MPI all-reduce");
+            add_allocation(MemoryKind::CommBuffers, n * sizeof(float));
+        }
     }
 
     // Everything the model allocates on the GPU for this config (what --plan prints; the
     // constructor's allocations add up to the same bytes).
     static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T,
-                                                const GPT2CUDAOptions& o) {
+                                                const GPT2CUDAOptions& o, GradSync sync = GradSync::None) {
         using K = MemoryKind;
         const size_t n = ParamLayout(c).num_params;
-        return {
+        std::vector<BufferSpec> specs = {
             {"bf16 parameters", K::Parameters, n, sizeof(floatX)},
             {"fp32 master weights", K::MasterWeights, n, sizeof(float)},
             {"fp32 gradients", K::Gradients, n, sizeof(float)},
@@ -191,6 +214,9 @@ public:
             {"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1},
             {"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1},
         };
+        if (sync == GradSync::HostStaged)
+            specs.push_back({"gradient staging (pinned host)", K::CommBuffers, n, sizeof(float)});
+        return specs;
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -210,7 +236,9 @@ public:
         reset(full, 0x5eed1234u);
     }
     // Writes the fp32 master weights: they are the model; the bf16 weights are derived from them.
+    // Every rank holds them all (ZeRO-0), so rank 0 writes and the others have nothing to do.
     void save(const std::string& path) override {
+        if (grad_comm_ && grad_comm_->rank() != 0) return;
         std::vector<float> full(layout_.num_params);
         get_master_weights(full.data());
         write_model_file(path, config_, full.data());
@@ -232,12 +260,13 @@ public:
 
     float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                            bool last_micro_batch) override {
-        (void)last_micro_batch;  // one GPU: nothing to communicate when the gradient is complete
         check_batch(config_, max_B_, max_T_, inputs, targets, B, T, "forward_backward");
         encoder_backward_.prepare(inputs, B, T, stream_.get());
         forward(inputs, targets, B, T, Pass::Train, grad_scale);
-        backward(B, T);
-        return mean_loss(B * T);
+        backward(B, T, last_micro_batch);
+        const float loss = mean_loss(B * T);
+        if (last_micro_batch) finish_grad_sync();
+        return loss;
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(config_, max_B_, max_T_, inputs, targets, B, T, "evaluate");
@@ -285,7 +314,11 @@ public:
         }
     }
 
-    double take_exposed_comm_ms() override { return 0.0; }
+    double take_exposed_comm_ms() override {
+        const double ms = exposed_comm_ms_;
+        exposed_comm_ms_ = 0.0;
+        return ms;
+    }
     size_t allocated_bytes(MemoryKind kind) const override { return allocated_bytes_[(int)kind]; }
 
     // Per-phase GPU milliseconds (matmul, attention, ...) for the benchmark; off unless enabled.
@@ -478,9 +511,43 @@ private:
         }
     }
 
+    // The step's gradient for this bucket is complete (called during the last micro-batch's
+    // backward): over NCCL its all-reduce is issued now, behind the compute stream's work so far.
+    void bucket_ready(int bucket, bool last_micro_batch) {
+        if (!last_micro_batch || grad_sync_ != GradSync::Device) return;
+        CUDA_CHECK(cudaEventRecord(bucket_done_.get(), stream_.get()));
+        grad_comm_->order_after(bucket_done_.get());
+        pending_.push_back(grad_comm_->all_reduce_sum(grads_.get() + layout_.bucket_begin(bucket),
+                                                      layout_.bucket_size(bucket), CommDtype::F32));
+    }
+
+    // Completes the step's gradient all-reduce. The compute stream is drained first, so the time
+    // counted as exposed is only what communication adds after backward.
+    void finish_grad_sync() {
+        if (grad_sync_ == GradSync::None) return;
+        stream_.synchronize();
+        if (grad_sync_ == GradSync::Device) {
+            for (CommHandle& h : pending_) {
+                h.wait();
+                exposed_comm_ms_ += h.wait_ms();
+            }
+            pending_.clear();
+            return;
+        }
+        const size_t bytes = layout_.num_params * sizeof(float);
+        CUDA_CHECK(cudaMemcpyAsync(staged_grads_.get(), grads_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
+        stream_.synchronize();
+        CommHandle h = grad_comm_->all_reduce_sum(staged_grads_.get(), layout_.num_params, CommDtype::F32);
+        h.wait();
+        exposed_comm_ms_ += h.wait_ms();
+        CUDA_CHECK(cudaMemcpyAsync(grads_.get(), staged_grads_.get(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+        stream_.synchronize();  // the staging buffer is reused next step
+    }
+
     // Backward of the Pass::Train forward that just ran on the same batch, from the dlnf it left in
-    // dC. Parameter gradients accumulate (+=) into the fp32 gradient buffer.
-    void backward(int B, int T) {
+    // dC. Parameter gradients accumulate (+=) into the fp32 gradient buffer; on the last micro-batch
+    // each finished bucket is handed to bucket_ready.
+    void backward(int B, int T, bool last_micro_batch) {
         const CudaActivationLayout a = activations(B, T);
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
@@ -491,6 +558,7 @@ private:
             layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.scratch, a.dC, a.residual3.at(L - 1),
                                param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C, s);
         }
+        bucket_ready(layout_.final_bucket(), last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
             recompute_layer(a, l, B, T);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
@@ -527,9 +595,13 @@ private:
                 layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
                                    param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
             }
+            bucket_ready(layout_.layer_bucket(l), last_micro_batch);
         }
-        PhaseScope phase(timer_, "encoder", s);
-        encoder_backward_.backward(grad(P::WTE), grad(P::WPE), a.dresidual, B, T, C, s);
+        {
+            PhaseScope phase(timer_, "encoder", s);
+            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), a.dresidual, B, T, C, s);
+        }
+        bucket_ready(ParamLayout::EMBEDDING_BUCKET, last_micro_batch);
     }
 
     // The mean of the per-row losses of the last forward, summed on the host in row order.
@@ -547,8 +619,12 @@ private:
     ParamLayout layout_;
     int max_B_, max_T_;
     GPT2CUDAOptions options_;
+    Communicator* grad_comm_;
+    GradSync grad_sync_;
     int last_B_ = 1, last_T_ = 1;
     uint32_t sr_seed_ = 0;
+    double exposed_comm_ms_ = 0.0;
+    std::vector<CommHandle> pending_;  // the step's bucket all-reduces in flight (NCCL)
 
     CudaStream stream_;
     MatmulContext matmul_;
@@ -561,6 +637,8 @@ private:
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;
     PinnedBuffer<double> pinned_norm_;
+    PinnedBuffer<float> staged_grads_;  // MPI: the gradient on its way through host memory
+    CudaEvent bucket_done_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};
 };
 

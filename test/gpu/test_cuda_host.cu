@@ -126,3 +126,16 @@ TEST_CASE("the CUDA model refuses shapes its kernels cannot run, before touching
     c.padded_vocab_size = c.vocab_size;  // 50257
     CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("padded_vocab_size (50257) must be a multiple of 8"));
 }
+
+TEST_CASE("gradient sync: none for one local rank, host staging planned as pinned comm buffers") {
+    LocalComm local;
+    CHECK(grad_sync_for(nullptr) == GradSync::None);
+    CHECK(grad_sync_for(&local) == GradSync::None);
+    const ModelConfig c = model_preset("d4");
+    size_t staged = 0;
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, {}, GradSync::HostStaged))
+        if (s.kind == MemoryKind::CommBuffers) staged += s.bytes();
+    CHECK(staged == ParamLayout(c).num_params * sizeof(float));
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, {}, GradSync::Device))
+        CHECK(s.kind != MemoryKind::CommBuffers);
+}
