@@ -15,7 +15,6 @@
 // master values the mean of the params is within 5 standard errors of the master value.
 // Floor: per element, read grad, master, m, v (16 bytes) and write master, m, v (12) and param (2).
 #include <bit>
-#include <cstring>
 
 #include "dev/cuda/common.cuh"
 #include "llmc/adamw.cuh"
@@ -104,18 +103,11 @@ State run_on_device(const Version& version, const Case& c, const State& initial,
             bench::to_host(d_v.get(), c.n)};
 }
 
-size_t count_bitwise_different(const std::vector<float>& a, const std::vector<float>& b) {
-    size_t count = 0;
-    for (size_t i = 0; i < a.size(); i++) count += std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]);
-    return count;
-}
-
-void check_bitwise(const char* what, const std::vector<float>& a, const std::vector<float>& b, bool want_equal) {
-    const size_t different = count_bitwise_different(a, b);
-    const bool ok = want_equal ? different == 0 : different > 0;
-    printf("  %s %-28s %zu of %zu elements differ (want %s)\n", ok ? "ok  " : "FAIL", what, different, a.size(),
-           want_equal ? "none" : "some");
-    if (!ok) bench::failure_count()++;
+// The opposite of bench::check_same_bits: another seed must round some params the other way.
+void check_some_bits_differ(const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    const size_t different = bench::count_different_bits(a, b);
+    bench::report_check(what, different > 0,
+                        llmc::strformat("%zu of %zu elements differ (want some)", different, a.size()));
 }
 
 // Each param must be the master value with its low 16 bits dropped (rounded toward zero), or that
@@ -127,10 +119,8 @@ void check_stochastic_neighbours(const std::vector<float>& params, const std::ve
         const uint32_t down = exact & 0xffff0000U, up = down + 0x10000U;
         if (p != down && !(exact != down && p == up)) bad++;
     }
-    const bool ok = bad == 0;
-    printf("  %s %-28s %zu of %zu are not a bf16 neighbour of the master value\n", ok ? "ok  " : "FAIL",
-           "params are neighbours", bad, params.size());
-    if (!ok) bench::failure_count()++;
+    bench::report_check("params are neighbours", bad == 0,
+                        llmc::strformat("%zu of %zu are not a bf16 neighbour of the master value", bad, params.size()));
 }
 
 void run_case(const Version& version, const Case& c, const bench::Options& opt, std::mt19937_64& rng) {
@@ -154,17 +144,17 @@ void run_case(const Version& version, const Case& c, const bench::Options& opt, 
     bench::check("m", gpu.m, ref.m, bench::FP32_TOLERANCE);
     bench::check("v", gpu.v, ref.v, bench::FP32_TOLERANCE);
     printf("       bitwise differences from the CPU: master %zu, m %zu, v %zu of %zu (expected 0)\n",
-           count_bitwise_different(gpu.master, ref.master), count_bitwise_different(gpu.m, ref.m),
-           count_bitwise_different(gpu.v, ref.v), c.n);
+           bench::count_different_bits(gpu.master, ref.master), bench::count_different_bits(gpu.m, ref.m),
+           bench::count_different_bits(gpu.v, ref.v), c.n);
     bench::check("params vs master", gpu.params, gpu.master, bench::BF16_TOLERANCE);
     check_stochastic_neighbours(gpu.params, gpu.master);
 
     const State again = run_on_device(version, c, initial, grads, seed);
-    check_bitwise("params, same seed", again.params, gpu.params, true);
-    check_bitwise("master, same seed", again.master, gpu.master, true);
+    bench::check_same_bits("params, same seed", again.params, gpu.params);
+    bench::check_same_bits("master, same seed", again.master, gpu.master);
     const State reseeded = run_on_device(version, c, initial, grads, seed + 1);
-    check_bitwise("params, another seed", reseeded.params, gpu.params, false);
-    check_bitwise("master, another seed", reseeded.master, gpu.master, true);
+    check_some_bits_differ("params, another seed", reseeded.params, gpu.params);
+    bench::check_same_bits("master, another seed", reseeded.master, gpu.master);
 
     if (opt.check_only || !c.timed) return;
     bench::DeviceBuffer<float> d_master = bench::to_device(initial.master), d_grads = bench::to_device(grads);
@@ -193,7 +183,7 @@ void check_unbiased(const Version& version, std::mt19937_64& rng) {
                CONFIG.beta2, CONFIG.eps, 0.0f, STEP, 1.0f, (uint32_t)rng(), 0, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> params = bench::to_host(d_params.get(), n);
-    check_bitwise("master unchanged (lr 0)", bench::to_host(d_master.get(), n), master, true);
+    bench::check_same_bits("master unchanged (lr 0)", bench::to_host(d_master.get(), n), master);
     const double down = 1.0, ulp = 1.0 / 128.0, fraction = (value - down) / ulp;
     const double standard_error = ulp * std::sqrt(fraction * (1.0 - fraction) / half);
     for (int sign : {1, -1}) {
@@ -221,14 +211,12 @@ void check_copy_master_to_params(std::mt19937_64& rng) {
     bench::poison(d_params.get(), n);
     llmc::copy_master_to_params(d_params.get(), d_master.get(), n, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
-    check_bitwise("params = bf16_rn(master)", bench::to_host(d_params.get(), n), expected, true);
+    bench::check_same_bits("params = bf16_rn(master)", bench::to_host(d_params.get(), n), expected);
 }
 
 int main(int argc, char** argv) {
-    try {
-        const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
-        bench::require_gpu_or_skip(argv[0]);
-        printf("seed %llu\n", (unsigned long long)opt.seed);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
         const size_t wte = (size_t)50304 * 768;
         const std::vector<Case> cases = {
             {"GPT-2 124M wte, 38.6M elements", wte, {{0, wte, true}}, 0, true},
@@ -237,18 +225,14 @@ int main(int argc, char** argv) {
             {"1001 elements, params misaligned", 1001, {{0, 1001, true}}, 1, false},
         };
         for (int v = 1; v <= NUM_VERSIONS; v++) {
-            if (opt.version != 0 && opt.version != v) continue;
+            if (!opt.runs(v)) continue;
             std::mt19937_64 rng(opt.seed);  // per version, so `adamw 2 --seed N` sees the same inputs
             for (const Case& c : cases) run_case(VERSIONS[v - 1], c, opt, rng);
             check_unbiased(VERSIONS[v - 1], rng);
         }
-        if (opt.version == 0 || opt.version == NUM_VERSIONS) {
+        if (opt.runs(NUM_VERSIONS)) {
             std::mt19937_64 rng(opt.seed);
             check_copy_master_to_params(rng);
         }
-        return bench::finish(argv[0]);
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
+    });
 }

@@ -19,8 +19,6 @@
 // kernels, the price of having no atomics.
 // For each timed shape of GPT-2 size it also prints one line "fwd+bwd ms B= T= NH= HS=: <ms>" for
 // llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
-#include <cstring>
-
 #include "dev/cuda/common.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/gpt2_cpu.h"
@@ -207,7 +205,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     }
 
     for (int v = 1; v <= NUM_VERSIONS; v++) {
-        if (opt.version != 0 && opt.version != v) continue;
+        if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
         bench::poison(dqkv_d.get(), qkv_n);
         bench::poison(scratch_d.get(), scratch_n);
@@ -222,10 +220,8 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             run_version(v, dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B,
                         s.T, s.NH, s.HS);
             CUDA_CHECK(cudaDeviceSynchronize());
-            const std::vector<float> dqkv2 = bench::to_host(dqkv2_d.get(), qkv_n);
-            const bool same = std::memcmp(dqkv.data(), dqkv2.data(), qkv_n * sizeof(float)) == 0;
-            printf("  %s %-28s\n", same ? "ok  " : "FAIL", "bitwise equal over 2 runs");
-            if (!same) bench::failure_count()++;
+            // The widened copies compare the bf16 bits: widening keeps every bit.
+            bench::check_same_bits("dqkv, run twice", bench::to_host(dqkv2_d.get(), qkv_n), dqkv);
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms([&] {
@@ -246,9 +242,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opt.seed);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
     std::mt19937_64 rng(opt.seed);
     const Shape shapes[] = {
         {2, 17, 3, 64, true, false},     // one partial tile
@@ -259,14 +253,10 @@ int main(int argc, char** argv) {
         {8, 1024, 12, 64, true, true},   // GPT-2 124M
         {2, 4096, 12, 64, false, true},
     };
-    try {
+    return bench::run_and_finish(argv[0], [&] {
         for (const Shape& s : shapes) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
-    return bench::finish(argv[0]);
+    });
 }

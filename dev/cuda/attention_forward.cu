@@ -16,10 +16,8 @@
 //        1e-6 (fp32 dot products whose tensor-core rounding is not IEEE-specified, ex2.approx at
 //        2 ulp, lse = max ln2 + ln sum), while a wrong mask or index moves a row by far more (one
 //        key more or less in a 1000-key row: ~1e-3).
-//   determinism: v2 run twice, outputs bitwise equal.
+//   determinism: v2 run twice, out and lse bitwise equal.
 // Counted: 4 B NH T^2 HS / 2 FLOPs (Q K^T and P V over the causal half), against the bf16 peak.
-#include <cstring>
-
 #include "dev/cuda/common.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/gpt2_cpu.h"
@@ -131,10 +129,8 @@ void check_denominators(const std::vector<float>& lse, const std::vector<float>&
         }
         worst = std::max(worst, std::fabs(std::exp((double)lse[i]) - denom_ref[i]) / denom_ref[i]);
     }
-    const bool ok = worst < tolerance;
-    printf("  %s %-28s max rel. error %.3e (limit %.0e)\n", ok ? "ok  " : "FAIL", "exp(lse), each row", worst,
-           tolerance);
-    if (!ok) bench::failure_count()++;
+    bench::report_check("exp(lse), each row", worst < tolerance,
+                        llmc::strformat("max rel. error %.3e (limit %.0e)", worst, tolerance));
 }
 
 struct Shape {
@@ -161,7 +157,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     bench::DeviceBuffer<float> lse_d(lse_n, "lse"), lse2_d(lse_n, "lse (second run)");
 
     for (int v = 1; v <= NUM_VERSIONS; v++) {
-        if (opt.version != 0 && opt.version != v) continue;
+        if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
         bench::poison(out_d.get(), out_n);
         bench::poison(lse_d.get(), lse_n);
@@ -177,12 +173,9 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::poison(lse2_d.get(), lse_n);
             run_version(v, out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
             CUDA_CHECK(cudaDeviceSynchronize());
-            const std::vector<float> out2 = bench::to_host(out2_d.get(), out_n);
-            const std::vector<float> lse2 = bench::to_host(lse2_d.get(), lse_n);
-            const bool same = std::memcmp(out.data(), out2.data(), out_n * sizeof(float)) == 0 &&
-                              std::memcmp(lse.data(), lse2.data(), lse_n * sizeof(float)) == 0;
-            printf("  %s %-28s\n", same ? "ok  " : "FAIL", "bitwise equal over 2 runs");
-            if (!same) bench::failure_count()++;
+            // The widened copies compare the bf16 bits of out: widening keeps every bit.
+            bench::check_same_bits("out, run twice", bench::to_host(out2_d.get(), out_n), out);
+            bench::check_same_bits("lse, run twice", bench::to_host(lse2_d.get(), lse_n), lse);
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms(
@@ -193,9 +186,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opt.seed);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
     std::mt19937_64 rng(opt.seed);
     const Shape shapes[] = {
         {2, 17, 3, 64, true},     // one partial tile
@@ -206,14 +197,10 @@ int main(int argc, char** argv) {
         {8, 1024, 12, 64, true},  // GPT-2 124M
         {2, 4096, 12, 64, false},
     };
-    try {
+    return bench::run_and_finish(argv[0], [&] {
         for (const Shape& s : shapes) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
-    return bench::finish(argv[0]);
+    });
 }

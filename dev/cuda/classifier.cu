@@ -14,8 +14,6 @@
 // target dominates the norm and would hide errors in the softmax part.
 // Floors: loss only reads the logits once (rows * Vp * 2 bytes); with dlogits the DRAM minimum is
 // one read and one write (2 * rows * Vp * 2 bytes), the second read being an L2 hit.
-#include <cstring>
-
 #include "dev/cuda/common.cuh"
 #include "llmc/classifier.cuh"
 // gpt2_cpu.h's `#pragma GCC unroll` hints are for g++; nvcc's front end would warn that it does not know them.
@@ -81,14 +79,6 @@ const Shape SHAPES[] = {
     {"37 rows, V 9001, Vp 9008", 37, 9001, 9008, 0},
 };
 
-// Bitwise equality of two host copies; a failure counts like a failed check.
-bool check_equal(const char* what, const std::vector<float>& a, const std::vector<float>& b) {
-    const bool ok = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", what, ok ? "bitwise equal" : "differ");
-    if (!ok) bench::failure_count()++;
-    return ok;
-}
-
 // The gradient with the target column of each row zeroed, so the softmax part is compared on its own.
 std::vector<float> without_targets(std::vector<float> dlogits, const std::vector<int>& targets, int Vp) {
     for (size_t r = 0; r < targets.size(); r++) dlogits[r * Vp + targets[r]] = 0.0f;
@@ -115,7 +105,7 @@ void run_shape(const Version& version, const Shape& s, const bench::Options& opt
     version.fn(d_logits.get(), d_loss.get(), d_targets.get(), dloss, s.rows, s.V, s.Vp, false, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     bench::check("row_loss (loss only)", bench::to_host(d_loss.get(), s.rows), ref_loss, bench::FP32_TOLERANCE);
-    check_equal("logits untouched", bench::to_host(d_logits.get(), elems), logits);
+    bench::check_same_bits("logits untouched", bench::to_host(d_logits.get(), elems), logits);
 
     // Loss and dlogits in place.
     bench::poison(d_loss.get(), s.rows);
@@ -133,8 +123,8 @@ void run_shape(const Version& version, const Shape& s, const bench::Options& opt
     bench::poison(d_loss.get(), s.rows);
     version.fn(d_again.get(), d_loss.get(), d_targets.get(), dloss, s.rows, s.V, s.Vp, true, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
-    check_equal("row_loss, second run", bench::to_host(d_loss.get(), s.rows), loss);
-    check_equal("dlogits, second run", bench::to_host(d_again.get(), elems), dlogits);
+    bench::check_same_bits("row_loss, second run", bench::to_host(d_loss.get(), s.rows), loss);
+    bench::check_same_bits("dlogits, second run", bench::to_host(d_again.get(), elems), dlogits);
 
     if (opt.check_only || s.timed_rows == 0) return;
     // Timing rows: the checked logits tiled (value statistics are what matter for speed). Repeated
@@ -163,18 +153,12 @@ void run_shape(const Version& version, const Shape& s, const bench::Options& opt
 }
 
 int main(int argc, char** argv) {
-    try {
-        const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
-        bench::require_gpu_or_skip(argv[0]);
-        printf("seed %llu\n", (unsigned long long)opt.seed);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
         for (int v = 1; v <= NUM_VERSIONS; v++) {
-            if (opt.version != 0 && opt.version != v) continue;
+            if (!opt.runs(v)) continue;
             std::mt19937_64 rng(opt.seed);  // per version, so `classifier 2 --seed N` sees the same inputs
             for (const Shape& s : SHAPES) run_shape(VERSIONS[v - 1], s, opt, rng);
         }
-        return bench::finish(argv[0]);
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
+    });
 }

@@ -11,6 +11,9 @@
 //   ./layernorm --check    check every version, no timing; exit 1 on any failure (make test-gpu)
 //   --seed N               reuse the inputs of an earlier run (the seed is printed)
 //
+// Determinism: run twice, the llmc version must give the same bits (check_same_bits, on device_bytes
+// or on to_host copies: widening bf16 to float keeps every bit).
+//
 // Relative error is per tensor, ||gpu - ref|| / ||ref||, +inf when the GPU output holds a NaN or an
 // inf. Inputs are generated as bf16 values, and the CPU reference reads exactly those values widened
 // to fp32, so what remains is accumulation order and the rounding of the outputs.
@@ -25,6 +28,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "llmc/cuda_common.h"
@@ -41,6 +45,9 @@ struct Options {
     int version = 0;     // 0: every version
     bool check_only = false;
     uint64_t seed = 0;
+
+    // Whether version v is to run: every one, or the one asked for.
+    bool runs(int v) const { return version == 0 || version == v; }
 };
 
 inline Options parse_options(int argc, char** argv, int num_versions) {
@@ -73,6 +80,15 @@ inline void require_gpu_or_skip(const char* program) {
     }
 }
 
+// The standard start of a workbench main(): the options, the skip where there is no GPU, and the
+// seed line (what --seed takes to repeat this run's inputs).
+inline Options start(int argc, char** argv, int num_versions) {
+    const Options o = parse_options(argc, argv, num_versions);
+    require_gpu_or_skip(argv[0]);
+    printf("seed %llu\n", (unsigned long long)o.seed);
+    return o;
+}
+
 // ---- host data ----
 
 inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
@@ -102,17 +118,26 @@ inline std::vector<int> random_tokens(size_t n, int vocab, std::mt19937_64& rng)
 template <typename T>
 using DeviceBuffer = llmc::DeviceBuffer<T>;
 
-inline DeviceBuffer<floatX> to_device_bf16(const std::vector<float>& host) {
+// Overwrites the first host.size() elements of a device tensor (an accumulator's start values).
+template <typename T>
+inline void upload(T* d, const std::vector<T>& host) {
+    CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+// The same from floats, rounded to bf16 (exact for values from random_bf16).
+inline void upload_bf16(floatX* d, const std::vector<float>& host) {
     std::vector<floatX> tmp(host.size());
     for (size_t i = 0; i < host.size(); i++) tmp[i] = __float2bfloat16_rn(host[i]);
+    upload(d, tmp);
+}
+inline DeviceBuffer<floatX> to_device_bf16(const std::vector<float>& host) {
     DeviceBuffer<floatX> d(host.size(), "workbench input");
-    CUDA_CHECK(cudaMemcpy(d.get(), tmp.data(), tmp.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    upload_bf16(d.get(), host);
     return d;
 }
 template <typename T>
 inline DeviceBuffer<T> to_device(const std::vector<T>& host) {
     DeviceBuffer<T> d(host.size(), "workbench input");
-    CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    upload(d.get(), host);
     return d;
 }
 // Copies a device tensor back as floats (bf16 widened).
@@ -126,6 +151,13 @@ inline std::vector<float> to_host(const floatX* d, size_t n) {
 inline std::vector<float> to_host(const float* d, size_t n) {
     std::vector<float> out(n);
     CUDA_CHECK(cudaMemcpy(out.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+// The bytes of a device tensor of n elements as they are, for check_same_bits.
+template <typename T>
+inline std::vector<unsigned char> device_bytes(const T* d, size_t n) {
+    std::vector<unsigned char> out(n * sizeof(T));
+    CUDA_CHECK(cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost));
     return out;
 }
 // Every byte 0xFF: NaN as bf16 and as fp32.
@@ -154,17 +186,40 @@ inline int& failure_count() {
     static int n = 0;
     return n;
 }
-inline bool check(const char* what, const std::vector<float>& gpu, const std::vector<float>& ref, double tolerance) {
-    if (gpu.size() != ref.size()) {
-        printf("  FAIL %-28s size %zu, reference %zu\n", what, gpu.size(), ref.size());
-        failure_count()++;
-        return false;
-    }
-    const double err = rel_error(gpu.data(), ref.data(), gpu.size());
-    const bool ok = err < tolerance;
-    printf("  %s %-28s rel. error %.3e (limit %.0e)\n", ok ? "ok  " : "FAIL", what, err, tolerance);
+// One check's line, "  ok   <what> <detail>" or "  FAIL <what> <detail>"; a failure is counted.
+inline bool report_check(const char* what, bool ok, const std::string& detail) {
+    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", what, detail.c_str());
     if (!ok) failure_count()++;
     return ok;
+}
+inline bool check(const char* what, const std::vector<float>& gpu, const std::vector<float>& ref, double tolerance) {
+    if (gpu.size() != ref.size())
+        return report_check(what, false, llmc::strformat("size %zu, reference %zu", gpu.size(), ref.size()));
+    const double err = rel_error(gpu.data(), ref.data(), gpu.size());
+    return report_check(what, err < tolerance, llmc::strformat("rel. error %.3e (limit %.0e)", err, tolerance));
+}
+
+// How many of the first min(a.size(), b.size()) elements differ in their bits (not their values: a
+// NaN matches the same NaN, 0 does not match -0).
+template <typename T>
+inline size_t count_different_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t n = std::min(a.size(), b.size());
+    if (n == 0 || std::memcmp(a.data(), b.data(), n * sizeof(T)) == 0) return 0;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) count += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    return count;
+}
+// "Same bits": a and b must be bitwise identical, as a deterministic kernel's second run must repeat
+// its first. Compare device_bytes() of device tensors, or to_host() copies.
+template <typename T>
+inline bool check_same_bits(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size())
+        return report_check(what, false, llmc::strformat("NOT bitwise equal: size %zu, other %zu", a.size(), b.size()));
+    const size_t different = count_different_bits(a, b);
+    if (different == 0) return report_check(what, true, "bitwise equal");
+    return report_check(what, false, llmc::strformat("NOT bitwise equal: %zu of %zu %s differ", different, a.size(),
+                                                     sizeof(T) == 1 ? "bytes" : "elements"));
 }
 
 // ---- timing and floors ----
@@ -235,6 +290,17 @@ inline int finish(const char* program) {
     if (failure_count()) printf("%s: %d check(s) FAILED\n", program, failure_count());
     else printf("%s: all checks passed\n", program);
     return failure_count() ? 1 : 0;
+}
+// Runs a workbench main()'s checks and timings, then ends as finish() does; an llmc::Error (a failed
+// CUDA call, a rejected shape) ends the run instead with its message and exit status 1.
+inline int run_and_finish(const char* program, const std::function<void()>& body) {
+    try {
+        body();
+    } catch (const llmc::Error& e) {
+        fprintf(stderr, "%s: %s\n", program, e.what());
+        return 1;
+    }
+    return finish(program);
 }
 
 }  // namespace bench

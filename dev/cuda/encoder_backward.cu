@@ -87,24 +87,6 @@ __global__ void encoder_backward_wpe_v1_kernel(float* dwpe, const floatX* dout, 
 // ---------------------------------------------------------------------------------------------
 // Harness.
 
-template <typename T>
-std::vector<unsigned char> device_bytes(const T* d, size_t n) {
-    std::vector<unsigned char> out(n * sizeof(T));
-    CUDA_CHECK(cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost));
-    return out;
-}
-
-void check_bitwise(const char* what, const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
-    const bool ok = a == b;
-    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", what, ok ? "bitwise equal" : "NOT bitwise equal");
-    if (!ok) bench::failure_count()++;
-}
-
-template <typename T>
-void upload(T* d, const std::vector<T>& host) {
-    CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
 struct Case {
     const char* name;
     int B, T, C;
@@ -146,11 +128,11 @@ void run_forward(int version, const Case& cs, bool check_only, std::mt19937_64& 
     const std::vector<float> out = bench::to_host(d_out.get(), BTC);
     bench::check("forward out", out, ref_out, bench::BF16_TOLERANCE);
     if (version == 2) {
-        const auto out_bits = device_bytes(d_out.get(), BTC);
+        const auto out_bits = bench::device_bytes(d_out.get(), BTC);
         bench::poison(d_out.get(), BTC);
         forward();
         CUDA_CHECK(cudaDeviceSynchronize());
-        check_bitwise("forward out, run twice", device_bytes(d_out.get(), BTC), out_bits);
+        bench::check_same_bits("forward out, run twice", bench::device_bytes(d_out.get(), BTC), out_bits);
     }
     if (check_only || !cs.timed) return;
     // Bytes: read the tokens, B*T rows of wte, T rows of wpe; write out.
@@ -179,8 +161,8 @@ void run_backward(int version, const Case& cs, bool check_only, std::mt19937_64&
          d_positions = bench::to_device(groups.positions);
     llmc::EncoderBackward encoder_backward(B, T);
     auto reset = [&]() {
-        upload(d_dwte.get(), dwte_init);
-        upload(d_dwpe.get(), dwpe_init);
+        bench::upload(d_dwte.get(), dwte_init);
+        bench::upload(d_dwpe.get(), dwpe_init);
     };
     auto backward = [&]() {
         if (version == 1) {
@@ -220,19 +202,18 @@ void run_backward(int version, const Case& cs, bool check_only, std::mt19937_64&
         const size_t row = (size_t)v * C;
         if (!in_batch[v] && std::memcmp(&dwte[row], &dwte_init[row], C * sizeof(float)) != 0) changed_rows++;
     }
-    const bool untouched_ok = changed_rows == 0;
-    printf("  %s %-28s %zu changed\n", untouched_ok ? "ok  " : "FAIL", "dwte, other rows unchanged", changed_rows);
-    if (!untouched_ok) bench::failure_count()++;
+    bench::report_check("dwte, other rows unchanged", changed_rows == 0, llmc::strformat("%zu changed", changed_rows));
     bench::check("dwpe (all maxT rows)", bench::to_host(d_dwpe.get(), wpe_size), ref_dwpe, bench::FP32_TOLERANCE);
 
     if (version == 2) {
-        const auto dwte_bits = device_bytes(d_dwte.get(), wte_size), dwpe_bits = device_bytes(d_dwpe.get(), wpe_size);
+        const auto dwte_bits = bench::device_bytes(d_dwte.get(), wte_size),
+                   dwpe_bits = bench::device_bytes(d_dwpe.get(), wpe_size);
         reset();
         encoder_backward.prepare(tokens.data(), B, T, 0);
         backward();
         CUDA_CHECK(cudaDeviceSynchronize());
-        check_bitwise("dwte, run twice", device_bytes(d_dwte.get(), wte_size), dwte_bits);
-        check_bitwise("dwpe, run twice", device_bytes(d_dwpe.get(), wpe_size), dwpe_bits);
+        bench::check_same_bits("dwte, run twice", bench::device_bytes(d_dwte.get(), wte_size), dwte_bits);
+        bench::check_same_bits("dwpe, run twice", bench::device_bytes(d_dwpe.get(), wpe_size), dwpe_bits);
     }
     if (check_only || !cs.timed) return;
     // Bytes: read dout once, read and write the dwte rows of the batch's tokens and T rows of dwpe.
@@ -255,9 +236,7 @@ void run_backward(int version, const Case& cs, bool check_only, std::mt19937_64&
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opts = bench::parse_options(argc, argv, 2);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opts.seed);
+    const bench::Options opts = bench::start(argc, argv, 2);
     std::mt19937_64 rng(opts.seed);
     const Case cases[] = {
         {"GPT-2 124M: B = 8, T = 1024, C = 768, uniform tokens", 8, 1024, 768, 50257, 50304, 0.0, true},
@@ -268,7 +247,7 @@ int main(int argc, char** argv) {
         {"wide: B = 2, T = 5, C = 6400, 3 tokens", 2, 5, 6400, 3, 8, 0.0, false},
     };
     for (int version = 1; version <= 2; version++) {
-        if (opts.version != 0 && opts.version != version) continue;
+        if (!opts.runs(version)) continue;
         for (const Case& cs : cases) {
             printf("version %d, %s\n", version, cs.name);
             run_forward(version, cs, opts.check_only, rng);

@@ -12,8 +12,6 @@
 // the forward reads and writes n bf16 values (4n bytes), the backward reads the gradient and the
 // pre-activation and writes the gradient back (6n bytes).
 #include <algorithm>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "dev/cuda/common.cuh"
@@ -69,16 +67,6 @@ void backward(int version, floatX* d_in_out, const floatX* pre_gelu, size_t n) {
     else llmc::gelu_backward_inplace(d_in_out, pre_gelu, n, 0);
 }
 
-// Widening bf16 to float is injective on bits, so comparing the widened copies bytewise compares
-// the bf16 bits.
-void check_bitwise(const std::string& what, const std::vector<float>& first, const std::vector<float>& second) {
-    const bool same =
-        first.size() == second.size() && std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0;
-    printf("  %s %-28s %s\n", same ? "ok  " : "FAIL", what.c_str(),
-           same ? "bitwise identical on a second run" : "differs on a second run");
-    if (!same) bench::failure_count()++;
-}
-
 struct Shape {
     const char* name;
     size_t n;
@@ -119,8 +107,9 @@ void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
     bench::check("backward, last elements", std::vector<float>(grad.end() - last, grad.end()),
                  std::vector<float>(ref_d.end() - last, ref_d.end()), bench::BF16_TOLERANCE);
     if (version == NUM_VERSIONS) {
-        check_bitwise("forward", out, run_forward());
-        check_bitwise("backward", grad, run_backward());
+        // The widened copies compare the bf16 bits: widening keeps every bit.
+        bench::check_same_bits("forward, run twice", out, run_forward());
+        bench::check_same_bits("backward, run twice", grad, run_backward());
     }
 }
 
@@ -138,20 +127,14 @@ void time_version(int version, std::mt19937_64& rng) {
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opts = bench::parse_options(argc, argv, NUM_VERSIONS);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opts.seed);
-    try {
+    const bench::Options opts = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
         for (int version = 1; version <= NUM_VERSIONS; version++) {
-            if (opts.version != 0 && opts.version != version) continue;
+            if (!opts.runs(version)) continue;
             std::mt19937_64 rng(opts.seed + version);  // `./gelu 2 --seed N` repeats version 2 of a full run
             printf("version %d: %s\n", version, VERSION_NAMES[version]);
             for (const Shape& s : CHECK_SHAPES) check_shape(version, s, rng);
             if (!opts.check_only) time_version(version, rng);
         }
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
-    return bench::finish(argv[0]);
+    });
 }

@@ -12,8 +12,6 @@
 // thread sums its ~120-500 squares in fp32 (relative error ~1e-6 in practice), all later sums are
 // exact enough (fp32 tree, then double). Determinism: a second run must give the same bits.
 // Floor: read 4 bytes per element.
-#include <cstring>
-
 #include "dev/cuda/common.cuh"
 #include "llmc/adamw.h"
 #include "llmc/global_norm.cuh"
@@ -103,9 +101,7 @@ void run_case(const Version& version, const Case& c, const bench::Options& opt, 
            ref != 0.0 ? (gpu - ref) / ref : gpu);
 
     const double again = run_on_device(version, c, d_x.get());
-    const bool same = std::memcmp(&gpu, &again, sizeof(double)) == 0;
-    printf("  %s %-28s %s\n", same ? "ok  " : "FAIL", "second run", same ? "bitwise equal" : "differs");
-    if (!same) bench::failure_count()++;
+    bench::check_same_bits("sum of squares, run twice", std::vector<double>{again}, std::vector<double>{gpu});
 
     if (opt.check_only || !c.timed) return;
     bench::DeviceBuffer<double> d_out(1, "sum of squares");
@@ -115,10 +111,8 @@ void run_case(const Version& version, const Case& c, const bench::Options& opt, 
 }
 
 int main(int argc, char** argv) {
-    try {
-        const bench::Options opt = bench::parse_options(argc, argv, NUM_VERSIONS);
-        bench::require_gpu_or_skip(argv[0]);
-        printf("seed %llu\n", (unsigned long long)opt.seed);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
         const size_t gpt2 = 124475904;
         const std::vector<Case> cases = {
             {"GPT-2 124M gradient", gpt2, {{0, gpt2}}, true},
@@ -127,13 +121,9 @@ int main(int argc, char** argv) {
             {"tiny ranges 0, 1, 2, 7", 16, {{0, 0}, {1, 2}, {3, 5}, {9, 16}}, false},
         };
         for (int v = 1; v <= NUM_VERSIONS; v++) {
-            if (opt.version != 0 && opt.version != v) continue;
+            if (!opt.runs(v)) continue;
             std::mt19937_64 rng(opt.seed);  // per version, so `global_norm 2 --seed N` sees the same inputs
             for (const Case& c : cases) run_case(VERSIONS[v - 1], c, opt, rng);
         }
-        return bench::finish(argv[0]);
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
+    });
 }

@@ -105,29 +105,6 @@ void layernorm_backward_v1(floatX* dinp, float* dweight, float* dbias, const flo
 // ---------------------------------------------------------------------------------------------
 // Harness.
 
-template <typename T>
-std::vector<unsigned char> device_bytes(const T* d, size_t n) {
-    std::vector<unsigned char> out(n * sizeof(T));
-    CUDA_CHECK(cudaMemcpy(out.data(), d, out.size(), cudaMemcpyDeviceToHost));
-    return out;
-}
-
-void check_bitwise(const char* what, const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
-    const bool ok = a == b;
-    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", what, ok ? "bitwise equal" : "NOT bitwise equal");
-    if (!ok) bench::failure_count()++;
-}
-
-template <typename T>
-void upload(T* d, const std::vector<T>& host) {
-    CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-void upload_bf16(floatX* d, const std::vector<float>& host) {
-    std::vector<floatX> tmp(host.size());
-    for (size_t i = 0; i < host.size(); i++) tmp[i] = __float2bfloat16_rn(host[i]);
-    upload(d, tmp);
-}
-
 // Rows of a residual stream: each its own offset and scale. bf16-exact.
 std::vector<float> random_rows(int N, int C, std::mt19937_64& rng) {
     std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -172,10 +149,8 @@ void check_scratch_bound(int N, int C) {
             break;
         }
     }
-    const bool ok = worst == 0;
-    printf("  %s %-28s %s\n", ok ? "ok  " : "FAIL", "scratch(N) bounds all n <= N",
-           ok ? "yes" : llmc::strformat("no: n = %d overflows", worst).c_str());
-    if (!ok) bench::failure_count()++;
+    bench::report_check("scratch(N) bounds all n <= N", worst == 0,
+                        worst == 0 ? "yes" : llmc::strformat("no: n = %d overflows", worst));
 }
 
 struct Shape {
@@ -218,22 +193,22 @@ void run_forward(int version, const Shape& shape, bool check_only, std::mt19937_
     bench::DeviceBuffer<floatX> d_recomputed;
     if (version == 2) {
         d_recomputed.allocate(NC, "recomputed out");
-        const auto out_bits = device_bytes(d_out.get(), NC), mean_bits = device_bytes(d_mean.get(), N),
-                   rstd_bits = device_bytes(d_rstd.get(), N);
+        const auto out_bits = bench::device_bytes(d_out.get(), NC), mean_bits = bench::device_bytes(d_mean.get(), N),
+                   rstd_bits = bench::device_bytes(d_rstd.get(), N);
         bench::poison(d_recomputed.get(), NC);
         llmc::layernorm_recompute(d_recomputed.get(), d_inp.get(), d_mean.get(), d_rstd.get(), d_weight.get(),
                                   d_bias.get(), N, C, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
-        check_bitwise("recompute == forward out", device_bytes(d_recomputed.get(), NC), out_bits);
+        bench::check_same_bits("recompute == forward out", bench::device_bytes(d_recomputed.get(), NC), out_bits);
 
         bench::poison(d_out.get(), NC);
         bench::poison(d_mean.get(), N);
         bench::poison(d_rstd.get(), N);
         forward();
         CUDA_CHECK(cudaDeviceSynchronize());
-        check_bitwise("forward out, run twice", device_bytes(d_out.get(), NC), out_bits);
-        check_bitwise("forward mean, run twice", device_bytes(d_mean.get(), N), mean_bits);
-        check_bitwise("forward rstd, run twice", device_bytes(d_rstd.get(), N), rstd_bits);
+        bench::check_same_bits("forward out, run twice", bench::device_bytes(d_out.get(), NC), out_bits);
+        bench::check_same_bits("forward mean, run twice", bench::device_bytes(d_mean.get(), N), mean_bits);
+        bench::check_same_bits("forward rstd, run twice", bench::device_bytes(d_rstd.get(), N), rstd_bits);
     }
     if (check_only || !shape.timed) return;
     // Bytes: read inp, write out, write mean and rstd, read weight and bias.
@@ -273,9 +248,9 @@ void run_backward(int version, const Shape& shape, bool check_only, std::mt19937
     const size_t scratch_floats = llmc::layernorm_backward_scratch_floats(N, C);
     bench::DeviceBuffer<float> d_scratch(scratch_floats, "scratch");
     auto reset = [&]() {
-        upload_bf16(d_dinp.get(), dinp_init);
-        upload(d_dweight.get(), dweight_init);
-        upload(d_dbias.get(), dbias_init);
+        bench::upload_bf16(d_dinp.get(), dinp_init);
+        bench::upload(d_dweight.get(), dweight_init);
+        bench::upload(d_dbias.get(), dbias_init);
         bench::poison(d_scratch.get(), scratch_floats);
     };
     auto backward = [&]() {
@@ -295,14 +270,15 @@ void run_backward(int version, const Shape& shape, bool check_only, std::mt19937
     bench::check("backward dbias (+=)", bench::to_host(d_dbias.get(), C), ref_dbias, bench::FP32_TOLERANCE);
 
     if (version == 2) {
-        const auto dinp_bits = device_bytes(d_dinp.get(), NC), dweight_bits = device_bytes(d_dweight.get(), C),
-                   dbias_bits = device_bytes(d_dbias.get(), C);
+        const auto dinp_bits = bench::device_bytes(d_dinp.get(), NC),
+                   dweight_bits = bench::device_bytes(d_dweight.get(), C),
+                   dbias_bits = bench::device_bytes(d_dbias.get(), C);
         reset();
         backward();
         CUDA_CHECK(cudaDeviceSynchronize());
-        check_bitwise("backward dinp, run twice", device_bytes(d_dinp.get(), NC), dinp_bits);
-        check_bitwise("backward dweight, run twice", device_bytes(d_dweight.get(), C), dweight_bits);
-        check_bitwise("backward dbias, run twice", device_bytes(d_dbias.get(), C), dbias_bits);
+        bench::check_same_bits("backward dinp, run twice", bench::device_bytes(d_dinp.get(), NC), dinp_bits);
+        bench::check_same_bits("backward dweight, run twice", bench::device_bytes(d_dweight.get(), C), dweight_bits);
+        bench::check_same_bits("backward dbias, run twice", bench::device_bytes(d_dbias.get(), C), dbias_bits);
     }
     if (check_only || !shape.timed) return;
     // Bytes: read dout, inp and dinp, write dinp, read mean, rstd and weight, read and write dweight and
@@ -313,9 +289,7 @@ void run_backward(int version, const Shape& shape, bool check_only, std::mt19937
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opts = bench::parse_options(argc, argv, 2);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opts.seed);
+    const bench::Options opts = bench::start(argc, argv, 2);
     std::mt19937_64 rng(opts.seed);
     const Shape shapes[] = {
         {"GPT-2 124M: N = 8*1024, C = 768", 8 * 1024, 768, true},
@@ -327,7 +301,7 @@ int main(int argc, char** argv) {
         {"streamed rows: N = 19, C = 6400", 19, 6400, false},
     };
     for (int version = 1; version <= 2; version++) {
-        if (opts.version != 0 && opts.version != version) continue;
+        if (!opts.runs(version)) continue;
         for (const Shape& shape : shapes) {
             printf("version %d, %s\n", version, shape.name);
             if (version == 2) check_scratch_bound(shape.N, shape.C);

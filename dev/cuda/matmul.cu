@@ -24,7 +24,6 @@
 // CPU adds BT rows in order, the GPU in another fixed order, both rounding to nearest; for N(0,1)
 // values the CPU's own rms error is ~1.6e-6 relative at BT = 8192. dweight: see dweight_tolerance.
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -256,19 +255,8 @@ void guarded(const std::string& what, const std::function<void()>& fn) {
     try {
         fn();
     } catch (const llmc::Error& e) {
-        printf("  FAIL %-28s %s\n", what.c_str(), e.what());
-        bench::failure_count()++;
+        bench::report_check(what.c_str(), false, e.what());
     }
-}
-
-// Widening bf16 to float is injective on bits, so comparing the widened copies bytewise compares
-// the bf16 bits.
-void check_bitwise(const std::string& what, const std::vector<float>& first, const std::vector<float>& second) {
-    const bool same =
-        first.size() == second.size() && std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0;
-    printf("  %s %-28s %s\n", same ? "ok  " : "FAIL", what.c_str(),
-           same ? "bitwise identical on a second run" : "differs on a second run");
-    if (!same) bench::failure_count()++;
 }
 
 struct Shape {
@@ -348,8 +336,9 @@ void check_shape(llmc::MatmulContext& ctx, int version, const Shape& s, std::mt1
             if (version == NUM_VERSIONS) {
                 std::vector<float> out2, pre2;
                 run(out2, pre2);
-                check_bitwise(label + " out", out, out2);
-                if (fc.gelu) check_bitwise(label + " pre_gelu", pre, pre2);
+                // The widened copies compare the bf16 bits: widening keeps every bit.
+                bench::check_same_bits((label + " out, run twice").c_str(), out, out2);
+                if (fc.gelu) bench::check_same_bits((label + " pre_gelu, run twice").c_str(), pre, pre2);
             }
         });
     }
@@ -374,9 +363,8 @@ void check_shape(llmc::MatmulContext& ctx, int version, const Shape& s, std::mt1
                          OC};
         // dweight and dbias accumulate: both sides start from the same values.
         auto run = [&](std::vector<float>& dinp, std::vector<float>& dweight, std::vector<float>& dbias) {
-            CUDA_CHECK(cudaMemcpy(d_dweight.get(), dweight_init.data(), n_weight * sizeof(float),
-                                  cudaMemcpyHostToDevice));
-            CUDA_CHECK(cudaMemcpy(d_dbias.get(), dbias_init.data(), OC * sizeof(float), cudaMemcpyHostToDevice));
+            bench::upload(d_dweight.get(), dweight_init);
+            bench::upload(d_dbias.get(), dbias_init);
             bench::poison(d_dinp.get(), n_inp);
             bench::poison(d_scratch.get(), d_scratch.count());
             backward(version, ctx, b);
@@ -397,9 +385,9 @@ void check_shape(llmc::MatmulContext& ctx, int version, const Shape& s, std::mt1
             if (version == NUM_VERSIONS) {
                 std::vector<float> dinp2, dweight2, dbias2;
                 run(dinp2, dweight2, dbias2);
-                if (bc.dinp) check_bitwise(label + " dinp", dinp, dinp2);
-                check_bitwise(label + " dweight", dweight, dweight2);
-                if (bc.dbias) check_bitwise(label + " dbias", dbias, dbias2);
+                if (bc.dinp) bench::check_same_bits((label + " dinp, run twice").c_str(), dinp, dinp2);
+                bench::check_same_bits((label + " dweight, run twice").c_str(), dweight, dweight2);
+                if (bc.dbias) bench::check_same_bits((label + " dbias, run twice").c_str(), dbias, dbias2);
             }
         });
     }
@@ -511,13 +499,11 @@ void time_layer(llmc::MatmulContext& ctx, int version, const TimedLayer& l, std:
 }
 
 int main(int argc, char** argv) {
-    const bench::Options opts = bench::parse_options(argc, argv, NUM_VERSIONS);
-    bench::require_gpu_or_skip(argv[0]);
-    printf("seed %llu\n", (unsigned long long)opts.seed);
-    try {
+    const bench::Options opts = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
         llmc::MatmulContext ctx;
         for (int version = 1; version <= NUM_VERSIONS; version++) {
-            if (opts.version != 0 && opts.version != version) continue;
+            if (!opts.runs(version)) continue;
             std::mt19937_64 rng(opts.seed + version);  // `./matmul 3 --seed N` repeats version 3 of a full run
             printf("version %d: %s\n", version, VERSION_NAMES[version]);
             for (const Shape& s : CHECK_SHAPES) check_shape(ctx, version, s, rng);
@@ -525,9 +511,5 @@ int main(int argc, char** argv) {
             if (!opts.check_only)
                 for (const TimedLayer& l : TIMED_LAYERS) time_layer(ctx, version, l, rng);
         }
-    } catch (const llmc::Error& e) {
-        fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        return 1;
-    }
-    return bench::finish(argv[0]);
+    });
 }
