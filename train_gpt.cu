@@ -33,8 +33,9 @@ static GPT2CUDAOptions cuda_options(const RunConfig& cfg) {
 }
 #endif
 
-// The model for this rank. On several ranks the CUDA model sums gradients over grad_comm, which
-// make_model creates (NCCL) or points at the host communicator (MPI); it must outlive the model.
+// The model for this rank. The CUDA model's collectives run on a device communicator that
+// make_model creates (NCCL, or MPI staged through host memory) in grad_comm, which must outlive the
+// model.
 static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm, const Launch& launch,
                                          std::unique_ptr<Communicator>& grad_comm) {
 #ifdef LLMC_CPU_ONLY
@@ -49,10 +50,6 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
                        "logits with B*T*vocab): reduce -b or -t, or shard more with -z", cfg.batch_size, cfg.seq_len));
     }
 #else
-    if (comm.world_size() > 1 && cfg.zero_stage != 0)
-        fail(strformat("-z %d: the CUDA model on several ranks runs ZeRO-0 only so far (gradient all-reduce, "
-                       "everything replicated); sharded stages run on the CPU model (train_gpt_cpu)",
-                       cfg.zero_stage));
     std::string why;
     if (!cuda_device_present(&why))
         fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu", why.c_str()));
@@ -71,13 +68,14 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
     if (comm.rank() == 0)
         printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s\n", prop.name,
                prop.totalGlobalMem / 1073741824.0, cfg.recompute,
-               nccl ? ", gradients all-reduced over NCCL" : comm.world_size() > 1 ? ", gradients all-reduced over MPI" : "");
-    Communicator* sync = &comm;
-    if (nccl) {
-        grad_comm = std::make_unique<NcclComm>(comm, device, cfg.comm_timeout_s);
-        sync = grad_comm.get();
-    }
-    return std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), sync);
+               nccl ? ", collectives over NCCL" : comm.world_size() > 1 ? ", collectives over MPI via host memory" : "");
+    if (nccl) grad_comm = std::make_unique<NcclComm>(comm, device, cfg.comm_timeout_s);
+    else grad_comm = std::make_unique<StagedComm>(comm);
+    DataParallel dp;
+    dp.comm = grad_comm.get();
+    dp.host = &comm;
+    dp.zero_stage = cfg.zero_stage;
+    return std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), dp);
 #endif
 }
 
@@ -99,21 +97,22 @@ static void resolve(RunConfig& cfg, int world_size) {
 // --plan N: the memory plan of rank 0 of N, computed without allocating anything.
 static void print_plan(RunConfig cfg) {
     resolve(cfg, cfg.plan);
-    ParamLayout layout(cfg.model_config);
-    ZeroPlan zero(layout, cfg.zero_stage, 0, cfg.plan);
 #ifdef LLMC_CPU_ONLY
+    ZeroPlan zero(ParamLayout(cfg.model_config), cfg.zero_stage, 0, cfg.plan);
     std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len);
     const char* kind = "fp32 CPU model";
 #else
-    if (cfg.plan > 1 && cfg.zero_stage != 0)
-        fail(strformat("--plan %d -z %d: the CUDA model on several ranks runs ZeRO-0 only so far; plan the sharded "
-                       "stages with ./train_gpt_cpu (the CPU model's ZeRO engine)", cfg.plan, cfg.zero_stage));
-    const GradSync sync = cfg.plan == 1 ? GradSync::None : cfg.gpu_comm == "nccl" ? GradSync::Device : GradSync::HostStaged;
+    ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.plan);
     std::vector<BufferSpec> buffers =
-        GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), sync);
+        GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, cuda_options(cfg), zero);
     const char* kind = "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)";
 #endif
-    fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers), kind).c_str(), stdout);
+#ifdef LLMC_CPU_ONLY
+    const ParamPrecision precision = HostMemory::precision;
+#else
+    const ParamPrecision precision = DeviceMemory::precision;
+#endif
+    fputs(memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers, precision), kind).c_str(), stdout);
 #ifndef LLMC_CPU_ONLY
     printf("activations by recomputation setting (-r):");
     for (int r = 0; r <= 3; r++) {

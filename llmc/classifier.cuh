@@ -15,22 +15,6 @@ namespace llmc {
 
 constexpr int CLASSIFIER_BLOCK_SIZE = 1024;
 
-namespace classifier_detail {
-
-// Maximum over the whole block (blockDim.x a multiple of 32), returned to every thread; the
-// counterpart of block_reduce_sum, same shared-memory contract.
-__device__ inline float block_reduce_max(float x, float* shared) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int warps = blockDim.x / WARP_SIZE;
-    x = warp_reduce_max(x);
-    __syncthreads();
-    if (lane == 0) shared[warp] = x;
-    __syncthreads();
-    x = lane < warps ? shared[lane] : -INFINITY;
-    return warp_reduce_max(x);
-}
-
-}  // namespace classifier_detail
 
 // One block per row; Vp % 8 == 0, so every row starts 16-byte aligned and splits into whole 8-wide
 // vectors, and the columns >= V inside the last vectors are masked rather than handled by a tail.
@@ -63,7 +47,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
         for (int k = 0; k < x128::size; k++)
             if (i * x128::size + k < V) thread_sum += expf((float)packed[k] - thread_max);
     }
-    const float row_max = classifier_detail::block_reduce_max(thread_max, shared);
+    const float row_max = block_reduce_max(thread_max, shared);
     // A thread that saw no column (V < 8 * blockDim.x) has thread_sum 0 and expf(-inf) = 0.
     const float row_sum = block_reduce_sum(thread_sum * expf(thread_max - row_max), shared);
     if (threadIdx.x == 0) row_loss[row] = row_max + logf(row_sum) - target_logit;

@@ -109,17 +109,24 @@ __device__ inline float warp_reduce_max(float x) {
     return x;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
-// `shared` holds 32 floats. Safe to call repeatedly: it synchronises before reusing `shared`.
-__device__ inline float block_reduce_sum(float x, float* shared) {
+// A reduction over the whole block (blockDim.x a multiple of 32, at most 1024), returned to every
+// thread: each warp reduces, then every warp reduces the warps' results. `shared` holds 32 floats;
+// safe to call repeatedly, as it synchronises before reusing `shared`. `identity` fills the lanes
+// beyond the block's warp count.
+template <float (*warp_reduce)(float)>
+__device__ inline float block_reduce(float x, float* shared, float identity) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    x = warp_reduce_sum(x);
+    x = warp_reduce(x);
     __syncthreads();
     if (lane == 0) shared[warp] = x;
     __syncthreads();
-    x = lane < warps ? shared[lane] : 0.0f;
-    return warp_reduce_sum(x);
+    x = lane < warps ? shared[lane] : identity;
+    return warp_reduce(x);
+}
+__device__ inline float block_reduce_sum(float x, float* shared) { return block_reduce<warp_reduce_sum>(x, shared, 0.0f); }
+__device__ inline float block_reduce_max(float x, float* shared) {
+    return block_reduce<warp_reduce_max>(x, shared, -INFINITY);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -720,7 +720,7 @@ public:
     // A model sharded over `comm` by ZeRO stage `zero_stage` (see zero.h).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& comm, int zero_stage)
         : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm),
+          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm, memory_),
           bucket_params_(layout_.num_buckets(), nullptr), bucket_grads_(layout_.num_buckets(), nullptr) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -965,7 +965,8 @@ private:
     ParamLayout layout_;
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;
-    ZeroEngine engine_;
+    HostMemory memory_;  // before engine_, which allocates from it
+    ZeroEngine<HostMemory> engine_;
     std::vector<const float*> bucket_params_;  // the buckets acquired for the pass under way
     std::vector<float*> bucket_grads_;
     std::vector<float> acts_;

@@ -1,11 +1,14 @@
-// gpt2_cuda.h: GPT2CUDA, the product's model: GPT-2 training on one GPU in bf16 with llmc's own
+// gpt2_cuda.h: GPT2CUDA, the product's model: GPT-2 training on GPUs in bf16 with llmc's own
 // kernels, behind the same Model interface as the fp32 CPU reference (gpt2_cpu.h).
 //
-// Memory. The parameters live in flat buffers in ParamLayout's bucket-major order, the CPU
-// reference's order, so model files and checkpoints are shared: bf16 weights (what the kernels
-// read), fp32 master weights (what AdamW updates; the bf16 weights are stochastically rounded
-// copies, unbiased, so updates far below a bf16 ulp still add up), fp32 gradients (accumulated
-// across micro-batches without bf16 rounding) and fp32 AdamW moments. Activations are bf16, their
+// Memory. The parameters, gradients and optimizer state belong to the same ZeRO engine as the CPU
+// model's (zero.h), here with device memory (zero_cuda.cuh), in ParamLayout's bucket-major order,
+// so model files and checkpoints are shared: bf16 weights (what the kernels read), fp32 master
+// weights (what AdamW updates; the bf16 weights are stochastically rounded copies, unbiased, so
+// updates far below a bf16 ulp still add up), fp32 gradients (accumulated across micro-batches
+// without bf16 rounding) and fp32 AdamW moments. The model reaches them bucket by bucket
+// (acquire_params, grad_buffer) exactly as the CPU model does, so ZeRO stages 0-3 work the same
+// way on both. Activations are bf16, their
 // statistics (LayerNorm mean and rstd, attention log-sum-exp, losses) fp32, all cut out of one
 // allocation sized for max_B x max_T. memory_specs() lists every allocation; the constructor
 // allocates exactly that list and --plan prints it.
@@ -23,12 +26,10 @@
 // dlogits in place by one kernel, and immediately pushed back through the lm head (dlnf for those
 // rows, and the chunk's share of dwte), so the B x T x V logits never exist at once.
 //
-// Data parallelism (ZeRO-0): every rank keeps everything, and once the step's last micro-batch has
-// finished a bucket's gradient (the final LayerNorm, each layer, then the embeddings), the bucket is
-// all-reduced over the ranks. Over NCCL (device buffers) each bucket's all-reduce starts on the
-// communicator's stream as soon as its gradient is done, overlapping the rest of backward. Over MPI
-// (host buffers; several ranks may share one GPU) the whole gradient goes through pinned host
-// memory after backward. Sharded stages (ZeRO-1..3) are not implemented for the CUDA model yet.
+// Data parallelism: the engine's collectives run on a device communicator. Over NCCL (a GPU per
+// rank) they run on NCCL's stream, overlapping compute. Over MPI they go through pinned host
+// memory (StagedComm), which lets several ranks share one GPU. One rank without a launcher uses a
+// StagedComm over the local communicator, where every collective is a copy or nothing.
 //
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
@@ -55,19 +56,11 @@
 #include "model_init.h"
 #include "phase_timer.cuh"
 #include "zero.h"
+#include "zero_cuda.cuh"
 
 namespace llmc {
 
 enum class Recompute { None = 0, Gelu = 1, GeluLayerNorm = 2, Block = 3 };
-
-// How the gradients of data-parallel ranks are summed.
-enum class GradSync { None, Device, HostStaged };
-// A device communicator is used even for one rank (mpirun -np 1 --gpu-comm nccl), which runs the
-// NCCL path end to end on a single GPU.
-inline GradSync grad_sync_for(const Communicator* comm) {
-    if (comm && comm->uses_device_buffers()) return GradSync::Device;
-    return comm && comm->world_size() > 1 ? GradSync::HostStaged : GradSync::None;
-}
 
 struct GPT2CUDAOptions {
     Recompute recompute = Recompute::None;
@@ -97,8 +90,6 @@ struct CudaActivationLayout {
     int *inputs, *targets;                               // (BT) token ids on the device
     floatX *dresidual, *dC, *d3C, *d4C;                  // backward: residual-stream and layer gradients
     float* scratch;                                      // kernel scratch (bias/LN partials, attention D)
-    float* norm_partials;
-    double* norm;
 
     size_t total_bytes = 0;
 
@@ -156,66 +147,62 @@ struct CudaActivationLayout {
                                           layernorm_backward_scratch_floats((int)BT, (int)C),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
         take(scratch, scratch_floats);
-        take(norm_partials, global_norm_partials_count());
-        take(norm, 1);
     }
+};
+
+// Where a GPT2CUDA's gradients and parameters are communicated, and how they are sharded.
+struct DataParallel {
+    Communicator* comm = nullptr;  // device buffers (NcclComm, StagedComm); nullptr: one rank, no launcher
+    Communicator* host = nullptr;  // host buffers, for scalars (the gradient norm); nullptr: the local one
+    int zero_stage = 0;
 };
 
 class GPT2CUDA : public Model {
 public:
-    // grad_comm: the ranks gradients are summed over (ZeRO-0); nullptr or a world of one for one GPU.
-    // It must outlive the model.
+    // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
+    // One rank has nothing to shard: it runs ZeRO-0 whatever the stage asked for, which saves the
+    // copies a sharded stage would make between its full and shard buffers.
+    static constexpr size_t SHARD_ALIGN = 8;
+    static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size) {
+        return ZeroPlan(ParamLayout(c), world_size == 1 ? 0 : stage, rank, world_size, SHARD_ALIGN);
+    }
+
+    // The communicators in `dp` must outlive the model.
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
-             Communicator* grad_comm = nullptr)
+             const DataParallel& dp = {})
         : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T), options_(options),
-          grad_comm_(grad_comm), grad_sync_(grad_sync_for(grad_comm)), encoder_backward_(max_B, max_T) {
+          host_(dp.host ? *dp.host : local_comm()), comm_(dp.comm ? *dp.comm : staged_local_),
+          memory_(stream_.get(), host_),
+          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size()), comm_, memory_),
+          bucket_params_(layout_.num_buckets(), nullptr), bucket_grads_(layout_.num_buckets(), nullptr),
+          encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CUDA: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
         if (options.classifier_chunk_rows < 1)
             fail(strformat("GPT2CUDA: classifier_chunk_rows must be >= 1, got %d", options.classifier_chunk_rows));
-        const size_t n = layout_.num_params;
-        params_.allocate(n, "bf16 parameters");
-        master_.allocate(n, "fp32 master weights");
-        grads_.allocate(n, "fp32 gradients");
-        m_.allocate(n, "AdamW m");
-        v_.allocate(n, "AdamW v");
+        if (!comm_.uses_device_buffers())
+            fail(strformat("GPT2CUDA: the %s communicator works on host buffers; wrap it in a StagedComm",
+                           comm_.backend()));
         acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_), "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T, "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
-        pinned_norm_ = PinnedBuffer<double>(1, "gradient norm download");
-        add_allocation(MemoryKind::Parameters, params_.bytes());
-        add_allocation(MemoryKind::MasterWeights, master_.bytes());
-        add_allocation(MemoryKind::Gradients, grads_.bytes());
-        add_allocation(MemoryKind::OptimizerState, m_.bytes() + v_.bytes());
-        add_allocation(MemoryKind::Activations,
-                       acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes());
-        if (grad_sync_ == GradSync::HostStaged) {
-            staged_grads_ = PinnedBuffer<float>(n, "gradient staging for the MPI all-reduce");
-            add_allocation(MemoryKind::CommBuffers, n * sizeof(float));
-        }
+        own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
+                                DeviceMemory::scratch_bytes();
     }
 
-    // Everything the model allocates on the GPU for this config (what --plan prints; the
+    // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
     // constructor's allocations add up to the same bytes).
-    static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T,
-                                                const GPT2CUDAOptions& o, GradSync sync = GradSync::None) {
+    static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
+                                                const ZeroPlan& plan) {
         using K = MemoryKind;
-        const size_t n = ParamLayout(c).num_params;
-        std::vector<BufferSpec> specs = {
-            {"bf16 parameters", K::Parameters, n, sizeof(floatX)},
-            {"fp32 master weights", K::MasterWeights, n, sizeof(float)},
-            {"fp32 gradients", K::Gradients, n, sizeof(float)},
-            {"AdamW m", K::OptimizerState, n, sizeof(float)},
-            {"AdamW v", K::OptimizerState, n, sizeof(float)},
-            {"activations", K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o), 1},
-            {"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1},
-            {"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1},
-        };
-        if (sync == GradSync::HostStaged)
-            specs.push_back({"gradient staging (pinned host)", K::CommBuffers, n, sizeof(float)});
+        std::vector<BufferSpec> specs = buffer_specs(plan, DeviceMemory::precision);
+        specs.push_back({"activations", K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o), 1});
+        specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1});
+        specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
+        specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
         return specs;
     }
 
@@ -224,7 +211,7 @@ public:
     int max_seq_len() const override { return max_T_; }
 
     // Both start a fresh model: gradients and AdamW moments are zeroed, the bf16 weights are the
-    // master weights rounded to nearest.
+    // master weights rounded to nearest. Every rank passes the same seed or file and keeps its shard.
     void init_random(uint64_t seed) override {
         std::vector<float> full(layout_.num_params);
         init_gpt2_params(config_, full.data(), seed);
@@ -236,27 +223,30 @@ public:
         reset(full, 0x5eed1234u);
     }
     // Writes the fp32 master weights: they are the model; the bf16 weights are derived from them.
-    // Every rank holds them all (ZeRO-0), so rank 0 writes and the others have nothing to do.
+    // A collective (sharded master weights are gathered); rank 0 writes.
     void save(const std::string& path) override {
-        if (grad_comm_ && grad_comm_->rank() != 0) return;
         std::vector<float> full(layout_.num_params);
-        get_master_weights(full.data());
-        write_model_file(path, config_, full.data());
+        engine_.get_params(full.data());
+        if (comm_.rank() == 0) write_model_file(path, config_, full.data());
     }
-    // Sets the master weights from a full fp32 buffer (ParamLayout order); bf16 weights rounded to
-    // nearest. For tests that give this model and the CPU reference the same weights.
-    void set_master_weights(const float* full) { reset(std::vector<float>(full, full + layout_.num_params), sr_seed_); }
-    void get_master_weights(float* full) {
-        CUDA_CHECK(cudaMemcpyAsync(full, master_.get(), master_.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
-        stream_.synchronize();
+    // Sets the master weights from a full fp32 buffer (ParamLayout order) and resets the optimizer;
+    // bf16 weights rounded to nearest. For tests that give this model and the CPU reference the same
+    // weights.
+    void set_master_weights(const float* full) {
+        reset(std::vector<float>(full, full + layout_.num_params), memory_.sr_seed);
     }
-    // The fp32 gradients (ParamLayout order), for tests.
+    // The fp32 master weights in ParamLayout order (a collective where they are sharded).
+    void get_master_weights(float* full) { engine_.get_params(full); }
+    // The fp32 gradients in ParamLayout order, for tests of an unsharded model (ZeRO-0).
     void get_grads(float* full) {
-        CUDA_CHECK(cudaMemcpyAsync(full, grads_.get(), grads_.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
-        stream_.synchronize();
+        const float* grads = engine_.full_grads();
+        if (!grads || engine_.plan().shards_optimizer())
+            fail("GPT2CUDA: get_grads needs the whole gradient on this rank (ZeRO-0)");
+        for (const ZeroPlan::Bucket& k : engine_.plan().buckets)
+            memory_.download(full + k.begin, grads + k.padded_begin, k.size);
     }
 
-    void zero_grad() override { CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_.get())); }
+    void zero_grad() override { engine_.zero_grad(); }
 
     float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                            bool last_micro_batch) override {
@@ -264,9 +254,7 @@ public:
         encoder_backward_.prepare(inputs, B, T, stream_.get());
         forward(inputs, targets, B, T, Pass::Train, grad_scale);
         backward(B, T, last_micro_batch);
-        const float loss = mean_loss(B * T);
-        if (last_micro_batch) finish_grad_sync();
-        return loss;
+        return mean_loss(B * T);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(config_, max_B_, max_T_, inputs, targets, B, T, "evaluate");
@@ -285,41 +273,21 @@ public:
     }
 
     double grad_norm_squared() override {
-        const CudaActivationLayout a = activations(last_B_, last_T_);
-        {
-            PhaseScope phase(timer_, "grad norm", stream_.get());
-            global_norm_squared(a.norm, a.norm_partials, grads_.get(), layout_.num_params, false, stream_.get());
-        }
-        CUDA_CHECK(cudaMemcpyAsync(pinned_norm_.get(), a.norm, sizeof(double), cudaMemcpyDeviceToHost, stream_.get()));
-        stream_.synchronize();
-        return *pinned_norm_.get();
+        PhaseScope phase(timer_, "grad norm", stream_.get());
+        return engine_.grad_norm_squared();
     }
-
-    // AdamW over the whole flat buffer, one launch per run of consecutive tensors that share a weight
-    // decay. The stochastic rounding bits depend on (seed, step, element), never on the launch.
+    // AdamW on this rank's shard (one launch per tensor slice), then, under ZeRO-1/2, the bf16
+    // parameters all-gathered. The stochastic rounding bits depend on (seed, step, element) only.
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
         if (step < 1) fail(strformat("adamw_step: step must be >= 1 (1-based for bias correction), got %d", step));
         PhaseScope phase(timer_, "adamw", stream_.get());
-        const uint32_t seed = hash_u32(sr_seed_ ^ hash_u32((uint32_t)step));
-        const auto& segs = layout_.segments();
-        for (size_t i = 0; i < segs.size();) {
-            const bool decayed = ParamLayout::is_decayed(segs[i].tensor);
-            size_t j = i + 1;
-            while (j < segs.size() && ParamLayout::is_decayed(segs[j].tensor) == decayed) j++;
-            const size_t lo = segs[i].begin, count = segs[j - 1].end - lo;
-            adamw_update(params_.get() + lo, master_.get() + lo, grads_.get() + lo, m_.get() + lo, v_.get() + lo, count,
-                         opt.lr, opt.beta1, opt.beta2, opt.eps, decayed ? opt.weight_decay : 0.0f, step,
-                         grad_multiplier, seed, lo, stream_.get());
-            i = j;
-        }
+        engine_.adamw_step(opt, step, grad_multiplier);
     }
 
-    double take_exposed_comm_ms() override {
-        const double ms = exposed_comm_ms_;
-        exposed_comm_ms_ = 0.0;
-        return ms;
+    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    size_t allocated_bytes(MemoryKind kind) const override {
+        return engine_.allocated_bytes(kind) + (kind == MemoryKind::Activations ? own_activation_bytes_ : 0);
     }
-    size_t allocated_bytes(MemoryKind kind) const override { return allocated_bytes_[(int)kind]; }
 
     // Per-phase GPU milliseconds (matmul, attention, ...) for the benchmark; off unless enabled.
     void enable_phase_timing(bool on) { timer_.enable(on); }
@@ -343,7 +311,10 @@ private:
         return c;
     }
 
-    void add_allocation(MemoryKind kind, size_t bytes) { allocated_bytes_[(int)kind] += bytes; }
+    static Communicator& local_comm() {
+        static LocalComm comm;
+        return comm;
+    }
 
     CudaActivationLayout activations(int B, int T) const {
         CudaActivationLayout a(config_, B, T, options_, acts_.get());
@@ -354,18 +325,35 @@ private:
     }
 
     void reset(const std::vector<float>& full, uint32_t sr_seed) {
-        sr_seed_ = sr_seed;
-        cudaStream_t s = stream_.get();
-        CUDA_CHECK(cudaMemcpyAsync(master_.get(), full.data(), master_.bytes(), cudaMemcpyHostToDevice, s));
-        copy_master_to_params(params_.get(), master_.get(), layout_.num_params, s);
-        CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), s));
-        CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), s));
-        CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), s));
-        stream_.synchronize();  // `full` is pageable host memory owned by the caller
+        memory_.sr_seed = sr_seed;
+        engine_.set_params(full.data());
+        engine_.reset_optimizer();
+        stream_.synchronize();
     }
 
-    const floatX* param(int tensor, int layer = 0) const { return params_.get() + layout_.offset(tensor, layer); }
-    float* grad(int tensor, int layer = 0) { return grads_.get() + layout_.offset(tensor, layer); }
+    // Parameters and gradients are reached only through these, via the bucket pointers the engine
+    // handed out (acquire_params / grad_buffer), so the model never knows how they are sharded.
+    const floatX* param(int tensor, int layer = 0) const {
+        return bucket_params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    float* grad(int tensor, int layer = 0) {
+        return bucket_grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
+    // fetching the bucket needed next.
+    void acquire(int bucket, int next_bucket) {
+        bucket_params_[bucket] = engine_.acquire_params(bucket);
+        if (next_bucket >= 0) engine_.prefetch_params(next_bucket);
+    }
+    void release(int bucket) {
+        engine_.release_params(bucket);
+        bucket_params_[bucket] = nullptr;
+    }
+    void release_all() {
+        engine_.invalidate_gathered();
+        std::fill(bucket_params_.begin(), bucket_params_.end(), nullptr);
+        std::fill(bucket_grads_.begin(), bucket_grads_.end(), nullptr);
+    }
 
     // Copies the batch to the device through pinned memory (the previous call has synchronised, so
     // the pinned buffer is free).
@@ -392,24 +380,37 @@ private:
         const int Vp = config_.padded_vocab_size, BT = B * T;
         cudaStream_t s = stream_.get();
         using P = ParamLayout;
+        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
         upload_tokens(a, inputs, targets, BT);
+        acquire(embedding, final_norm);
         {
             PhaseScope phase(timer_, "encoder", s);
             encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
         }
-        for (int l = 0; l < L; l++) layer_forward(a, l, B, T, false);
+        for (int l = 0; l < L; l++) {
+            acquire(layout_.layer_bucket(l), l + 1 < L ? layout_.layer_bucket(l + 1) : -1);
+            layer_forward(a, l, B, T, false);
+            release(layout_.layer_bucket(l));
+        }
+        acquire(final_norm, -1);
         const floatX* last_residual = a.residual3.at(L - 1);
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last_residual, param(P::LNFW), param(P::LNFB), BT, C, s);
         }
         if (pass == Pass::LastLogits) {
-            PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.logits, nullptr, a.lnf + (size_t)(BT - 1) * C, param(P::WTE), nullptr, nullptr, 1,
-                           C, Vp, s);
+            {
+                PhaseScope phase(timer_, "matmul", s);
+                matmul_forward(matmul_, a.logits, nullptr, a.lnf + (size_t)(BT - 1) * C, param(P::WTE), nullptr,
+                               nullptr, 1, C, Vp, s);
+            }
+            release_all();
             return;
         }
         const bool train = pass == Pass::Train;
+        // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
+        // taken now (under ZeRO-2 this zeroes a fresh one) and backward() adds the encoder's share.
+        if (train) bucket_grads_[embedding] = engine_.grad_buffer(embedding);
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
         const float dloss = grad_scale / BT;
         const int chunk = std::min(BT, options_.classifier_chunk_rows);
@@ -431,6 +432,8 @@ private:
                                 param(P::WTE), nullptr, rows, C, Vp, s);
             }
         }
+        // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
+        if (!train) release_all();
     }
 
     // One transformer block's forward. `for_backward`: a whole-block recomputation, which stops
@@ -511,55 +514,27 @@ private:
         }
     }
 
-    // The step's gradient for this bucket is complete (called during the last micro-batch's
-    // backward): over NCCL its all-reduce is issued now, behind the compute stream's work so far.
-    void bucket_ready(int bucket, bool last_micro_batch) {
-        if (!last_micro_batch || grad_sync_ != GradSync::Device) return;
-        CUDA_CHECK(cudaEventRecord(bucket_done_.get(), stream_.get()));
-        grad_comm_->order_after(bucket_done_.get());
-        pending_.push_back(grad_comm_->all_reduce_sum(grads_.get() + layout_.bucket_begin(bucket),
-                                                      layout_.bucket_size(bucket), CommDtype::F32));
-    }
-
-    // Completes the step's gradient all-reduce. The compute stream is drained first, so the time
-    // counted as exposed is only what communication adds after backward.
-    void finish_grad_sync() {
-        if (grad_sync_ == GradSync::None) return;
-        stream_.synchronize();
-        if (grad_sync_ == GradSync::Device) {
-            for (CommHandle& h : pending_) {
-                h.wait();
-                exposed_comm_ms_ += h.wait_ms();
-            }
-            pending_.clear();
-            return;
-        }
-        const size_t bytes = layout_.num_params * sizeof(float);
-        CUDA_CHECK(cudaMemcpyAsync(staged_grads_.get(), grads_.get(), bytes, cudaMemcpyDeviceToHost, stream_.get()));
-        stream_.synchronize();
-        CommHandle h = grad_comm_->all_reduce_sum(staged_grads_.get(), layout_.num_params, CommDtype::F32);
-        h.wait();
-        exposed_comm_ms_ += h.wait_ms();
-        CUDA_CHECK(cudaMemcpyAsync(grads_.get(), staged_grads_.get(), bytes, cudaMemcpyHostToDevice, stream_.get()));
-        stream_.synchronize();  // the staging buffer is reused next step
-    }
-
     // Backward of the Pass::Train forward that just ran on the same batch, from the dlnf it left in
-    // dC. Parameter gradients accumulate (+=) into the fp32 gradient buffer; on the last micro-batch
-    // each finished bucket is handed to bucket_ready.
+    // dC. Parameter gradients accumulate (+=). Each bucket is handed to the engine (grads_ready) as
+    // soon as its gradient is complete, so its communication overlaps the rest of backward.
     void backward(int B, int T, bool last_micro_batch) {
         const CudaActivationLayout a = activations(B, T);
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
         using P = ParamLayout;
+        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        bucket_grads_[final_norm] = engine_.grad_buffer(final_norm);
         CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)BT * C * sizeof(floatX), s));
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.scratch, a.dC, a.residual3.at(L - 1),
                                param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C, s);
         }
-        bucket_ready(layout_.final_bucket(), last_micro_batch);
+        engine_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
+            const int bucket = layout_.layer_bucket(l);
+            acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
+            bucket_grads_[bucket] = engine_.grad_buffer(bucket);
             recompute_layer(a, l, B, T);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
             // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
@@ -595,13 +570,19 @@ private:
                 layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
                                    param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
             }
-            bucket_ready(layout_.layer_bucket(l), last_micro_batch);
+            engine_.grads_ready(bucket, last_micro_batch);
+            release(bucket);
         }
         {
             PhaseScope phase(timer_, "encoder", s);
             encoder_backward_.backward(grad(P::WTE), grad(P::WPE), a.dresidual, B, T, C, s);
         }
-        bucket_ready(ParamLayout::EMBEDDING_BUCKET, last_micro_batch);
+        engine_.grads_ready(embedding, last_micro_batch);
+        // Drain the compute stream first, so that what the engine then waits for is only the
+        // communication backward did not hide (the step's exposed communication time).
+        stream_.synchronize();
+        engine_.finish_backward();
+        release_all();
     }
 
     // The mean of the per-row losses of the last forward, summed on the host in row order.
@@ -615,31 +596,29 @@ private:
         return (float)(total / BT);
     }
 
+    // Declaration order is construction order: the stream and communicators before the memory
+    // and the engine that use them.
     ModelConfig config_;
     ParamLayout layout_;
     int max_B_, max_T_;
     GPT2CUDAOptions options_;
-    Communicator* grad_comm_;
-    GradSync grad_sync_;
     int last_B_ = 1, last_T_ = 1;
-    uint32_t sr_seed_ = 0;
-    double exposed_comm_ms_ = 0.0;
-    std::vector<CommHandle> pending_;  // the step's bucket all-reduces in flight (NCCL)
-
     CudaStream stream_;
+    Communicator& host_;
+    StagedComm staged_local_{local_comm()};  // the communicator of one rank without a launcher
+    Communicator& comm_;
+    DeviceMemory memory_;
+    ZeroEngine<DeviceMemory> engine_;
+    std::vector<const floatX*> bucket_params_;  // the buckets acquired for the pass under way
+    std::vector<float*> bucket_grads_;
     MatmulContext matmul_;
     EncoderBackward encoder_backward_;
     PhaseTimer timer_;
-    DeviceBuffer<floatX> params_;
-    DeviceBuffer<float> master_, grads_, m_, v_;
     DeviceBuffer<char> acts_;
     PinnedBuffer<int> pinned_tokens_;
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;
-    PinnedBuffer<double> pinned_norm_;
-    PinnedBuffer<float> staged_grads_;  // MPI: the gradient on its way through host memory
-    CudaEvent bucket_done_;
-    size_t allocated_bytes_[(int)MemoryKind::Count] = {};
+    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch
 };
 
 }  // namespace llmc

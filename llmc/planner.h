@@ -25,8 +25,10 @@ struct MemoryPlan {
     }
 };
 
-// buffers: everything the model allocates per rank (its own size function's list).
-inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::vector<BufferSpec> buffers) {
+// buffers: everything the model allocates per rank (its own size function's list); precision: how
+// its parameters travel in the all-gathers (gradients are reduced in fp32 by both models).
+inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::vector<BufferSpec> buffers,
+                              ParamPrecision precision = FP32_PARAMETERS) {
     MemoryPlan plan;
     plan.buffers = std::move(buffers);
     for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
@@ -34,14 +36,15 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     const ModelConfig& m = cfg.model_config;
     plan.flops_per_step = model_flops_per_token(m, cfg.seq_len) * cfg.total_batch_tokens;
 
-    // gradients travel as fp32 in both models
-    const double W = zero.world_size, bytes = (double)zero.padded_num_params * sizeof(float);
-    const double ring = (W - 1) / W * bytes;  // one reduce-scatter or one all-gather of the whole buffer
+    // one ring reduce-scatter or all-gather of the whole padded buffer sends (W-1)/W of it
+    const double W = zero.world_size, ring = (W - 1) / W * (double)zero.padded_num_params;
+    const double grads = ring * sizeof(float), params = ring * (double)precision.param_bytes;
+    const double accum = cfg.grad_accum_steps;
     switch (zero.stage) {
-    case 0: plan.comm_bytes_per_rank = 2 * ring; break;                                  // all-reduce
-    case 1: plan.comm_bytes_per_rank = 2 * ring; break;                                  // reduce-scatter + all-gather
-    case 2: plan.comm_bytes_per_rank = (cfg.grad_accum_steps + 1) * ring; break;         // a reduce-scatter per micro-batch
-    case 3: plan.comm_bytes_per_rank = 3.0 * cfg.grad_accum_steps * ring; break;         // + 2 gathers per micro-batch
+    case 0: plan.comm_bytes_per_rank = 2 * grads; break;                      // all-reduce
+    case 1: plan.comm_bytes_per_rank = grads + params; break;                 // reduce-scatter + all-gather
+    case 2: plan.comm_bytes_per_rank = accum * grads + params; break;         // a reduce-scatter per micro-batch
+    case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
     }
     return plan;
 }

@@ -18,6 +18,12 @@
 //
 // The engine allocates exactly the buffers buffer_specs() lists, and the --plan printout reads the
 // same list, so the plan is what gets allocated.
+//
+// One engine serves both models. Where its buffers live and how data moves in them is a Memory
+// policy: HostMemory here (fp32 parameters that are their own master copy, for the CPU model), and
+// DeviceMemory in zero_cuda.cuh (bf16 parameters with separate fp32 master weights, kernels on the
+// compute stream, collectives ordered after it). The policy's precision decides the buffer list;
+// the sharding logic is the same code for both.
 #pragma once
 
 #include <cstring>
@@ -43,18 +49,34 @@ struct BufferSpec {
     size_t bytes() const { return count * element_bytes; }
 };
 
+// How a model stores its parameters: their element size, and whether fp32 master weights are kept
+// apart from them (and updated by AdamW, the parameters then being rounded copies).
+struct ParamPrecision {
+    size_t param_bytes;
+    bool separate_master;
+};
+constexpr ParamPrecision FP32_PARAMETERS{sizeof(float), false};  // the CPU model
+constexpr ParamPrecision BF16_PARAMETERS_FP32_MASTER{2, true};   // the CUDA model
+
 // Every buffer the engine allocates for a plan (the single size function for engine and planner).
-inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan) {
+inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision precision = FP32_PARAMETERS) {
     using K = MemoryKind;
     const ZeroPlan::Bucket &embedding = plan.embedding(), &layer = plan.layer(), &final_norm = plan.final_norm();
+    const size_t pb = precision.param_bytes;
     std::vector<BufferSpec> specs;
     if (!plan.shards_parameters()) {
-        specs.push_back({"parameters", K::Parameters, plan.padded_num_params});
+        specs.push_back({"parameters", K::Parameters, plan.padded_num_params, pb});
     } else {
-        specs.push_back({"parameter shard", K::Parameters, plan.shard_num_params});
-        specs.push_back({"gathered embeddings", K::Parameters, embedding.padded_extent});
-        specs.push_back({"gathered final norm", K::Parameters, final_norm.padded_extent});
-        specs.push_back({"gathered layers (2)", K::Parameters, 2 * layer.padded_extent});
+        specs.push_back({"parameter shard", K::Parameters, plan.shard_num_params, pb});
+        specs.push_back({"gathered embeddings", K::Parameters, embedding.padded_extent, pb});
+        specs.push_back({"gathered final norm", K::Parameters, final_norm.padded_extent, pb});
+        specs.push_back({"gathered layers (2)", K::Parameters, 2 * layer.padded_extent, pb});
+    }
+    if (precision.separate_master) {
+        if (plan.shards_optimizer())
+            specs.push_back({"master weight shard", K::MasterWeights, plan.shard_num_params});
+        else
+            specs.push_back({"master weights", K::MasterWeights, plan.padded_num_params});
     }
     if (!plan.shards_gradients()) {
         specs.push_back({"gradients", K::Gradients, plan.padded_num_params});
@@ -73,29 +95,73 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan) {
     return specs;
 }
 
+// The CPU model's memory: host vectors, fp32 parameters that are their own master weights.
+class HostMemory {
+public:
+    using Param = float;
+    static constexpr ParamPrecision precision = FP32_PARAMETERS;
+    static constexpr CommDtype param_dtype = CommDtype::F32;
+
+    // A zeroed buffer for the spec, owned by this object.
+    void* allocate(const BufferSpec& spec) { return buffers_.emplace_back(spec.count, 0.0f).data(); }
+    void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+    void zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
+    void add(float* dst, const float* src, size_t n) {
+        for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    }
+    double sum_squares(const float* x, size_t n) { return llmc::sum_squares(x, 0, n); }
+    // AdamW on n elements of one tensor. `master` is `params` here; first_index (the elements' flat
+    // index in ParamLayout) matters only where the update rounds randomly.
+    void adamw(Param* params, float* master, const float* grads, float* m, float* v, size_t n, float decay,
+               const AdamWConfig& opt, int step, float grad_multiplier, size_t first_index) {
+        (void)master;
+        (void)first_index;
+        adamw_contiguous(params, grads, m, v, n, decay, opt, step, grad_multiplier);
+    }
+    // Parameters from n host floats; master weights (here the parameters) back to host floats.
+    void upload_params(Param* params, const float* host, size_t n) { std::memcpy(params, host, n * sizeof(float)); }
+    void download(float* host, const float* master, size_t n) { std::memcpy(host, master, n * sizeof(float)); }
+    // Host buffers are written before a collective is issued: nothing to order.
+    void before_collective(Communicator&) {}
+    // The communicator for host scalars: the engine's own, which works on host memory.
+    Communicator& host_comm(Communicator& engine_comm) { return engine_comm; }
+
+private:
+    std::deque<std::vector<float>> buffers_;
+};
+
+template <class Memory>
 class ZeroEngine {
 public:
-    ZeroEngine(const ParamLayout& layout, const ZeroPlan& plan, Communicator& comm)
-        : layout_(layout), plan_(plan), comm_(comm) {
+    using Param = typename Memory::Param;
+
+    ZeroEngine(const ParamLayout& layout, const ZeroPlan& plan, Communicator& comm, Memory& memory)
+        : layout_(layout), plan_(plan), comm_(comm), mem_(memory) {
         if (comm.world_size() != plan.world_size || comm.rank() != plan.rank)
             fail(strformat("ZeroEngine: the plan is for rank %d of %d but the communicator is rank %d of %d",
                            plan.rank, plan.world_size, comm.rank(), comm.world_size()));
-        for (const BufferSpec& spec : buffer_specs(plan)) {
-            buffers_.emplace_back(spec.count, 0.0f);
+        std::vector<void*> buffers;
+        for (const BufferSpec& spec : buffer_specs(plan, Memory::precision)) {
+            buffers.push_back(mem_.allocate(spec));
             allocated_bytes_[(int)spec.kind] += spec.bytes();
         }
         // Name the buffers in the order buffer_specs() made them.
         size_t i = 0;
-        auto next = [&]() { return buffers_[i++].data(); };
+        auto next_param = [&]() { return static_cast<Param*>(buffers[i++]); };
+        auto next = [&]() { return static_cast<float*>(buffers[i++]); };
         if (!plan.shards_parameters()) {
-            params_full_ = next();
+            params_full_ = next_param();
         } else {
-            params_shard_ = next();
-            embedding_params_.data = next();
-            final_params_.data = next();
-            float* layers = next();
+            params_shard_ = next_param();
+            embedding_params_.data = next_param();
+            final_params_.data = next_param();
+            Param* layers = next_param();
             layer_params_[0].data = layers;
             layer_params_[1].data = layers + plan.layer().padded_extent;
+        }
+        if (Memory::precision.separate_master) {
+            if (plan.shards_optimizer()) master_shard_ = next();
+            else master_full_ = next();
         }
         if (!plan.shards_gradients()) {
             grads_full_ = next();
@@ -119,45 +185,58 @@ public:
 
     const ZeroPlan& plan() const { return plan_; }
     // The whole parameter / gradient buffer, or nullptr where the stage shards it.
-    float* full_params() { return params_full_; }
+    Param* full_params() { return params_full_; }
     float* full_grads() { return grads_full_; }
 
     // Zeroes gradients and AdamW moments: a fresh start from new parameters.
     void reset_optimizer() {
         zero_grad();
-        std::memset(m_, 0, optimizer_count() * sizeof(float));
-        std::memset(v_, 0, optimizer_count() * sizeof(float));
+        mem_.zero(m_, optimizer_count() * sizeof(float));
+        mem_.zero(v_, optimizer_count() * sizeof(float));
     }
     size_t allocated_bytes(MemoryKind kind) const { return allocated_bytes_[(int)kind]; }
 
     // ---- parameters ----
 
-    // Sets every parameter from a full buffer in ParamLayout order (the same on every rank).
+    // Sets every parameter (and master weight) from a full fp32 host buffer in ParamLayout order
+    // (the same on every rank).
     void set_params(const float* full) {
         for (size_t b = 0; b < plan_.buckets.size(); b++) {
             const auto& k = plan_.buckets[b];
+            const size_t owned = k.owned_end - k.owned_begin;
             if (!plan_.shards_parameters())
-                std::memcpy(params_full_ + k.padded_begin, full + k.begin, k.size * sizeof(float));
+                mem_.upload_params(params_full_ + k.padded_begin, full + k.begin, k.size);
             else
-                std::memcpy(params_shard_ + k.shard_offset, full + k.begin + k.owned_begin,
-                            (k.owned_end - k.owned_begin) * sizeof(float));
+                mem_.upload_params(params_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
+            if constexpr (Memory::precision.separate_master) {
+                if (!plan_.shards_optimizer())
+                    mem_.upload_master(master_full_ + k.padded_begin, full + k.begin, k.size);
+                else
+                    mem_.upload_master(master_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
+            }
         }
         invalidate_gathered();
     }
 
-    // Writes every parameter into `full` (ParamLayout order). A collective under stage 3.
+    // Writes every master weight (the parameters, where they are their own master) into the fp32
+    // host buffer `full` in ParamLayout order. A collective where the master weights are sharded.
     void get_params(float* full) {
         for (size_t b = 0; b < plan_.buckets.size(); b++) {
             const auto& k = plan_.buckets[b];
-            const float* src = plan_.shards_parameters() ? gather_blocking((int)b) : params_full_ + k.padded_begin;
-            std::memcpy(full + k.begin, src, k.size * sizeof(float));
+            if constexpr (!Memory::precision.separate_master) {
+                const Param* src = plan_.shards_parameters() ? gather_blocking((int)b) : params_full_ + k.padded_begin;
+                mem_.download(full + k.begin, src, k.size);
+            } else {
+                const float* src = plan_.shards_optimizer() ? gather_master_blocking(k) : master_full_ + k.padded_begin;
+                mem_.download(full + k.begin, src, k.size);
+            }
         }
         invalidate_gathered();
     }
 
     // The bucket's parameters, whole (bucket-relative offsets as in ParamLayout::offset_in_bucket).
     // Under stage 3 this waits for the bucket's all-gather, starting it if no prefetch did.
-    const float* acquire_params(int bucket) {
+    const Param* acquire_params(int bucket) {
         if (!plan_.shards_parameters()) return params_full_ + plan_.buckets[bucket].padded_begin;
         ParamSlot* slot = find_param_slot(bucket);
         if (!slot) {
@@ -177,10 +256,11 @@ public:
         const auto& k = plan_.buckets[bucket];
         slot->bucket = bucket;
         slot->in_use = false;
-        std::memcpy(slot->data + (size_t)plan_.rank * k.shard_size, params_shard_ + k.shard_offset,
-                    k.shard_size * sizeof(float));
-        float* own = slot->data + (size_t)plan_.rank * k.shard_size;
-        slot->pending = std::make_unique<CommHandle>(comm_.all_gather(own, slot->data, k.shard_size, CommDtype::F32));
+        Param* own = slot->data + (size_t)plan_.rank * k.shard_size;
+        mem_.copy(own, params_shard_ + k.shard_offset, k.shard_size * sizeof(Param));
+        mem_.before_collective(comm_);
+        slot->pending =
+            std::make_unique<CommHandle>(comm_.all_gather(own, slot->data, k.shard_size, Memory::param_dtype));
     }
     // The caller is done with the bucket's parameters for now (its buffer may be reused).
     void release_params(int bucket) {
@@ -191,8 +271,8 @@ public:
     // ---- gradients ----
 
     void zero_grad() {
-        if (grads_full_) std::memset(grads_full_, 0, plan_.padded_num_params * sizeof(float));
-        if (grads_shard_) std::memset(grads_shard_, 0, plan_.shard_num_params * sizeof(float));
+        if (grads_full_) mem_.zero(grads_full_, plan_.padded_num_params * sizeof(float));
+        if (grads_shard_) mem_.zero(grads_shard_, plan_.shard_num_params * sizeof(float));
     }
 
     // Where backward accumulates (+=) this bucket's gradient. Under stages 2-3 a zeroed bucket buffer,
@@ -202,7 +282,7 @@ public:
         GradSlot* slot = grad_slot_for(bucket);
         fold(*slot);  // the buffer's previous reduce-scatter must land before it is overwritten
         slot->bucket = bucket;
-        std::memset(slot->data, 0, plan_.buckets[bucket].padded_extent * sizeof(float));
+        mem_.zero(slot->data, plan_.buckets[bucket].padded_extent * sizeof(float));
         return slot->data;
     }
 
@@ -210,6 +290,7 @@ public:
     // the step's gradient is now complete, so stages 0-1 start its collective too.
     void grads_ready(int bucket, bool last_micro_batch) {
         const auto& k = plan_.buckets[bucket];
+        if (plan_.shards_gradients() || last_micro_batch) mem_.before_collective(comm_);
         if (plan_.shards_gradients()) {
             GradSlot* slot = grad_slot_for(bucket);
             slot->pending = std::make_unique<CommHandle>(
@@ -241,9 +322,9 @@ public:
 
     // The squared global gradient norm (identical on every rank; a collective under stages 1-3).
     double grad_norm_squared() {
-        if (!plan_.shards_optimizer()) return sum_squares(grads_full_, 0, plan_.padded_num_params);
-        const double local = sum_squares(grads_shard_, 0, plan_.shard_num_params);
-        return llmc::sum_over_ranks(comm_, local);
+        if (!plan_.shards_optimizer()) return mem_.sum_squares(grads_full_, plan_.padded_num_params);
+        const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
+        return llmc::sum_over_ranks(host_comm(), local);
     }
 
     // AdamW on this rank's shard; then, under stages 1-2, every bucket's parameters are all-gathered.
@@ -258,19 +339,20 @@ public:
                 const size_t seg_lo = std::max(lo, seg.begin > k.begin ? seg.begin - k.begin : 0);
                 const size_t seg_hi = std::min(hi, seg.end - k.begin);
                 const float decay = ParamLayout::is_decayed(seg.tensor) ? opt.weight_decay : 0.0f;
-                float* p = param_for_update(k, seg_lo);
+                Param* p = param_for_update(k, seg_lo);
                 const float* g = plan_.shards_optimizer() ? grads_shard_ + k.shard_offset + (seg_lo - lo)
                                                           : grads_full_ + k.padded_begin + seg_lo;
                 size_t state_at = plan_.shards_optimizer() ? k.shard_offset + (seg_lo - lo) : k.padded_begin + seg_lo;
-                adamw_contiguous(p, g, m_ + state_at, v_ + state_at, seg_hi - seg_lo, decay, opt, step,
-                                 grad_multiplier);
+                mem_.adamw(p, master_for(k, seg_lo), g, m_ + state_at, v_ + state_at, seg_hi - seg_lo, decay, opt, step,
+                           grad_multiplier, k.begin + seg_lo);
             }
         }
         if (plan_.shards_optimizer() && !plan_.shards_parameters()) {
+            mem_.before_collective(comm_);
             for (const auto& k : plan_.buckets) {
-                float* bucket = params_full_ + k.padded_begin;
+                Param* bucket = params_full_ + k.padded_begin;
                 whole_step_ops_.push_back(std::make_unique<CommHandle>(comm_.all_gather(
-                    bucket + (size_t)plan_.rank * k.shard_size, bucket, k.shard_size, CommDtype::F32)));
+                    bucket + (size_t)plan_.rank * k.shard_size, bucket, k.shard_size, Memory::param_dtype)));
             }
             for (auto& op : whole_step_ops_) finish(op);
             whole_step_ops_.clear();
@@ -297,7 +379,7 @@ public:
 
 private:
     struct ParamSlot {
-        float* data = nullptr;
+        Param* data = nullptr;
         int bucket = -1;
         bool in_use = false;
         std::unique_ptr<CommHandle> pending;
@@ -336,11 +418,33 @@ private:
             if (!s.in_use && !s.pending) return &s;
         return nullptr;
     }
-    const float* gather_blocking(int bucket) {
-        const float* p = acquire_params(bucket);
+    const Param* gather_blocking(int bucket) {
+        const Param* p = acquire_params(bucket);
         release_params(bucket);
         return p;
     }
+    // A bucket's sharded master weights gathered whole, into the memory's transient buffer (saving).
+    const float* gather_master_blocking(const ZeroPlan::Bucket& k) {
+        float* whole = mem_.transient(k.padded_extent);
+        float* own = whole + (size_t)plan_.rank * k.shard_size;
+        mem_.copy(own, master_shard_ + k.shard_offset, k.shard_size * sizeof(float));
+        mem_.before_collective(comm_);
+        CommHandle h = comm_.all_gather(own, whole, k.shard_size, CommDtype::F32);
+        wait_counted(h);
+        return whole;
+    }
+    // Where the fp32 master copy of bucket k's element `bucket_offset` lives: the parameter itself
+    // (no separate master), or the master buffer, laid out like the AdamW moments.
+    float* master_for(const ZeroPlan::Bucket& k, size_t bucket_offset) {
+        if constexpr (!Memory::precision.separate_master) {
+            return param_for_update(k, bucket_offset);
+        } else {
+            if (!plan_.shards_optimizer()) return master_full_ + k.padded_begin + bucket_offset;
+            return master_shard_ + k.shard_offset + (bucket_offset - k.owned_begin);
+        }
+    }
+    // Scalars (the gradient norm) travel through host memory on the host communicator.
+    Communicator& host_comm() { return comm_.uses_device_buffers() ? mem_.host_comm(comm_) : comm_; }
     // Stage 2-3 gradient buffers: embeddings and final norm have their own, layers alternate two.
     GradSlot* grad_slot_for(int bucket) {
         if (bucket == 0) return &embedding_grads_;
@@ -361,15 +465,14 @@ private:
         if (slot.pending) {
             finish(slot.pending);
             const auto& k = plan_.buckets[slot.bucket];
-            float* shard = grads_shard_ + k.shard_offset;
-            for (size_t i = 0; i < k.shard_size; i++) shard[i] += slot.landing[i];
+            mem_.add(grads_shard_ + k.shard_offset, slot.landing, k.shard_size);
             for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it)
                 if (*it == &slot) { in_flight_.erase(it); break; }
         }
         slot.bucket = -1;
     }
 
-    float* param_for_update(const ZeroPlan::Bucket& k, size_t bucket_offset) {
+    Param* param_for_update(const ZeroPlan::Bucket& k, size_t bucket_offset) {
         if (plan_.shards_parameters()) return params_shard_ + k.shard_offset + (bucket_offset - k.owned_begin);
         return params_full_ + k.padded_begin + bucket_offset;
     }
@@ -377,9 +480,11 @@ private:
     const ParamLayout& layout_;
     ZeroPlan plan_;
     Communicator& comm_;
-    std::vector<std::vector<float>> buffers_;
+    Memory& mem_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};
-    float *params_full_ = nullptr, *params_shard_ = nullptr, *grads_full_ = nullptr, *grads_shard_ = nullptr;
+    Param *params_full_ = nullptr, *params_shard_ = nullptr;
+    float *master_full_ = nullptr, *master_shard_ = nullptr;  // separate master weights only
+    float *grads_full_ = nullptr, *grads_shard_ = nullptr;
     float *m_ = nullptr, *v_ = nullptr;
     ParamSlot embedding_params_, final_params_, layer_params_[2];
     GradSlot embedding_grads_, final_grads_, layer_grads_[2];

@@ -8,6 +8,9 @@
 // counts (which NCCL requires). Any parameter count works on any world size; the padding is at
 // most world_size - 1 elements per bucket and is always zero.
 //
+// shard_align rounds every slice up to a multiple of that many elements (the CUDA model uses 8, so
+// every bucket and slice starts 16 bytes aligned in bf16 buffers, as its vector loads need).
+//
 // A rank's shard is the concatenation of its slices of every bucket, stored compactly (shard
 // buffers: AdamW moments, master weights, sharded gradients and parameters). Full-size buffers use
 // the padded layout (padded_begin), so a bucket's slices sit back to back as collectives expect.
@@ -26,7 +29,7 @@ struct ZeroPlan {
     struct Bucket {
         size_t begin = 0, size = 0;  // the bucket in the unpadded ParamLayout flat buffer
         size_t padded_begin = 0;     // the bucket in padded full-size buffers, world_size * shard_size long
-        size_t shard_size = 0;       // elements each rank owns: ceil(size / world_size)
+        size_t shard_size = 0;       // elements each rank owns: ceil(size / world_size), rounded to shard_align
         size_t padded_extent = 0;    // world_size * shard_size
         size_t shard_offset = 0;     // where this rank's slice sits in the compact shard buffers
         // This rank's slice of the bucket's real (unpadded) elements, relative to the bucket start.
@@ -40,8 +43,9 @@ struct ZeroPlan {
     size_t padded_num_params = 0;  // length of padded full-size buffers
     size_t shard_num_params = 0;   // length of this rank's compact shard buffers
 
-    ZeroPlan(const ParamLayout& layout, int stage_, int rank_, int world_size_)
+    ZeroPlan(const ParamLayout& layout, int stage_, int rank_, int world_size_, size_t shard_align = 1)
         : stage(stage_), rank(rank_), world_size(world_size_) {
+        if (shard_align < 1) fail("ZeroPlan: shard_align must be >= 1");
         if (stage < 0 || stage > 3) fail(strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", stage));
         if (world_size < 1 || rank < 0 || rank >= world_size)
             fail(strformat("ZeroPlan: rank %d is not in [0, %d)", rank, world_size));
@@ -50,6 +54,7 @@ struct ZeroPlan {
             k.begin = layout.bucket_begin(b);
             k.size = layout.bucket_size(b);
             k.shard_size = (k.size + world_size - 1) / world_size;
+            k.shard_size = (k.shard_size + shard_align - 1) / shard_align * shard_align;
             k.padded_extent = k.shard_size * world_size;
             k.padded_begin = padded_num_params;
             k.shard_offset = shard_num_params;

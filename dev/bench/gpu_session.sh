@@ -49,6 +49,7 @@ test)
     run build.log 400 make -j"$(nproc)" "${MAKEARGS[@]}" train_gpt build/test_gpt2_cuda build/bench_train_step cuda-workbench
     run test_gpt2_cuda.log 120 build/test_gpt2_cuda
     run workbench_check.log 150 make --no-print-directory -C dev/cuda check
+    run gpu_dp.log 200 test/mpi/run_gpu_dp_tests.sh ./train_gpt
     ;;
 train)
     echo "| step | result | log |" > "$SUMMARY"

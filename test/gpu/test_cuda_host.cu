@@ -64,7 +64,7 @@ TEST_CASE("every activation slice, per layer too, starts on a 256-byte boundary"
                     CHECK(aligned_256(p));
             }
             for (const void* p : {(const void*)a.encoded, (const void*)a.lnf, (const void*)a.logits,
-                                  (const void*)a.scratch, (const void*)a.dresidual, (const void*)a.norm})
+                                  (const void*)a.scratch, (const void*)a.dresidual, (const void*)a.row_loss})
                 CHECK(aligned_256(p));
         }
 }
@@ -108,7 +108,8 @@ TEST_CASE("the memory plan lists the parameters at 18 bytes each and the activat
     const ModelConfig c = model_preset("d12");
     const GPT2CUDAOptions o = with(Recompute::Gelu);
     size_t per_kind[(int)MemoryKind::Count] = {};
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 16, 1024, o)) per_kind[(int)s.kind] += s.bytes();
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 16, 1024, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+        per_kind[(int)s.kind] += s.bytes();
     const size_t n = ParamLayout(c).num_params;
     CHECK(per_kind[(int)MemoryKind::Parameters] == 2 * n);
     CHECK(per_kind[(int)MemoryKind::MasterWeights] == 4 * n);
@@ -127,15 +128,38 @@ TEST_CASE("the CUDA model refuses shapes its kernels cannot run, before touching
     CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("padded_vocab_size (50257) must be a multiple of 8"));
 }
 
-TEST_CASE("gradient sync: none for one local rank, host staging planned as pinned comm buffers") {
-    LocalComm local;
-    CHECK(grad_sync_for(nullptr) == GradSync::None);
-    CHECK(grad_sync_for(&local) == GradSync::None);
-    const ModelConfig c = model_preset("d4");
-    size_t staged = 0;
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, {}, GradSync::HostStaged))
-        if (s.kind == MemoryKind::CommBuffers) staged += s.bytes();
-    CHECK(staged == ParamLayout(c).num_params * sizeof(float));
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, {}, GradSync::Device))
-        CHECK(s.kind != MemoryKind::CommBuffers);
+TEST_CASE("ZeRO plans for the CUDA model keep every bucket and slice 16-byte aligned in bf16") {
+    for (const char* preset : {"d4", "d12", "d48"}) {
+        const ModelConfig c = model_preset(preset);
+        for (int world : {1, 2, 3, 5, 8, 64})
+            for (int rank : {0, world - 1}) {
+                const ZeroPlan plan = GPT2CUDA::zero_plan(c, 3, rank, world);
+                for (const ZeroPlan::Bucket& k : plan.buckets) {
+                    INFO(preset << " world " << world << " rank " << rank << " bucket at " << k.begin);
+                    CHECK(k.padded_begin % 8 == 0);
+                    CHECK(k.shard_size % 8 == 0);
+                    CHECK(k.shard_offset % 8 == 0);
+                    CHECK(k.padded_extent >= k.size);
+                }
+            }
+    }
+}
+
+TEST_CASE("the CUDA memory plan shards master weights and moments from ZeRO-1, gradients from 2, parameters at 3") {
+    const ModelConfig c = model_preset("d12");
+    const int world = 8;
+    size_t bytes[4][(int)MemoryKind::Count] = {};
+    for (int stage = 0; stage <= 3; stage++)
+        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 4, 1024, {}, GPT2CUDA::zero_plan(c, stage, 0, world)))
+            bytes[stage][(int)s.kind] += s.bytes();
+    using K = MemoryKind;
+    const size_t n = ParamLayout(c).num_params;
+    CHECK(bytes[0][(int)K::MasterWeights] >= 4 * n);
+    CHECK(bytes[1][(int)K::MasterWeights] * world < 4 * n + 4 * 8 * world * 14);  // a shard, plus padding
+    CHECK(bytes[1][(int)K::OptimizerState] < bytes[0][(int)K::OptimizerState] / 4);
+    CHECK(bytes[2][(int)K::Gradients] < bytes[1][(int)K::Gradients] / 2);
+    // ZeRO-3 keeps a shard plus the gathered embeddings (a third of d12) and two layers
+    CHECK(bytes[3][(int)K::Parameters] < bytes[2][(int)K::Parameters] * 2 / 3);
+    CHECK(bytes[0][(int)K::Parameters] >= 2 * n);  // bf16
+    CHECK(bytes[0][(int)K::Parameters] < 4 * n);
 }
