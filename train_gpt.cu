@@ -36,6 +36,15 @@ static GPT2CUDAOptions cuda_options(const RunConfig& cfg) {
 // The model for this rank. The CUDA model's collectives run on a device communicator that
 // make_model creates (NCCL, or MPI staged through host memory) in grad_comm, which must outlive the
 // model.
+// The stage that runs: the CUDA model shards nothing on one rank (GPT2CUDA::zero_plan).
+static int effective_zero_stage(const RunConfig& cfg) {
+#ifdef LLMC_CPU_ONLY
+    return cfg.zero_stage;
+#else
+    return cfg.world_size == 1 ? 0 : cfg.zero_stage;
+#endif
+}
+
 static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm, const Launch& launch,
                                          std::unique_ptr<Communicator>& grad_comm) {
 #ifdef LLMC_CPU_ONLY
@@ -139,7 +148,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                m.max_seq_len, ParamLayout(m).num_params / 1e6);
         printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
-               cfg.zero_stage, comm.backend());
+               effective_zero_stage(cfg), comm.backend());
     }
     std::unique_ptr<Communicator> grad_comm;  // declared first: the model holds a pointer to it
     std::unique_ptr<Model> model = make_model(cfg, comm, launch, grad_comm);

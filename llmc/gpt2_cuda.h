@@ -185,6 +185,10 @@ public:
         if (!comm_.uses_device_buffers())
             fail(strformat("GPT2CUDA: the %s communicator works on host buffers; wrap it in a StagedComm",
                            comm_.backend()));
+        // The gradient norm of a sharded stage is summed over host_: it must span the same ranks.
+        if (host_.world_size() != comm_.world_size() || host_.rank() != comm_.rank())
+            fail(strformat("GPT2CUDA: the host communicator is rank %d of %d but the device one rank %d of %d",
+                           host_.rank(), host_.world_size(), comm_.rank(), comm_.world_size()));
         acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_), "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T, "loss download");
@@ -226,7 +230,7 @@ public:
     // A collective (sharded master weights are gathered); rank 0 writes.
     void save(const std::string& path) override {
         std::vector<float> full(layout_.num_params);
-        engine_.get_params(full.data());
+        get_master_weights(full.data());
         if (comm_.rank() == 0) write_model_file(path, config_, full.data());
     }
     // Sets the master weights from a full fp32 buffer (ParamLayout order) and resets the optimizer;
@@ -236,7 +240,10 @@ public:
         reset(std::vector<float>(full, full + layout_.num_params), memory_.sr_seed);
     }
     // The fp32 master weights in ParamLayout order (a collective where they are sharded).
-    void get_master_weights(float* full) { engine_.get_params(full); }
+    void get_master_weights(float* full) {
+        engine_.get_params(full);
+        memory_.release_transient();
+    }
     // The fp32 gradients in ParamLayout order, for tests of an unsharded model (ZeRO-0).
     void get_grads(float* full) {
         const float* grads = engine_.full_grads();
@@ -328,6 +335,7 @@ private:
         memory_.sr_seed = sr_seed;
         engine_.set_params(full.data());
         engine_.reset_optimizer();
+        memory_.release_transient();
         stream_.synchronize();
     }
 
