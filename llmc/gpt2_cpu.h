@@ -720,8 +720,7 @@ public:
     // A model sharded over `comm` by ZeRO stage `zero_stage` (see zero.h).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& comm, int zero_stage)
         : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm, memory_),
-          bucket_params_(layout_.num_buckets(), nullptr), bucket_grads_(layout_.num_buckets(), nullptr) {
+          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
@@ -824,24 +823,13 @@ private:
         return p;
     }
 
-    // Parameters and gradients are reached only through these, via the bucket pointers the engine
-    // handed out (acquire_params / grad_buffer), so the model never knows how they are sharded.
-    const float* param(int tensor, int layer = 0) const {
-        return bucket_params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
-    }
-    float* grad(int tensor, int layer = 0) {
-        return bucket_grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
-    }
-    // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
-    // fetching the bucket that will be needed next.
-    void acquire(int bucket, int next_bucket) {
-        bucket_params_[bucket] = engine_.acquire_params(bucket);
-        if (next_bucket >= 0) engine_.prefetch_params(next_bucket);
-    }
-    void release(int bucket) {
-        engine_.release_params(bucket);
-        bucket_params_[bucket] = nullptr;
-    }
+    // Parameters and gradients are reached only through the bucket view (zero.h), so the model
+    // never knows how they are sharded.
+    const float* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
+    float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
+    void acquire(int bucket, int next_bucket) { buckets_.acquire(bucket, next_bucket); }
+    void release(int bucket) { buckets_.release(bucket); }
+    void release_all() { buckets_.release_all(); }
 
     void reset(const std::vector<float>& full) {
         engine_.set_params(full.data());
@@ -915,8 +903,8 @@ private:
         const ActivationLayout a(config_, B, T, activation_base());
         using P = ParamLayout;
         const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
-        bucket_grads_[embedding] = engine_.grad_buffer(embedding);
-        bucket_grads_[final_norm] = engine_.grad_buffer(final_norm);
+        buckets_.take_grads(embedding);
+        buckets_.take_grads(final_norm);
         float* dlogits = a.logits;
         cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, a.lnf, param(P::WTE), BT, C, Vp);
         std::fill(a.dresidual, a.dresidual + (size_t)BT * C, 0.0f);
@@ -926,7 +914,7 @@ private:
         for (int l = L - 1; l >= 0; l--) {
             const int bucket = layout_.layer_bucket(l);
             acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
-            bucket_grads_[bucket] = engine_.grad_buffer(bucket);
+            buckets_.take_grads(bucket);
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
@@ -955,11 +943,6 @@ private:
         release_all();
     }
 
-    void release_all() {
-        engine_.invalidate_gathered();
-        std::fill(bucket_params_.begin(), bucket_params_.end(), nullptr);
-        std::fill(bucket_grads_.begin(), bucket_grads_.end(), nullptr);
-    }
 
     ModelConfig config_;
     ParamLayout layout_;
@@ -967,8 +950,7 @@ private:
     int last_B_ = 1, last_T_ = 1;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
-    std::vector<const float*> bucket_params_;  // the buckets acquired for the pass under way
-    std::vector<float*> bucket_grads_;
+    BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
     std::vector<float> acts_;
 };
 

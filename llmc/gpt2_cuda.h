@@ -174,7 +174,6 @@ public:
           host_(dp.host ? *dp.host : local_comm()), comm_(dp.comm ? *dp.comm : staged_local_),
           memory_(stream_.get(), host_),
           engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size()), comm_, memory_),
-          bucket_params_(layout_.num_buckets(), nullptr), bucket_grads_(layout_.num_buckets(), nullptr),
           encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -339,29 +338,13 @@ private:
         stream_.synchronize();
     }
 
-    // Parameters and gradients are reached only through these, via the bucket pointers the engine
-    // handed out (acquire_params / grad_buffer), so the model never knows how they are sharded.
-    const floatX* param(int tensor, int layer = 0) const {
-        return bucket_params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
-    }
-    float* grad(int tensor, int layer = 0) {
-        return bucket_grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
-    }
-    // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
-    // fetching the bucket needed next.
-    void acquire(int bucket, int next_bucket) {
-        bucket_params_[bucket] = engine_.acquire_params(bucket);
-        if (next_bucket >= 0) engine_.prefetch_params(next_bucket);
-    }
-    void release(int bucket) {
-        engine_.release_params(bucket);
-        bucket_params_[bucket] = nullptr;
-    }
-    void release_all() {
-        engine_.invalidate_gathered();
-        std::fill(bucket_params_.begin(), bucket_params_.end(), nullptr);
-        std::fill(bucket_grads_.begin(), bucket_grads_.end(), nullptr);
-    }
+    // Parameters and gradients are reached only through the bucket view (zero.h), so the model
+    // never knows how they are sharded.
+    const floatX* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
+    float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
+    void acquire(int bucket, int next_bucket) { buckets_.acquire(bucket, next_bucket); }
+    void release(int bucket) { buckets_.release(bucket); }
+    void release_all() { buckets_.release_all(); }
 
     // Copies the batch to the device through pinned memory (the previous call has synchronised, so
     // the pinned buffer is free).
@@ -418,7 +401,7 @@ private:
         const bool train = pass == Pass::Train;
         // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
         // taken now (under ZeRO-2 this zeroes a fresh one) and backward() adds the encoder's share.
-        if (train) bucket_grads_[embedding] = engine_.grad_buffer(embedding);
+        if (train) buckets_.take_grads(embedding);
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
         const float dloss = grad_scale / BT;
         const int chunk = std::min(BT, options_.classifier_chunk_rows);
@@ -531,7 +514,7 @@ private:
         cudaStream_t s = stream_.get();
         using P = ParamLayout;
         const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
-        bucket_grads_[final_norm] = engine_.grad_buffer(final_norm);
+        buckets_.take_grads(final_norm);
         CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)BT * C * sizeof(floatX), s));
         {
             PhaseScope phase(timer_, "layernorm", s);
@@ -542,7 +525,7 @@ private:
         for (int l = L - 1; l >= 0; l--) {
             const int bucket = layout_.layer_bucket(l);
             acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
-            bucket_grads_[bucket] = engine_.grad_buffer(bucket);
+            buckets_.take_grads(bucket);
             recompute_layer(a, l, B, T);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
             // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
@@ -617,8 +600,7 @@ private:
     Communicator& comm_;
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
-    std::vector<const floatX*> bucket_params_;  // the buckets acquired for the pass under way
-    std::vector<float*> bucket_grads_;
+    BucketView<DeviceMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
     MatmulContext matmul_;
     EncoderBackward encoder_backward_;
     PhaseTimer timer_;

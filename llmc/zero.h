@@ -26,6 +26,7 @@
 // the sharding logic is the same code for both.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -491,6 +492,51 @@ private:
     std::deque<GradSlot*> in_flight_;
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;
     double exposed_ms_ = 0;
+};
+
+// A model's view of the engine during a pass: which buckets' parameters it holds (acquire and
+// release, the next bucket prefetched) and where each bucket's gradient accumulates. Both models
+// reach their parameters and gradients only through this, so they never know how they are sharded.
+template <class Memory>
+class BucketView {
+public:
+    using Param = typename Memory::Param;
+
+    BucketView(const ParamLayout& layout, ZeroEngine<Memory>& engine)
+        : layout_(layout), engine_(engine), params_(layout.num_buckets(), nullptr),
+          grads_(layout.num_buckets(), nullptr) {}
+
+    // A tensor (one layer's slice of a per-layer tensor) in its acquired bucket.
+    const Param* param(int tensor, int layer = 0) const {
+        return params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    float* grad(int tensor, int layer = 0) const {
+        return grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+    }
+    // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
+    // fetching the bucket that will be needed next (-1: none).
+    void acquire(int bucket, int next_bucket) {
+        params_[bucket] = engine_.acquire_params(bucket);
+        if (next_bucket >= 0) engine_.prefetch_params(next_bucket);
+    }
+    void release(int bucket) {
+        engine_.release_params(bucket);
+        params_[bucket] = nullptr;
+    }
+    // Where this micro-batch's gradient of the bucket accumulates (a fresh zeroed buffer under ZeRO-2).
+    void take_grads(int bucket) { grads_[bucket] = engine_.grad_buffer(bucket); }
+    // The pass is over: every gathered parameter buffer and every pointer is given up.
+    void release_all() {
+        engine_.invalidate_gathered();
+        std::fill(params_.begin(), params_.end(), nullptr);
+        std::fill(grads_.begin(), grads_.end(), nullptr);
+    }
+
+private:
+    const ParamLayout& layout_;
+    ZeroEngine<Memory>& engine_;
+    std::vector<const Param*> params_;
+    std::vector<float*> grads_;
 };
 
 }  // namespace llmc
