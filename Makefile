@@ -9,7 +9,8 @@
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build, NO_MPI=1 to build without MPI (one rank only),
-# SKIP_DEPS=1 to not check for (or install) Debian packages, EXTRA_INC=-I<dir> for headers elsewhere.
+# SKIP_DEPS=1 to not check for (or install) Debian packages, EXTRA_INC=-I<dir> for headers elsewhere,
+# NO_NCCL=1 / NCCL_LIB=... for a machine without NCCL in the linker's path (see below).
 
 CXX       ?= g++
 CUDA_HOME ?= /usr/local/cuda
@@ -22,11 +23,14 @@ CXXFLAGS  += -std=c++20 -fopenmp -Wall -Wextra -Werror=return-type -I.
 LDFLAGS   += -fopenmp
 NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
              -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
-NVCC_LIBS := -lcublasLt -lcublas -lnccl
+# NCCL_LIB: how to link NCCL (e.g. "-L<dir> -l:libnccl.so.2" for a pip wheel's copy); NO_NCCL=1
+# builds train_gpt without it (--gpu-comm mpi only).
+NCCL_LIB  ?= -lnccl
+NVCC_LIBS := -lcublasLt -lcublas $(if $(NO_NCCL),,$(NCCL_LIB))
 
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
-TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(BUILD)/comm_nccl_check.o $(BUILD)/test_gpt2_cuda \
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda \
              $(BUILD)/test_cuda_host $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
@@ -56,7 +60,7 @@ train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) $(MPI_INC) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 
 train_gpt: train_gpt.cu $(HEADERS) | deps
-	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) -Xcompiler -fopenmp $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 
 # Compile-only check of the NCCL communicator (no GPU needed to build it).
 $(BUILD)/comm_nccl_check.o: dev/cuda/comm_nccl_check.cu $(HEADERS) | deps

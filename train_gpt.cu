@@ -19,7 +19,9 @@
 #ifdef LLMC_CPU_ONLY
 #include "llmc/gpt2_cpu.h"
 #else
+#ifndef LLMC_NO_NCCL
 #include "llmc/comm_nccl.h"
+#endif
 #include "llmc/gpt2_cuda.h"
 #endif
 
@@ -78,8 +80,15 @@ static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& com
         printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s\n", prop.name,
                prop.totalGlobalMem / 1073741824.0, cfg.recompute,
                nccl ? ", collectives over NCCL" : comm.world_size() > 1 ? ", collectives over MPI via host memory" : "");
+#ifdef LLMC_NO_NCCL
+    if (nccl)
+        fail("--gpu-comm nccl: this train_gpt was built without NCCL (make NO_NCCL=1); pass --gpu-comm mpi, or "
+             "rebuild with NCCL");
+    grad_comm = std::make_unique<StagedComm>(comm);
+#else
     if (nccl) grad_comm = std::make_unique<NcclComm>(comm, device, cfg.comm_timeout_s);
     else grad_comm = std::make_unique<StagedComm>(comm);
+#endif
     DataParallel dp;
     dp.comm = grad_comm.get();
     dp.host = &comm;

@@ -29,8 +29,21 @@ run() {  # run LOG TIMEOUT_S CMD...: one step, its output in $OUT/LOG, its statu
     return $rc
 }
 
-MAKEARGS=(SKIP_DEPS=1 "EXTRA_INC=-I$PWD/.devtools/include")
+MAKEARGS=(SKIP_DEPS=1)
+INC="-I$PWD/.devtools/include"
 command -v mpicxx > /dev/null || MAKEARGS+=(NO_MPI=1)
+# NCCL: the toolkit's, else a pip wheel's copy (PyTorch brings one), else none (--gpu-comm mpi only)
+if ! echo '#include <nccl.h>' | nvcc -E -x cu - > /dev/null 2>&1; then
+    nccl_dir=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2> /dev/null || true)
+    if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ]; then
+        INC="$INC -I$nccl_dir/include"
+        MAKEARGS+=("NCCL_LIB=-L$nccl_dir/lib -l:libnccl.so.2")
+        export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    else
+        MAKEARGS+=(NO_NCCL=1)
+    fi
+fi
+MAKEARGS+=("EXTRA_INC=$INC")
 
 case "$STAGE" in
 prepare)
@@ -46,7 +59,10 @@ test)
     echo "| step | result | log |" > "$SUMMARY"
     echo "| --- | --- | --- |" >> "$SUMMARY"
     run gpu.log 30 nvidia-smi
-    run build.log 400 make -j"$(nproc)" "${MAKEARGS[@]}" train_gpt build/test_gpt2_cuda build/bench_train_step cuda-workbench
+    echo "make arguments: ${MAKEARGS[*]}" | tee "$OUT/make_args.txt"
+    run build.log 400 make -k -j"$(nproc)" "${MAKEARGS[@]}" train_gpt build/test_gpt2_cuda build/test_cuda_host \
+        build/bench_train_step cuda-workbench
+    run test_cuda_host.log 60 build/test_cuda_host
     run test_gpt2_cuda.log 120 build/test_gpt2_cuda
     run workbench_check.log 150 make --no-print-directory -C dev/cuda check
     run gpu_dp.log 200 test/mpi/run_gpu_dp_tests.sh ./train_gpt
