@@ -35,18 +35,18 @@ static GPT2CUDAOptions cuda_options(const RunConfig& cfg) {
 }
 #endif
 
-// The model for this rank. The CUDA model's collectives run on a device communicator that
-// make_model creates (NCCL, or MPI staged through host memory) in grad_comm, which must outlive the
-// model.
 // The stage that runs: the CUDA model shards nothing on one rank (GPT2CUDA::zero_plan).
 static int effective_zero_stage(const RunConfig& cfg) {
 #ifdef LLMC_CPU_ONLY
     return cfg.zero_stage;
 #else
-    return cfg.world_size == 1 ? 0 : cfg.zero_stage;
+    return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.world_size);
 #endif
 }
 
+// The model for this rank. The CUDA model's collectives run on a device communicator that
+// make_model creates (NCCL, or MPI staged through host memory) in grad_comm, which must outlive the
+// model.
 static std::unique_ptr<Model> make_model(const RunConfig& cfg, Communicator& comm, const Launch& launch,
                                          std::unique_ptr<Communicator>& grad_comm) {
 #ifdef LLMC_CPU_ONLY

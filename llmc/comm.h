@@ -148,6 +148,12 @@ public:
     CommHandle barrier() override { return {}; }
 };
 
+// The world of one that models use when no launcher gave them a communicator.
+inline LocalComm& local_communicator() {
+    static LocalComm comm;
+    return comm;
+}
+
 // Sums one value per rank in rank order, so every rank gets the same bits, and exactly (a float
 // all-reduce would round and may differ by algorithm): each rank's double travels as two raw words.
 inline double sum_over_ranks(Communicator& comm, double local) {

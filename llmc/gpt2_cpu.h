@@ -728,7 +728,7 @@ public:
         acts_.assign(activation_floats(config_, max_B, max_T), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
-    GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_comm(), 0) {}
+    GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
     // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
     static size_t activation_floats(const ModelConfig& c, int max_B, int max_T) {
@@ -806,10 +806,6 @@ private:
     static const ModelConfig& validated(const ModelConfig& c) {
         c.validate();
         return c;
-    }
-    static Communicator& local_comm() {
-        static LocalComm comm;
-        return comm;
     }
     // The activation buffer rounded up to a 64-byte boundary (acts_ has 16 floats of slack).
     float* activation_base() const {

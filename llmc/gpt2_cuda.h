@@ -163,15 +163,16 @@ public:
     // One rank has nothing to shard: it runs ZeRO-0 whatever the stage asked for, which saves the
     // copies a sharded stage would make between its full and shard buffers.
     static constexpr size_t SHARD_ALIGN = 8;
+    static int effective_stage(int stage, int world_size) { return world_size == 1 ? 0 : stage; }
     static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size) {
-        return ZeroPlan(ParamLayout(c), world_size == 1 ? 0 : stage, rank, world_size, SHARD_ALIGN);
+        return ZeroPlan(ParamLayout(c), effective_stage(stage, world_size), rank, world_size, SHARD_ALIGN);
     }
 
     // The communicators in `dp` must outlive the model.
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
              const DataParallel& dp = {})
         : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T), options_(options),
-          host_(dp.host ? *dp.host : local_comm()), comm_(dp.comm ? *dp.comm : staged_local_),
+          host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           memory_(stream_.get(), host_),
           engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size()), comm_, memory_),
           encoder_backward_(max_B, max_T) {
@@ -317,10 +318,6 @@ private:
         return c;
     }
 
-    static Communicator& local_comm() {
-        static LocalComm comm;
-        return comm;
-    }
 
     CudaActivationLayout activations(int B, int T) const {
         CudaActivationLayout a(config_, B, T, options_, acts_.get());
@@ -596,7 +593,7 @@ private:
     int last_B_ = 1, last_T_ = 1;
     CudaStream stream_;
     Communicator& host_;
-    StagedComm staged_local_{local_comm()};  // the communicator of one rank without a launcher
+    StagedComm staged_local_{local_communicator()};  // the communicator of one rank without a launcher
     Communicator& comm_;
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
