@@ -115,7 +115,7 @@ clean:
 
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 CUDA_BIN_FLAGS := -Xcompiler -fopenmp,-march=native
-$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu $(HEADERS) | deps
+$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
 # The CUDA model's host-side logic (memory plan, activation layout, validation): runs without a GPU.

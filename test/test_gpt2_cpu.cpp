@@ -16,6 +16,7 @@
 #include "llmc/gpt2_cpu.h"
 #include "llmc/model_file.h"
 #include "llmc/utils.h"
+#include "test/rel_error.h"
 
 using namespace llmc;
 
@@ -24,23 +25,6 @@ namespace {
 const char* MODEL_PATH = "test/fixtures/gpt2_tiny_model.bin";
 const char* STATE_PATH = "test/fixtures/gpt2_tiny_state.bin";
 constexpr int STATE_MAGIC = 20241121, STATE_VERSION = 1;
-
-double rel_error(const float* a, const float* b, size_t n) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
-        const double d = (double)a[i] - (double)b[i];
-        diff += d * d;
-        ref += (double)b[i] * b[i];
-    }
-    if (ref == 0.0) return diff == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
-    return std::sqrt(diff / ref);
-}
-
-double rel_error(double a, double b) {
-    if (!std::isfinite(a)) return std::numeric_limits<double>::infinity();
-    return std::fabs(a - b) / std::fabs(b);
-}
 
 // Everything in gpt2_tiny_state.bin (see make_fixture.py for the layout).
 struct Fixture {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "llmc/cuda_common.h"
+#include "test/rel_error.h"
 
 namespace bench {
 
@@ -168,18 +169,7 @@ inline void poison(T* d, size_t n) {
 
 // ---- comparison ----
 
-// ||a - b|| / ||b||; +inf if `a` holds a NaN or inf anywhere.
-inline double rel_error(const float* a, const float* b, size_t n) {
-    double diff = 0.0, norm = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!std::isfinite(a[i])) return INFINITY;
-        double d = (double)a[i] - (double)b[i];
-        diff += d * d;
-        norm += (double)b[i] * b[i];
-    }
-    if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
-    return std::sqrt(diff / norm);
-}
+using llmc::rel_error;  // test/rel_error.h: ||a - b|| / ||b||, +inf on NaN or inf
 
 // Records pass/fail for the whole run; main() returns failures() != 0.
 inline int& failure_count() {

@@ -15,23 +15,11 @@
 
 #include "llmc/gpt2_cpu.h"
 #include "llmc/gpt2_cuda.h"
+#include "test/rel_error.h"
 
 using namespace llmc;
 
 namespace {
-
-double rel_error(const float* a, const float* b, size_t n) {
-    double diff = 0.0, norm = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        if (!std::isfinite(a[i])) return INFINITY;
-        const double d = (double)a[i] - b[i];
-        diff += d * d;
-        norm += (double)b[i] * b[i];
-    }
-    if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
-    return std::sqrt(diff / norm);
-}
-double rel_error(double a, double b) { return std::isfinite(a) ? std::fabs(a - b) / std::fabs(b) : INFINITY; }
 
 // Two layers, 64-wide heads (GPT-2's head size), a vocabulary padded from 500 to 512.
 ModelConfig test_config() {
