@@ -55,7 +55,7 @@ deps:
 	@[ -n "$(SKIP_DEPS)" ] || for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
 
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
-HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
+HEADERS := $(shell find llmc -name "*.h" -o -name "*.cuh")
 train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) $(MPI_INC) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 

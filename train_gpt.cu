@@ -9,20 +9,20 @@
 #include <string>
 
 
-#include "llmc/bootstrap.h"
+#include "llmc/dist/bootstrap.h"
 #include "llmc/config.h"
-#include "llmc/model_file.h"
+#include "llmc/models/gpt2/model_file.h"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
 
 #ifdef LLMC_CPU_ONLY
-#include "llmc/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
 #else
 #ifndef LLMC_NO_NCCL
-#include "llmc/comm_nccl.h"
+#include "llmc/dist/comm_nccl.cuh"
 #endif
-#include "llmc/gpt2_cuda.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
 #endif
 
 using namespace llmc;

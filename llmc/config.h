@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model_config.h"
-#include "schedule.h"
-#include "utils.h"
+#include "llmc/params/layout.h"
+#include "llmc/schedule.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rng.h"
-#include "utils.h"
+#include "llmc/rng.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <string>
 
-#include "model_config.h"
-#include "utils.h"
+#include "llmc/params/layout.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
-#include "zero.h"
+#include "llmc/config.h"
+#include "llmc/dist/zero.h"
 
 namespace llmc {
 

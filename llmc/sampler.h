@@ -7,8 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "model.h"
-#include "rng.h"
+#include "llmc/model.h"
+#include "llmc/rng.h"
 
 namespace llmc {
 

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <string>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "comm.h"
-#include "config.h"
-#include "dataloader.h"
-#include "metrics.h"
-#include "model.h"
-#include "rng.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "llmc/dist/comm.h"
+#include "llmc/config.h"
+#include "llmc/dataloader.h"
+#include "llmc/metrics.h"
+#include "llmc/model.h"
+#include "llmc/rng.h"
+#include "llmc/sampler.h"
+#include "llmc/tokenizer.h"
 
 namespace llmc {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/gpt2_cpu.h"
-#include "llmc/model_file.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/gpt2/model_file.h"
 #include "llmc/utils.h"
 #include "test/rel_error.h"
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "llmc/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/train_loop.h"
 
 using namespace llmc;

@@ -2,7 +2,7 @@
 // ranks' owned ranges partition each bucket exactly, for any parameter count and world size.
 #include <catch2/catch.hpp>
 
-#include "llmc/zero_plan.h"
+#include "llmc/dist/zero_plan.h"
 
 using namespace llmc;
 using Catch::Contains;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
 
 using namespace llmc;
 using Clock = std::chrono::steady_clock;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/gpt2_cuda.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
 
 using namespace llmc;
 

@@ -17,8 +17,8 @@
 #include <bit>
 
 #include "dev/cuda/common.cuh"
-#include "llmc/adamw.cuh"
-#include "llmc/adamw.h"
+#include "llmc/kernels/adamw.cuh"
+#include "llmc/cpu/adamw.h"
 
 using llmc::floatX;
 

@@ -20,8 +20,8 @@
 // For each timed shape of GPT-2 size it also prints one line "fwd+bwd ms B= T= NH= HS=: <ms>" for
 // llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
 #include "dev/cuda/common.cuh"
-#include "llmc/attention.cuh"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/kernels/attention.cuh"
+#include "llmc/cpu/ops.h"
 
 using llmc::floatX;
 

@@ -19,8 +19,8 @@
 //   determinism: v2 run twice, out and lse bitwise equal.
 // Counted: 4 B NH T^2 HS / 2 FLOPs (Q K^T and P V over the causal half), against the bf16 peak.
 #include "dev/cuda/common.cuh"
-#include "llmc/attention.cuh"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/kernels/attention.cuh"
+#include "llmc/cpu/ops.h"
 
 using llmc::floatX;
 

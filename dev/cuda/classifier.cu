@@ -15,11 +15,11 @@
 // Floors: loss only reads the logits once (rows * Vp * 2 bytes); with dlogits the DRAM minimum is
 // one read and one write (2 * rows * Vp * 2 bytes), the second read being an L2 hit.
 #include "dev/cuda/common.cuh"
-#include "llmc/classifier.cuh"
-// gpt2_cpu.h's `#pragma GCC unroll` hints are for g++; nvcc's front end would warn that it does not know them.
+#include "llmc/kernels/classifier.cuh"
+// cpu/gemm.h's `#pragma GCC unroll` hints are for g++; nvcc's front end would warn that it does not know them.
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 1675
-#include "llmc/gpt2_cpu.h"
+#include "llmc/cpu/ops.h"
 #pragma nv_diagnostic pop
 
 using llmc::floatX;

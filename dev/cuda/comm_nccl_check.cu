@@ -3,8 +3,8 @@
 // constructing an NcclComm here instantiates the class and every virtual member.
 #include <memory>
 
-#include "llmc/bootstrap.h"
-#include "llmc/comm_nccl.h"
+#include "llmc/dist/bootstrap.h"
+#include "llmc/dist/comm_nccl.cuh"
 
 std::unique_ptr<llmc::Communicator> make_nccl_comm_for_check(const llmc::Launch& launch) {
     std::unique_ptr<llmc::Communicator> host = llmc::make_host_communicator(launch);

@@ -31,7 +31,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "llmc/cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 #include "test/rel_error.h"
 
 namespace bench {

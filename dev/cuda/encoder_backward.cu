@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "dev/cuda/common.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/kernels/encoder.cuh"
+#include "llmc/cpu/ops.h"
 
 using llmc::floatX;
 

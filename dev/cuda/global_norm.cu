@@ -13,8 +13,8 @@
 // exact enough (fp32 tree, then double). Determinism: a second run must give the same bits.
 // Floor: read 4 bytes per element.
 #include "dev/cuda/common.cuh"
-#include "llmc/adamw.h"
-#include "llmc/global_norm.cuh"
+#include "llmc/cpu/adamw.h"
+#include "llmc/kernels/global_norm.cuh"
 
 using llmc::floatX;
 

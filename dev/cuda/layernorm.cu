@@ -20,8 +20,8 @@
 // Version 2 is also checked for: recompute bitwise equal to the forward's output, and forward and
 // backward bitwise equal run to run.
 #include "dev/cuda/common.cuh"
-#include "llmc/layernorm.cuh"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/kernels/layernorm.cuh"
+#include "llmc/cpu/ops.h"
 
 using llmc::floatX;
 

@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "dev/cuda/common.cuh"
-#include "llmc/gelu.cuh"
-#include "llmc/matmul.cuh"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/kernels/gelu.cuh"
+#include "llmc/kernels/matmul.cuh"
+#include "llmc/cpu/ops.h"
 
 using bench::DeviceBuffer;
 using llmc::ceil_div;

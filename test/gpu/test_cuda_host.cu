@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "llmc/gpt2_cuda.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
 
 using namespace llmc;
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/gpt2_cpu.h"
-#include "llmc/gpt2_cuda.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "test/rel_error.h"
 
 using namespace llmc;

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/bootstrap.h"
+#include "llmc/dist/bootstrap.h"
 
 using namespace llmc;
 using Clock = std::chrono::steady_clock;

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/bootstrap.h"
-#include "llmc/gpt2_cpu.h"
+#include "llmc/dist/bootstrap.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
 

@@ -20,11 +20,11 @@
 #include <memory>
 #include <mutex>
 
-#include "comm.h"
+#include "llmc/dist/comm.h"
 #ifndef LLMC_NO_MPI
-#include "comm_mpi.h"  // and <mpi.h>, without its C++ bindings
+#include "llmc/dist/comm_mpi.h"  // and <mpi.h>, without its C++ bindings
 #endif
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

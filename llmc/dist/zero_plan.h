@@ -20,8 +20,8 @@
 #include <cstddef>
 #include <vector>
 
-#include "model_config.h"
-#include "utils.h"
+#include "llmc/params/layout.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

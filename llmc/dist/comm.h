@@ -19,7 +19,7 @@
 #include <vector>
 #include <string>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -7,7 +7,7 @@
 // order in double. Any GPU, any run: the same bits.
 #pragma once
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

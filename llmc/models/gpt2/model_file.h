@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "model_config.h"
-#include "utils.h"
+#include "llmc/params/layout.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -32,8 +32,8 @@
 #include <string>
 #include <thread>
 
-#include "comm.h"
-#include "utils.h"
+#include "llmc/dist/comm.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -1,4 +1,4 @@
-// adamw.h: host fp32 AdamW and the squared-gradient sum used for global-norm clipping, both over a
+// cpu/adamw.h: host fp32 AdamW and the squared-gradient sum used for global-norm clipping, both over a
 // flat element range [begin, end) of the ParamLayout buffers.
 //
 // A range is what a ZeRO shard owns, so it may start or end in the middle of a tensor; the update
@@ -18,9 +18,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "model.h"
-#include "model_config.h"
-#include "utils.h"
+#include "llmc/model.h"
+#include "llmc/params/layout.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

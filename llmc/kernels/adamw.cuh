@@ -12,7 +12,7 @@
 #include <climits>
 #include <cmath>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -1,4 +1,4 @@
-// comm_nccl.h: NcclComm, the Communicator over NCCL on device buffers (compiled by nvcc only).
+// comm_nccl.cuh: NcclComm, the Communicator over NCCL on device buffers (compiled by nvcc only).
 //
 // The idea: nothing here ever blocks inside CUDA or NCCL. The communicator is created non-blocking
 // and its initialisation polled; each collective goes onto the communicator's own stream followed by
@@ -23,9 +23,9 @@
 #include <string>
 #include <thread>
 
-#include "comm.h"
-#include "cuda_common.h"  // CUDA_CHECK
-#include "utils.h"
+#include "llmc/dist/comm.h"
+#include "llmc/kernels/cuda_common.cuh"  // CUDA_CHECK
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model_config.h"
-#include "model_file.h"
-#include "rng.h"
+#include "llmc/params/layout.h"
+#include "llmc/models/gpt2/model_file.h"
+#include "llmc/rng.h"
 
 namespace llmc {
 

@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

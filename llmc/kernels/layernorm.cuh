@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

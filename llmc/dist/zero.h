@@ -20,8 +20,8 @@
 // same list, so the plan is what gets allocated.
 //
 // One engine serves both models. Where its buffers live and how data moves in them is a Memory
-// policy: HostMemory here (fp32 parameters that are their own master copy, for the CPU model), and
-// DeviceMemory in zero_cuda.cuh (bf16 parameters with separate fp32 master weights, kernels on the
+// policy: HostMemory (host_memory.h: fp32 parameters that are their own master copy, for the CPU
+// model), and DeviceMemory (device_memory.cuh (bf16 parameters with separate fp32 master weights, kernels on the
 // compute stream, collectives ordered after it). The policy's precision decides the buffer list;
 // the sharding logic is the same code for both.
 #pragma once
@@ -32,11 +32,10 @@
 #include <memory>
 #include <vector>
 
-#include "adamw.h"
-#include "comm.h"
-#include "model.h"
-#include "model_config.h"
-#include "zero_plan.h"
+#include "llmc/dist/comm.h"
+#include "llmc/model.h"
+#include "llmc/params/layout.h"
+#include "llmc/dist/zero_plan.h"
 
 namespace llmc {
 
@@ -95,41 +94,6 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision
     specs.push_back({"AdamW v", K::OptimizerState, moments});
     return specs;
 }
-
-// The CPU model's memory: host vectors, fp32 parameters that are their own master weights.
-class HostMemory {
-public:
-    using Param = float;
-    static constexpr ParamPrecision precision = FP32_PARAMETERS;
-    static constexpr CommDtype param_dtype = CommDtype::F32;
-
-    // A zeroed buffer for the spec, owned by this object.
-    void* allocate(const BufferSpec& spec) { return buffers_.emplace_back(spec.count, 0.0f).data(); }
-    void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-    void zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
-    void add(float* dst, const float* src, size_t n) {
-        for (size_t i = 0; i < n; i++) dst[i] += src[i];
-    }
-    double sum_squares(const float* x, size_t n) { return llmc::sum_squares(x, 0, n); }
-    // AdamW on n elements of one tensor. `master` is `params` here; first_index (the elements' flat
-    // index in ParamLayout) matters only where the update rounds randomly.
-    void adamw(Param* params, float* master, const float* grads, float* m, float* v, size_t n, float decay,
-               const AdamWConfig& opt, int step, float grad_multiplier, size_t first_index) {
-        (void)master;
-        (void)first_index;
-        adamw_contiguous(params, grads, m, v, n, decay, opt, step, grad_multiplier);
-    }
-    // Parameters from n host floats; master weights (here the parameters) back to host floats.
-    void upload_params(Param* params, const float* host, size_t n) { std::memcpy(params, host, n * sizeof(float)); }
-    void download(float* host, const float* master, size_t n) { std::memcpy(host, master, n * sizeof(float)); }
-    // Host buffers are written before a collective is issued: nothing to order.
-    void before_collective(Communicator&) {}
-    // The communicator for host scalars: the engine's own, which works on host memory.
-    Communicator& host_comm(Communicator& engine_comm) { return engine_comm; }
-
-private:
-    std::deque<std::vector<float>> buffers_;
-};
 
 template <class Memory>
 class ZeroEngine {

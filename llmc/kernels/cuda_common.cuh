@@ -1,4 +1,4 @@
-// cuda_common.h: what every CUDA file of llmc shares. Checked calls (file and line in the error),
+// cuda_common.cuh: what every CUDA file of llmc shares. Checked calls (file and line in the error),
 // the bf16 activation type, 16-byte vector loads, warp and block reductions in a fixed order (so
 // every sum is bitwise reproducible), stochastic rounding, and an owning device buffer.
 //
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "utils.h"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -27,7 +27,7 @@
 #include <map>
 #include <string>
 
-#include "cuda_common.h"
+#include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {
 

@@ -21,8 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_common.h"
-#include "utils.h"
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/utils.h"
 
 namespace llmc {
 

@@ -1,8 +1,8 @@
-// gpt2_cuda.h: GPT2CUDA, the product's model: GPT-2 training on GPUs in bf16 with llmc's own
+// gpt2_cuda.cuh: GPT2CUDA, the product's model: GPT-2 training on GPUs in bf16 with llmc's own
 // kernels, behind the same Model interface as the fp32 CPU reference (gpt2_cpu.h).
 //
 // Memory. The parameters, gradients and optimizer state belong to the same ZeRO engine as the CPU
-// model's (zero.h), here with device memory (zero_cuda.cuh), in ParamLayout's bucket-major order,
+// model's (zero.h), here with device memory (device_memory.cuh), in ParamLayout's bucket-major order,
 // so model files and checkpoints are shared: bf16 weights (what the kernels read), fp32 master
 // weights (what AdamW updates; the bf16 weights are stochastically rounded copies, unbiased, so
 // updates far below a bf16 ulp still add up), fp32 gradients (accumulated across micro-batches
@@ -41,22 +41,23 @@
 #include <string>
 #include <vector>
 
-#include "adamw.cuh"
-#include "attention.cuh"
-#include "classifier.cuh"
-#include "cuda_common.h"
-#include "encoder.cuh"
-#include "gelu.cuh"
-#include "global_norm.cuh"
-#include "layernorm.cuh"
-#include "matmul.cuh"
-#include "model.h"
-#include "model_config.h"
-#include "model_file.h"
-#include "model_init.h"
-#include "phase_timer.cuh"
-#include "zero.h"
-#include "zero_cuda.cuh"
+#include "llmc/kernels/adamw.cuh"
+#include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/classifier.cuh"
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/encoder.cuh"
+#include "llmc/kernels/gelu.cuh"
+#include "llmc/kernels/global_norm.cuh"
+#include "llmc/kernels/layernorm.cuh"
+#include "llmc/kernels/matmul.cuh"
+#include "llmc/model.h"
+#include "llmc/params/layout.h"
+#include "llmc/models/gpt2/model_file.h"
+#include "llmc/params/init.h"
+#include "llmc/kernels/phase_timer.cuh"
+#include "llmc/dist/zero.h"
+#include "llmc/dist/device_memory.cuh"
+#include "llmc/dist/staged_comm.cuh"
 
 namespace llmc {
 

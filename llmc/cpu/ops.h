@@ -1,0 +1,356 @@
+// cpu/ops.h: the fp32 CPU layers of GPT-2 (encoder, LayerNorm, matmul, GELU, causal attention,
+// cross-entropy), forward and backward, parallel with OpenMP.
+//
+// These are the reference the CUDA kernels are checked against (dev/cuda), so they are written for
+// exactness first: every reduction over rows is split by columns rather than rows, so each output is
+// summed in one fixed order and results are bitwise identical for any thread count. The matrix
+// products go through cpu/gemm.h.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "llmc/cpu/gemm.h"
+
+namespace llmc {
+namespace cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise helpers, written so `#pragma omp simd` loops vectorise them.
+
+// exp(x) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-7 Taylor
+// polynomial, 2^n built in the exponent bits. Clamped to the normal float range; libm's expf
+// would be called one element at a time and dominate the softmax over 50k-wide rows.
+inline float fast_exp(float x) {
+    x = std::min(std::max(x, -87.0f), 88.0f);
+    const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln2 = hi + lo
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * std::bit_cast<float>(((int32_t)n + 127) << 23);
+}
+
+// GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3). Since
+// 0.5 (1 + tanh(u)) = sigmoid(2u), it is x * sigmoid(2u), one exp and no cancellation.
+constexpr float GELU_K = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float GELU_A = 0.044715f;
+inline float gelu_sigmoid(float x) {
+    const float u = GELU_K * (x + GELU_A * x * x * x);
+    return 1.0f / (1.0f + fast_exp(-2.0f * u));
+}
+
+// Runs fn(begin, end) on one contiguous range of [0, n) per thread (ranges 16-aligned). Used for
+// sums over rows: one thread owns each column and adds rows in order, so no reduction races.
+template <typename Fn>
+inline void for_column_ranges(int n, Fn fn) {
+#pragma omp parallel
+    {
+        const int num_threads = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int per_thread = ((n + num_threads - 1) / num_threads + 15) / 16 * 16;
+        const int begin = std::min(n, tid * per_thread), end = std::min(n, begin + per_thread);
+        if (begin < end) fn(begin, end);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers. Shapes: BT rows of C channels, row-major. Backward functions ACCUMULATE into parameter
+// gradients and into dinp where the input also feeds a residual connection.
+
+inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* te = wte + (size_t)tokens[bt] * C;
+        const float* pe = wpe + (size_t)(bt % T) * C;
+        float* o = out + (size_t)bt * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+    for_column_ranges(C, [&](int c0, int c1) {
+        for (int bt = 0; bt < B * T; bt++) {
+            float* dte = dwte + (size_t)tokens[bt] * C;
+            float* dpe = dwpe + (size_t)(bt % T) * C;
+            const float* d = dout + (size_t)bt * C;
+            for (int c = c0; c < c1; c++) {
+                dte[c] += d[c];
+                dpe[c] += d[c];
+            }
+        }
+    });
+}
+
+constexpr float LAYERNORM_EPS = 1e-5f;
+
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int rows, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float* x = inp + (size_t)r * C;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < C; c++) sum += x[c];
+        const float m = sum / C;
+        float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+        for (int c = 0; c < C; c++) sq += (x[c] - m) * (x[c] - m);
+        const float s = 1.0f / std::sqrt(sq / C + LAYERNORM_EPS);
+        float* o = out + (size_t)r * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+// dinp += d/dinp: the input of a LayerNorm is always the residual stream, whose gradient already
+// holds the skip connection's share, so the LayerNorm's share is added, not assigned.
+inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, const float* mean, const float* rstd, int rows, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float* x = inp + (size_t)r * C;
+        const float* d = dout + (size_t)r * C;
+        const float m = mean[r], s = rstd[r];
+        float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+#pragma omp simd reduction(+ : dnorm_sum, dnorm_norm_sum)
+        for (int c = 0; c < C; c++) {
+            const float dnorm = d[c] * weight[c];
+            dnorm_sum += dnorm;
+            dnorm_norm_sum += dnorm * (x[c] - m) * s;
+        }
+        const float dnorm_mean = dnorm_sum / C, dnorm_norm_mean = dnorm_norm_sum / C;
+        float* dx = dinp + (size_t)r * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            const float norm = (x[c] - m) * s;
+            dx[c] += (d[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    for_column_ranges(C, [&](int c0, int c1) {
+        for (int r = 0; r < rows; r++) {
+            const float* x = inp + (size_t)r * C;
+            const float* d = dout + (size_t)r * C;
+            const float m = mean[r], s = rstd[r];
+            for (int c = c0; c < c1; c++) {
+                dweight[c] += d[c] * ((x[c] - m) * s);
+                dbias[c] += d[c];
+            }
+        }
+    });
+}
+
+// out = base + inp W^T + bias, W stored (OC, C) row-major; base and bias may be null. `base` (the
+// residual stream) lets a projection write straight into the next residual without an add pass.
+inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, const float* base,
+                           int rows, int C, int OC) {
+    const bool has_init = base || bias;
+    if (has_init) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            float* o = out + (size_t)r * OC;
+            if (base) std::copy(base + (size_t)r * OC, base + (size_t)(r + 1) * OC, o);
+            else std::fill(o, o + OC, 0.0f);
+            if (bias) {
+#pragma omp simd
+                for (int j = 0; j < OC; j++) o[j] += bias[j];
+            }
+        }
+    }
+    gemm(rows, OC, C, MatRef{inp, (size_t)C, false}, MatRef{weight, (size_t)C, true}, out, OC, has_init);
+}
+
+// dinp = dout W (overwritten), dweight += dout^T inp, dbias += column sums of dout (if given).
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int rows, int C, int OC) {
+    gemm(rows, C, OC, MatRef{dout, (size_t)OC, false}, MatRef{weight, (size_t)C, false}, dinp, C, false);
+    gemm(OC, C, rows, MatRef{dout, (size_t)OC, true}, MatRef{inp, (size_t)C, false}, dweight, C, true);
+    if (dbias) {
+        for_column_ranges(OC, [&](int c0, int c1) {
+            for (int r = 0; r < rows; r++) {
+                const float* d = dout + (size_t)r * OC;
+                for (int c = c0; c < c1; c++) dbias[c] += d[c];
+            }
+        });
+    }
+}
+
+inline void gelu_forward(float* out, const float* inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * gelu_sigmoid(inp[i]);
+}
+
+// d/dx [x s(2u)] = s + 2 x s (1 - s) u'(x); in place on dinout (dout in, dinp out).
+inline void gelu_backward(float* dinout, const float* inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        const float x = inp[i], s = gelu_sigmoid(x);
+        const float du_dx = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dinout[i] *= s + 2.0f * x * s * (1.0f - s) * du_dx;
+    }
+}
+
+// Causal self-attention. qkv rows are [q | k | v], each C = NH * hs wide; att keeps the softmax
+// probabilities (B, NH, T, T; only t2 <= t is used). One (b, h) pair per task: its dq, dk, dv
+// slices are private to it, so the backward needs no atomics. The dot products against every
+// earlier position (q.k in the forward, dout.v in the backward) run over a transposed (hs, T)
+// copy of k or v, so they vectorise across positions t2 instead of needing a horizontal sum.
+
+// dst[d * T + t2] = src[t2 * row + d] for t2 < T, d < hs.
+inline void transpose_head(float* dst, const float* src, size_t row, int T, int hs) {
+    for (int t2 = 0; t2 < T; t2++)
+        for (int d = 0; d < hs; d++) dst[(size_t)d * T + t2] = src[t2 * row + d];
+}
+
+// out[t2] = sum_d x[d] * yt[d * T + t2] for t2 < n.
+inline void dots_with_transposed(float* out, const float* x, const float* yt, int T, int hs, int n) {
+    std::fill(out, out + n, 0.0f);
+    for (int d = 0; d < hs; d++) {
+        const float xd = x[d];
+        const float* y = yt + (size_t)d * T;
+#pragma omp simd
+        for (int t2 = 0; t2 < n; t2++) out[t2] += xd * y[t2];
+    }
+}
+
+inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / std::sqrt((float)hs);
+    const size_t row = 3 * (size_t)C;
+#pragma omp parallel
+    {
+        std::vector<float> kt((size_t)hs * T);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* base = qkv + (size_t)b * T * row + h * hs;
+                transpose_head(kt.data(), base + C, row, T, hs);
+                for (int t = 0; t < T; t++) {
+                    float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                    dots_with_transposed(a, base + t * row, kt.data(), T, hs, t + 1);
+                    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+                    for (int t2 = 0; t2 <= t; t2++) mx = std::max(mx, a[t2]);
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        a[t2] = fast_exp((a[t2] - mx) * scale);
+                        sum += a[t2];
+                    }
+                    const float inv = 1.0f / sum;
+#pragma omp simd
+                    for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+                    float* o = out + ((size_t)b * T + t) * C + h * hs;
+                    std::fill(o, o + hs, 0.0f);
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const float* v = base + t2 * row + 2 * C;
+                        const float w = a[t2];
+#pragma omp simd
+                        for (int d = 0; d < hs; d++) o[d] += w * v[d];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dqkv is overwritten.
+inline void attention_backward(float* dqkv, const float* dout, const float* att, const float* qkv, int B, int T,
+                               int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / std::sqrt((float)hs);
+    const size_t row = 3 * (size_t)C;
+#pragma omp parallel
+    {
+        std::vector<float> datt(T), vt((size_t)hs * T);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* base = qkv + (size_t)b * T * row + h * hs;
+                float* dbase = dqkv + (size_t)b * T * row + h * hs;
+                transpose_head(vt.data(), base + 2 * C, row, T, hs);
+                for (int t = 0; t < T; t++) {
+                    float* dr = dbase + t * row;
+                    std::fill(dr, dr + hs, 0.0f);
+                    std::fill(dr + C, dr + C + hs, 0.0f);
+                    std::fill(dr + 2 * C, dr + 2 * C + hs, 0.0f);
+                }
+                for (int t = 0; t < T; t++) {
+                    const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                    const float* dO = dout + ((size_t)b * T + t) * C + h * hs;
+                    const float* q = base + t * row;
+                    float* dq = dbase + t * row;
+                    // through out = sum_t2 a[t2] v[t2]
+                    dots_with_transposed(datt.data(), dO, vt.data(), T, hs, t + 1);
+                    float a_datt = 0.0f;
+#pragma omp simd reduction(+ : a_datt)
+                    for (int t2 = 0; t2 <= t; t2++) a_datt += a[t2] * datt[t2];
+                    // through the softmax, then the scaled dot products
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const float w = a[t2];
+                        const float dpre = w * (datt[t2] - a_datt) * scale;
+                        const float* k = base + t2 * row + C;
+                        float* dk = dbase + t2 * row + C;
+                        float* dv = dk + C;
+#pragma omp simd
+                        for (int d = 0; d < hs; d++) {
+                            dv[d] += w * dO[d];
+                            dq[d] += dpre * k[d];
+                            dk[d] += dpre * q[d];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Per row: the loss -log softmax(logits)[target] over the real vocabulary (padded columns are
+// excluded). With `write_dlogits` the row is then overwritten, in place, by its gradient
+// (softmax - onehot) * dloss, zero on the padded columns: doing it while the 200 KB row is still in
+// cache, with the exponentials already stored, saves a pass over B x T x Vp floats in memory.
+inline void crossentropy(float* row_loss, float* logits, const int* targets, bool write_dlogits, float dloss, int rows,
+                         int V, int Vp) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float* l = logits + (size_t)r * Vp;
+        float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+        for (int v = 0; v < V; v++) mx = std::max(mx, l[v]);
+        const float target_logit = l[targets[r]];
+        float sum = 0.0f;
+        if (!write_dlogits) {
+#pragma omp simd reduction(+ : sum)
+            for (int v = 0; v < V; v++) sum += fast_exp(l[v] - mx);
+        } else {
+#pragma omp simd reduction(+ : sum)
+            for (int v = 0; v < V; v++) {
+                l[v] = fast_exp(l[v] - mx);
+                sum += l[v];
+            }
+            const float scale = dloss / sum;
+#pragma omp simd
+            for (int v = 0; v < V; v++) l[v] *= scale;
+            std::fill(l + V, l + Vp, 0.0f);
+            l[targets[r]] -= dloss;
+        }
+        row_loss[r] = mx + std::log(sum) - target_logit;
+    }
+}
+}  // namespace cpu
+}  // namespace llmc

@@ -1,0 +1,50 @@
+// host_memory.h: HostMemory, the ZeRO engine's (zero.h) memory policy for the CPU model: host
+// vectors, and fp32 parameters that are their own master weights.
+#pragma once
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "llmc/cpu/adamw.h"
+#include "llmc/dist/comm.h"
+#include "llmc/dist/zero.h"
+
+namespace llmc {
+
+// The CPU model's memory: host vectors, fp32 parameters that are their own master weights.
+class HostMemory {
+public:
+    using Param = float;
+    static constexpr ParamPrecision precision = FP32_PARAMETERS;
+    static constexpr CommDtype param_dtype = CommDtype::F32;
+
+    // A zeroed buffer for the spec, owned by this object.
+    void* allocate(const BufferSpec& spec) { return buffers_.emplace_back(spec.count, 0.0f).data(); }
+    void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+    void zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
+    void add(float* dst, const float* src, size_t n) {
+        for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    }
+    double sum_squares(const float* x, size_t n) { return llmc::sum_squares(x, 0, n); }
+    // AdamW on n elements of one tensor. `master` is `params` here; first_index (the elements' flat
+    // index in ParamLayout) matters only where the update rounds randomly.
+    void adamw(Param* params, float* master, const float* grads, float* m, float* v, size_t n, float decay,
+               const AdamWConfig& opt, int step, float grad_multiplier, size_t first_index) {
+        (void)master;
+        (void)first_index;
+        adamw_contiguous(params, grads, m, v, n, decay, opt, step, grad_multiplier);
+    }
+    // Parameters from n host floats; master weights (here the parameters) back to host floats.
+    void upload_params(Param* params, const float* host, size_t n) { std::memcpy(params, host, n * sizeof(float)); }
+    void download(float* host, const float* master, size_t n) { std::memcpy(host, master, n * sizeof(float)); }
+    // Host buffers are written before a collective is issued: nothing to order.
+    void before_collective(Communicator&) {}
+    // The communicator for host scalars: the engine's own, which works on host memory.
+    Communicator& host_comm(Communicator& engine_comm) { return engine_comm; }
+
+private:
+    std::deque<std::vector<float>> buffers_;
+};
+
+}  // namespace llmc
