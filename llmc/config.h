@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/params/layout.h"
+#include "llmc/models/gpt2/params.h"
 #include "llmc/schedule.h"
 #include "llmc/utils.h"
 
@@ -348,7 +348,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"model", {{"max_seq_len", m.max_seq_len}, {"vocab_size", m.vocab_size},
                    {"padded_vocab_size", m.padded_vocab_size}, {"num_layers", m.num_layers},
                    {"num_heads", m.num_heads}, {"channels", m.channels},
-                   {"num_params", ParamLayout(m).num_params}}},
+                   {"num_params", num_params(m)}}},
         {"world_size", cfg.world_size},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},

@@ -2,13 +2,14 @@
 //
 // The train loop (host C++, no CUDA) drives a Model through this narrow interface; the CPU
 // reference (gpt2_cpu.h, fp32) and the CUDA model (bf16) both implement it. Buffers named here are
-// the flat buffers of model_config.h's ParamLayout, so an optimizer "shard" is just a range
+// the flat buffers of params/layout.h's ParamLayout, so an optimizer "shard" is just a range
 // [begin, end) of element indices, which is what ZeRO needs.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+#include "llmc/models/gpt2/config.h"  // ModelConfig: the one architecture so far
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"
 
@@ -28,7 +29,7 @@ struct AdamWConfig {
     float beta1 = 0.9f;
     float beta2 = 0.95f;
     float eps = 1e-8f;
-    float weight_decay = 0.0f;  // decoupled, applied to matrices only (ParamLayout::is_decayed)
+    float weight_decay = 0.0f;  // decoupled, applied to matrices only (TensorSpec::decayed)
 };
 
 class Model {
@@ -68,7 +69,9 @@ public:
     // Bytes this rank allocated for one kind of memory (the --plan printout must agree).
     virtual size_t allocated_bytes(MemoryKind kind) const = 0;
 
-    size_t num_params() const { return ParamLayout(config()).num_params; }
+    // Where each parameter sits in the flat buffers (built from the model's parameter table).
+    virtual const ParamLayout& layout() const = 0;
+    size_t num_params() const { return layout().num_params; }
 };
 
 // The argument checks every implementation makes before a pass: B and T within what the model was

@@ -60,13 +60,13 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     const ModelConfig& m = cfg.model_config;
     std::string out = strformat(
         "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %d rank(s), ZeRO-%d, %s\n",
-        cfg.model.c_str(), ParamLayout(m).num_params / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps,
+        cfg.model.c_str(), num_params(m) / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps,
         zero.world_size, zero.stage, model_kind);
     for (int k = 0; k < (int)MemoryKind::Count; k++) {
         out += strformat("  %-16s %12s\n", memory_kind_name((MemoryKind)k), format_bytes(plan.bytes[k]).c_str());
         for (const BufferSpec& b : plan.buffers)
             if ((int)b.kind == k)
-                out += strformat("      %-26s %12s  (%zu x %zu bytes)\n", b.name, format_bytes((double)b.bytes()).c_str(),
+                out += strformat("      %-26s %12s  (%zu x %zu bytes)\n", b.name.c_str(), format_bytes((double)b.bytes()).c_str(),
                                  b.count, b.element_bytes);
     }
     out += strformat("  %-16s %12s\n", "total", format_bytes((double)plan.total_bytes()).c_str());

@@ -35,10 +35,10 @@ std::string temp_json(const std::string& text) {
 
 TEST_CASE("presets have GPT-2's published shapes and parameter counts", "[config]") {
     // d12 is GPT-2 124M; counts include the padded vocab (50304 rows), as in llm.c.
-    CHECK(ParamLayout(model_preset("d12")).num_params == 124475904);
+    CHECK(num_params(model_preset("d12")) == 124475904);
     ModelConfig d48 = model_preset("d48");
     CHECK((d48.num_layers == 48 && d48.channels == 1600 && d48.num_heads == 25));
-    CHECK(ParamLayout(d48).num_params == 1557686400);
+    CHECK(num_params(d48) == 1557686400);
     ModelConfig d24 = model_preset("d24");
     CHECK((d24.num_layers == 24 && d24.channels == 1024 && d24.num_heads == 16));
     ModelConfig d36 = model_preset("d36");
@@ -59,8 +59,8 @@ TEST_CASE("ParamLayout is bucket-major in memory and llm.c order in files", "[co
     c.num_layers = 2;
     c.num_heads = 2;
     c.channels = 4;
-    const ParamLayout layout(c);
-    using P = ParamLayout;
+    const ParamLayout layout = GPT2Params::layout(c);
+    using P = GPT2Params;
     // embeddings 16*4 + 4*4 = 80; a layer 4+4+48+12+16+4+4+4+64+16+64+4 = 244; final LayerNorm 8
     REQUIRE(layout.num_params == 80 + 2 * 244 + 8);
     REQUIRE(layout.num_buckets() == 4);
@@ -83,7 +83,7 @@ TEST_CASE("ParamLayout is bucket-major in memory and llm.c order in files", "[co
     for (const char* name : {"tiny", "d4", "d12"}) {
         CAPTURE(name);
         const ModelConfig m = std::string(name) == "tiny" ? c : model_preset(name);
-        const ParamLayout lay(m);
+        const ParamLayout lay = GPT2Params::layout(m);
         // buckets tile [0, num_params) in order
         size_t at = 0;
         for (int b = 0; b < lay.num_buckets(); b++) {
@@ -96,13 +96,13 @@ TEST_CASE("ParamLayout is bucket-major in memory and llm.c order in files", "[co
         std::vector<bool> file_covered(lay.num_params, false);
         size_t file_elements = 0;
         for (const ParamLayout::Segment& s : lay.segments()) {
-            CAPTURE(P::names[s.tensor], s.layer);
+            CAPTURE(lay.name(s.tensor), s.layer);
             REQUIRE(s.begin == at);
             at = s.end;
             CHECK(s.end - s.begin == lay.tensor_size(s.tensor));
             CHECK(s.begin == lay.offset(s.tensor, s.layer));
             const int b = lay.bucket_of(s.tensor, s.layer);
-            if (P::is_per_layer(s.tensor)) CHECK(b == lay.layer_bucket(s.layer));
+            if (lay.is_per_layer(s.tensor)) CHECK(b == lay.layer_bucket(s.layer));
             CHECK((lay.bucket_begin(b) <= s.begin && s.end <= lay.bucket_begin(b) + lay.bucket_size(b)));
             CHECK(s.begin - lay.bucket_begin(b) == lay.offset_in_bucket(s.tensor));
             // file offsets: each file element covered exactly once
@@ -190,7 +190,7 @@ TEST_CASE("the resolved config.json feeds back into an identical run", "[config]
     RunConfig first = parse({"-b", "4", "-t", "32", "-l", "0.0007", "--lr-schedule", "wsd", "--seed", "99"});
     nlohmann::json written = run_config_json(first);
     CHECK(written["lr"].dump() == "0.0007");  // floats are written in their shortest exact form
-    CHECK(written["resolved"]["model"]["num_params"] == ParamLayout(first.model_config).num_params);
+    CHECK(written["resolved"]["model"]["num_params"] == num_params(first.model_config));
     written.erase("resolved");
     std::string path = temp_json(written.dump());
     RunConfig second = parse({"--config", path.c_str()});

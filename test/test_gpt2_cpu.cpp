@@ -57,7 +57,7 @@ struct Fixture {
         inputs.resize(BT);
         targets.resize(BT);
         logits.resize(BT * config.vocab_size);
-        grads.resize(ParamLayout(config).num_params);
+        grads.resize(num_params(config));
         losses.resize(steps);
         f.read(inputs.data(), BT, "inputs");
         f.read(targets.data(), BT, "targets");
@@ -96,7 +96,7 @@ struct FileRange {
     size_t begin, size;
 };
 FileRange file_range(const ParamLayout& layout, const ModelConfig& config, int t) {
-    const size_t layers = ParamLayout::is_per_layer(t) ? config.num_layers : 1;
+    const size_t layers = layout.is_per_layer(t) ? config.num_layers : 1;
     return {layout.file_offset(t), layers * layout.tensor_size(t)};
 }
 
@@ -154,10 +154,10 @@ TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") {
     const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
     CHECK(rel_error(loss, fx.loss) <= 1e-5);
     // the fixture stores gradients in model file order
-    const ParamLayout layout(fx.config);
+    const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> grads = in_file_order(layout, model.grads());
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const std::string tensor = ParamLayout::names[t];
+    for (int t = 0; t < GPT2Params::NUM_TENSORS; t++) {
+        const std::string tensor = layout.name(t);
         CAPTURE(tensor);
         const FileRange r = file_range(layout, fx.config, t);
         CHECK(rel_error(grads.data() + r.begin, fx.grads.data() + r.begin, r.size) <= 1e-4);
@@ -197,11 +197,11 @@ TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch 
         half_losses += accum.forward_backward(fx.inputs.data() + at, fx.targets.data() + at, half, fx.T, 0.5f, at > 0);
     }
     CHECK(rel_error(0.5 * half_losses, loss) <= 1e-6);
-    const ParamLayout layout(fx.config);
+    const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> accum_grads = in_file_order(layout, accum.grads());
     const std::vector<float> full_grads = in_file_order(layout, full.grads());
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const std::string tensor = ParamLayout::names[t];
+    for (int t = 0; t < GPT2Params::NUM_TENSORS; t++) {
+        const std::string tensor = layout.name(t);
         CAPTURE(tensor);
         const FileRange r = file_range(layout, fx.config, t);
         CHECK(rel_error(accum_grads.data() + r.begin, full_grads.data() + r.begin, r.size) <= 1e-5);
@@ -210,7 +210,7 @@ TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch 
 
 TEST_CASE("results are bitwise reproducible, whatever the thread count", "[gpt2]") {
     const Fixture& fx = fixture();
-    const size_t n = ParamLayout(fx.config).num_params;
+    const size_t n = num_params(fx.config);
     auto run = [&](int threads, std::vector<float>& grads, std::vector<float>& params) {
         ThreadCount tc(threads);
         GPT2CPU model(fx.config, fx.B, fx.T);
@@ -275,7 +275,7 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     const std::vector<char> reference = read_bytes(MODEL_PATH);
     CHECK(read_bytes(path) == reference);
     // the parameters after the header are the flat buffer in file order, and back
-    const ParamLayout layout(fx.config);
+    const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> file_order = in_file_order(layout, model.params());
     REQUIRE(reference.size() == MODEL_FILE_HEADER_BYTES + file_order.size() * sizeof(float));
     CHECK(std::memcmp(reference.data() + MODEL_FILE_HEADER_BYTES, file_order.data(),
@@ -293,7 +293,7 @@ TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
     const Fixture& fx = fixture();
     const std::vector<char> good = read_bytes(MODEL_PATH);
     const std::string path = temp_path("bad_model.bin");
-    std::vector<float> params(ParamLayout(fx.config).num_params);
+    std::vector<float> params(num_params(fx.config));
     auto with_header_int = [&](int index, int32_t value) {
         std::vector<char> bytes = good;
         std::memcpy(bytes.data() + index * sizeof(int32_t), &value, sizeof(value));
@@ -346,7 +346,7 @@ TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
 
 TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]") {
     const ModelConfig config = fixture().config;
-    const ParamLayout layout(config);
+    const ParamLayout layout = GPT2Params::layout(config);
     std::vector<float> a(layout.num_params), b(layout.num_params), c(layout.num_params);
     init_gpt2_params(config, a.data(), 42);
     {
@@ -364,25 +364,25 @@ TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]
         for (size_t i = 0; i < r.size; i++) sq += (double)f[r.begin + i] * f[r.begin + i];
         return std::sqrt(sq / r.size);
     };
-    CHECK(stddev(ParamLayout::QKVW) == Approx(0.02).epsilon(0.02));
-    CHECK(stddev(ParamLayout::FCPROJW) == Approx(0.02 / std::sqrt(2.0 * config.num_layers)).epsilon(0.02));
-    for (int t : {ParamLayout::LN1W, ParamLayout::LN2W, ParamLayout::LNFW}) {
+    CHECK(stddev(GPT2Params::QKVW) == Approx(0.02).epsilon(0.02));
+    CHECK(stddev(GPT2Params::FCPROJW) == Approx(0.02 / std::sqrt(2.0 * config.num_layers)).epsilon(0.02));
+    for (int t : {GPT2Params::LN1W, GPT2Params::LN2W, GPT2Params::LNFW}) {
         const FileRange r = file_range(layout, config, t);
         for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 1.0f);
     }
-    for (int t : {ParamLayout::QKVB, ParamLayout::FCB, ParamLayout::LNFB}) {
+    for (int t : {GPT2Params::QKVB, GPT2Params::FCB, GPT2Params::LNFB}) {
         const FileRange r = file_range(layout, config, t);
         for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 0.0f);
     }
-    const float* wte = a.data() + layout.offset(ParamLayout::WTE);
+    const float* wte = a.data() + layout.offset(GPT2Params::WTE);
     const size_t pad_begin = (size_t)config.vocab_size * config.channels;
-    for (size_t i = pad_begin; i < layout.tensor_size(ParamLayout::WTE); i++) REQUIRE(wte[i] == 0.0f);
+    for (size_t i = pad_begin; i < layout.tensor_size(GPT2Params::WTE); i++) REQUIRE(wte[i] == 0.0f);
     CHECK(wte[pad_begin - 1] != 0.0f);
 }
 
 TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[gpt2]") {
     const ModelConfig config = fixture().config;
-    const ParamLayout layout(config);
+    const ParamLayout layout = GPT2Params::layout(config);
     const size_t n = layout.num_params;
     std::vector<float> p(n), g(n), m(n), v(n);
     Rng rng(7);
@@ -397,7 +397,7 @@ TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[g
     std::vector<float> p2 = p, m2 = m, v2 = v;
     adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 3, 0.7f);
     // split mid-way through layer 0's qkvw (decayed) and mid-way through layer 1's qkvb (not decayed)
-    const size_t cut1 = layout.offset(ParamLayout::QKVW, 0) + 1001, cut2 = layout.offset(ParamLayout::QKVB, 1) + 17;
+    const size_t cut1 = layout.offset(GPT2Params::QKVW, 0) + 1001, cut2 = layout.offset(GPT2Params::QKVB, 1) + 17;
     for (auto [lo, hi] : {std::pair{size_t(0), cut1}, std::pair{cut1, cut2}, std::pair{cut2, n}})
         adamw_update(layout, p2.data(), g.data(), m2.data(), v2.data(), lo, hi, opt, 3, 0.7f);
     CHECK(std::memcmp(p.data(), p2.data(), n * sizeof(float)) == 0);
@@ -412,7 +412,7 @@ TEST_CASE("AdamW over split ranges equals one update over the whole buffer", "[g
 
 TEST_CASE("AdamW decays exactly the matrices, segment by segment", "[gpt2]") {
     const ModelConfig config = fixture().config;
-    const ParamLayout layout(config);
+    const ParamLayout layout = GPT2Params::layout(config);
     const size_t n = layout.num_params;
     // zero gradients and moments: the update is the decay alone
     std::vector<float> p(n, 1.0f), g(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
@@ -421,9 +421,9 @@ TEST_CASE("AdamW decays exactly the matrices, segment by segment", "[gpt2]") {
     opt.weight_decay = 0.1f;
     adamw_update(layout, p.data(), g.data(), m.data(), v.data(), 0, n, opt, 1, 1.0f);
     for (const ParamLayout::Segment& s : layout.segments()) {
-        const std::string tensor = ParamLayout::names[s.tensor];
+        const std::string tensor = layout.name(s.tensor);
         CAPTURE(tensor, s.layer);
-        const float expected = ParamLayout::is_decayed(s.tensor) ? 0.95f : 1.0f;
+        const float expected = layout.is_decayed(s.tensor) ? 0.95f : 1.0f;
         CHECK(std::all_of(p.begin() + s.begin, p.begin() + s.end, [&](float x) { return x == expected; }));
     }
 }

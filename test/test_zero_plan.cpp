@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include "llmc/dist/zero_plan.h"
+#include "llmc/dist/host_memory.h"
+#include "llmc/dist/zero.h"
+#include "llmc/models/gpt2/params.h"
 
 using namespace llmc;
 using Catch::Contains;
@@ -11,7 +14,7 @@ TEST_CASE("each bucket is split into equal padded slices whose owned ranges part
     ModelConfig c = model_preset("d4", 64, 250);  // 250-token vocab: odd sizes everywhere
     c.channels = 35;
     c.num_heads = 5;
-    const ParamLayout layout(c);
+    const ParamLayout layout = GPT2Params::layout(c);
     for (int world = 1; world <= 5; world++) {
         CAPTURE(world);
         std::vector<size_t> owned(layout.num_params, 0);
@@ -44,7 +47,83 @@ TEST_CASE("each bucket is split into equal padded slices whose owned ranges part
 }
 
 TEST_CASE("ZeroPlan rejects a bad stage or rank", "[zero]") {
-    const ParamLayout layout(model_preset("d4"));
+    const ParamLayout layout = GPT2Params::layout(model_preset("d4"));
     REQUIRE_THROWS_WITH(ZeroPlan(layout, 4, 0, 2), Contains("-z (zero_stage) must be 0, 1, 2 or 3, got 4"));
     REQUIRE_THROWS_WITH(ZeroPlan(layout, 1, 2, 2), Contains("rank 2 is not in [0, 2)"));
+}
+
+// A table unlike GPT-2's: an untied output head in its own bucket AFTER the final norm, resident,
+// and a non-resident final norm. Which buckets ZeRO keeps whole must follow the table's property,
+// not the bucket's position (first or last).
+static ParamTable untied_head_table() {
+    ParamTable t;
+    t.num_layers = 3;
+    t.groups = {{"embeddings", false, true}, {"layers", true, false}, {"final norm", false, false},
+                {"output head", false, true}};
+    const ParamInit ones{InitRule::Ones};
+    t.tensors = {{"wte", {10, 4}, 0, true, ones},     {"w", {4, 4}, 1, true, ones},
+                 {"b", {4}, 1, false, ones},           {"lnf", {4}, 2, false, ones},
+                 {"head", {12, 4}, 3, true, ones}};
+    return t;
+}
+
+TEST_CASE("a parameter table's own groups, sizes, file order and decay make the layout", "[zero]") {
+    const ParamLayout layout(untied_head_table());
+    REQUIRE(layout.num_buckets() == 6);  // embeddings, 3 layers, final norm, head
+    CHECK(layout.num_params == 40 + 3 * 20 + 4 + 48);
+    CHECK(layout.bucket_of(4) == 5);
+    CHECK(layout.bucket_of(1, 2) == layout.layer_bucket(2));
+    CHECK(layout.layer_bucket(0) == 1);
+    CHECK(layout.offset(2, 1) == 40 + 20 + 16);     // layer 1's b, after its w
+    CHECK(layout.file_offset(2, 1) == 40 + 48 + 4);  // file: wte, every layer's w, then b
+    CHECK(layout.file_offset(4) == 40 + 48 + 12 + 4);
+    CHECK((layout.is_resident(0) && !layout.is_resident(4) && layout.is_resident(5)));
+    CHECK((layout.is_decayed(4) && !layout.is_decayed(3)));
+    CHECK(layout.bucket_name(5) == "output head");
+    ParamTable bad = untied_head_table();
+    bad.tensors[1].group = 7;
+    REQUIRE_THROWS_WITH(ParamLayout(bad), Contains("tensor w names bucket group 7, not in [0, 4)"));
+}
+
+TEST_CASE("ZeRO keeps whole the buckets the table marks resident, wherever they are", "[zero]") {
+    const ParamLayout layout(untied_head_table());
+    const ZeroPlan plan(layout, 3, 1, 2);
+    std::vector<std::string> names;
+    size_t gathered = 0;
+    for (const BufferSpec& s : buffer_specs(plan)) {
+        names.push_back(s.name);
+        if (s.kind == MemoryKind::Parameters && s.name != "parameter shard") gathered += s.count;
+    }
+    CHECK(std::count(names.begin(), names.end(), "gathered embeddings") == 1);
+    CHECK(std::count(names.begin(), names.end(), "gathered output head") == 1);
+    CHECK(std::count(names.begin(), names.end(), "gathered final norm") == 0);  // not resident: it rotates
+    CHECK(std::count(names.begin(), names.end(), "gathered layers (2)") == 1);
+    // resident: embeddings (40) and head (48) whole; two rotating buffers the size of the largest
+    // other bucket (a layer's 20), each padded to the 2 ranks
+    CHECK(gathered == 40 + 48 + 2 * 20);
+    CHECK(plan.rotating_extent() == 20);
+    CHECK(plan.rotating_name() == "layers");
+}
+
+TEST_CASE("the ZeRO-3 engine serves a table's resident and rotating buckets through a BucketView", "[zero]") {
+    const ParamLayout layout(untied_head_table());
+    HostMemory memory;
+    ZeroEngine<HostMemory> engine(layout, ZeroPlan(layout, 3, 0, 1), local_communicator(), memory);
+    std::vector<float> full(layout.num_params);
+    for (size_t i = 0; i < full.size(); i++) full[i] = (float)i;
+    engine.set_params(full.data());
+    BucketView<HostMemory> view(layout, engine);
+    using Walk = BucketView<HostMemory>::Direction;
+    view.acquire_resident();
+    for (int l = 0; l < layout.num_layers(); l++) {
+        view.enter_layer(l, Walk::Forward);
+        CHECK(view.param(1, l)[0] == (float)layout.offset(1, l));
+        view.leave_layer(l, Walk::Forward);
+    }
+    // the resident buckets stay gathered across the layers; the final norm rotates in on demand
+    CHECK(view.param(0)[5] == 5.0f);
+    CHECK(view.param(4)[0] == (float)layout.offset(4));
+    view.acquire(layout.bucket_of(3), -1);
+    CHECK(view.param(3)[0] == (float)layout.offset(3));
+    view.release_all();
 }

@@ -7,7 +7,7 @@
 //
 // A step is what the trainer does: zero_grad, forward+backward of one micro-batch, the global
 // gradient norm and AdamW, on random tokens (no data loading). MFU counts model_flops_per_token
-// (model_config.h: 6 N + 6 L C T, N the parameters without the position embedding, the second term
+// (models/gpt2/params.h: 6 N + 6 L C T, N the parameters without the position embedding, the second term
 // causal attention) against the GPU's dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
 #include <chrono>
 #include <cstdio>

@@ -3,7 +3,7 @@
 //
 // A range is what a ZeRO shard owns, so it may start or end in the middle of a tensor; the update
 // therefore walks the layout's segments (tensor slices) that intersect the range and picks weight
-// decay per segment (ParamLayout::is_decayed of its tensor), never per range. Semantics are PyTorch's AdamW: decoupled decay
+// decay per segment (the layout's is_decayed of its tensor), never per range. Semantics are PyTorch's AdamW: decoupled decay
 // p -= lr * wd * p, then p -= lr * mhat / (sqrt(vhat) + eps) with 1-based bias correction.
 //
 // sum_squares is reproducible bit for bit: the range is cut into fixed blocks (not one block per
@@ -100,7 +100,7 @@ inline void adamw_update(const ParamLayout& layout, float* params, const float* 
     for (const ParamLayout::Segment& s : layout.segments()) {
         const size_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
         if (lo >= hi) continue;
-        const float decay = ParamLayout::is_decayed(s.tensor) ? opt.weight_decay : 0.0f;
+        const float decay = layout.is_decayed(s.tensor) ? opt.weight_decay : 0.0f;
         adamw_contiguous(params + lo, grads + lo, m + lo, v + lo, hi - lo, decay, opt, step, grad_multiplier);
     }
 }

@@ -55,7 +55,7 @@ public:
 
     void* allocate(const BufferSpec& spec) {
         if (spec.bytes() == 0) return nullptr;
-        DeviceBuffer<char>& b = buffers_.emplace_back(spec.bytes(), spec.name);
+        DeviceBuffer<char>& b = buffers_.emplace_back(spec.bytes(), spec.name.c_str());
         CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
         return b.get();
     }

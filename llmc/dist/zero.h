@@ -30,6 +30,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "llmc/dist/comm.h"
@@ -42,7 +43,7 @@ namespace llmc {
 // One buffer a model allocates: what it is for, its length in elements and the element size (the
 // engine's buffers are fp32; the CUDA model's parameters are bf16, its activations counted in bytes).
 struct BufferSpec {
-    const char* name;
+    std::string name;
     MemoryKind kind;
     size_t count;
     size_t element_bytes = sizeof(float);
@@ -61,16 +62,15 @@ constexpr ParamPrecision BF16_PARAMETERS_FP32_MASTER{2, true};   // the CUDA mod
 // Every buffer the engine allocates for a plan (the single size function for engine and planner).
 inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision precision = FP32_PARAMETERS) {
     using K = MemoryKind;
-    const ZeroPlan::Bucket &embedding = plan.embedding(), &layer = plan.layer(), &final_norm = plan.final_norm();
     const size_t pb = precision.param_bytes;
     std::vector<BufferSpec> specs;
     if (!plan.shards_parameters()) {
         specs.push_back({"parameters", K::Parameters, plan.padded_num_params, pb});
     } else {
         specs.push_back({"parameter shard", K::Parameters, plan.shard_num_params, pb});
-        specs.push_back({"gathered embeddings", K::Parameters, embedding.padded_extent, pb});
-        specs.push_back({"gathered final norm", K::Parameters, final_norm.padded_extent, pb});
-        specs.push_back({"gathered layers (2)", K::Parameters, 2 * layer.padded_extent, pb});
+        for (const ZeroPlan::Bucket& k : plan.buckets)
+            if (k.resident) specs.push_back({"gathered " + k.name, K::Parameters, k.padded_extent, pb});
+        specs.push_back({"gathered " + plan.rotating_name() + " (2)", K::Parameters, 2 * plan.rotating_extent(), pb});
     }
     if (precision.separate_master) {
         if (plan.shards_optimizer())
@@ -83,11 +83,14 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision
         if (plan.shards_optimizer()) specs.push_back({"gradient shard", K::Gradients, plan.shard_num_params});
     } else {
         specs.push_back({"gradient shard", K::Gradients, plan.shard_num_params});
-        specs.push_back({"embedding gradients", K::Gradients, embedding.padded_extent});
-        specs.push_back({"final norm gradients", K::Gradients, final_norm.padded_extent});
-        specs.push_back({"layer gradients (2)", K::Gradients, 2 * layer.padded_extent});
-        specs.push_back({"reduce-scatter landing", K::CommBuffers,
-                         embedding.shard_size + final_norm.shard_size + 2 * layer.shard_size});
+        size_t landing = 2 * plan.rotating_shard_size();
+        for (const ZeroPlan::Bucket& k : plan.buckets)
+            if (k.resident) {
+                specs.push_back({k.name + " gradients", K::Gradients, k.padded_extent});
+                landing += k.shard_size;
+            }
+        specs.push_back({plan.rotating_name() + " gradients (2)", K::Gradients, 2 * plan.rotating_extent()});
+        specs.push_back({"reduce-scatter landing", K::CommBuffers, landing});
     }
     const size_t moments = plan.shards_optimizer() ? plan.shard_num_params : plan.padded_num_params;
     specs.push_back({"AdamW m", K::OptimizerState, moments});
@@ -114,15 +117,20 @@ public:
         size_t i = 0;
         auto next_param = [&]() { return static_cast<Param*>(buffers[i++]); };
         auto next = [&]() { return static_cast<float*>(buffers[i++]); };
+        // One slot per resident bucket, in bucket order, then the two rotating ones.
+        for (const ZeroPlan::Bucket& k : plan.buckets)
+            resident_index_.push_back(k.resident ? num_resident_++ : -1);
+        resident_params_.resize(num_resident_);
+        resident_grads_.resize(num_resident_);
+        const size_t rotating = plan.rotating_extent();
         if (!plan.shards_parameters()) {
             params_full_ = next_param();
         } else {
             params_shard_ = next_param();
-            embedding_params_.data = next_param();
-            final_params_.data = next_param();
-            Param* layers = next_param();
-            layer_params_[0].data = layers;
-            layer_params_[1].data = layers + plan.layer().padded_extent;
+            for (ParamSlot& slot : resident_params_) slot.data = next_param();
+            Param* pair = next_param();
+            rotating_params_[0].data = pair;
+            rotating_params_[1].data = pair + rotating;
         }
         if (Memory::precision.separate_master) {
             if (plan.shards_optimizer()) master_shard_ = next();
@@ -133,16 +141,19 @@ public:
             if (plan.shards_optimizer()) grads_shard_ = next();
         } else {
             grads_shard_ = next();
-            embedding_grads_.data = next();
-            final_grads_.data = next();
-            float* layers = next();
-            layer_grads_[0].data = layers;
-            layer_grads_[1].data = layers + plan.layer().padded_extent;
+            for (GradSlot& slot : resident_grads_) slot.data = next();
+            float* pair = next();
+            rotating_grads_[0].data = pair;
+            rotating_grads_[1].data = pair + rotating;
+            // The landing buffer holds one slice per slot, in the same order.
             float* landing = next();
-            embedding_grads_.landing = landing;
-            final_grads_.landing = embedding_grads_.landing + plan.embedding().shard_size;
-            layer_grads_[0].landing = final_grads_.landing + plan.final_norm().shard_size;
-            layer_grads_[1].landing = layer_grads_[0].landing + plan.layer().shard_size;
+            for (size_t b = 0; b < plan.buckets.size(); b++)
+                if (plan.buckets[b].resident) {
+                    resident_grads_[resident_index_[b]].landing = landing;
+                    landing += plan.buckets[b].shard_size;
+                }
+            rotating_grads_[0].landing = landing;
+            rotating_grads_[1].landing = landing + plan.rotating_shard_size();
         }
         m_ = next();
         v_ = next();
@@ -303,7 +314,7 @@ public:
                 if (seg.end <= k.begin + lo || seg.begin >= k.begin + hi) continue;
                 const size_t seg_lo = std::max(lo, seg.begin > k.begin ? seg.begin - k.begin : 0);
                 const size_t seg_hi = std::min(hi, seg.end - k.begin);
-                const float decay = ParamLayout::is_decayed(seg.tensor) ? opt.weight_decay : 0.0f;
+                const float decay = layout_.is_decayed(seg.tensor) ? opt.weight_decay : 0.0f;
                 Param* p = param_for_update(k, seg_lo);
                 const float* g = plan_.shards_optimizer() ? grads_shard_ + k.shard_offset + (seg_lo - lo)
                                                           : grads_full_ + k.padded_begin + seg_lo;
@@ -328,7 +339,7 @@ public:
     // Drops every gathered parameter buffer (stage 3): after a forward-only pass, and whenever the
     // parameters change.
     void invalidate_gathered() {
-        for (ParamSlot* s : {&embedding_params_, &final_params_, &layer_params_[0], &layer_params_[1]}) {
+        for (ParamSlot* s : param_slots()) {
             finish(s->pending);
             s->bucket = -1;
             s->in_use = false;
@@ -370,16 +381,21 @@ private:
         h.reset();
     }
 
-    // Stage 3 parameter buffers: embeddings and final norm have their own, layers share two.
+    // Stage 3 parameter buffers: each resident bucket has its own, the others share two.
+    std::vector<ParamSlot*> param_slots() {
+        std::vector<ParamSlot*> slots;
+        for (ParamSlot& s : resident_params_) slots.push_back(&s);
+        for (ParamSlot& s : rotating_params_) slots.push_back(&s);
+        return slots;
+    }
     ParamSlot* find_param_slot(int bucket) {
-        for (ParamSlot* s : {&embedding_params_, &final_params_, &layer_params_[0], &layer_params_[1]})
+        for (ParamSlot* s : param_slots())
             if (s->bucket == bucket) return s;
         return nullptr;
     }
     ParamSlot* free_param_slot(int bucket) {
-        if (bucket == 0) return &embedding_params_;
-        if (bucket == (int)plan_.buckets.size() - 1) return &final_params_;
-        for (ParamSlot& s : layer_params_)
+        if (resident_index_[bucket] >= 0) return &resident_params_[resident_index_[bucket]];
+        for (ParamSlot& s : rotating_params_)
             if (!s.in_use && !s.pending) return &s;
         return nullptr;
     }
@@ -410,15 +426,14 @@ private:
     }
     // Scalars (the gradient norm) travel through host memory on the host communicator.
     Communicator& host_comm() { return comm_.uses_device_buffers() ? mem_.host_comm(comm_) : comm_; }
-    // Stage 2-3 gradient buffers: embeddings and final norm have their own, layers alternate two.
+    // Stage 2-3 gradient buffers: each resident bucket has its own, the others alternate two.
     GradSlot* grad_slot_for(int bucket) {
-        if (bucket == 0) return &embedding_grads_;
-        if (bucket == (int)plan_.buckets.size() - 1) return &final_grads_;
-        for (GradSlot& s : layer_grads_)
+        if (resident_index_[bucket] >= 0) return &resident_grads_[resident_index_[bucket]];
+        for (GradSlot& s : rotating_grads_)
             if (s.bucket == bucket) return &s;
-        // the layer buffer whose reduce-scatter was issued first is the one to reuse
-        GradSlot& a = layer_grads_[0];
-        GradSlot& b = layer_grads_[1];
+        // the rotating buffer whose reduce-scatter was issued first is the one to reuse
+        GradSlot& a = rotating_grads_[0];
+        GradSlot& b = rotating_grads_[1];
         if (a.bucket < 0) return &a;
         if (b.bucket < 0) return &b;
         for (GradSlot* s : in_flight_)
@@ -451,8 +466,12 @@ private:
     float *master_full_ = nullptr, *master_shard_ = nullptr;  // separate master weights only
     float *grads_full_ = nullptr, *grads_shard_ = nullptr;
     float *m_ = nullptr, *v_ = nullptr;
-    ParamSlot embedding_params_, final_params_, layer_params_[2];
-    GradSlot embedding_grads_, final_grads_, layer_grads_[2];
+    std::vector<int> resident_index_;  // per bucket: its slot in resident_params_/resident_grads_, or -1
+    int num_resident_ = 0;
+    std::vector<ParamSlot> resident_params_;
+    std::vector<GradSlot> resident_grads_;
+    ParamSlot rotating_params_[2];
+    GradSlot rotating_grads_[2];
     std::deque<GradSlot*> in_flight_;
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;
     double exposed_ms_ = 0;
@@ -460,11 +479,14 @@ private:
 
 // A model's view of the engine during a pass: which buckets' parameters it holds (acquire and
 // release, the next bucket prefetched) and where each bucket's gradient accumulates. Both models
-// reach their parameters and gradients only through this, so they never know how they are sharded.
+// reach their parameters and gradients only through this, so they never know how they are sharded,
+// and both walk their layers through enter_layer/leave_layer, so the ZeRO sequence (acquire,
+// prefetch the next layer, take the gradient buffer, hand it over, release) is written once.
 template <class Memory>
 class BucketView {
 public:
     using Param = typename Memory::Param;
+    enum class Direction { Forward, Backward };
 
     BucketView(const ParamLayout& layout, ZeroEngine<Memory>& engine)
         : layout_(layout), engine_(engine), params_(layout.num_buckets(), nullptr),
@@ -477,6 +499,28 @@ public:
     float* grad(int tensor, int layer = 0) const {
         return grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
     }
+
+    // Start of a pass: every resident bucket (used at both ends of the pass) is acquired, all their
+    // gathers in flight before the first wait. They are held until release_all().
+    void acquire_resident() {
+        for (int b = 0; b < layout_.num_buckets(); b++)
+            if (layout_.is_resident(b)) engine_.prefetch_params(b);
+        for (int b = 0; b < layout_.num_buckets(); b++)
+            if (layout_.is_resident(b)) params_[b] = engine_.acquire_params(b);
+    }
+    // Layer l's parameters for its forward or backward, with the gather of the layer that comes next
+    // in that direction started; going backward, also the buffer its gradient accumulates into.
+    void enter_layer(int layer, Direction d) {
+        const int next = d == Direction::Forward ? layer + 1 : layer - 1;
+        acquire(layout_.layer_bucket(layer), next >= 0 && next < layout_.num_layers() ? layout_.layer_bucket(next) : -1);
+        if (d == Direction::Backward) take_grads(layout_.layer_bucket(layer));
+    }
+    // Done with layer l; going backward its gradient is complete and its collective starts.
+    void leave_layer(int layer, Direction d, bool last_micro_batch = false) {
+        if (d == Direction::Backward) grads_ready(layout_.layer_bucket(layer), last_micro_batch);
+        release(layout_.layer_bucket(layer));
+    }
+
     // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts
     // fetching the bucket that will be needed next (-1: none).
     void acquire(int bucket, int next_bucket) {
@@ -489,6 +533,8 @@ public:
     }
     // Where this micro-batch's gradient of the bucket accumulates (a fresh zeroed buffer under ZeRO-2).
     void take_grads(int bucket) { grads_[bucket] = engine_.grad_buffer(bucket); }
+    // The bucket's gradient for this micro-batch is complete (see ZeroEngine::grads_ready).
+    void grads_ready(int bucket, bool last_micro_batch) { engine_.grads_ready(bucket, last_micro_batch); }
     // The pass is over: every gathered parameter buffer and every pointer is given up.
     void release_all() {
         engine_.invalidate_gathered();

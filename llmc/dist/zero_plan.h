@@ -1,7 +1,7 @@
 // zero_plan.h: how ZeRO cuts the flat buffers among ranks (pure arithmetic, no memory, no comm).
 //
-// The flat parameter buffer is bucket-major (model_config.h): the embeddings, each transformer
-// layer and the final LayerNorm are contiguous buckets. Each bucket is sharded ON ITS OWN: it is
+// The flat parameter buffer is bucket-major (params/layout.h): each bucket the model's parameter
+// table declares (GPT-2: the embeddings, each transformer layer, the final LayerNorm) is contiguous. Each bucket is sharded ON ITS OWN: it is
 // padded to a multiple of the world size and rank r owns the r-th of world_size equal slices. So
 // a bucket's gradients can be reduce-scattered the moment backward finishes that layer, and a
 // layer's parameters can be all-gathered just before it runs, each as one collective of equal
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "llmc/params/layout.h"
@@ -34,6 +35,10 @@ struct ZeroPlan {
         size_t shard_offset = 0;     // where this rank's slice sits in the compact shard buffers
         // This rank's slice of the bucket's real (unpadded) elements, relative to the bucket start.
         size_t owned_begin = 0, owned_end = 0;
+        // Kept whole for a pass under ZeRO-3, with a gradient buffer of its own under ZeRO-2 (see
+        // BucketGroup); the other buckets take turns in two rotating buffers.
+        bool resident = false;
+        std::string name;  // its bucket group's, for the memory plan
     };
 
     int stage = 0;
@@ -60,20 +65,36 @@ struct ZeroPlan {
             k.shard_offset = shard_num_params;
             k.owned_begin = std::min(k.size, (size_t)rank * k.shard_size);
             k.owned_end = std::min(k.size, (size_t)(rank + 1) * k.shard_size);
+            k.resident = layout.is_resident(b);
+            k.name = layout.bucket_name(b);
             padded_num_params += k.padded_extent;
             shard_num_params += k.shard_size;
             buckets.push_back(k);
         }
     }
 
-    // The buckets by role. Every layer bucket has the same size, and a model has at least one layer.
-    const Bucket& embedding() const { return buckets.front(); }
-    const Bucket& layer() const { return buckets[1]; }
-    const Bucket& final_norm() const { return buckets.back(); }
+    // The rotating buffers' size: the largest bucket that is not resident (0 when all are), whole
+    // (padded_extent) or one rank's slice (shard_size).
+    size_t rotating_extent() const { return rotating_max(&Bucket::padded_extent); }
+    size_t rotating_shard_size() const { return rotating_max(&Bucket::shard_size); }
+    // The name of the rotating buckets' group ("layers"), for the memory plan.
+    std::string rotating_name() const {
+        for (const Bucket& k : buckets)
+            if (!k.resident) return k.name;
+        return "";
+    }
 
     bool shards_optimizer() const { return stage >= 1; }
     bool shards_gradients() const { return stage >= 2; }
     bool shards_parameters() const { return stage >= 3; }
+
+private:
+    size_t rotating_max(size_t Bucket::*field) const {
+        size_t most = 0;
+        for (const Bucket& k : buckets)
+            if (!k.resident) most = std::max(most, k.*field);
+        return most;
+    }
 };
 
 }  // namespace llmc

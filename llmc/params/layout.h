@@ -1,15 +1,23 @@
-// model_config.h: the GPT-2 shape (ModelConfig), its presets, and the layout of the flat parameter
-// buffer (ParamLayout).
+// params/layout.h: what a model declares about its parameters (ParamTable) and where each one then
+// sits in the flat buffers and in a model file (ParamLayout). Nothing here knows GPT-2: a model
+// lists its tensors (models/gpt2/params.h is GPT-2's list), and the layout, the initialisation
+// (params/init.h), the model file, the optimizer, ZeRO's plan and the --plan printout all read
+// that one list, so they cannot disagree.
 //
 // Parameters, gradients, AdamW moments and master weights each live in ONE flat buffer, laid out
-// bucket-major (embeddings, then one bucket per transformer layer, then the final LayerNorm) so
-// that a ZeRO bucket is a contiguous range; model files keep llm.c's order (see ParamLayout).
-// ParamLayout is the single place that computes sizes and offsets; the CPU model, the CUDA model,
-// the model file, the optimizer and ZeRO sharding all read it, so they cannot disagree.
+// bucket-major: the table names its bucket groups in order (GPT-2: the embeddings, the layers, the
+// final LayerNorm), a per-layer group becomes one bucket per layer, and a bucket holds its tensors
+// (for a per-layer group, that layer's slice of each) back to back in table order. ZeRO works
+// bucket by bucket ("layer l's gradients are ready", "gather layer l's parameters"), and
+// bucket-major makes each of those one contiguous range. Model files keep the table's own order,
+// tensor-major (llm.c's: each per-layer tensor holds all layers back to back); file_offset() says
+// where a slice sits there.
 #pragma once
 
-#include <array>
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,80 +25,42 @@
 
 namespace llmc {
 
-struct ModelConfig {
-    int max_seq_len = 1024;         // maxT: rows of the position embedding
-    int vocab_size = 50257;         // V: real tokens
-    int padded_vocab_size = 50304;  // Vp: rows of wte, V rounded up to a multiple of 128 for fast kernels
-    int num_layers = 12;            // L
-    int num_heads = 12;             // NH
-    int channels = 768;             // C
-
-    int head_size() const { return channels / num_heads; }
-
-    // Throws naming the offending field unless the shape is usable.
-    void validate() const {
-        auto positive = [](const char* name, int v) {
-            if (v <= 0) fail(strformat("model config: %s must be positive, got %d", name, v));
-        };
-        positive("max_seq_len", max_seq_len);
-        positive("vocab_size", vocab_size);
-        positive("num_layers", num_layers);
-        positive("num_heads", num_heads);
-        positive("channels", channels);
-        if (channels % num_heads != 0)
-            fail(strformat("model config: channels (%d) must be divisible by num_heads (%d)", channels, num_heads));
-        if (padded_vocab_size < vocab_size)
-            fail(strformat("model config: padded_vocab_size (%d) must be at least vocab_size (%d)",
-                           padded_vocab_size, vocab_size));
-    }
+// How a tensor starts a training run. Normal draws N(0, std) for the first random_elems elements of
+// each slice and sets the rest to 0 (GPT-2's padded vocabulary rows); Zeros and Ones are constants.
+enum class InitRule { Zeros, Ones, Normal };
+struct ParamInit {
+    InitRule rule = InitRule::Zeros;
+    float std = 0.0f;
+    size_t random_elems = SIZE_MAX;
 };
 
-// V rounded up to a multiple of 128, as llm.c pads it.
-inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+// One parameter tensor as the model declares it.
+struct TensorSpec {
+    std::string name;
+    std::vector<size_t> shape;  // of one slice: one layer's, for a tensor of a per-layer group
+    int group;                  // the bucket group that holds it (index into ParamTable::groups)
+    bool decayed;               // AdamW's decoupled weight decay applies (matrices, not biases or gains)
+    ParamInit init;
+};
 
-inline constexpr std::array<const char*, 6> MODEL_PRESET_NAMES = {"d4", "d6", "d12", "d24", "d36", "d48"};
-inline bool is_model_preset(const std::string& name) {
-    for (const char* preset : MODEL_PRESET_NAMES)
-        if (name == preset) return true;
-    return false;
-}
+// Buckets, in flat order. A per-layer group is one bucket per layer; any other group is one bucket.
+// `resident`: the model uses the bucket at both ends of a pass (GPT-2's tied embedding: the encoder
+// first, the lm head last), so ZeRO-3 keeps it gathered for the whole pass and ZeRO-2 gives its
+// gradient a buffer of its own; the other buckets share two rotating buffers.
+struct BucketGroup {
+    std::string name;
+    bool per_layer;
+    bool resident;
+};
 
-// "dN" presets: N layers, 64*N channels, 64-wide heads, except that GPT-2's own sizes keep their
-// published head counts (d24 = 345M has 16 heads, d36 = 774M 20, d48 = 1558M 25).
-// d12 is GPT-2 124M, d48 is GPT-2 1.5B.
-inline ModelConfig model_preset(const std::string& name, int max_seq_len = 1024, int vocab_size = 50257) {
-    ModelConfig c;
-    c.max_seq_len = max_seq_len;
-    c.vocab_size = vocab_size;
-    c.padded_vocab_size = pad_vocab(vocab_size);
-    if      (name == "d4")  { c.num_layers = 4;  c.channels = 256;  c.num_heads = 4; }
-    else if (name == "d6")  { c.num_layers = 6;  c.channels = 384;  c.num_heads = 6; }
-    else if (name == "d12") { c.num_layers = 12; c.channels = 768;  c.num_heads = 12; }
-    else if (name == "d24") { c.num_layers = 24; c.channels = 1024; c.num_heads = 16; }
-    else if (name == "d36") { c.num_layers = 36; c.channels = 1280; c.num_heads = 20; }
-    else if (name == "d48") { c.num_layers = 48; c.channels = 1600; c.num_heads = 25; }
-    else fail(strformat("unknown model preset '%s': expected one of d4 d6 d12 d24 d36 d48", name.c_str()));
-    return c;
-}
+struct ParamTable {
+    int num_layers = 0;
+    std::vector<BucketGroup> groups;  // flat order; at most one per-layer group
+    std::vector<TensorSpec> tensors;  // model-file order
+};
 
-constexpr int NUM_PARAM_TENSORS = 16;
-
-// Where each parameter sits in the flat buffers. Offsets and sizes are in elements.
-//
-// Flat order is bucket-major: bucket 0 holds the embeddings [wte, wpe], bucket 1 + l holds all of
-// transformer layer l [ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb fcprojw fcprojb],
-// and the last bucket the final LayerNorm [lnfw, lnfb]. ZeRO works bucket by bucket ("layer l's
-// gradients are ready", "gather layer l's parameters"), and bucket-major makes each of those one
-// contiguous range. Model files keep llm.c's tensor-major order (each per-layer tensor holding all
-// layers back to back); file_offset() says where a slice sits there, and model_file.h permutes.
-struct ParamLayout {
-    enum Tensor { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,
-                  LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB };
-    static constexpr std::array<const char*, NUM_PARAM_TENSORS> names = {
-        "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-        "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
-    static constexpr int EMBEDDING_BUCKET = 0;
-
+class ParamLayout {
+public:
     // One tensor slice (one layer's, for a per-layer tensor) at flat elements [begin, end).
     struct Segment {
         int tensor;
@@ -100,103 +70,145 @@ struct ParamLayout {
 
     size_t num_params = 0;
 
-    explicit ParamLayout(const ModelConfig& c) : num_layers_(c.num_layers) {
-        const size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len;
-        sizes_ = {Vp * C, maxT * C, C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, C * 4 * C, C, C, C};
-        size_t kind_size[3] = {};  // running size of an embedding, a layer and the final bucket
+    explicit ParamLayout(ParamTable table) : table_(std::move(table)) {
+        validate_table();
+        const int num_tensors = (int)table_.tensors.size();
+        sizes_.resize(num_tensors);
+        offset_in_bucket_.resize(num_tensors);
+        file_begin_.resize(num_tensors);
+        std::vector<size_t> group_size(table_.groups.size(), 0);  // one bucket of each group
         size_t file_at = 0;
-        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-            offset_in_bucket_[t] = kind_size[kind_of(t)];
-            kind_size[kind_of(t)] += sizes_[t];
+        for (int t = 0; t < num_tensors; t++) {
+            const TensorSpec& spec = table_.tensors[t];
+            sizes_[t] = 1;
+            for (size_t d : spec.shape) sizes_[t] *= d;
+            offset_in_bucket_[t] = group_size[spec.group];
+            group_size[spec.group] += sizes_[t];
             file_begin_[t] = file_at;
-            file_at += (is_per_layer(t) ? num_layers_ : 1) * sizes_[t];
+            file_at += layers_of(t) * sizes_[t];
         }
-        embedding_size_ = kind_size[0];
-        layer_size_ = kind_size[1];
-        final_size_ = kind_size[2];
-        num_params = embedding_size_ + num_layers_ * layer_size_ + final_size_;
-        for (int b = 0; b < num_buckets(); b++) {
-            const int kind = b == EMBEDDING_BUCKET ? 0 : b == final_bucket() ? 2 : 1;
-            for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-                if (kind_of(t) == kind) {
-                    const size_t begin = bucket_begin(b) + offset_in_bucket_[t];
-                    segments_.push_back({t, kind == 1 ? b - 1 : 0, begin, begin + sizes_[t]});
-                }
+        for (int g = 0; g < (int)table_.groups.size(); g++) {
+            if (table_.groups[g].per_layer) first_layer_bucket_ = (int)buckets_.size();
+            const int copies = table_.groups[g].per_layer ? table_.num_layers : 1;
+            for (int l = 0; l < copies; l++) {
+                buckets_.push_back({num_params, group_size[g], g});
+                for (int t = 0; t < num_tensors; t++)
+                    if (table_.tensors[t].group == g) {
+                        const size_t begin = num_params + offset_in_bucket_[t];
+                        segments_.push_back({t, l, begin, begin + sizes_[t]});
+                    }
+                num_params += group_size[g];
+            }
         }
     }
 
-    // ln1w .. fcprojb: one slice per transformer layer.
-    static bool is_per_layer(int tensor) { return tensor >= LN1W && tensor <= FCPROJB; }
+    const ParamTable& table() const { return table_; }
+    int num_layers() const { return table_.num_layers; }
+
+    // ---- tensors ----
+    int num_tensors() const { return (int)table_.tensors.size(); }
+    const std::string& name(int tensor) const { return spec(tensor).name; }
+    bool is_per_layer(int tensor) const { return table_.groups[spec(tensor).group].per_layer; }
+    bool is_decayed(int tensor) const { return spec(tensor).decayed; }
+    const ParamInit& init(int tensor) const { return spec(tensor).init; }
     // Elements of one layer's slice for a per-layer tensor, of the whole tensor otherwise.
-    size_t tensor_size(int tensor) const { return sizes_[tensor]; }
-
-    int num_buckets() const { return num_layers_ + 2; }
-    int layer_bucket(int layer) const { return layer + 1; }
-    int final_bucket() const { return num_layers_ + 1; }
-    int bucket_of(int tensor, int layer = 0) const {
-        check(tensor, layer);
-        const int kind = kind_of(tensor);
-        return kind == 0 ? EMBEDDING_BUCKET : kind == 1 ? layer_bucket(layer) : final_bucket();
-    }
-    // Buckets tile [0, num_params) in order: bucket_begin(b + 1) == bucket_begin(b) + bucket_size(b).
-    size_t bucket_begin(int b) const {
-        check_bucket(b);
-        return b == EMBEDDING_BUCKET ? 0 : embedding_size_ + (size_t)(b - 1) * layer_size_;
-    }
-    size_t bucket_size(int b) const {
-        check_bucket(b);
-        return b == EMBEDDING_BUCKET ? embedding_size_ : b == final_bucket() ? final_size_ : layer_size_;
-    }
-    size_t offset_in_bucket(int tensor) const { return offset_in_bucket_[tensor]; }
+    size_t tensor_size(int tensor) const { return sizes_[check_tensor(tensor)]; }
+    size_t offset_in_bucket(int tensor) const { return offset_in_bucket_[check_tensor(tensor)]; }
     // Flat offset of a tensor's slice; `layer` only for per-layer tensors.
     size_t offset(int tensor, int layer = 0) const {
-        return bucket_begin(bucket_of(tensor, layer)) + offset_in_bucket_[tensor];
+        return bucket_begin(bucket_of(tensor, layer)) + offset_in_bucket(tensor);
     }
 
+    // ---- buckets ----
+    int num_buckets() const { return (int)buckets_.size(); }
+    int layer_bucket(int layer) const {
+        if (first_layer_bucket_ < 0) fail("ParamLayout: the table has no per-layer bucket group");
+        if (layer < 0 || layer >= table_.num_layers)
+            fail(strformat("ParamLayout: layer %d is not in [0, %d)", layer, table_.num_layers));
+        return first_layer_bucket_ + layer;
+    }
+    int final_bucket() const { return num_buckets() - 1; }  // the last bucket in flat order
+    int bucket_of(int tensor, int layer = 0) const {
+        check(tensor, layer);
+        const int g = spec(tensor).group;
+        if (table_.groups[g].per_layer) return first_layer_bucket_ + layer;
+        for (int b = 0; b < num_buckets(); b++)
+            if (buckets_[b].group == g) return b;
+        fail(strformat("ParamLayout: no bucket holds %s", name(tensor).c_str()));
+    }
+    // Buckets tile [0, num_params) in order: bucket_begin(b + 1) == bucket_begin(b) + bucket_size(b).
+    size_t bucket_begin(int b) const { return bucket(b).begin; }
+    size_t bucket_size(int b) const { return bucket(b).size; }
+    const std::string& bucket_name(int b) const { return table_.groups[bucket(b).group].name; }
+    bool is_resident(int b) const { return table_.groups[bucket(b).group].resident; }
+
+    // ---- flat order and file order ----
     // Every slice in flat order; together they tile [0, num_params).
     const std::vector<Segment>& segments() const { return segments_; }
-
-    // Where the same slice sits in a model file's parameters (llm.c order), in elements.
+    // Where the same slice sits in a model file's parameters (table order), in elements.
     size_t file_offset(int tensor, int layer = 0) const {
         check(tensor, layer);
         return file_begin_[tensor] + (size_t)layer * sizes_[tensor];
     }
-
-    // AdamW's weight decay applies to matrices (embeddings and weights), not to biases or LayerNorm.
-    static bool is_decayed(int tensor) {
-        return tensor == WTE || tensor == WPE || tensor == QKVW || tensor == ATTPROJW ||
-               tensor == FCW || tensor == FCPROJW;
+    // The segments in the order a model file stores them (ascending file_offset).
+    std::vector<Segment> file_order_segments() const {
+        std::vector<Segment> segs = segments_;
+        std::sort(segs.begin(), segs.end(), [&](const Segment& a, const Segment& b) {
+            return file_offset(a.tensor, a.layer) < file_offset(b.tensor, b.layer);
+        });
+        return segs;
     }
 
 private:
-    // The kind of bucket a tensor lives in: 0 the embeddings, 1 a transformer layer, 2 the final LayerNorm.
-    static int kind_of(int tensor) { return tensor == WTE || tensor == WPE ? 0 : is_per_layer(tensor) ? 1 : 2; }
-    void check(int tensor, int layer) const {
-        if (tensor < 0 || tensor >= NUM_PARAM_TENSORS)
-            fail(strformat("ParamLayout: tensor %d is not in [0, %d)", tensor, NUM_PARAM_TENSORS));
-        const int layers = is_per_layer(tensor) ? num_layers_ : 1;
-        if (layer < 0 || layer >= layers)
-            fail(strformat("ParamLayout: layer %d of %s is not in [0, %d)", layer, names[tensor], layers));
+    struct Bucket {
+        size_t begin, size;
+        int group;
+    };
+
+    size_t layers_of(int tensor) const { return is_per_layer(tensor) ? (size_t)table_.num_layers : 1; }
+    const TensorSpec& spec(int tensor) const { return table_.tensors[check_tensor(tensor)]; }
+    int check_tensor(int tensor) const {
+        if (tensor < 0 || tensor >= num_tensors())
+            fail(strformat("ParamLayout: tensor %d is not in [0, %d)", tensor, num_tensors()));
+        return tensor;
     }
-    void check_bucket(int b) const {
+    void check(int tensor, int layer) const {
+        const int layers = (int)layers_of(check_tensor(tensor));
+        if (layer < 0 || layer >= layers)
+            fail(strformat("ParamLayout: layer %d of %s is not in [0, %d)", layer, name(tensor).c_str(), layers));
+    }
+    const Bucket& bucket(int b) const {
         if (b < 0 || b >= num_buckets()) fail(strformat("ParamLayout: bucket %d is not in [0, %d)", b, num_buckets()));
+        return buckets_[b];
+    }
+    void validate_table() const {
+        if (table_.num_layers < 1) fail(strformat("ParamTable: num_layers must be >= 1, got %d", table_.num_layers));
+        int per_layer_groups = 0;
+        for (const BucketGroup& g : table_.groups) per_layer_groups += g.per_layer;
+        if (per_layer_groups > 1) fail("ParamTable: at most one bucket group may be per-layer");
+        for (const TensorSpec& t : table_.tensors)
+            if (t.group < 0 || t.group >= (int)table_.groups.size())
+                fail(strformat("ParamTable: tensor %s names bucket group %d, not in [0, %zu)", t.name.c_str(), t.group,
+                               table_.groups.size()));
     }
 
-    int num_layers_;
-    size_t embedding_size_ = 0, layer_size_ = 0, final_size_ = 0;
-    std::array<size_t, NUM_PARAM_TENSORS> sizes_{};             // one slice
-    std::array<size_t, NUM_PARAM_TENSORS> offset_in_bucket_{};  // within its bucket
-    std::array<size_t, NUM_PARAM_TENSORS> file_begin_{};        // first element in file order
+    ParamTable table_;
+    std::vector<size_t> sizes_;             // one slice
+    std::vector<size_t> offset_in_bucket_;  // within its bucket
+    std::vector<size_t> file_begin_;        // first element in file order
+    std::vector<Bucket> buckets_;
     std::vector<Segment> segments_;
+    int first_layer_bucket_ = -1;
 };
 
-// Model FLOPs per trained token at sequence length T, the figure MFU is measured against: 6 per
-// parameter that multiplies (forward 2, backward 4; all but the position embedding), plus causal
-// attention's QK^T and PV: 4 T C per layer forward at full length, halved by the mask, times 3 for
-// forward and backward.
-inline double model_flops_per_token(const ModelConfig& c, int T) {
-    const double multiplying = (double)ParamLayout(c).num_params - (double)c.max_seq_len * c.channels;
-    return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
+// Copies a whole flat (bucket-major) buffer into file order, and back; num_params floats each.
+inline void to_file_order(const ParamLayout& layout, const float* flat, float* file_order) {
+    for (const ParamLayout::Segment& s : layout.file_order_segments())
+        std::memcpy(file_order + layout.file_offset(s.tensor, s.layer), flat + s.begin, (s.end - s.begin) * sizeof(float));
+}
+inline void from_file_order(const ParamLayout& layout, const float* file_order, float* flat) {
+    for (const ParamLayout::Segment& s : layout.file_order_segments())
+        std::memcpy(flat + s.begin, file_order + layout.file_offset(s.tensor, s.layer), (s.end - s.begin) * sizeof(float));
 }
 
 }  // namespace llmc

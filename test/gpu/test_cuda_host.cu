@@ -110,7 +110,7 @@ TEST_CASE("the memory plan lists the parameters at 18 bytes each and the activat
     size_t per_kind[(int)MemoryKind::Count] = {};
     for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 16, 1024, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
         per_kind[(int)s.kind] += s.bytes();
-    const size_t n = ParamLayout(c).num_params;
+    const size_t n = num_params(c);
     CHECK(per_kind[(int)MemoryKind::Parameters] == 2 * n);
     CHECK(per_kind[(int)MemoryKind::MasterWeights] == 4 * n);
     CHECK(per_kind[(int)MemoryKind::Gradients] == 4 * n);
@@ -153,7 +153,7 @@ TEST_CASE("the CUDA memory plan shards master weights and moments from ZeRO-1, g
         for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 4, 1024, {}, GPT2CUDA::zero_plan(c, stage, 0, world)))
             bytes[stage][(int)s.kind] += s.bytes();
     using K = MemoryKind;
-    const size_t n = ParamLayout(c).num_params;
+    const size_t n = num_params(c);
     CHECK(bytes[0][(int)K::MasterWeights] >= 4 * n);
     CHECK(bytes[1][(int)K::MasterWeights] * world < 4 * n + 4 * 8 * world * 14);  // a shard, plus padding
     CHECK(bytes[1][(int)K::OptimizerState] < bytes[0][(int)K::OptimizerState] / 4);

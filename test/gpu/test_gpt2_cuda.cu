@@ -34,7 +34,7 @@ ModelConfig test_config() {
 }
 
 std::vector<float> bf16_exact_init(const ModelConfig& c, uint64_t seed) {
-    std::vector<float> full(ParamLayout(c).num_params);
+    std::vector<float> full(num_params(c));
     init_gpt2_params(c, full.data(), seed);
     for (float& x : full) x = __bfloat162float(__float2bfloat16_rn(x));
     return full;
@@ -77,7 +77,7 @@ std::vector<float> master_of(GPT2CUDA& m) {
 TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every gradient tensor within 5e-2") {
     const ModelConfig c = test_config();
     const std::vector<float> weights = bf16_exact_init(c, 42);
-    const ParamLayout layout(c);
+    const ParamLayout layout = GPT2Params::layout(c);
     // (4, 64): whole attention tiles; (3, 37): ragged ones. 50-row classifier chunks: several, ragged.
     for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
         const Batch batch = random_batch(c, B, T, 7 + B);
@@ -96,7 +96,7 @@ TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every 
         const std::vector<float> g = grads_of(gpu);
         for (const ParamLayout::Segment& s : layout.segments()) {
             const double err = rel_error(g.data() + s.begin, cpu.grads() + s.begin, s.end - s.begin);
-            INFO("gradient of " << ParamLayout::names[s.tensor] << " layer " << s.layer << ": rel. error " << err);
+            INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
             CHECK(err <= 5e-2);
         }
     }
@@ -150,7 +150,7 @@ TEST_CASE("10 AdamW steps track the CPU reference: every loss within 2e-2") {
 // out the CPU's IEEE operations, so they should agree bit for bit; 1e-5 leaves room for an ulp.
 TEST_CASE("adamw_step updates the master weights as the CPU AdamW on the same gradients, tensor by tensor") {
     const ModelConfig c = test_config();
-    const ParamLayout layout(c);
+    const ParamLayout layout = GPT2Params::layout(c);
     const size_t n = layout.num_params;
     const int B = 2, T = 32;
     GPT2CUDA gpu(c, B, T);
@@ -179,7 +179,7 @@ TEST_CASE("adamw_step updates the master weights as the CPU AdamW on the same gr
                 cpu_delta[i - s.begin] = cpu_master[i] - before[i];
             }
             const double err = rel_error(gpu_delta.data(), cpu_delta.data(), gpu_delta.size());
-            INFO("step " << step << ", update of " << ParamLayout::names[s.tensor] << " layer " << s.layer
+            INFO("step " << step << ", update of " << layout.name(s.tensor) << " layer " << s.layer
                          << ": rel. error " << err);
             CHECK(err <= 1e-5);
         }

@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
             GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, *comm, stage);
             const std::string what = strformat("%d rank(s), ZeRO-%d", W, stage);
 
-            const ParamLayout layout(cfg.model_config);
+            const ParamLayout layout = GPT2Params::layout(cfg.model_config);
             const ZeroPlan zero(layout, stage, comm->rank(), W);
             const MemoryPlan plan = plan_memory(cfg, zero, GPT2CPU::memory_specs(zero, cfg.model_config, 2, 16));
             for (int k = 0; k < (int)MemoryKind::Count; k++)

@@ -20,8 +20,7 @@
 #include "llmc/dist/zero.h"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/model_file.h"
-#include "llmc/params/init.h"
-#include "llmc/params/layout.h"
+#include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -77,7 +76,7 @@ class GPT2CPU : public Model {
 public:
     // A model sharded over `comm` by ZeRO stage `zero_stage` (see zero.h).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& comm, int zero_stage)
-        : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T),
+        : config_(validated(config)), layout_(GPT2Params::layout(config)), max_B_(max_B), max_T_(max_T),
           engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -100,6 +99,7 @@ public:
     }
 
     const ModelConfig& config() const override { return config_; }
+    const ParamLayout& layout() const override { return layout_; }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -181,8 +181,6 @@ private:
     // never knows how they are sharded.
     const float* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
     float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
-    void acquire(int bucket, int next_bucket) { buckets_.acquire(bucket, next_bucket); }
-    void release(int bucket) { buckets_.release(bucket); }
     void release_all() { buckets_.release_all(); }
 
     void reset(const std::vector<float>& full) {
@@ -205,12 +203,11 @@ private:
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
         const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
         const ActivationLayout a(config_, B, T, activation_base());
-        using P = ParamLayout;
-        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
-        acquire(embedding, final_norm);
+        using P = GPT2Params;
+        buckets_.acquire_resident();
         cpu::encoder_forward(a.encoded, inputs, param(P::WTE), param(P::WPE), B, T, C);
         for (int l = 0; l < L; l++) {
-            acquire(layout_.layer_bucket(l), l + 1 < L ? layout_.layer_bucket(l + 1) : -1);
+            buckets_.enter_layer(l, Walk::Forward);
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             cpu::layernorm_forward(a.ln1 + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
@@ -227,9 +224,8 @@ private:
             cpu::gelu_forward(a.fch_gelu + 4 * lc, a.fch + 4 * lc, (size_t)BT * 4 * C);
             cpu::matmul_forward(a.residual3 + lc, a.fch_gelu + 4 * lc, param(P::FCPROJW, l),
                                 param(P::FCPROJB, l), a.residual2 + lc, BT, 4 * C, C);
-            release(layout_.layer_bucket(l));
+            buckets_.leave_layer(l, Walk::Forward);
         }
-        acquire(final_norm, -1);
         cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * BT * C,
                                param(P::LNFW), param(P::LNFB), BT, C);
         if (pass == Pass::LastLogits) {
@@ -255,8 +251,8 @@ private:
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
         const int Vp = config_.padded_vocab_size, BT = B * T;
         const ActivationLayout a(config_, B, T, activation_base());
-        using P = ParamLayout;
-        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        using P = GPT2Params;
+        const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
         buckets_.take_grads(embedding);
         buckets_.take_grads(final_norm);
         float* dlogits = a.logits;
@@ -264,11 +260,9 @@ private:
         std::fill(a.dresidual, a.dresidual + (size_t)BT * C, 0.0f);
         cpu::layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.dC,
                                 a.residual3 + (size_t)(L - 1) * BT * C, param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C);
-        engine_.grads_ready(final_norm, last_micro_batch);
+        buckets_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
-            const int bucket = layout_.layer_bucket(l);
-            acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
-            buckets_.take_grads(bucket);
+            buckets_.enter_layer(l, Walk::Backward);
             const size_t lc = (size_t)l * BT * C;
             const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
@@ -288,11 +282,10 @@ private:
                                  C, 3 * C);
             cpu::layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.dC, residual,
                                     param(P::LN1W, l), a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
-            engine_.grads_ready(bucket, last_micro_batch);
-            release(bucket);
+            buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
         cpu::encoder_backward(grad(P::WTE), grad(P::WPE), a.dresidual, inputs, B, T, C);
-        engine_.grads_ready(embedding, last_micro_batch);
+        buckets_.grads_ready(embedding, last_micro_batch);
         engine_.finish_backward();
         release_all();
     }
@@ -305,6 +298,7 @@ private:
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
+    using Walk = BucketView<HostMemory>::Direction;
     std::vector<float> acts_;
 };
 

@@ -2,13 +2,13 @@
 // kernels, behind the same Model interface as the fp32 CPU reference (gpt2_cpu.h).
 //
 // Memory. The parameters, gradients and optimizer state belong to the same ZeRO engine as the CPU
-// model's (zero.h), here with device memory (device_memory.cuh), in ParamLayout's bucket-major order,
-// so model files and checkpoints are shared: bf16 weights (what the kernels read), fp32 master
-// weights (what AdamW updates; the bf16 weights are stochastically rounded copies, unbiased, so
-// updates far below a bf16 ulp still add up), fp32 gradients (accumulated across micro-batches
-// without bf16 rounding) and fp32 AdamW moments. The model reaches them bucket by bucket
-// (acquire_params, grad_buffer) exactly as the CPU model does, so ZeRO stages 0-3 work the same
-// way on both. Activations are bf16, their
+// model's (dist/zero.h), here with device memory (dist/device_memory.cuh), laid out from the same
+// parameter table (params.h), so the two models read and write the same model files: bf16 weights
+// (what the kernels read), fp32 master weights (what AdamW updates, and what a model file holds; the
+// bf16 weights are stochastically rounded copies, unbiased, so updates far below a bf16 ulp still add
+// up), fp32 gradients (accumulated across micro-batches without bf16 rounding) and fp32 AdamW
+// moments. The model reaches them bucket by bucket through a BucketView, walking its layers exactly
+// as the CPU model does, so ZeRO stages 0-3 work the same way on both. Activations are bf16, their
 // statistics (LayerNorm mean and rstd, attention log-sum-exp, losses) fp32, all cut out of one
 // allocation sized for max_B x max_T. memory_specs() lists every allocation; the constructor
 // allocates exactly that list and --plan prints it.
@@ -51,9 +51,8 @@
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/model.h"
-#include "llmc/params/layout.h"
 #include "llmc/models/gpt2/model_file.h"
-#include "llmc/params/init.h"
+#include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
 #include "llmc/dist/zero.h"
 #include "llmc/dist/device_memory.cuh"
@@ -166,13 +165,13 @@ public:
     static constexpr size_t SHARD_ALIGN = 8;
     static int effective_stage(int stage, int world_size) { return world_size == 1 ? 0 : stage; }
     static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size) {
-        return ZeroPlan(ParamLayout(c), effective_stage(stage, world_size), rank, world_size, SHARD_ALIGN);
+        return ZeroPlan(GPT2Params::layout(c), effective_stage(stage, world_size), rank, world_size, SHARD_ALIGN);
     }
 
     // The communicators in `dp` must outlive the model.
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
              const DataParallel& dp = {})
-        : config_(validated(config)), layout_(config), max_B_(max_B), max_T_(max_T), options_(options),
+        : config_(validated(config)), layout_(GPT2Params::layout(config)), max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           memory_(stream_.get(), host_),
           engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size()), comm_, memory_),
@@ -212,6 +211,7 @@ public:
     }
 
     const ModelConfig& config() const override { return config_; }
+    const ParamLayout& layout() const override { return layout_; }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -340,8 +340,6 @@ private:
     // never knows how they are sharded.
     const floatX* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
     float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
-    void acquire(int bucket, int next_bucket) { buckets_.acquire(bucket, next_bucket); }
-    void release(int bucket) { buckets_.release(bucket); }
     void release_all() { buckets_.release_all(); }
 
     // Copies the batch to the device through pinned memory (the previous call has synchronised, so
@@ -368,20 +366,18 @@ private:
         const int C = config_.channels, L = config_.num_layers, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, BT = B * T;
         cudaStream_t s = stream_.get();
-        using P = ParamLayout;
-        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        using P = GPT2Params;
         upload_tokens(a, inputs, targets, BT);
-        acquire(embedding, final_norm);
+        buckets_.acquire_resident();
         {
             PhaseScope phase(timer_, "encoder", s);
             encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
         }
         for (int l = 0; l < L; l++) {
-            acquire(layout_.layer_bucket(l), l + 1 < L ? layout_.layer_bucket(l + 1) : -1);
+            buckets_.enter_layer(l, Walk::Forward);
             layer_forward(a, l, B, T, false);
-            release(layout_.layer_bucket(l));
+            buckets_.leave_layer(l, Walk::Forward);
         }
-        acquire(final_norm, -1);
         const floatX* last_residual = a.residual3.at(L - 1);
         {
             PhaseScope phase(timer_, "layernorm", s);
@@ -399,7 +395,7 @@ private:
         const bool train = pass == Pass::Train;
         // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
         // taken now (under ZeRO-2 this zeroes a fresh one) and backward() adds the encoder's share.
-        if (train) buckets_.take_grads(embedding);
+        if (train) buckets_.take_grads(layout_.bucket_of(P::WTE));
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
         const float dloss = grad_scale / BT;
         const int chunk = std::min(BT, options_.classifier_chunk_rows);
@@ -430,7 +426,7 @@ private:
     void layer_forward(const CudaActivationLayout& a, int l, int B, int T, bool for_backward) {
         const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
-        using P = ParamLayout;
+        using P = GPT2Params;
         const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
         {
             PhaseScope phase(timer_, "layernorm", s);
@@ -480,7 +476,7 @@ private:
     void recompute_layer(const CudaActivationLayout& a, int l, int B, int T) {
         const int C = config_.channels, BT = B * T;
         cudaStream_t s = stream_.get();
-        using P = ParamLayout;
+        using P = GPT2Params;
         switch (options_.recompute) {
         case Recompute::None:
             return;
@@ -510,8 +506,8 @@ private:
         const CudaActivationLayout a = activations(B, T);
         const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
-        using P = ParamLayout;
-        const int embedding = P::EMBEDDING_BUCKET, final_norm = layout_.final_bucket();
+        using P = GPT2Params;
+        const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
         buckets_.take_grads(final_norm);
         CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)BT * C * sizeof(floatX), s));
         {
@@ -519,11 +515,9 @@ private:
             layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.scratch, a.dC, a.residual3.at(L - 1),
                                param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C, s);
         }
-        engine_.grads_ready(final_norm, last_micro_batch);
+        buckets_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
-            const int bucket = layout_.layer_bucket(l);
-            acquire(bucket, l > 0 ? layout_.layer_bucket(l - 1) : -1);
-            buckets_.take_grads(bucket);
+            buckets_.enter_layer(l, Walk::Backward);
             recompute_layer(a, l, B, T);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
             // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
@@ -559,14 +553,13 @@ private:
                 layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
                                    param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
             }
-            engine_.grads_ready(bucket, last_micro_batch);
-            release(bucket);
+            buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
         {
             PhaseScope phase(timer_, "encoder", s);
             encoder_backward_.backward(grad(P::WTE), grad(P::WPE), a.dresidual, B, T, C, s);
         }
-        engine_.grads_ready(embedding, last_micro_batch);
+        buckets_.grads_ready(embedding, last_micro_batch);
         // Drain the compute stream first, so that what the engine then waits for is only the
         // communication backward did not hide (the step's exposed communication time).
         stream_.synchronize();
@@ -599,6 +592,7 @@ private:
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
     BucketView<DeviceMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
+    using Walk = BucketView<DeviceMemory>::Direction;
     MatmulContext matmul_;
     EncoderBackward encoder_backward_;
     PhaseTimer timer_;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/params/layout.h"
+#include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -54,26 +54,6 @@ inline ModelConfig parse_model_header(const std::string& path, const int32_t* he
 
 }  // namespace detail
 
-// The layout's segments in the order a model file stores them (ascending file_offset). This and
-// ParamLayout::file_offset are the whole flat <-> file permutation; everything below walks it.
-inline std::vector<ParamLayout::Segment> file_order_segments(const ParamLayout& layout) {
-    std::vector<ParamLayout::Segment> segs = layout.segments();
-    std::sort(segs.begin(), segs.end(), [&](const ParamLayout::Segment& a, const ParamLayout::Segment& b) {
-        return layout.file_offset(a.tensor, a.layer) < layout.file_offset(b.tensor, b.layer);
-    });
-    return segs;
-}
-
-// Copies a whole flat (bucket-major) buffer into llm.c file order, and back; num_params floats each.
-inline void to_file_order(const ParamLayout& layout, const float* flat, float* file_order) {
-    for (const ParamLayout::Segment& s : file_order_segments(layout))
-        std::memcpy(file_order + layout.file_offset(s.tensor, s.layer), flat + s.begin, (s.end - s.begin) * sizeof(float));
-}
-inline void from_file_order(const ParamLayout& layout, const float* file_order, float* flat) {
-    for (const ParamLayout::Segment& s : file_order_segments(layout))
-        std::memcpy(flat + s.begin, file_order + layout.file_offset(s.tensor, s.layer), (s.end - s.begin) * sizeof(float));
-}
-
 // The shape stored in a model file's header (the file is opened, the parameters are not read).
 inline ModelConfig read_model_header(const std::string& path) {
     File f(path, "rb");
@@ -83,7 +63,7 @@ inline ModelConfig read_model_header(const std::string& path) {
 }
 
 // Reads the parameters of a model file whose shape must equal `expected` into the flat buffer
-// `params` (ParamLayout(expected).num_params floats, bucket-major).
+// `params` (num_params(expected) floats, bucket-major).
 inline void read_model_file(const std::string& path, const ModelConfig& expected, float* params) {
     File f(path, "rb");
     int32_t header[MODEL_FILE_HEADER_INTS];
@@ -101,7 +81,7 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("channels", got.channels, expected.channels);
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
 
-    const ParamLayout layout(expected);
+    const ParamLayout layout = GPT2Params::layout(expected);
     const int64_t param_bytes = (int64_t)(layout.num_params * sizeof(float));
     const int64_t expected_bytes = MODEL_FILE_HEADER_BYTES + param_bytes;
     const int64_t actual_bytes = f.size();
@@ -113,7 +93,7 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
         fail(strformat("'%s' has %lld trailing bytes after the parameters (expected size %lld bytes, found %lld)",
                        path.c_str(), (long long)(actual_bytes - expected_bytes), (long long)expected_bytes,
                        (long long)actual_bytes));
-    for (const ParamLayout::Segment& s : file_order_segments(layout))
+    for (const ParamLayout::Segment& s : layout.file_order_segments())
         f.read(params + s.begin, s.end - s.begin, "fp32 parameters");
 }
 
@@ -131,7 +111,7 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     header[7] = config.padded_vocab_size;
     AtomicFile out(path);
     out.file().write(header, MODEL_FILE_HEADER_INTS);
-    for (const ParamLayout::Segment& s : file_order_segments(ParamLayout(config)))
+    for (const ParamLayout::Segment& s : GPT2Params::layout(config).file_order_segments())
         out.file().write(params + s.begin, s.end - s.begin);
     out.commit();
 }

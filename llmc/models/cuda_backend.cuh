@@ -1,0 +1,111 @@
+// models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
+// rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
+// (ranks may share a GPU).
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "llmc/config.h"
+#include "llmc/dist/bootstrap.h"
+#include "llmc/dist/comm.h"
+#include "llmc/dist/staged_comm.cuh"
+#include "llmc/model.h"
+#include "llmc/models/backend.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/planner.h"
+#ifndef LLMC_NO_NCCL
+#include "llmc/dist/comm_nccl.cuh"
+#endif
+
+namespace llmc {
+
+struct CudaBackend {
+    // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (GPT2CUDA::zero_plan).
+    static int effective_zero_stage(const RunConfig& cfg) {
+        return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.world_size);
+    }
+
+    // This rank's model on its GPU (local rank modulo the node's GPUs), sharded over a device
+    // communicator made here: NCCL, or `host` staged through pinned memory.
+    static BuiltModel make_model(const RunConfig& cfg, Communicator& host, const Launch& launch) {
+        const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
+        const int device = pick_device(launch, nccl);
+        if (host.rank() == 0) print_device(cfg, host, device, nccl);
+        BuiltModel built;
+        built.device_comm = make_device_comm(cfg, host, device, nccl);
+        DataParallel dp;
+        dp.comm = built.device_comm.get();
+        dp.host = &host;
+        dp.zero_stage = cfg.zero_stage;
+        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp);
+        return built;
+    }
+
+    // --plan: rank 0's device memory, and a line with the activations of every -r setting.
+    static std::string plan_report(const RunConfig& cfg) {
+        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.world_size);
+        std::vector<BufferSpec> buffers =
+            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero);
+        std::string out = memory_plan_report(
+            cfg, zero, plan_memory(cfg, zero, buffers, DeviceMemory::precision),
+            "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)");
+        out += "activations by recomputation setting (-r):";
+        for (int r = 0; r <= 3; r++) {
+            RunConfig alt = cfg;
+            alt.recompute = r;
+            const size_t bytes = CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len, options(alt));
+            out += strformat(" %d: %s%s", r, format_bytes((double)bytes).c_str(), r < 3 ? "," : "\n");
+        }
+        return out;
+    }
+
+private:
+    static GPT2CUDAOptions options(const RunConfig& cfg) {
+        GPT2CUDAOptions o;
+        o.recompute = (Recompute)cfg.recompute;
+        return o;
+    }
+
+    // NCCL needs a GPU per rank; through MPI several ranks may share one.
+    static int pick_device(const Launch& launch, bool nccl) {
+        std::string why;
+        if (!cuda_device_present(&why))
+            fail(strformat("no CUDA device available (%s); train on the CPU with ./train_gpt_cpu", why.c_str()));
+        int devices = 0;
+        CUDA_CHECK(cudaGetDeviceCount(&devices));
+        if (nccl && launch.local_rank >= devices)
+            fail(strformat("--gpu-comm nccl needs a GPU per rank, but local rank %d of %d has only %d GPU(s) on its "
+                           "node; launch fewer ranks per node, or pass --gpu-comm mpi to let ranks share GPUs",
+                           launch.local_rank, launch.local_size, devices));
+        const int device = launch.local_rank % devices;
+        CUDA_CHECK(cudaSetDevice(device));
+        return device;
+    }
+
+    static void print_device(const RunConfig& cfg, Communicator& host, int device, bool nccl) {
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s\n", prop.name,
+               prop.totalGlobalMem / 1073741824.0, cfg.recompute,
+               nccl ? ", collectives over NCCL" : host.world_size() > 1 ? ", collectives over MPI via host memory" : "");
+    }
+
+    static std::unique_ptr<Communicator> make_device_comm(const RunConfig& cfg, Communicator& host, int device,
+                                                          bool nccl) {
+#ifdef LLMC_NO_NCCL
+        (void)cfg;
+        (void)device;
+        if (nccl)
+            fail("--gpu-comm nccl: this train_gpt was built without NCCL (make NO_NCCL=1); pass --gpu-comm mpi, or "
+                 "rebuild with NCCL");
+        return std::make_unique<StagedComm>(host);
+#else
+        if (nccl) return std::make_unique<NcclComm>(host, device, cfg.comm_timeout_s);
+        return std::make_unique<StagedComm>(host);
+#endif
+    }
+};
+
+}  // namespace llmc

@@ -1,0 +1,84 @@
+// models/gpt2/params.h: GPT-2's parameter table: every tensor with its shape, bucket, weight decay
+// and initialisation, in llm.c's model-file order. The layout (params/layout.h), the init
+// (params/init.h), the model file, AdamW and ZeRO all read this list; nothing else in llmc says what
+// GPT-2's tensors are.
+//
+// Buckets: the embeddings [wte, wpe], one bucket per transformer layer [ln1w ln1b qkvw qkvb attprojw
+// attprojb ln2w ln2b fcw fcb fcprojw fcprojb], and the final LayerNorm [lnfw, lnfb]. The embeddings
+// are resident because wte is tied: the encoder reads it first and the lm head last. The final norm
+// is resident too: it is tiny, and backward starts with it.
+//
+// Init (GPT-2's): weights ~ N(0, 0.02); the two projections that write into the residual stream
+// (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L)) so the residual's variance does not grow with depth;
+// biases 0, LayerNorm gains 1; wte rows of padding tokens (id >= vocab_size) 0, so they never
+// influence anything.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "llmc/models/gpt2/config.h"
+#include "llmc/params/init.h"
+#include "llmc/params/layout.h"
+
+namespace llmc {
+
+struct GPT2Params {
+    // Table order, which is the model file's order.
+    enum Tensor { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,
+                  LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB, NUM_TENSORS };
+    enum Group { EMBEDDINGS, LAYERS, FINAL_NORM };
+    static constexpr int EMBEDDING_BUCKET = 0;
+
+    static ParamTable table(const ModelConfig& c) {
+        c.validate();
+        const size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len;
+        const float weight_std = 0.02f;
+        const float residual_std = 0.02f / std::sqrt(2.0f * c.num_layers);
+        const ParamInit zeros{InitRule::Zeros}, ones{InitRule::Ones};
+        auto normal = [](float std, size_t random_elems = SIZE_MAX) {
+            return ParamInit{InitRule::Normal, std, random_elems};
+        };
+        ParamTable t;
+        t.num_layers = c.num_layers;
+        t.groups = {{"embeddings", false, true}, {"layers", true, false}, {"final norm", false, true}};
+        t.tensors = {
+            {"wte", {Vp, C}, EMBEDDINGS, true, normal(weight_std, (size_t)c.vocab_size * C)},
+            {"wpe", {maxT, C}, EMBEDDINGS, true, normal(weight_std)},
+            {"ln1w", {C}, LAYERS, false, ones},
+            {"ln1b", {C}, LAYERS, false, zeros},
+            {"qkvw", {3 * C, C}, LAYERS, true, normal(weight_std)},
+            {"qkvb", {3 * C}, LAYERS, false, zeros},
+            {"attprojw", {C, C}, LAYERS, true, normal(residual_std)},
+            {"attprojb", {C}, LAYERS, false, zeros},
+            {"ln2w", {C}, LAYERS, false, ones},
+            {"ln2b", {C}, LAYERS, false, zeros},
+            {"fcw", {4 * C, C}, LAYERS, true, normal(weight_std)},
+            {"fcb", {4 * C}, LAYERS, false, zeros},
+            {"fcprojw", {C, 4 * C}, LAYERS, true, normal(residual_std)},
+            {"fcprojb", {C}, LAYERS, false, zeros},
+            {"lnfw", {C}, FINAL_NORM, false, ones},
+            {"lnfb", {C}, FINAL_NORM, false, zeros},
+        };
+        return t;
+    }
+    static ParamLayout layout(const ModelConfig& c) { return ParamLayout(table(c)); }
+};
+
+inline size_t num_params(const ModelConfig& c) { return GPT2Params::layout(c).num_params; }
+
+// GPT-2's random initialisation of the flat parameter buffer (num_params(config) floats).
+inline void init_gpt2_params(const ModelConfig& config, float* params, uint64_t seed) {
+    init_params(GPT2Params::layout(config), params, seed);
+}
+
+// Model FLOPs per trained token at sequence length T, the figure MFU is measured against: 6 per
+// parameter that multiplies (forward 2, backward 4; all but the position embedding), plus causal
+// attention's QK^T and PV: 4 T C per layer forward at full length, halved by the mask, times 3 for
+// forward and backward.
+inline double model_flops_per_token(const ModelConfig& c, int T) {
+    const double multiplying = (double)num_params(c) - (double)c.max_seq_len * c.channels;
+    return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
+}
+
+}  // namespace llmc
