@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-# name: (layers, channels, heads), as llmc's presets (llmc/model_config.h); "tiny" is for CPU smoke runs.
+# name: (layers, channels, heads), as llmc's presets (llmc/models/gpt2/config.h); "tiny" is for CPU smoke runs.
 PRESETS = {"tiny": (2, 64, 2), "d4": (4, 256, 4), "d6": (6, 384, 6), "d12": (12, 768, 12),
            "d24": (24, 1024, 16), "d36": (36, 1280, 20), "d48": (48, 1600, 25)}
 VOCAB, PADDED_VOCAB = 50257, 50304

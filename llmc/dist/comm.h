@@ -8,7 +8,7 @@
 // and breaks the communicator: every later collective fails at once with the same cause.
 //
 // Backends: LocalComm (here, one rank, no launcher), MpiComm (comm_mpi.h, host buffers) and
-// NcclComm (comm_nccl.h, device buffers). bootstrap.h picks the host one for a launch.
+// NcclComm (comm_nccl.cuh, device buffers). bootstrap.h picks the host one for a launch.
 #pragma once
 
 #include <chrono>
