@@ -52,34 +52,36 @@ TEST_CASE("ZeroPlan rejects a bad stage or rank", "[zero]") {
     REQUIRE_THROWS_WITH(ZeroPlan(layout, 1, 2, 2), Contains("rank 2 is not in [0, 2)"));
 }
 
-// A table unlike GPT-2's: an untied output head in its own bucket AFTER the final norm, resident,
-// and a non-resident final norm. Which buckets ZeRO keeps whole must follow the table's property,
-// not the bucket's position (first or last).
+// A table unlike GPT-2's: an untied output head in a resident bucket of its own, between the layers
+// and a final norm that is the last bucket but not resident. Which buckets ZeRO keeps whole must
+// follow the table's property, not the bucket's position (first or last).
 static ParamTable untied_head_table() {
     ParamTable t;
     t.num_layers = 3;
-    t.groups = {{"embeddings", false, true}, {"layers", true, false}, {"final norm", false, false},
-                {"output head", false, true}};
+    t.groups = {{"embeddings", false, true}, {"layers", true, false}, {"output head", false, true},
+                {"final norm", false, false}};
     const ParamInit ones{InitRule::Ones};
     t.tensors = {{"wte", {10, 4}, 0, true, ones},     {"w", {4, 4}, 1, true, ones},
-                 {"b", {4}, 1, false, ones},           {"lnf", {4}, 2, false, ones},
-                 {"head", {12, 4}, 3, true, ones}};
+                 {"b", {4}, 1, false, ones},           {"lnf", {4}, 3, false, ones},
+                 {"head", {12, 4}, 2, true, ones}};
     return t;
 }
 
 TEST_CASE("a parameter table's own groups, sizes, file order and decay make the layout", "[zero]") {
     const ParamLayout layout(untied_head_table());
-    REQUIRE(layout.num_buckets() == 6);  // embeddings, 3 layers, final norm, head
+    REQUIRE(layout.num_buckets() == 6);  // embeddings, 3 layers, head, final norm
     CHECK(layout.num_params == 40 + 3 * 20 + 4 + 48);
-    CHECK(layout.bucket_of(4) == 5);
+    CHECK(layout.bucket_of(4) == 4);
+    CHECK(layout.bucket_of(3) == 5);
     CHECK(layout.bucket_of(1, 2) == layout.layer_bucket(2));
     CHECK(layout.layer_bucket(0) == 1);
     CHECK(layout.offset(2, 1) == 40 + 20 + 16);     // layer 1's b, after its w
     CHECK(layout.file_offset(2, 1) == 40 + 48 + 4);  // file: wte, every layer's w, then b
-    CHECK(layout.file_offset(4) == 40 + 48 + 12 + 4);
-    CHECK((layout.is_resident(0) && !layout.is_resident(4) && layout.is_resident(5)));
+    CHECK(layout.file_offset(4) == 40 + 48 + 12 + 4);  // file: table order, head after lnf
+    CHECK(layout.offset(3) == 40 + 60 + 48);            // memory: bucket order, lnf after head
+    CHECK((layout.is_resident(0) && layout.is_resident(4) && !layout.is_resident(5)));
     CHECK((layout.is_decayed(4) && !layout.is_decayed(3)));
-    CHECK(layout.bucket_name(5) == "output head");
+    CHECK(layout.bucket_name(4) == "output head");
     ParamTable bad = untied_head_table();
     bad.tensors[1].group = 7;
     REQUIRE_THROWS_WITH(ParamLayout(bad), Contains("tensor w names bucket group 7, not in [0, 4)"));
