@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the communicator tests (test_comm.cpp): without a launcher, under mpirun with 1 to 4 ranks,
 # and the timeout mode, where one rank never joins and the launch must end with the timeout error
-# well before that rank would (it sleeps 10 s). Every run is capped by `timeout 120` so a hang fails
+# well before that rank would (it sleeps 10 s), and the same inside one of two sub-groups, where the
+# other group must carry on. Every run is capped by `timeout 120` so a hang fails
 # the test instead of stalling it.
 #   test/mpi/run_comm_tests.sh [path/to/test_comm]
 set -euo pipefail
@@ -46,6 +47,29 @@ grep -q "^ok .*a later barrier failed at once" "$out" || problems+=("no ok line 
 awk -v t="$elapsed" 'BEGIN { exit !(t < 9) }' || problems+=("took $elapsed s; the timeout did not end the launch")
 if [ ${#problems[@]} -gt 0 ]; then
     echo "---- stderr of the timeout run:"
+    cat "$err"
+    printf 'FAILED: %s\n' "${problems[@]}"
+    exit 1
+fi
+echo "   $(grep -m1 'timed out' "$err")"
+echo "   ended with exit code 3 after $elapsed s"
+
+echo "== mpirun -np 4 $bin --group-timeout-test (groups {0,1} {2,3}; rank 3 never joins; expect exit 3)"
+start=$(now)
+rc=0
+"${mpirun[@]}" -np 4 "$bin" --group-timeout-test >"$out" 2>"$err" || rc=$?
+elapsed=$(since "$start")
+cat "$out"
+problems=()
+[ "$rc" = 3 ] || problems+=("exit code $rc, expected 3 (MPI_Abort from rank 2)")
+grep -q "all_reduce of 1024 f32 timed out after 1.5 s on rank 0 of 2" "$err" ||
+    problems+=("stderr lacks rank 2's timeout error naming the all_reduce in its group")
+grep -q "^ok .*group {0,1} ran .* checked all_reduces while group {2,3} timed out" "$out" ||
+    problems+=("no ok line for the group that must carry on")
+grep -q "^ok .*recv from the absent rank timed out after 1.0 s" "$out" || problems+=("no ok line for the recv timeout")
+awk -v t="$elapsed" 'BEGIN { exit !(t < 9) }' || problems+=("took $elapsed s; the timeout did not end the launch")
+if [ ${#problems[@]} -gt 0 ]; then
+    echo "---- stderr of the group timeout run:"
     cat "$err"
     printf 'FAILED: %s\n' "${problems[@]}"
     exit 1
