@@ -10,6 +10,7 @@
 
 
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
 #include "llmc/config.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/planner.h"
@@ -156,7 +157,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
                m.max_seq_len, ParamLayout(m).num_params / 1e6);
         printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
-               cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
+               cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                effective_zero_stage(cfg), comm.backend());
     }
     std::unique_ptr<Communicator> grad_comm;  // declared first: the model holds a pointer to it
@@ -164,7 +165,8 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, comm, cfg.output_dir + "/metrics.jsonl");
+    ProcessGroups groups(comm, cfg.dims);  // the train loop works on the data-parallel group
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl");
     TrainSummary summary = trainer.run();
 
     std::string model_path = cfg.output_dir + "/model.bin";
