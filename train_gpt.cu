@@ -10,6 +10,7 @@
 
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -57,15 +58,17 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
                m.max_seq_len, num_params(m) / 1e6);
         printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
-               cfg.batch_size, cfg.seq_len, cfg.world_size, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
+               cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
     }
-    BuiltModel built = Backend::make_model(cfg, comm, launch);
+    // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
+    ProcessGroups groups(comm, cfg.dims);
+    BuiltModel built = Backend::make_model(cfg, groups.dp(), launch);
     Model* model = built.model.get();
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, comm, cfg.output_dir + "/metrics.jsonl");
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl");
     TrainSummary summary = trainer.run();
 
     std::string model_path = cfg.output_dir + "/model.bin";

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/dist/parallel_dims.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/schedule.h"
 #include "llmc/utils.h"
@@ -33,9 +34,9 @@ struct RunConfig {
     int num_layers = 0, num_heads = 0, channels = 0, max_seq_len = 0;  // 0: the preset's value
     int vocab_size = 50257;
     // batch
-    int batch_size = 8;          // B: sequences per micro-batch per rank
+    int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T
-    int total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0 means B*T*world_size
+    int total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0 means B*T*dims.dp
     // optimization
     int steps = 500;
     float lr = 1.5e-3f;
@@ -64,9 +65,10 @@ struct RunConfig {
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
     std::string config_file;  // --config, for the record
 
-    // Resolved by resolve(): the model shape and the batch arithmetic.
+    // Resolved by resolve(): the model shape, the mesh and the batch arithmetic.
     ModelConfig model_config;
-    int world_size = 1;
+    int world_size = 1;  // ranks in the launch
+    ParallelDims dims;   // how they are laid out; the batch is split over the dims.dp data-parallel ranks
     int grad_accum_steps = 1;
     bool model_is_file = false;
 };
@@ -269,6 +271,8 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
         fail(strformat("--world-size is %d but the job was launched with %d rank(s)", cfg.expected_world_size,
                        world_size));
     cfg.world_size = world_size;
+    cfg.dims = ParallelDims::data_parallel(world_size);  // the only kind of parallelism so far
+    cfg.dims.validate(world_size);
     cfg.model_is_file = model_from_file != nullptr;
     if (model_from_file) {
         cfg.model_config = *model_from_file;
@@ -289,11 +293,13 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.seq_len > 0, strformat("-t (seq_len) must be positive, got %d", cfg.seq_len));
     require(cfg.seq_len <= cfg.model_config.max_seq_len,
             strformat("-t (seq_len) %d exceeds the model's max_seq_len %d", cfg.seq_len, cfg.model_config.max_seq_len));
-    long long micro_tokens = (long long)cfg.batch_size * cfg.seq_len * world_size;
+    // Each data-parallel rank reads its own micro-batches; the other dimensions share theirs.
+    long long micro_tokens = (long long)cfg.batch_size * cfg.seq_len * cfg.dims.dp;
     if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = (int)micro_tokens;
     require(cfg.total_batch_tokens > 0 && cfg.total_batch_tokens % micro_tokens == 0,
-            strformat("-d (total_batch_tokens) %d must be a positive multiple of B*T*ranks = %d*%d*%d = %lld",
-                      cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, world_size, micro_tokens));
+            strformat("-d (total_batch_tokens) %d must be a positive multiple of B*T*ranks = %d*%d*%d = %lld (ranks: "
+                      "the data-parallel ones)",
+                      cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens));
     cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
 
     require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d", cfg.steps));
@@ -350,6 +356,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
                    {"num_heads", m.num_heads}, {"channels", m.channels},
                    {"num_params", num_params(m)}}},
         {"world_size", cfg.world_size},
+        {"dp_size", cfg.dims.dp},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},
         {"config_file", cfg.config_file},

@@ -6,10 +6,12 @@
 // gradient norm, clipping, and AdamW at the scheduled learning rate. Validation and samples happen
 // between steps and never touch the training data order or the training RNG.
 //
-// With several ranks every rank runs this same loop on its own windows of the data; the model's
-// ZeRO engine does the gradient and parameter collectives, and the loop averages the losses over
-// ranks. Everything collective (validation, sampling under ZeRO-3) runs on every rank in the same
-// order; only rank 0 prints and writes files.
+// With several ranks every rank runs this same loop; each data-parallel rank on its own windows of
+// the data. The loop talks only to the data-parallel communicator (process_groups.h): the data
+// loader's rank and size, the gradient scale and the loss averages are data-parallel ones. The
+// model's ZeRO engine does the gradient and parameter collectives. Everything collective
+// (validation, sampling under ZeRO-3) runs on every rank in the same order; only rank 0 of the
+// data-parallel group prints and writes files.
 #pragma once
 
 #include <chrono>
@@ -36,9 +38,9 @@ struct TrainSummary {
     double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
 };
 
-// Mean loss over the first val_steps batches of every rank's validation windows (the same batches
-// every time).
-inline float validation_loss(Model& model, DataLoader& val, Communicator& comm, int val_steps, int B, int T) {
+// Mean loss over the first val_steps batches of every data-parallel rank's validation windows (the
+// same batches every time); dp is the data-parallel communicator.
+inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, int val_steps, int B, int T) {
     val.reset();
     int batches = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
     double total = 0.0;
@@ -46,24 +48,26 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& comm, 
         val.next_batch();
         total += model.evaluate(val.inputs(), val.targets(), B, T);
     }
-    return (float)(sum_over_ranks(comm, total / batches) / comm.world_size());
+    return (float)(sum_over_ranks(dp, total / batches) / dp.world_size());
 }
 
 class Trainer {
 public:
-    // metrics_path: where rank 0 writes the JSONL metrics ("" for none).
-    Trainer(const RunConfig& cfg, Model& model, Communicator& comm, const std::string& metrics_path)
-        : cfg_(cfg), model_(model), comm_(comm),
-          train_(cfg.train_data, cfg.batch_size, cfg.seq_len, comm.rank(), comm.world_size(),
+    // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where its rank 0
+    // writes the JSONL metrics ("" for none).
+    Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path)
+        : cfg_(cfg), model_(model), dp_(dp),
+          train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed),
-          log_(comm.rank() == 0 ? metrics_path : ""),
+          log_(dp.rank() == 0 ? metrics_path : ""),
           sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
-        if (comm.world_size() != cfg.world_size)
-            fail(strformat("Trainer: the config was resolved for %d rank(s) but the communicator has %d",
-                           cfg.world_size, comm.world_size()));
+        if (dp.world_size() != cfg.dims.dp)
+            fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
+                           "communicator has %d",
+                           cfg.dims.dp, dp.world_size()));
         if (!cfg.val_data.empty() && cfg.val_every > 0)
-            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, comm.rank(),
-                                                comm.world_size(), cfg.model_config.vocab_size, false, cfg.seed);
+            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
+                                                cfg.model_config.vocab_size, false, cfg.seed);
         if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
             tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
             if (tokenizer_->vocab_size() != cfg.model_config.vocab_size)
@@ -77,16 +81,16 @@ public:
         LrSchedule schedule = lr_schedule_of(cfg_);
         AdamWConfig opt{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
         const int B = cfg_.batch_size, T = cfg_.seq_len;
-        // Each rank's micro-batch loss is a mean over its B*T tokens; this scale makes the summed
-        // gradient the mean over the whole global batch.
-        const float grad_scale = 1.0f / ((float)cfg_.grad_accum_steps * cfg_.world_size);
+        // Each data-parallel rank's micro-batch loss is a mean over its B*T tokens; this scale makes
+        // the summed gradient the mean over the whole global batch.
+        const float grad_scale = 1.0f / ((float)cfg_.grad_accum_steps * cfg_.dims.dp);
         double timed_ms = 0;
         long long timed_tokens = 0;
 
         for (int step = 0; step <= cfg_.steps; step++) {
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
-                float loss = validation_loss(model_, *val_, comm_, cfg_.val_steps, B, T);
+                float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
                 log_.log_val(step, loss);
                 if (std::isnan(summary.first_val_loss)) summary.first_val_loss = loss;
                 summary.last_val_loss = loss;
@@ -102,7 +106,7 @@ public:
                 loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T, grad_scale,
                                                     micro == cfg_.grad_accum_steps - 1);
             }
-            const double step_loss = sum_over_ranks(comm_, loss_sum) / (cfg_.grad_accum_steps * cfg_.world_size);
+            const double step_loss = sum_over_ranks(dp_, loss_sum) / (cfg_.grad_accum_steps * cfg_.dims.dp);
             float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
             float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
@@ -163,7 +167,7 @@ private:
 
     const RunConfig& cfg_;
     Model& model_;
-    Communicator& comm_;
+    Communicator& dp_;
     DataLoader train_;
     std::unique_ptr<DataLoader> val_;
     std::unique_ptr<Tokenizer> tokenizer_;

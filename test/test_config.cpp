@@ -140,6 +140,12 @@ TEST_CASE("total batch defaults to B*T*ranks and must be a multiple of it", "[co
                         Contains("-d (total_batch_tokens) 100 must be a positive multiple of B*T*ranks"));
 }
 
+TEST_CASE("the batch is split over the data-parallel ranks of the mesh", "[config]") {
+    RunConfig cfg = parse({"-b", "2", "-t", "16"}, 4);
+    CHECK((cfg.world_size == 4 && cfg.dims.dp == 4 && cfg.dims.ranks() == 4));
+    CHECK(run_config_json(cfg)["resolved"]["dp_size"] == 4);
+}
+
 TEST_CASE("invalid values are rejected with the value and the expectation", "[config]") {
     REQUIRE_THROWS_WITH(parse({"--channels", "100", "--num-heads", "3"}),
                         Contains("channels (100) must be divisible by num_heads (3)"));

@@ -7,17 +7,27 @@
 // finish within timeout_s (a rank died or diverged) fails with an llmc::Error instead of hanging,
 // and breaks the communicator: every later collective fails at once with the same cause.
 //
+// Point-to-point send and recv are operations like the collectives (same handles, timeouts and
+// breaking), between this rank and one peer. Every operation issued is in flight at once, so two
+// ranks may each send to the other and then receive: issue both sides before waiting on either.
+//
+// A communicator splits into sub-groups (split), each a communicator of its own with ranks
+// 0..n-1 in it; process_groups.h builds the mesh's groups that way. world_size() and rank() are
+// always this communicator's, not the launch's.
+//
 // Backends: LocalComm (here, one rank, no launcher), MpiComm (comm_mpi.h, host buffers) and
 // NcclComm (comm_nccl.cuh, device buffers). bootstrap.h picks the host one for a launch.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <vector>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "llmc/utils.h"
 
@@ -71,7 +81,8 @@ private:
 
 // A group of ranks that run collectives together. All buffers live in the backend's memory (host for
 // local and mpi, device for nccl) and must stay valid until the collective's handle is done.
-// Reductions are sums.
+// Operations in flight together may run concurrently, so a buffer one of them writes must not be
+// used by another until the first one's handle is done. Reductions are sums.
 class Communicator {
 public:
     virtual ~Communicator() = default;
@@ -104,7 +115,33 @@ public:
     // Done once every rank has issued it.
     virtual CommHandle barrier() = 0;
 
+    // Point to point with rank `peer` of this communicator (another rank: a rank does not message
+    // itself). A send is matched by the peer's recv of the same size; messages between two ranks
+    // arrive in the order they were sent.
+    virtual CommHandle send(const void* buf, size_t bytes, int peer) = 0;
+    virtual CommHandle recv(void* buf, size_t bytes, int peer) = 0;
+
+    // A new communicator of the ranks that pass the same color (>= 0), ranked by key (ties by their
+    // rank here). Collective over this communicator: every rank calls it, in the same order relative
+    // to the other collectives. The parent may be destroyed first; the child of a device
+    // communicator is a device communicator.
+    virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
 protected:
+    // "send of 64 bytes to rank 1", "recv of 64 bytes from rank 3": how errors name a message.
+    static std::string p2p_name(bool is_send, size_t bytes, int peer) {
+        return strformat("%s of %zu bytes %s rank %d", is_send ? "send" : "recv", bytes, is_send ? "to" : "from", peer);
+    }
+    // Fails unless peer is another rank of this communicator.
+    void check_peer(bool is_send, size_t bytes, int peer) const {
+        if (peer < 0 || peer >= world_size() || peer == rank())
+            fail(strformat("%s on rank %d of %d: the peer must be another rank in [0, %d)",
+                           p2p_name(is_send, bytes, peer).c_str(), rank(), world_size(), world_size()));
+    }
+    void check_color(int color) const {
+        if (color < 0)
+            fail(strformat("split on rank %d of %d: the color must be >= 0, got %d", rank(), world_size(), color));
+    }
     void check_root(int root, size_t bytes) const {
         if (root < 0 || root >= world_size())
             fail(strformat("broadcast of %zu bytes from root %d: the root must be a rank in [0, %d)", bytes, root,
@@ -146,6 +183,38 @@ public:
         return {};
     }
     CommHandle barrier() override { return {}; }
+    // There is no other rank to message, so these only fail with check_peer's message.
+    CommHandle send(const void*, size_t bytes, int peer) override {
+        check_peer(true, bytes, peer);
+        return {};
+    }
+    CommHandle recv(void*, size_t bytes, int peer) override {
+        check_peer(false, bytes, peer);
+        return {};
+    }
+    std::unique_ptr<Communicator> split(int color, int) override {
+        check_color(color);
+        return std::make_unique<LocalComm>();
+    }
+};
+
+// How a thread waiting on communication polls: back to back at first (most waits are short), then
+// sleeping a little between polls so that a long wait does not take a core from compute.
+class PollBackoff {
+public:
+    void pause() {
+        if (polls_++ < 100) {
+            std::this_thread::yield();
+            return;
+        }
+        std::this_thread::sleep_for(sleep_);
+        sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(200));
+    }
+    void reset() { *this = PollBackoff(); }
+
+private:
+    int polls_ = 0;
+    std::chrono::microseconds sleep_{10};
 };
 
 // The world of one that models use when no launcher gave them a communicator.

@@ -1,13 +1,19 @@
-// comm_mpi.h: MpiComm, the Communicator over MPI_COMM_WORLD on host buffers.
+// comm_mpi.h: MpiComm, the Communicator over MPI_COMM_WORLD (or a group split from it) on host buffers.
 //
-// The idea: one communication thread owns every MPI call after construction. It takes collectives
-// from a FIFO queue, starts each with MPI's non-blocking call and polls MPI_Test until it completes
-// or its deadline passes. Open MPI makes progress on a non-blocking collective only inside MPI calls,
-// so without this thread nothing would move while the trainer computes; and because the thread polls
-// rather than blocks, a rank that never joins costs a clear timeout error instead of a hang.
+// The idea: one communication thread per communicator makes its MPI calls after construction. It
+// takes operations (collectives, sends and receives) from a FIFO queue, starts each with MPI's
+// non-blocking call as soon as it arrives, and polls MPI_Test on all of them until each completes or
+// its deadline passes; results are handed back in issue order. Open MPI makes progress on
+// non-blocking operations only inside MPI calls, so without this thread nothing would move while
+// the trainer computes; because the thread polls rather than blocks, a rank that never joins costs
+// a clear timeout error instead of a hang; and because nothing waits for one operation before
+// starting the next, ranks that each send to the other before receiving do not deadlock.
 //
-// MPI is initialised MPI_THREAD_SERIALIZED (bootstrap.h): the comm thread and the main thread
-// (construction, abort, finalize) may both call MPI, so every call holds mpi_mutex().
+// split() makes a sub-group communicator (MPI_Comm_split) with its own comm thread: groups never
+// wait on one another, so a stuck group cannot stall the others.
+//
+// MPI is initialised MPI_THREAD_SERIALIZED (bootstrap.h): the comm threads and the main thread
+// (construction, split, abort, finalize) may all call MPI, so every call holds mpi_mutex().
 #pragma once
 
 // Only MPI's C API is used; its deprecated C++ bindings would add warnings and a link dependency.
@@ -78,18 +84,9 @@ inline void mpi_bf16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
 class MpiComm : public Communicator {
 public:
     // Collective: every rank of MPI_COMM_WORLD constructs one, in the same order, after MPI_Init_thread.
-    MpiComm() {
-        std::lock_guard<std::mutex> lock(mpi_mutex());
-        // A private communicator keeps our collectives apart from any other MPI traffic, and
-        // returning errors lets them become llmc::Errors that name the collective.
-        LLMC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-        LLMC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-        LLMC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-        LLMC_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
-        LLMC_MPI_CHECK(MPI_Op_create(&mpi_bf16_sum, /*commute=*/1, &bf16_sum_));
-        thread_ = std::thread([this] { serve(); });
-    }
-    // Finishes (or fails, each within its deadline) every collective already issued, then stops.
+    // A private duplicate keeps our collectives apart from any other MPI traffic.
+    MpiComm() : MpiComm(duplicate_world()) {}
+    // Finishes (or fails, each within its deadline) every operation already issued, then stops.
     ~MpiComm() override {
         {
             std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -122,13 +119,13 @@ public:
         size_t block_bytes = recv_count * comm_dtype_bytes(dtype);
         const void* mpi_send = send;
         void* mpi_recv = recv;
-        std::function<void()> after;
+        After after;
         // MPI's in-place reduce-scatter takes the whole buffer and leaves the sum in block 0, so the
         // result is moved to block [rank] afterwards.
         if (is_in_place("reduce_scatter", send, recv, block_bytes)) {
             mpi_send = MPI_IN_PLACE;
             mpi_recv = (void*)send;
-            after = [=] { memmove(recv, send, block_bytes); };
+            after = [=](const MPI_Status&) { memmove(recv, send, block_bytes); };
         }
         return issue(strformat("reduce_scatter of %zu %s per rank", recv_count, comm_dtype_name(dtype)),
                      [=, this](MPI_Request* request) {
@@ -156,15 +153,84 @@ public:
         return issue("barrier", [this](MPI_Request* request) { LLMC_MPI_CHECK(MPI_Ibarrier(comm_, request)); });
     }
 
+    // One tag for every message: MPI keeps the messages between two ranks in order.
+    static constexpr int kTag = 0;
+    CommHandle send(const void* buf, size_t bytes, int peer) override {
+        check_peer(true, bytes, peer);
+        int n = mpi_count("send", bytes, "bytes");
+        return issue(p2p_name(true, bytes, peer), [=, this](MPI_Request* request) {
+            LLMC_MPI_CHECK(MPI_Isend(buf, n, MPI_BYTE, peer, kTag, comm_, request));
+        });
+    }
+    // A longer message is MPI's truncation error; a shorter one is caught by the count check.
+    CommHandle recv(void* buf, size_t bytes, int peer) override {
+        check_peer(false, bytes, peer);
+        int n = mpi_count("recv", bytes, "bytes");
+        return issue(p2p_name(false, bytes, peer),
+                     [=, this](MPI_Request* request) {
+                         LLMC_MPI_CHECK(MPI_Irecv(buf, n, MPI_BYTE, peer, kTag, comm_, request));
+                     },
+                     [n](const MPI_Status& status) {
+                         int got = 0;
+                         LLMC_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+                         if (got != n)
+                             fail(strformat("the matching send was %d bytes (a send and its recv must be the same size)", got));
+                     });
+    }
+
+    // The child has its own comm thread and starts with this communicator's timeout_s.
+    // MPI_Comm_split blocks, cannot time out, and must come in the same order on every rank as the
+    // operations in flight here. A barrier first does both: once it is done every earlier operation
+    // is done on this rank, and every rank has reached its split.
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        check_color(color);
+        try {
+            barrier().wait();
+        } catch (const Error& e) {
+            fail(strformat("split with color %d, key %d: %s", color, key, e.what()));
+        }
+        MPI_Comm child = MPI_COMM_NULL;
+        {
+            std::lock_guard<std::mutex> lock(mpi_mutex());
+            LLMC_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
+        }
+        std::unique_ptr<MpiComm> group(new MpiComm(child));
+        group->timeout_s = timeout_s;
+        return group;
+    }
+
 private:
     using Clock = std::chrono::steady_clock;
+    using After = std::function<void(const MPI_Status&)>;
+
+    // Takes ownership of `comm`, a communicator for llmc alone, and starts its comm thread. Returning
+    // errors lets MPI's failures become llmc::Errors that name the operation.
+    explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        LLMC_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+        LLMC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+        LLMC_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
+        LLMC_MPI_CHECK(MPI_Op_create(&mpi_bf16_sum, /*commute=*/1, &bf16_sum_));
+        thread_ = std::thread([this] { serve(); });
+    }
+    static MPI_Comm duplicate_world() {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        MPI_Comm comm = MPI_COMM_NULL;
+        LLMC_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+        return comm;
+    }
 
     struct Op : CommOp {
         std::string what;                           // "all_reduce of 1024 f32", for messages
         std::function<void(MPI_Request*)> start;    // the non-blocking MPI call
-        std::function<void()> after;                // host work once MPI is done, or empty
+        After after;                                // host work once MPI is done, or empty
         double timeout_s = 0;
         Clock::time_point deadline;
+
+        // The comm thread's alone: the request in flight, and whether it completed or failed.
+        MPI_Request request = MPI_REQUEST_NULL;
+        bool complete = false;
+        std::string failure;
 
         std::mutex mutex;
         std::condition_variable cv;
@@ -180,26 +246,27 @@ private:
             cv.wait(lock, [&] { return finished; });
             if (!error.empty()) fail(error);
         }
-        void finish(std::string failure) {
+        void finish() {
             {
                 std::lock_guard<std::mutex> lock(mutex);
                 finished = true;
-                error = std::move(failure);
+                error = failure;
             }
             cv.notify_all();
         }
     };
+    using InFlight = std::deque<std::shared_ptr<Op>>;  // started, in issue order, not yet handed back
 
-    // MPI-3 counts are ints; larger collectives fail here rather than being truncated.
-    static int mpi_count(const char* collective, size_t count, const char* unit) {
+    // MPI-3 counts are ints; larger operations fail here rather than being truncated.
+    static int mpi_count(const char* operation, size_t count, const char* unit) {
         if (count > (size_t)INT_MAX)
-            fail(strformat("%s of %zu %s exceeds MPI's per-call limit of %d; split it", collective, count, unit, INT_MAX));
+            fail(strformat("%s of %zu %s exceeds MPI's per-call limit of %d; split it", operation, count, unit, INT_MAX));
         return (int)count;
     }
     static MPI_Datatype mpi_type(CommDtype dtype) { return dtype == CommDtype::F32 ? MPI_FLOAT : MPI_UINT16_T; }
     MPI_Op sum_op(CommDtype dtype) const { return dtype == CommDtype::F32 ? MPI_SUM : bf16_sum_; }
 
-    CommHandle issue(std::string what, std::function<void(MPI_Request*)> start, std::function<void()> after = {}) {
+    CommHandle issue(std::string what, std::function<void(MPI_Request*)> start, After after = {}) {
         if (!(timeout_s > 0)) fail(strformat("%s: timeout_s must be positive, got %g", what.c_str(), timeout_s));
         auto op = std::make_shared<Op>();
         op->what = std::move(what);
@@ -215,63 +282,91 @@ private:
         return CommHandle(op);
     }
 
-    // The comm thread: runs collectives in issue order until the communicator is destroyed.
+    // The comm thread, until the communicator is destroyed: starts each operation as soon as it is
+    // issued (in issue order, so every rank starts the collectives in the same order), polls all of
+    // them together, and hands them back in issue order. Nothing waits for one operation before
+    // starting the next, so two ranks that each send before they receive do not deadlock.
     void serve() {
+        InFlight in_flight;
+        PollBackoff backoff;
         for (;;) {
-            std::shared_ptr<Op> op;
+            InFlight issued;
             {
                 std::unique_lock<std::mutex> lock(queue_mutex_);
-                queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-                if (queue_.empty()) return;
-                op = std::move(queue_.front());
-                queue_.pop_front();
+                if (in_flight.empty()) queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+                if (in_flight.empty() && queue_.empty()) return;
+                issued.swap(queue_);
             }
-            if (!broken_.empty()) {
-                op->finish(strformat("%s failed on rank %d of %d because an earlier collective failed: %s",
-                                     op->what.c_str(), rank_, world_size_, broken_.c_str()));
-                continue;
+            for (auto& op : issued) start(in_flight, op);
+            bool progressed = poll(in_flight) || !issued.empty();
+            while (!in_flight.empty() && in_flight.front()->complete) {
+                in_flight.front()->finish();
+                in_flight.pop_front();
             }
-            try {
-                run(*op);
-            } catch (const Error& e) {
-                broken_ = e.what();
-            }
-            op->finish(broken_);
+            if (progressed) backoff.reset();
+            else backoff.pause();
         }
     }
 
-    void run(Op& op) {
-        // Each MPI call holds the process's MPI lock; its failure is reported against the collective.
-        auto mpi = [&](const std::function<void()>& call) {
-            std::lock_guard<std::mutex> lock(mpi_mutex());
-            try {
-                call();
-            } catch (const Error& e) {
-                fail(strformat("%s failed on rank %d of %d: %s", op.what.c_str(), rank_, world_size_, e.what()));
-            }
-        };
-        MPI_Request request;
-        mpi([&] { op.start(&request); });
-        // Polls back to back at first (small collectives finish within microseconds), then sleeps a
-        // little between polls so a long wait does not take a core from the trainer's compute.
-        auto sleep = std::chrono::microseconds(10);
-        for (int polls = 0;; polls++) {
-            int complete = 0;
-            mpi([&] { LLMC_MPI_CHECK(MPI_Test(&request, &complete, MPI_STATUS_IGNORE)); });
-            if (complete) break;
-            // MPI cannot cancel a collective, so the request stays pending; the communicator is
-            // broken from here on and the launch is expected to be aborted.
-            if (Clock::now() >= op.deadline)
-                fail(strformat("%s timed out after %.1f s on rank %d of %d (a rank did not join)", op.what.c_str(),
-                               op.timeout_s, rank_, world_size_));
-            if (polls < 100) {
-                std::this_thread::yield();
-            } else {
-                std::this_thread::sleep_for(sleep);
-                sleep = std::min(sleep * 2, std::chrono::microseconds(200));
-            }
+    // Runs one MPI call under the process's MPI lock; its failure is reported against the operation.
+    void mpi_call(const Op& op, const std::function<void()>& call) {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        try {
+            call();
+        } catch (const Error& e) {
+            fail(strformat("%s failed on rank %d of %d: %s", op.what.c_str(), rank_, world_size_, e.what()));
         }
-        if (op.after) op.after();
+    }
+
+    void start(InFlight& in_flight, std::shared_ptr<Op> op) {
+        in_flight.push_back(std::move(op));
+        Op& started = *in_flight.back();
+        if (!broken_.empty()) return fail_after_break(started);
+        try {
+            mpi_call(started, [&] { started.start(&started.request); });
+        } catch (const Error& e) {
+            break_at(in_flight, in_flight.size() - 1, e.what());
+        }
+    }
+
+    // One MPI_Test of every operation still running; true when any of them completed or failed.
+    bool poll(InFlight& in_flight) {
+        bool progressed = false;
+        for (size_t i = 0; i < in_flight.size(); i++) {
+            Op& op = *in_flight[i];
+            if (op.complete) continue;
+            try {
+                int complete = 0;
+                MPI_Status status;
+                mpi_call(op, [&] {
+                    LLMC_MPI_CHECK(MPI_Test(&op.request, &complete, &status));
+                    if (complete && op.after) op.after(status);
+                });
+                op.complete = complete;
+                // MPI cannot cancel a collective, so the request stays pending; the communicator is
+                // broken from here on and the launch is expected to be aborted.
+                if (!complete && Clock::now() >= op.deadline)
+                    fail(strformat("%s timed out after %.1f s on rank %d of %d (a rank did not join)", op.what.c_str(),
+                                   op.timeout_s, rank_, world_size_));
+            } catch (const Error& e) {
+                break_at(in_flight, i, e.what());
+            }
+            progressed |= op.complete;
+        }
+        return progressed;
+    }
+
+    // Operation i failed: the communicator is broken, and it and every operation issued after it fail.
+    void break_at(InFlight& in_flight, size_t i, const std::string& cause) {
+        if (broken_.empty()) broken_ = cause;
+        in_flight[i]->complete = true;
+        in_flight[i]->failure = cause;
+        for (size_t j = i + 1; j < in_flight.size(); j++) fail_after_break(*in_flight[j]);
+    }
+    void fail_after_break(Op& op) {
+        op.complete = true;
+        op.failure = strformat("%s failed on rank %d of %d because an earlier collective failed: %s", op.what.c_str(),
+                               rank_, world_size_, broken_.c_str());
     }
 
     MPI_Comm comm_ = MPI_COMM_NULL;
@@ -280,7 +375,7 @@ private:
 
     std::mutex queue_mutex_;
     std::condition_variable queue_cv_;
-    std::deque<std::shared_ptr<Op>> queue_;
+    InFlight queue_;  // issued, not yet started
     bool stopping_ = false;
     std::string broken_;  // the first failure's message; touched only by the comm thread, then by ~MpiComm after join
     std::thread thread_;

@@ -10,6 +10,12 @@
 // through CommHandle::wait or an event the caller records on stream(). Waiting through handles is
 // what keeps the timeout: a cudaStreamSynchronize on a stuck collective would hang.
 //
+// On one stream an ncclSend blocks everything behind it until the peer receives, so two ranks that
+// each send then receive would deadlock. Messages therefore wait in a pending list until something
+// needs them on the stream (a collective, order_after, split, or a look at one of their handles) and
+// then go as one NCCL group, which runs them concurrently: issue both sides of an exchange before
+// waiting on either. split() is ncclCommSplit; the group gets its own stream.
+//
 // NcclComm and its handles are used from one thread, the trainer's.
 #pragma once
 
@@ -22,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "llmc/dist/comm.h"
 #include "llmc/kernels/cuda_common.cuh"  // CUDA_CHECK
@@ -46,6 +53,7 @@ public:
         this->timeout_s = timeout_s;
         state_->rank = host.rank();
         state_->world_size = host.world_size();
+        state_->device = device;
         int devices = 0;
         CUDA_CHECK(cudaGetDeviceCount(&devices));
         if (device < 0 || device >= devices)
@@ -72,13 +80,10 @@ public:
             fail(strformat("creating the NCCL communicator timed out after %.1f s on rank %d of %d (GPU %d): a rank did "
                            "not join or the ranks could not connect (NCCL_DEBUG=INFO tells which)",
                            timeout_s, state_->rank, state_->world_size, device));
-
-        // Its own high-priority stream lets communication run beside compute and go first when both wait.
-        int least_priority = 0, greatest_priority = 0;
-        CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
-        CUDA_CHECK(cudaStreamCreateWithPriority(&state_->stream, cudaStreamNonBlocking, greatest_priority));
-        CUDA_CHECK(cudaMalloc(&state_->barrier_word, sizeof(float)));
+        state_->create_stream();
     }
+    // Messages still pending go onto the stream: they were issued, so the peers expect them.
+    ~NcclComm() override { state_->flush(); }
     NcclComm(const NcclComm&) = delete;
     NcclComm& operator=(const NcclComm&) = delete;
 
@@ -88,10 +93,16 @@ public:
 
     // Collectives issued after this call start once `compute_done` (recorded on the compute
     // stream after the buffers were written) has completed.
-    void wait_for(cudaEvent_t compute_done) { CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0)); }
+    void wait_for(cudaEvent_t compute_done) {
+        state_->flush();
+        CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0));
+    }
     bool uses_device_buffers() const override { return true; }
     void order_after(void* cuda_event) override { wait_for(static_cast<cudaEvent_t>(cuda_event)); }
-    cudaStream_t stream() const { return state_->stream; }
+    cudaStream_t stream() const {
+        state_->flush();
+        return state_->stream;
+    }
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
         return enqueue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), [&](ncclComm_t comm, cudaStream_t s) {
@@ -126,45 +137,129 @@ public:
             return NCCL_CHECK(ncclAllReduce(state_->barrier_word, state_->barrier_word, 1, ncclFloat32, ncclSum, comm, s));
         });
     }
+    CommHandle send(const void* buf, size_t bytes, int peer) override {
+        check_peer(true, bytes, peer);
+        return defer(p2p_name(true, bytes, peer), [=](ncclComm_t comm, cudaStream_t s) {
+            return NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, comm, s));
+        });
+    }
+    CommHandle recv(void* buf, size_t bytes, int peer) override {
+        check_peer(false, bytes, peer);
+        return defer(p2p_name(false, bytes, peer), [=](ncclComm_t comm, cudaStream_t s) {
+            return NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, comm, s));
+        });
+    }
+
+    // The group starts with this communicator's timeout_s, which also bounds the split.
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        check_color(color);
+        state_->flush();
+        auto where = [&] { return strformat("split with color %d, key %d on rank %d of %d", color, key, rank(), world_size()); };
+        if (!state_->broken.empty())
+            fail(strformat("%s failed because an earlier collective failed: %s", where().c_str(), state_->broken.c_str()));
+        CUDA_CHECK(cudaSetDevice(state_->device));
+        auto child = std::make_shared<State>();
+        child->device = state_->device;
+        auto deadline = deadline_after(timeout_s);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        try {
+            NCCL_CHECK(ncclCommSplit(state_->comm, color, key, &child->comm, &config));
+            state_->settle(deadline);
+            if (state_->comm) child->settle(deadline);
+        } catch (const Error& e) {
+            child->abort();
+            state_->break_with(strformat("%s failed: %s", where().c_str(), e.what()));
+            fail(state_->broken);
+        }
+        if (!state_->comm || !child->comm) {
+            child->abort();
+            state_->break_with(strformat("%s timed out after %.1f s (a rank did not join); the communicator was aborted",
+                                         where().c_str(), timeout_s));
+            fail(state_->broken);
+        }
+        NCCL_CHECK(ncclCommUserRank(child->comm, &child->rank));
+        NCCL_CHECK(ncclCommCount(child->comm, &child->world_size));
+        child->create_stream();
+        return std::unique_ptr<Communicator>(new NcclComm(std::move(child), timeout_s));
+    }
 
 private:
     using Clock = std::chrono::steady_clock;
+    using Call = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+    struct State;
+    struct Op;
+
+    // A communicator made by split, on its own initialised state.
+    NcclComm(std::shared_ptr<State> state, double timeout_s) : state_(std::move(state)) { this->timeout_s = timeout_s; }
 
     static Clock::time_point deadline_after(double seconds) {
         return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     }
     static ncclDataType_t nccl_type(CommDtype dtype) { return dtype == CommDtype::F32 ? ncclFloat32 : ncclBfloat16; }
 
-    // Polls back to back at first (most waits are short), then sleeps a little between polls so a
-    // long wait does not take a core from the host side of the trainer.
-    class Backoff {
-    public:
-        void pause() {
-            if (polls_++ < 100) {
-                std::this_thread::yield();
-                return;
-            }
-            std::this_thread::sleep_for(sleep_);
-            sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(200));
-        }
-
-    private:
-        int polls_ = 0;
-        std::chrono::microseconds sleep_{10};
-    };
-
     // The communicator's resources, shared with the handles so that either may outlive the other.
     struct State {
-        int rank = 0, world_size = 1;
+        int rank = 0, world_size = 1, device = 0;
         ncclComm_t comm = nullptr;  // null once aborted
         cudaStream_t stream = nullptr;
         float* barrier_word = nullptr;
         std::string broken;  // the first failure; once set, every collective not yet seen complete fails
+        // Messages issued but not yet on the stream, with their ops (which hold this state: the
+        // cycle lasts until flush).
+        std::vector<Call> pending_calls;
+        std::vector<std::shared_ptr<Op>> pending_ops;
+
+        // Its own high-priority stream lets communication run beside compute and go first when both wait.
+        void create_stream() {
+            int least_priority = 0, greatest_priority = 0;
+            CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+            CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest_priority));
+            CUDA_CHECK(cudaMalloc(&barrier_word, sizeof(float)));
+        }
+
+        // Puts calls on the stream (as one NCCL group when there are several), each op's completion
+        // event after them. A failure breaks the communicator and finishes the ops with it, so it
+        // surfaces from their handles' wait(), like any other. Ops issued after a failure are left
+        // unlaunched: their poll reports the earlier failure.
+        void launch(const std::vector<Call>& calls, const std::vector<std::shared_ptr<Op>>& ops) {
+            if (!broken.empty()) return;
+            std::string what = ops.front()->what;
+            for (size_t i = 1; i < ops.size(); i++) what += " + " + ops[i]->what;
+            const bool grouped = calls.size() > 1;
+            try {
+                if (grouped) NCCL_CHECK(ncclGroupStart());
+                ncclResult_t result = ncclSuccess;
+                for (const Call& call : calls) result = call(comm, stream);
+                if (grouped) result = NCCL_CHECK(ncclGroupEnd());
+                // Until NCCL has finished enqueueing, nothing else may go onto its stream.
+                if (result == ncclInProgress) settle(ops.front()->deadline);
+                if (comm) {
+                    for (const auto& op : ops) CUDA_CHECK(cudaEventRecord(op->event, stream));
+                    for (const auto& op : ops) op->launched = true;
+                    return;
+                }
+                break_with(strformat("enqueueing %s timed out after %.1f s on rank %d of %d", what.c_str(),
+                                     ops.front()->timeout_s, rank, world_size));
+            } catch (const Error& e) {
+                break_with(strformat("%s failed on rank %d of %d: %s", what.c_str(), rank, world_size, e.what()));
+            }
+            for (const auto& op : ops) op->finish(broken);
+        }
+        // The pending messages go onto the stream, as one group.
+        void flush() {
+            if (pending_ops.empty()) return;
+            std::vector<Call> calls = std::move(pending_calls);
+            std::vector<std::shared_ptr<Op>> ops = std::move(pending_ops);
+            pending_calls.clear();
+            pending_ops.clear();
+            launch(calls, ops);
+        }
 
         // Polls until NCCL's background work on the communicator (initialisation, or enqueueing a
         // collective) is finished; throws on an NCCL error; aborts on the deadline, leaving comm null.
         void settle(Clock::time_point deadline) {
-            Backoff backoff;
+            PollBackoff backoff;
             for (;;) {
                 ncclResult_t state = ncclInProgress;
                 NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
@@ -213,6 +308,7 @@ private:
         double timeout_s = 0;
         Clock::time_point deadline;
         cudaEvent_t event = nullptr;
+        bool launched = false;  // on the stream (a message waits in the pending list until flushed)
         bool finished = false;
         std::string error;  // empty on success
 
@@ -221,13 +317,15 @@ private:
         }
         bool done() override { return poll(); }
         void wait() override {
-            Backoff backoff;
+            PollBackoff backoff;
             while (!poll()) backoff.pause();
             if (!error.empty()) fail(error);
         }
         // One non-blocking look: complete, failed (an NCCL error, the deadline, or an earlier
         // failure), or still running.
         bool poll() {
+            if (finished) return true;
+            if (!launched) state->flush();  // a pending message: a failed launch finishes it
             if (finished) return true;
             auto where = [&] { return strformat("%s on rank %d of %d", what.c_str(), state->rank, state->world_size); };
             if (!state->broken.empty()) return finish(strformat("%s failed because an earlier collective failed: %s",
@@ -260,9 +358,8 @@ private:
         }
     };
 
-    // Puts one collective on the stream, followed by its completion event. A failure while
-    // enqueueing breaks the communicator and surfaces from the handle's wait(), like any other.
-    CommHandle enqueue(std::string what, const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
+    // A new op named `what` under the current timeout, with its completion event.
+    std::shared_ptr<Op> make_op(std::string what) {
         if (!(timeout_s > 0)) fail(strformat("%s: timeout_s must be positive, got %g", what.c_str(), timeout_s));
         auto op = std::make_shared<Op>();
         op->state = state_;
@@ -270,21 +367,20 @@ private:
         op->timeout_s = timeout_s;
         op->deadline = deadline_after(timeout_s);
         CUDA_CHECK(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
-        if (!state_->broken.empty()) return CommHandle(op);  // fails at once, naming the earlier failure
-        try {
-            // Until NCCL has finished enqueueing, nothing else may go onto its stream.
-            if (call(state_->comm, state_->stream) == ncclInProgress) state_->settle(op->deadline);
-            if (state_->comm) {
-                CUDA_CHECK(cudaEventRecord(op->event, state_->stream));
-                return CommHandle(op);
-            }
-            state_->break_with(strformat("enqueueing %s timed out after %.1f s on rank %d of %d", op->what.c_str(),
-                                         timeout_s, state_->rank, state_->world_size));
-        } catch (const Error& e) {
-            state_->break_with(strformat("%s failed on rank %d of %d: %s", op->what.c_str(), state_->rank,
-                                         state_->world_size, e.what()));
-        }
-        op->finish(state_->broken);
+        return op;
+    }
+    // A collective goes onto the stream at once, after any pending messages (issue order).
+    CommHandle enqueue(std::string what, const Call& call) {
+        auto op = make_op(std::move(what));
+        state_->flush();
+        state_->launch({call}, {op});
+        return CommHandle(op);
+    }
+    // A message waits for the next flush, to go in one group with the messages issued beside it.
+    CommHandle defer(std::string what, Call call) {
+        auto op = make_op(std::move(what));
+        state_->pending_calls.push_back(std::move(call));
+        state_->pending_ops.push_back(op);
         return CommHandle(op);
     }
 

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "llmc/dist/comm.h"
 #include "llmc/kernels/cuda_common.cuh"
@@ -18,9 +20,15 @@ namespace llmc {
 // one rank an all-reduce is nothing and the other collectives are a device copy between two
 // device-wide synchronisations; the CUDA model plans ZeRO-0 for one rank, so training never reaches
 // those copies, and order_after need not block.
+//
+// Messages (send, recv) are the exception: an exchange needs both sides in flight at once, so each
+// message has its own pinned buffer and stays asynchronous; a received message is on the device once
+// its handle is seen done. split() splits the host communicator and serves the group it gets.
 class StagedComm : public Communicator {
 public:
     explicit StagedComm(Communicator& host) : host_(host) {}
+    // Serves, and owns, a host communicator of its own (a split's group).
+    explicit StagedComm(std::unique_ptr<Communicator> host) : owned_host_(std::move(host)), host_(*owned_host_) {}
 
     int rank() const override { return host_.rank(); }
     int world_size() const override { return host_.world_size(); }
@@ -86,9 +94,59 @@ public:
         run(host_.barrier());
         return ran_since(start);
     }
+    // The device data is copied out now (order_after made it visible), then sent from pinned memory.
+    CommHandle send(const void* buf, size_t bytes, int peer) override {
+        check_peer(true, bytes, peer);
+        auto op = std::make_shared<StagedMessage>(bytes, nullptr);
+        if (bytes) CUDA_CHECK(cudaMemcpy(op->host.get(), buf, bytes, cudaMemcpyDeviceToHost));
+        op->host_op = host_.send(op->host.get(), bytes, peer);
+        return CommHandle(op);
+    }
+    CommHandle recv(void* buf, size_t bytes, int peer) override {
+        check_peer(false, bytes, peer);
+        auto op = std::make_shared<StagedMessage>(bytes, buf);
+        op->host_op = host_.recv(op->host.get(), bytes, peer);
+        return CommHandle(op);
+    }
+    std::unique_ptr<Communicator> split(int color, int key) override {
+        return std::make_unique<StagedComm>(host_.split(color, key));
+    }
 
 private:
     using Clock = std::chrono::steady_clock;
+
+    // One message through its own pinned buffer. Once the host message is done, a received one is
+    // copied to the device (device_dst) the first time the handle is seen done.
+    struct StagedMessage : CommOp {
+        StagedMessage(size_t bytes, void* device_dst)
+            : host(bytes, "staging a message through the host"), bytes(bytes), device_dst(device_dst) {}
+        PinnedBuffer<char> host;
+        size_t bytes;
+        void* device_dst;  // nullptr for a send
+        CommHandle host_op;
+        bool landed = false;
+        std::string error;
+
+        bool done() override {
+            if (!host_op.done()) return false;
+            land();
+            return true;
+        }
+        void wait() override {
+            land();
+            if (!error.empty()) fail(error);
+        }
+        void land() {
+            if (landed) return;
+            landed = true;
+            try {
+                host_op.wait();
+                if (device_dst && bytes) CUDA_CHECK(cudaMemcpy(device_dst, host.get(), bytes, cudaMemcpyHostToDevice));
+            } catch (const Error& e) {
+                error = e.what();
+            }
+        }
+    };
 
     // The handle of a collective that ran to completion inside its call. None of it overlapped
     // compute, so it reports the whole call as time waited (the trainer's exposed communication).
@@ -116,6 +174,7 @@ private:
         CUDA_CHECK(cudaDeviceSynchronize());
     }
 
+    std::unique_ptr<Communicator> owned_host_;  // set when this communicator is a split's group
     Communicator& host_;
     PinnedBuffer<char> staging_;
 };

@@ -23,7 +23,7 @@ struct CpuBackend {
     // The ZeRO stage that runs (the one asked for: the CPU model shards on any world size).
     static int effective_zero_stage(const RunConfig& cfg) { return cfg.zero_stage; }
 
-    // This rank's model, sharded over `comm` by the config's ZeRO stage.
+    // This rank's model, sharded over `comm` (the data-parallel group) by the config's ZeRO stage.
     static BuiltModel make_model(const RunConfig& cfg, Communicator& comm, const Launch&) {
         if (comm.rank() == 0)
             printf("device: CPU, %d OpenMP threads per rank (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
@@ -38,9 +38,9 @@ struct CpuBackend {
         return built;
     }
 
-    // --plan: the memory of rank 0 of cfg.world_size ranks, computed without allocating anything.
+    // --plan: the memory of rank 0 of cfg.dims.dp data-parallel ranks, computed without allocating anything.
     static std::string plan_report(const RunConfig& cfg) {
-        ZeroPlan zero(GPT2Params::layout(cfg.model_config), cfg.zero_stage, 0, cfg.world_size);
+        ZeroPlan zero(GPT2Params::layout(cfg.model_config), cfg.zero_stage, 0, cfg.dims.dp);
         std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len);
         return memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers, HostMemory::precision), "fp32 CPU model");
     }

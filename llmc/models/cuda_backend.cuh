@@ -24,11 +24,12 @@ namespace llmc {
 struct CudaBackend {
     // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (GPT2CUDA::zero_plan).
     static int effective_zero_stage(const RunConfig& cfg) {
-        return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.world_size);
+        return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.dims.dp);
     }
 
     // This rank's model on its GPU (local rank modulo the node's GPUs), sharded over a device
-    // communicator made here: NCCL, or `host` staged through pinned memory.
+    // communicator made here for the data-parallel group `host`: NCCL, or `host` staged through pinned
+    // memory.
     static BuiltModel make_model(const RunConfig& cfg, Communicator& host, const Launch& launch) {
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -45,7 +46,7 @@ struct CudaBackend {
 
     // --plan: rank 0's device memory, and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.world_size);
+        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp);
         std::vector<BufferSpec> buffers =
             GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero);
         std::string out = memory_plan_report(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the communicator tests (test_comm.cpp): without a launcher, under mpirun with 1 to 4 ranks,
 # and the timeout mode, where one rank never joins and the launch must end with the timeout error
-# well before that rank would (it sleeps 10 s). Every run is capped by `timeout 120` so a hang fails
+# well before that rank would (it sleeps 10 s), and the same inside one of two sub-groups, where the
+# other group must carry on. Every run is capped by `timeout 120` so a hang fails
 # the test instead of stalling it.
 #   test/mpi/run_comm_tests.sh [path/to/test_comm]
 set -euo pipefail
@@ -28,28 +29,45 @@ for n in 1 2 3 4; do
     echo "   $(since "$start") s"
 done
 
-echo "== mpirun -np 2 $bin --timeout-test (rank 1 never joins; expect exit 3 after ~1.5 s)"
+# Runs `mpirun -np NP $bin MODE`, which must end by MPI_Abort with code 3 well before the absent rank's
+# 10 s sleep would; each further argument "out|PATTERN|PROBLEM" or "err|PATTERN|PROBLEM" is a line
+# that stdout or stderr must match, and the problem reported when it does not.
 out=$(mktemp) err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
-start=$(now)
-rc=0
-"${mpirun[@]}" -np 2 "$bin" --timeout-test >"$out" 2>"$err" || rc=$?
-elapsed=$(since "$start")
-cat "$out"
-problems=()
-[ "$rc" = 3 ] || problems+=("exit code $rc, expected 3 (MPI_Abort from the timed-out rank)")
-grep -q "all_reduce of 1024 f32 timed out after 1.5 s on rank 0 of 2" "$err" ||
-    problems+=("stderr lacks the timeout error naming the all_reduce")
-grep -q "^ok .*a later barrier failed at once" "$out" || problems+=("no ok line for the broken communicator")
-# A hang guard for this test, not a performance bound: the launch must end well before the absent
-# rank's 10 s sleep would.
-awk -v t="$elapsed" 'BEGIN { exit !(t < 9) }' || problems+=("took $elapsed s; the timeout did not end the launch")
-if [ ${#problems[@]} -gt 0 ]; then
-    echo "---- stderr of the timeout run:"
-    cat "$err"
-    printf 'FAILED: %s\n' "${problems[@]}"
-    exit 1
-fi
-echo "   $(grep -m1 'timed out' "$err")"
-echo "   ended with exit code 3 after $elapsed s"
+expect_timeout_abort() {
+    local np=$1 mode=$2 check stream pattern rest rc=0 start elapsed
+    shift 2
+    start=$(now)
+    "${mpirun[@]}" -np "$np" "$bin" "$mode" >"$out" 2>"$err" || rc=$?
+    elapsed=$(since "$start")
+    cat "$out"
+    local problems=()
+    [ "$rc" = 3 ] || problems+=("exit code $rc, expected 3 (MPI_Abort from the timed-out rank)")
+    for check in "$@"; do
+        stream=${check%%|*} rest=${check#*|}
+        pattern=${rest%%|*}
+        grep -q -- "$pattern" "${!stream}" || problems+=("${rest#*|}")
+    done
+    # A hang guard for this test, not a performance bound.
+    awk -v t="$elapsed" 'BEGIN { exit !(t < 9) }' || problems+=("took $elapsed s; the timeout did not end the launch")
+    if [ ${#problems[@]} -gt 0 ]; then
+        echo "---- stderr of the $mode run:"
+        cat "$err"
+        printf 'FAILED: %s\n' "${problems[@]}"
+        exit 1
+    fi
+    echo "   $(grep -m1 'timed out' "$err")"
+    echo "   ended with exit code 3 after $elapsed s"
+}
+
+echo "== mpirun -np 2 $bin --timeout-test (rank 1 never joins; expect exit 3 after ~1.5 s)"
+expect_timeout_abort 2 --timeout-test \
+    "err|all_reduce of 1024 f32 timed out after 1.5 s on rank 0 of 2|stderr lacks the timeout error naming the all_reduce" \
+    "out|^ok .*a later barrier failed at once|no ok line for the broken communicator"
+
+echo "== mpirun -np 4 $bin --group-timeout-test (groups {0,1} {2,3}; rank 3 never joins; expect exit 3)"
+expect_timeout_abort 4 --group-timeout-test \
+    "err|all_reduce of 1024 f32 timed out after 1.5 s on rank 0 of 2|stderr lacks rank 2's timeout error naming the all_reduce in its group" \
+    "out|^ok .*group {0,1} ran .* checked all_reduces while group {2,3} timed out|no ok line for the group that must carry on" \
+    "out|^ok .*recv from the absent rank timed out after 1.0 s|no ok line for the recv timeout"
 echo "all communicator tests passed"

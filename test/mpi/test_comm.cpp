@@ -10,6 +10,13 @@
 //   test_comm                  all properties
 //   test_comm --timeout-test   the last rank never joins an all_reduce; the others must time out
 //                              with a clear error, print it and abort the launch with code 3
+//   test_comm --group-timeout-test
+//                              4 ranks in groups {0,1} {2,3}; rank 3 never joins: rank 2 times out
+//                              in its group while {0,1} carries on, then aborts with code 3
+//
+// With 2 or more ranks the suite also runs on sub-groups split from the world (and the mesh's process
+// groups), with data derived from world ranks so the checks prove which ranks took part.
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -21,6 +28,7 @@
 #include <vector>
 
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
 
 using namespace llmc;
 using Clock = std::chrono::steady_clock;
@@ -94,13 +102,14 @@ struct Suite {
     Communicator& comm;
     int rank, world;
     uint64_t results_hash = 0xCBF29CE484222325ull;  // of every result that must agree across ranks
+    bool prints = true;  // whether rank 0 prints the ok lines (not on sub-groups: their caller sums up)
 
     explicit Suite(Communicator& c) : comm(c), rank(c.rank()), world(c.world_size()) {}
 
     // Reached only when this rank passed; the barrier means every rank did (a failing rank aborts).
     void ok(const std::string& property) {
         comm.barrier().wait();
-        if (rank == 0) printf("ok  [%s, %d rank%s] %s\n", comm.backend(), world, world > 1 ? "s" : "", property.c_str());
+        if (rank == 0 && prints) printf("ok  [%s, %d rank%s] %s\n", comm.backend(), world, world > 1 ? "s" : "", property.c_str());
         fflush(stdout);
     }
     void agree(const void* data, size_t bytes) { results_hash = fnv1a(results_hash, data, bytes); }
@@ -309,16 +318,19 @@ struct Suite {
         ok("collectives progress while the caller computes (done() without wait())");
     }
 
+    // `call` must throw an llmc::Error whose message contains needle.
+    template <typename Call>
+    static void expect_error(const char* what, const char* needle, Call&& call) {
+        try {
+            call();
+        } catch (const Error& e) {
+            CHECK(strstr(e.what(), needle), "%s: message '%s' does not mention '%s'", what, e.what(), needle);
+            return;
+        }
+        fail(strformat("%s: no error", what));
+    }
+
     void argument_errors() {
-        auto expect_error = [](const char* what, const char* needle, auto&& call) {
-            try {
-                call();
-            } catch (const Error& e) {
-                CHECK(strstr(e.what(), needle), "%s: message '%s' does not mention '%s'", what, e.what(), needle);
-                return;
-            }
-            fail(strformat("%s: no error", what));
-        };
         char byte = 0;
         expect_error("broadcast from root world_size", "root", [&] { comm.broadcast(&byte, 1, world); });
         expect_error("broadcast from root -1", "root", [&] { comm.broadcast(&byte, 1, -1); });
@@ -329,6 +341,60 @@ struct Suite {
         expect_error("misaligned in-place all_gather", "in place",
                      [&] { comm.all_gather(buf.data() + rank * 4 + 1, buf.data(), 4, CommDtype::F32); });
         ok("bad roots and misaligned in-place buffers fail at issue with a clear message");
+    }
+
+    // Rank r's message: bytes derived from (seed, r), so the receiver knows what must arrive from whom.
+    static std::vector<char> message(uint64_t seed, int r, size_t bytes) {
+        std::vector<char> m(bytes);
+        for (size_t i = 0; i < bytes; i++) m[i] = (char)bits_at(seed, r, i);
+        return m;
+    }
+
+    void send_recv() {
+        if (world < 2) return;
+        // A backend that deadlocks on these patterns fails with a timeout naming the message.
+        const double timeout_s = comm.timeout_s;
+        comm.timeout_s = 30;
+        // Every rank sends two messages to the next rank before receiving two from the previous one.
+        const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+        for (size_t bytes : {(size_t)1, (size_t)1000, (size_t)4 << 20}) {
+            std::vector<char> first = message(700 + bytes, rank, bytes), second = message(701 + bytes, rank, bytes + 3);
+            std::vector<char> got_first(bytes), got_second(bytes + 3);
+            CommHandle s1 = comm.send(first.data(), bytes, next), s2 = comm.send(second.data(), bytes + 3, next);
+            CommHandle r1 = comm.recv(got_first.data(), bytes, prev), r2 = comm.recv(got_second.data(), bytes + 3, prev);
+            r2.wait();
+            CHECK(r1.done() && s1.done() && s2.done(), "the last recv finished before earlier operations");
+            CHECK(got_first == message(700 + bytes, prev, bytes), "%zu bytes: the first message from rank %d differs", bytes, prev);
+            CHECK(got_second == message(701 + bytes, prev, bytes + 3), "%zu bytes: the second message from rank %d differs",
+                  bytes, prev);
+        }
+        ok("send/recv in a ring (1, 1000 and 4 MiB): all sends issued before any recv, messages arrive in order");
+
+        // Both ranks of a pair send 4 MiB (past MPI's eager limit: the send completes only once the
+        // peer receives) before either receives; waiting on the send first must not deadlock.
+        const int partner = rank ^ 1;
+        if (partner < world) {
+            const size_t bytes = (size_t)4 << 20;
+            std::vector<char> out = message(800, rank, bytes), in(bytes);
+            CommHandle sent = comm.send(out.data(), bytes, partner);
+            CommHandle received = comm.recv(in.data(), bytes, partner);
+            sent.wait();
+            received.wait();
+            CHECK(in == message(800, partner, bytes), "the 4 MiB from rank %d differ", partner);
+        }
+        comm.timeout_s = timeout_s;
+        ok("pairwise exchange of 4 MiB: both ranks send before either receives, and it completes");
+    }
+
+    void p2p_errors() {
+        char byte = 0;
+        expect_error("send to rank world_size", "peer must be another rank", [&] { comm.send(&byte, 1, world); });
+        expect_error("recv from rank -1", "peer must be another rank", [&] { comm.recv(&byte, 1, -1); });
+        expect_error("send to itself", "peer must be another rank", [&] { comm.send(&byte, 1, rank); });
+        std::string expected = strformat("send of 1 bytes to rank %d on rank %d of %d", world, rank, world);
+        expect_error("send to rank world_size", expected.c_str(), [&] { comm.send(&byte, 1, world); });
+        expect_error("split with a negative color", "color must be >= 0", [&] { comm.split(-1, 0); });
+        ok("send/recv to a rank outside the communicator or to itself, and a negative split color, fail at issue");
     }
 
     void ranks_agree() {
@@ -350,9 +416,192 @@ struct Suite {
         barrier();
         asynchrony();
         argument_errors();
+        send_recv();
+        p2p_errors();
         ranks_agree();
     }
 };
+
+// ---- sub-groups ----
+
+static std::string ranks_text(const std::vector<int>& ranks) {
+    std::string text = "{";
+    for (size_t i = 0; i < ranks.size(); i++) text += strformat(i ? ",%d" : "%d", ranks[i]);
+    return text + "}";
+}
+
+// `group` must consist of exactly the world ranks `members`, in group-rank order. Every rank
+// contributes data derived from its WORLD rank, so a group with other ranks, or in another order,
+// gives other values. The values are multiples of 1/8, so every sum is exact in f32 and bf16.
+static void check_group_members(Communicator& group, const std::vector<int>& members, int world_rank) {
+    const int n = (int)members.size(), me = group.rank();
+    CHECK(group.world_size() == n && members[me] == world_rank, "world rank %d is rank %d of %d in its group, expected %s",
+          world_rank, me, group.world_size(), ranks_text(members).c_str());
+    const size_t count = 1000;
+    auto value = [](uint64_t seed, int world_r, size_t i) { return bf16_to_f(bf16_exact_at(seed, world_r, i)); };
+    auto sum = [&](uint64_t seed, size_t i) {
+        float total = 0;
+        for (int m : members) total += value(seed, m, i);
+        return total;
+    };
+    // all_reduce, f32 and bf16
+    std::vector<float> f(count);
+    std::vector<uint16_t> h(count);
+    for (size_t i = 0; i < count; i++) f[i] = value(900, world_rank, i), h[i] = bf16_exact_at(901, world_rank, i);
+    CommHandle reduce_f = group.all_reduce_sum(f.data(), count, CommDtype::F32);
+    CommHandle reduce_h = group.all_reduce_sum(h.data(), count, CommDtype::BF16);
+    reduce_f.wait();
+    reduce_h.wait();
+    for (size_t i = 0; i < count; i++) {
+        CHECK(f[i] == sum(900, i), "all_reduce f32 element %zu: %g, expected the sum over %s, %g", i, f[i],
+              ranks_text(members).c_str(), sum(900, i));
+        CHECK(bf16_to_f(h[i]) == sum(901, i), "all_reduce bf16 element %zu: %g, expected %g", i, bf16_to_f(h[i]), sum(901, i));
+    }
+    // reduce_scatter: block [me] of the sum
+    std::vector<float> whole(n * count), mine(count);
+    for (size_t i = 0; i < n * count; i++) whole[i] = value(902, world_rank, i);
+    group.reduce_scatter_sum(whole.data(), mine.data(), count, CommDtype::F32).wait();
+    for (size_t i = 0; i < count; i++)
+        CHECK(mine[i] == sum(902, me * count + i), "reduce_scatter element %zu: %g, expected %g", i, mine[i],
+              sum(902, me * count + i));
+    // all_gather in place: block r is member r's
+    std::vector<uint16_t> gathered(n * count);
+    for (size_t i = 0; i < count; i++) gathered[me * count + i] = bf16_exact_at(903, world_rank, i);
+    group.all_gather(&gathered[me * count], gathered.data(), count, CommDtype::BF16).wait();
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i++)
+            CHECK(gathered[r * count + i] == bf16_exact_at(903, members[r], i), "all_gather block %d (world rank %d) element %zu",
+                  r, members[r], i);
+    // broadcast from the group's last rank
+    std::vector<char> bytes = me == n - 1 ? Suite::message(904, world_rank, count) : std::vector<char>(count);
+    group.broadcast(bytes.data(), count, n - 1).wait();
+    CHECK(bytes == Suite::message(904, members[n - 1], count), "broadcast: not world rank %d's bytes", members[n - 1]);
+    // a ring of messages
+    if (n > 1) {
+        const int next = (me + 1) % n, prev = (me + n - 1) % n;
+        std::vector<char> out = Suite::message(905, world_rank, count), in(count);
+        CommHandle sent = group.send(out.data(), count, next);
+        group.recv(in.data(), count, prev).wait();
+        sent.wait();
+        CHECK(in == Suite::message(905, members[prev], count), "recv from group rank %d: not world rank %d's bytes", prev,
+              members[prev]);
+    }
+    group.barrier().wait();
+}
+
+// Splits world by color_of/key_of (functions of the world rank), checks the members of this rank's
+// group, and runs the whole suite on it; both groups at once.
+template <typename Color, typename Key>
+static void check_split(Communicator& world, const char* how, Color color_of, Key key_of) {
+    const int rank = world.rank(), n = world.world_size();
+    std::vector<int> members;
+    for (int r = 0; r < n; r++)
+        if (color_of(r) == color_of(rank)) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return key_of(a) < key_of(b); });
+    std::unique_ptr<Communicator> group = world.split(color_of(rank), key_of(rank));
+    check_group_members(*group, members, rank);
+    Suite suite(*group);
+    suite.prints = false;
+    suite.run();
+    world.barrier().wait();  // every group passed
+    if (rank == 0) printf("ok  [%s, %d ranks] split %s: each group has exactly its ranks, and the whole suite passes on it\n",
+                          world.backend(), n, how);
+    fflush(stdout);
+}
+
+static void check_process_groups(Communicator& world, const ParallelDims& dims) {
+    ProcessGroups groups(world, dims);
+    for (MeshDim dim : kMeshDims) {
+        Communicator& group = groups.group(dim);
+        check_group_members(group, dims.group_ranks(dim, world.rank()), world.rank());
+        CHECK((&group == &world) == (dims.size(dim) == world.world_size()),
+              "the %s group should be the world communicator exactly when it spans the world", mesh_dim_name(dim));
+    }
+    world.barrier().wait();
+    if (world.rank() == 0) printf("ok  [%s, %d ranks] process groups of the mesh %s have the mesh's ranks\n", world.backend(),
+                                  world.world_size(), dims.describe().c_str());
+    fflush(stdout);
+}
+
+static void check_groups(Communicator& world) {
+    const int n = world.world_size();
+    if (n < 2) return;
+    check_split(world, "into halves, ranked by rank", [n](int r) { return r < (n + 1) / 2 ? 0 : 1; },
+                [](int r) { return r; });
+    check_split(world, "by parity, ranked in reverse", [](int r) { return r % 2; }, [n](int r) { return n - r; });
+    check_process_groups(world, ParallelDims::data_parallel(n));
+    if (n == 4) {
+        ParallelDims dims;
+        dims.dp = 2;
+        dims.tp = 2;
+        check_process_groups(world, dims);
+    }
+}
+
+// Ranks {0,1} and {2,3} form groups. In {2,3} rank 3 never joins an all_reduce: rank 2 must time out
+// with an error naming it, its group is broken, and its world communicator still works: rank 2 tells
+// rank 0 over the world. Group {0,1} runs checked all_reduces the whole time and still after
+// hearing of the timeout. Then rank 2 times out on a recv from rank 3 and aborts with code 3.
+static void group_timeout_test(Communicator& world, const Launch& launch) {
+    const int rank = world.rank();
+    CHECK(world.world_size() == 4, "--group-timeout-test needs 4 ranks, got %d", world.world_size());
+    std::unique_ptr<Communicator> group = world.split(rank / 2, rank);
+    if (rank == 3) {
+        std::this_thread::sleep_for(std::chrono::seconds(10));  // the aborting rank ends the launch long before
+        return;
+    }
+    int note = 0;
+    if (rank == 2) {
+        group->timeout_s = 1.5;
+        std::vector<float> buf(1024, 1.0f);
+        auto start = Clock::now();
+        std::string error;
+        try {
+            group->all_reduce_sum(buf.data(), buf.size(), CommDtype::F32).wait();
+        } catch (const Error& e) {
+            error = e.what();
+        }
+        double elapsed_s = seconds_since(start);
+        const char* expected = "all_reduce of 1024 f32 timed out after 1.5 s on rank 0 of 2";
+        CHECK(strstr(error.c_str(), expected), "message '%s' lacks '%s'", error.c_str(), expected);
+        CHECK(elapsed_s >= 1.5 && elapsed_s < 5, "timed out after %.3f s, expected 1.5 s", elapsed_s);
+        fprintf(stderr, "rank 2: error: %s\n", error.c_str());
+        Suite::expect_error("a barrier on the broken group", "because an earlier collective failed",
+                            [&] { group->barrier().wait(); });
+        note = 1;
+        world.send(&note, sizeof note, 0).wait();
+        world.recv(&note, sizeof note, 0).wait();  // rank 0 saw its group carry on
+
+        world.timeout_s = 1.0;
+        double value = 0;
+        Suite::expect_error("a recv from the absent rank", "recv of 8 bytes from rank 3 timed out after 1.0 s on rank 2 of 4",
+                            [&] { world.recv(&value, sizeof value, 3).wait(); });
+        printf("ok  [%s, 4 ranks] a recv from the absent rank timed out after 1.0 s naming itself\n", world.backend());
+        fflush(stdout);
+        abort_launch(launch, 3);
+    }
+    // Ranks 0 and 1: checked all_reduces on their group until rank 0 has heard from rank 2, then one more.
+    CommHandle heard;
+    if (rank == 0) heard = world.recv(&note, sizeof note, 2);
+    for (int round = 0, last = 0;; round++) {
+        float values[2] = {(float)(rank + round), (float)(rank == 0 && heard.done())};
+        group->all_reduce_sum(values, 2, CommDtype::F32).wait();
+        CHECK(values[0] == (float)(1 + 2 * round), "round %d: group {0,1} summed %g, expected %d", round, values[0],
+              1 + 2 * round);
+        if (last) {
+            if (rank == 0) {
+                printf("ok  [%s, 4 ranks] group {0,1} ran %d checked all_reduces while group {2,3} timed out, and one "
+                       "after\n", world.backend(), round + 1);
+                fflush(stdout);
+                world.send(&note, sizeof note, 2).wait();
+            }
+            std::this_thread::sleep_for(std::chrono::seconds(10));  // rank 2 aborts the launch
+            fail("the launch was not aborted");
+        }
+        last = values[1] > 0;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+}
 
 // The last rank never joins; every other rank's all_reduce must fail with a timeout that names it,
 // every later collective must fail at once with the same cause, and the launch ends with code 3.
@@ -398,7 +647,9 @@ int main(int argc, char** argv) {
     try {
         launch = bootstrap_launch(&argc, &argv);
         bool timeout_mode = argc > 1 && strcmp(argv[1], "--timeout-test") == 0;
-        CHECK(argc == 1 || timeout_mode, "unknown argument '%s' (the only one is --timeout-test)", argv[1]);
+        bool group_timeout_mode = argc > 1 && strcmp(argv[1], "--group-timeout-test") == 0;
+        CHECK(argc == 1 || timeout_mode || group_timeout_mode,
+              "unknown argument '%s' (the only ones are --timeout-test and --group-timeout-test)", argv[1]);
         {
             std::unique_ptr<Communicator> comm = make_host_communicator(launch);
             CHECK(comm->rank() == launch.rank && comm->world_size() == launch.world_size,
@@ -408,9 +659,12 @@ int main(int argc, char** argv) {
                   "local rank %d of %d in a world of %d", launch.local_rank, launch.local_size, launch.world_size);
             if (timeout_mode) {
                 timeout_test(*comm, launch);
+            } else if (group_timeout_mode) {
+                group_timeout_test(*comm, launch);
             } else {
                 auto start = Clock::now();
                 Suite(*comm).run();
+                check_groups(*comm);
                 if (launch.world_size == 1 && launch.under_launcher) {
                     LocalComm local;  // one rank under mpirun: LocalComm gets the same checks
                     Suite(local).run();

@@ -1,0 +1,115 @@
+// parallel_dims.h: the device mesh, how the launch's ranks are laid out over the kinds of parallelism.
+//
+// The idea: a rank is a point in a 4-d grid (dp, pp, cp, tp) numbered row-major with tp innermost,
+// so the ranks of a tensor-parallel group (the chattiest) are adjacent and land on one node, then
+// context, then pipeline, with data parallelism outermost. A group along one dimension is the set
+// of ranks that differ only in that coordinate, listed in the order of that coordinate, which is
+// also each member's rank inside the group. Pure arithmetic: no communicator, no MPI, so it is
+// unit-tested alone; process_groups.h turns it into communicators.
+//
+// Only data parallelism exists today (tp = pp = cp = 1); the other sizes are room for tensor,
+// pipeline and context parallelism.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "llmc/utils.h"
+
+namespace llmc {
+
+// The mesh's dimensions, outermost first (the order of the coordinates in a rank's number).
+enum class MeshDim { DP, PP, CP, TP };
+constexpr std::array<MeshDim, 4> kMeshDims = {MeshDim::DP, MeshDim::PP, MeshDim::CP, MeshDim::TP};
+
+inline const char* mesh_dim_name(MeshDim dim) {
+    switch (dim) {
+        case MeshDim::DP: return "dp";
+        case MeshDim::PP: return "pp";
+        case MeshDim::CP: return "cp";
+        case MeshDim::TP: return "tp";
+    }
+    return "?";
+}
+
+// A rank's place in the mesh: one coordinate per dimension, indexed by MeshDim.
+struct MeshCoord {
+    std::array<int, 4> at{};
+    int& operator[](MeshDim dim) { return at[(int)dim]; }
+    int operator[](MeshDim dim) const { return at[(int)dim]; }
+};
+
+struct ParallelDims {
+    int dp = 1;  // data parallel: replicas (or ZeRO shards) of the model on different data
+    int tp = 1;  // tensor parallel: one layer's matrices split over ranks
+    int pp = 1;  // pipeline parallel: consecutive layers on different ranks
+    int cp = 1;  // context parallel: one sequence split over ranks
+
+    // Every rank in data parallelism, the only kind there is today.
+    static ParallelDims data_parallel(int world_size) {
+        ParallelDims dims;
+        dims.dp = world_size;
+        return dims;
+    }
+
+    int size(MeshDim dim) const {
+        switch (dim) {
+            case MeshDim::DP: return dp;
+            case MeshDim::PP: return pp;
+            case MeshDim::CP: return cp;
+            case MeshDim::TP: return tp;
+        }
+        return 0;
+    }
+    // The number of ranks the mesh needs (as a long long: a product of bad sizes may overflow int).
+    long long ranks() const { return (long long)dp * tp * pp * cp; }
+    std::string describe() const { return strformat("dp %d x pp %d x cp %d x tp %d", dp, pp, cp, tp); }
+
+    // Fails unless every size is positive and the mesh has exactly world_size ranks.
+    void validate(int world_size) const {
+        for (MeshDim dim : kMeshDims)
+            if (size(dim) < 1)
+                fail(strformat("parallel dims %s: %s must be at least 1, got %d", describe().c_str(), mesh_dim_name(dim),
+                               size(dim)));
+        if (ranks() != world_size)
+            fail(strformat("parallel dims %s need %lld ranks, but the launch has %d", describe().c_str(), ranks(),
+                           world_size));
+    }
+
+    // Row-major over (dp, pp, cp, tp): tp varies fastest.
+    MeshCoord coord_of(int rank) const {
+        check_rank(rank);
+        MeshCoord c;
+        for (int i = (int)kMeshDims.size() - 1; i >= 0; i--) {
+            c.at[i] = rank % size(kMeshDims[i]);
+            rank /= size(kMeshDims[i]);
+        }
+        return c;
+    }
+    int rank_of(const MeshCoord& c) const {
+        int rank = 0;
+        for (MeshDim dim : kMeshDims) rank = rank * size(dim) + c[dim];
+        return rank;
+    }
+
+    // The ranks of `rank`'s group along `dim`, ordered by their coordinate along dim (so a rank's
+    // index in the list is its rank in the group).
+    std::vector<int> group_ranks(MeshDim dim, int rank) const {
+        MeshCoord c = coord_of(rank);
+        std::vector<int> ranks;
+        for (c[dim] = 0; c[dim] < size(dim); c[dim]++) ranks.push_back(rank_of(c));
+        return ranks;
+    }
+    // Which group along dim `rank` is in: the same number for every member, different between groups
+    // (the lowest rank of the group). The colour to split a communicator by.
+    int group_id(MeshDim dim, int rank) const { return group_ranks(dim, rank).front(); }
+
+private:
+    void check_rank(int rank) const {
+        if (rank < 0 || rank >= ranks())
+            fail(strformat("rank %d is not in the mesh %s of %lld ranks", rank, describe().c_str(), ranks()));
+    }
+};
+
+}  // namespace llmc

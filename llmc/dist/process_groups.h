@@ -1,0 +1,60 @@
+// process_groups.h: the device mesh's communicators: one per dimension (dp, pp, cp, tp), each over
+// the ranks of this rank's group along that dimension, split from the world's communicator.
+//
+// The idea: a group along a dimension is the ranks that share every other coordinate
+// (parallel_dims.h), so splitting the world by "which group" as colour and "coordinate along the
+// dimension" as key gives every rank its group with its rank in it equal to its coordinate. A group
+// that spans the whole world (dp today) is the world communicator itself rather than a copy, and a
+// group of one is a LocalComm (no split, no communication thread).
+#pragma once
+
+#include <array>
+#include <memory>
+
+#include "llmc/dist/comm.h"
+#include "llmc/dist/parallel_dims.h"
+#include "llmc/utils.h"
+
+namespace llmc {
+
+class ProcessGroups {
+public:
+    const ParallelDims& dims() const { return dims_; }
+    Communicator& world() const { return *world_; }
+    Communicator& group(MeshDim dim) const { return *group_[(int)dim]; }
+    Communicator& dp() const { return group(MeshDim::DP); }
+    Communicator& pp() const { return group(MeshDim::PP); }
+    Communicator& cp() const { return group(MeshDim::CP); }
+    Communicator& tp() const { return group(MeshDim::TP); }
+
+    // Collective over world: every rank calls it with the same dims. world must outlive the groups.
+    ProcessGroups(Communicator& world, const ParallelDims& dims) : dims_(dims), world_(&world) {
+        dims.validate(world.world_size());
+        const int rank = world.rank();
+        const MeshCoord coord = dims.coord_of(rank);
+        for (MeshDim dim : kMeshDims) {
+            Communicator* comm = &world;
+            if (dims.size(dim) == 1 && world.world_size() > 1) {
+                owned_[(int)dim] = std::make_unique<LocalComm>();  // a group of one needs no messages
+                comm = owned_[(int)dim].get();
+            } else if (dims.size(dim) != world.world_size()) {
+                owned_[(int)dim] = world.split(dims.group_id(dim, rank), coord[dim]);
+                comm = owned_[(int)dim].get();
+            }
+            if (comm->world_size() != dims.size(dim) || comm->rank() != coord[dim])
+                fail(strformat("the %s group of rank %d (mesh %s) has %d ranks with this one at %d; expected %d ranks "
+                               "with it at %d",
+                               mesh_dim_name(dim), rank, dims.describe().c_str(), comm->world_size(), comm->rank(),
+                               dims.size(dim), coord[dim]));
+            group_[(int)dim] = comm;
+        }
+    }
+
+private:
+    ParallelDims dims_;
+    Communicator* world_;
+    std::array<std::unique_ptr<Communicator>, 4> owned_;  // the groups split from world
+    std::array<Communicator*, 4> group_{};                  // each dimension's group: owned, or world
+};
+
+}  // namespace llmc
