@@ -277,8 +277,8 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     // the parameters after the header are the flat buffer in file order, and back
     const ParamLayout layout(fx.config);
     const std::vector<float> file_order = in_file_order(layout, model.params());
-    REQUIRE(reference.size() == MODEL_FILE_HEADER_BYTES + file_order.size() * sizeof(float));
-    CHECK(std::memcmp(reference.data() + MODEL_FILE_HEADER_BYTES, file_order.data(),
+    REQUIRE(reference.size() == LLMC_HEADER_BYTES + file_order.size() * sizeof(float));
+    CHECK(std::memcmp(reference.data() + LLMC_HEADER_BYTES, file_order.data(),
                       file_order.size() * sizeof(float)) == 0);
     std::vector<float> flat(layout.num_params);
     from_file_order(layout, file_order.data(), flat.data());
