@@ -16,6 +16,7 @@
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/utils.h"
+#include "test/file_order.h"
 #include "test/rel_error.h"
 
 using namespace llmc;

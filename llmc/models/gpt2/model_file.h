@@ -60,16 +60,6 @@ inline std::vector<ParamLayout::Segment> file_order_segments(const ParamLayout& 
     return segs;
 }
 
-// Copies a whole flat (bucket-major) buffer into llm.c file order, and back; num_params floats each.
-inline void to_file_order(const ParamLayout& layout, const float* flat, float* file_order) {
-    for (const ParamLayout::Segment& s : file_order_segments(layout))
-        std::memcpy(file_order + layout.file_offset(s.tensor, s.layer), flat + s.begin, (s.end - s.begin) * sizeof(float));
-}
-inline void from_file_order(const ParamLayout& layout, const float* file_order, float* flat) {
-    for (const ParamLayout::Segment& s : file_order_segments(layout))
-        std::memcpy(flat + s.begin, file_order + layout.file_offset(s.tensor, s.layer), (s.end - s.begin) * sizeof(float));
-}
-
 // The shape stored in a model file's header (the file is opened, the parameters are not read).
 inline ModelConfig read_model_header(const std::string& path) {
     File f(path, "rb");
