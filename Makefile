@@ -92,7 +92,9 @@ $(BUILD)/%.o: %.cpp | deps
 $(BUILD)/test/catch_impl.o: CXXFLAGS += -O1
 $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
-test: all data $(BUILD)/test_llmc
+# test_comm and test_zero are listed here as well as under test-mpi so that under -j they compile
+# alongside everything else, not after the Catch2 suite has run.
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero
 	$(BUILD)/test_llmc
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
