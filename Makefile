@@ -1,28 +1,24 @@
 # llmc build. `make` builds the CPU trainer and, where nvcc exists, the CUDA trainer.
 #   make              train_gpt_cpu (+ train_gpt if nvcc is found)
 #   make train        prepare the default corpus, then train the default model on the CPU
-#   make test         prepare test data, build and run the Catch2 tests, then test-mpi
+#   make test         prepare test data, build and run the Catch2 tests, check that every .h compiles
+#                     without nvcc (test/check_headers.sh), then test-mpi
 #   make test-mpi     communicator and ZeRO tests under mpirun with 1-4 ranks (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
 #                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
+# Compilers, flags and the GPU architecture list (CUDA_ARCH) are in make/flags.mk, shared with dev/cuda.
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build, NO_MPI=1 to build without MPI (one rank only),
 # SKIP_DEPS=1 to not check for (or install) Debian packages, EXTRA_INC=-I<dir> for headers elsewhere,
 # NO_NCCL=1 / NCCL_LIB=... for a machine without NCCL in the linker's path (see below).
 
-CXX       ?= g++
-CUDA_HOME ?= /usr/local/cuda
-NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ROOT      := .
+include make/flags.mk
 PYTHON    ?= /usr/bin/python3
 BUILD     := build
 
-CXXFLAGS  ?= -O3 -march=native
-CXXFLAGS  += -std=c++20 -fopenmp -Wall -Wextra -Werror=return-type -I.
-LDFLAGS   += -fopenmp
-NVCCFLAGS ?= -O3 -std=c++20 -I. --expt-relaxed-constexpr \
-             -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
 # NCCL_LIB: how to link NCCL (e.g. "-L<dir> -l:libnccl.so.2" for a pip wheel's copy); NO_NCCL=1
 # builds train_gpt without it (--gpu-comm mpi only).
 NCCL_LIB  ?= -lnccl
@@ -33,17 +29,18 @@ HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda \
              $(BUILD)/test_cuda_host $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
-# MPI's include flags for compilers other than mpicxx (nvcc); only the -I part, which nvcc takes as is.
-# MPI's link flags, minus the C++ bindings library, which llmc does not use.
+# MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
+# as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
+# Both are asked of mpicxx when a recipe first uses them, not when this file is read: on a fresh
+# machine the deps target installs OpenMPI first (so `make` works there in one go). Each is then
+# stored, so mpicxx runs once per make.
 ifeq ($(NO_MPI),1)
 MPI_INC   := -DLLMC_NO_MPI
 MPI_LIBS  :=
 else
-MPI_INC   := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
-MPI_LIBS  := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null))
+MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null)))$(MPI_INC)
+MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
-CXXFLAGS  += $(EXTRA_INC)
-NVCCFLAGS += $(EXTRA_INC)
 
 .PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data clean
 all: deps $(TARGETS)
@@ -90,20 +87,33 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 $(BUILD)/%.o: %.cpp | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+# Catch2's implementation (catch_impl.cpp) and main (test_main.cpp) are objects of their own, compiled
+# once by g++ and linked into the CUDA tests too: compiled by nvcc, Catch2 alone took longer than the
+# rest of a test file. Its speed does not matter, so it is compiled at -O1 (half the time of -O3).
+$(BUILD)/test/catch_impl.o: CXXFLAGS += -O1
 $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
-test: all data $(BUILD)/test_llmc
+# test_comm and test_zero are listed here as well as under test-mpi so that under -j they compile
+# alongside everything else, not after the Catch2 suite has run.
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/headers.ok
 	$(BUILD)/test_llmc
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
 
-# Communicator tests: a standalone MPI program (Catch2 does not run under mpirun), run by the script.
+# The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
+$(BUILD)/headers.ok: $(HEADERS) test/check_headers.sh | deps
+	@mkdir -p $(dir $@)
+	test/check_headers.sh $(CXX) $(MPI_INC) $(EXTRA_INC)
+	@touch $@
+
+# Communicator and ZeRO tests: standalone MPI programs (Catch2 does not run under mpirun), run by the
+# scripts; built like train_gpt_cpu.
 $(BUILD)/test_comm: test/mpi/test_comm.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
-	$(MPICXX) -std=c++20 -O2 -Wall -Wextra -I. $< -o $@ -pthread
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) -pthread $(MPI_LIBS)
 $(BUILD)/test_zero: test/mpi/test_zero.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
-	$(MPICXX) -std=c++20 -O3 -march=native -fopenmp -Wall -Wextra -I. $< -o $@
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero train_gpt_cpu
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
@@ -114,17 +124,17 @@ clean:
 -include $(TEST_OBJS:.o=.d)
 
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
-CUDA_BIN_FLAGS := -Xcompiler -fopenmp,-march=native
-$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) | deps
+# The GPU tests have their own main (it skips without a GPU); they link Catch2's implementation.
+$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # The CUDA model's host-side logic (memory plan, activation layout, validation): runs without a GPU.
-$(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) | deps
+$(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 $(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_BIN_FLAGS) $< -o $@ -lcublasLt -lgomp
+	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< -o $@ $(CUDA_LIBS)
 cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/llmc_header.h"
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 
@@ -54,9 +55,8 @@ inline void from_json(const nlohmann::json& j, DataLoaderState& s) {
 
 class DataLoader {
 public:
-    static constexpr int32_t kShardMagic = 20240520;
+    static constexpr int32_t kShardMagic = TOKEN_SHARD_MAGIC;
     static constexpr int32_t kShardVersion = 1;
-    static constexpr int64_t kHeaderBytes = 256 * sizeof(int32_t);
 
     DataLoader(const std::string& glob_pattern, int B, int T, int rank, int world_size, int vocab_size,
                bool shuffle, uint64_t seed)
@@ -148,19 +148,13 @@ private:
     Shard open_shard(const std::string& path) const {
         File f(path, "rb");
         int64_t file_bytes = f.size();
-        int32_t header[256];
-        f.read(header, 256, "shard header");
-        if (header[0] != kShardMagic)
-            fail(strformat("'%s': bad magic %d in shard header (byte offset 0); expected %d", path.c_str(),
-                           header[0], kShardMagic));
-        if (header[1] != kShardVersion)
-            fail(strformat("'%s': unsupported shard version %d (byte offset 4); expected %d", path.c_str(),
-                           header[1], kShardVersion));
+        const LlmcHeader header = read_llmc_header(f, kShardMagic);
+        if (header[1] != kShardVersion) fail_llmc_version(f, kShardMagic, header[1], "1");
         int64_t num_tokens = header[2];
         if (num_tokens < 0)
             fail(strformat("'%s': negative token count %lld in shard header (byte offset 8)", path.c_str(),
                            (long long)num_tokens));
-        int64_t expected_bytes = kHeaderBytes + 2 * num_tokens;
+        int64_t expected_bytes = LLMC_HEADER_BYTES + 2 * num_tokens;
         if (file_bytes < expected_bytes)
             fail(strformat("'%s' is truncated: its header promises %lld tokens (%lld bytes in all), but the data "
                            "ends at byte offset %lld",
@@ -224,7 +218,7 @@ private:
 
     // Reads B*T+1 tokens starting at token `first_token` of the shard and checks each id.
     void read_window(const Shard& shard, int64_t first_token) {
-        int64_t first_byte = kHeaderBytes + 2 * first_token;
+        int64_t first_byte = LLMC_HEADER_BYTES + 2 * first_token;
         file_->seek(first_byte);
         file_->read(window_tokens_.data(), window_tokens_.size(), "tokens");
         for (size_t i = 0; i < window_tokens_.size(); i++)

@@ -11,26 +11,21 @@
 #include <string>
 #include <vector>
 
+#include "llmc/llmc_header.h"
 #include "llmc/utils.h"
 
 namespace llmc {
 
 class Tokenizer {
 public:
-    static constexpr int32_t kMagic = 20240328;
-    static constexpr int kHeaderInts = 256;
+    static constexpr int32_t kMagic = TOKENIZER_MAGIC;
     static constexpr int kGpt2EotToken = 50256;  // version 1 files have no eot field: GPT-2's
 
     explicit Tokenizer(const std::string& path) {
         File f(path, "rb");
-        int32_t header[kHeaderInts];
-        f.read(header, kHeaderInts, "tokenizer header");
-        if (header[0] != kMagic)
-            fail(strformat("'%s' is not a tokenizer file: magic number is %d, expected %d "
-                           "(regenerate it with `make data`)", path.c_str(), header[0], kMagic));
+        const LlmcHeader header = read_llmc_header(f, kMagic, " (regenerate it with `make data`)");
         int version = header[1];
-        if (version != 1 && version != 2)
-            fail(strformat("'%s': unsupported tokenizer version %d, expected 1 or 2", path.c_str(), version));
+        if (version != 1 && version != 2) fail_llmc_version(f, kMagic, version, "1 or 2");
         int vocab_size = header[2];
         if (vocab_size <= 0)
             fail(strformat("'%s': vocab size is %d, expected a positive number", path.c_str(), vocab_size));

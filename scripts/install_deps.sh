@@ -21,7 +21,36 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "install them with:  sudo apt-get update && sudo apt-get install -y$missing" >&2
     exit 1
 fi
+# Another install (unattended-upgrades, a second apt-get) may hold the package manager's locks: wait
+# for them, up to LOCK_WAIT_S seconds (default 600), instead of failing. dpkg and apt take fcntl locks,
+# which /proc/locks lists by inode, so no extra tool is needed to see who holds one. apt-get's own
+# DPkg::Lock::Timeout covers the dpkg lock taken after the check (it does not apply to `update`).
+LOCK_WAIT_S="${LOCK_WAIT_S:-600}"
+wait_for_package_locks() {
+    local waited=0 lock inode holder
+    while :; do
+        holder=""
+        for lock in /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock; do
+            [ -e "$lock" ] || continue
+            inode=$(stat -c %i "$lock")
+            # /proc/locks: "1: POSIX ADVISORY WRITE <pid> <major>:<minor>:<inode> <start> <end>"
+            holder=$(awk -v inode="$inode" '{ n = split($6, id, ":"); if (id[n] == inode) { print $5; exit } }' /proc/locks)
+            [ -n "$holder" ] && break
+        done
+        [ -z "$holder" ] && return 0
+        if [ "$waited" -ge "$LOCK_WAIT_S" ]; then
+            echo "install_deps: $lock is still held by process $holder after ${LOCK_WAIT_S}s; giving up" >&2
+            return 1
+        fi
+        [ $((waited % 30)) -eq 0 ] && echo "install_deps: waiting for $lock, held by process $holder ($(cat /proc/$holder/comm 2>/dev/null || echo '?')), ${waited}s of at most ${LOCK_WAIT_S}s"
+        sleep 5
+        waited=$((waited + 5))
+    done
+}
+
 echo "installing:$missing"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq $missing >/dev/null
+wait_for_package_locks
+apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" update -qq
+wait_for_package_locks
+apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" install -y -qq $missing >/dev/null

@@ -235,7 +235,7 @@ TEST_CASE("dataloader: bad inputs are errors naming the file and what was expect
         spec.magic = 1234;
         write_shard(dir.file("m.bin"), shard_tokens(0, ok_tokens), spec);
         REQUIRE_THROWS_WITH(open(dir.file("m.bin")),
-                            Contains("m.bin") && Contains("magic 1234") && Contains("expected 20240520"));
+                            Contains("m.bin") && Contains("magic number 1234") && Contains("expected 20240520"));
     }
     SECTION("wrong version") {
         ShardSpec spec;

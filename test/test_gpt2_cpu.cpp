@@ -16,6 +16,7 @@
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/utils.h"
+#include "test/file_order.h"
 #include "test/rel_error.h"
 
 using namespace llmc;
@@ -277,8 +278,8 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     // the parameters after the header are the flat buffer in file order, and back
     const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> file_order = in_file_order(layout, model.params());
-    REQUIRE(reference.size() == MODEL_FILE_HEADER_BYTES + file_order.size() * sizeof(float));
-    CHECK(std::memcmp(reference.data() + MODEL_FILE_HEADER_BYTES, file_order.data(),
+    REQUIRE(reference.size() == LLMC_HEADER_BYTES + file_order.size() * sizeof(float));
+    CHECK(std::memcmp(reference.data() + LLMC_HEADER_BYTES, file_order.data(),
                       file_order.size() * sizeof(float)) == 0);
     std::vector<float> flat(layout.num_params);
     from_file_order(layout, file_order.data(), flat.data());

@@ -84,7 +84,7 @@ std::string write_tokenizer_file(const std::string& path, int32_t magic, int32_t
 
 }  // namespace
 
-TEST_CASE("tokenizer decodes every GPT-2 token to its encoder.json bytes", "[tokenizer]") {
+TEST_CASE("tokenizer decodes every GPT-2 token to its encoder.json bytes", "[tokenizer][data]") {
     require_data_file(kTokenizerPath);
     require_data_file(kEncoderPath);
     llmc::Tokenizer tok(kTokenizerPath);
@@ -121,7 +121,7 @@ TEST_CASE("tokenizer decodes every GPT-2 token to its encoder.json bytes", "[tok
     CHECK(std::count(seen.begin(), seen.end(), false) == 0);
 }
 
-TEST_CASE("tokenizer decodes the Python encoder's ids back to the original text", "[tokenizer]") {
+TEST_CASE("tokenizer decodes the Python encoder's ids back to the original text", "[tokenizer][data]") {
     require_data_file(kTokenizerPath);
     llmc::Tokenizer tok(kTokenizerPath);
     auto fixture = nlohmann::json::parse(llmc::read_text_file(kFixturePath));
@@ -135,7 +135,7 @@ TEST_CASE("tokenizer decodes the Python encoder's ids back to the original text"
     CHECK(tok.decode(std::vector<int>{15496, 995}) == "Hello world");
 }
 
-TEST_CASE("tokenizer rejects out-of-range ids", "[tokenizer]") {
+TEST_CASE("tokenizer rejects out-of-range ids", "[tokenizer][data]") {
     require_data_file(kTokenizerPath);
     llmc::Tokenizer tok(kTokenizerPath);
     REQUIRE_THROWS_WITH(tok.decode(50257), Catch::Contains("50257") && Catch::Contains("out of range"));

@@ -11,7 +11,7 @@
 
 using namespace llmc;
 
-TEST_CASE("a short CPU training run lowers the validation loss well below ln(vocab)", "[training]") {
+TEST_CASE("a short CPU training run lowers the validation loss well below ln(vocab)", "[training][data]") {
     const char* shard = "data/default/default_train_000000.bin";
     if (!std::ifstream(shard).good()) FAIL("the default corpus is missing: run `make data` (make test does it first)");
 

@@ -41,7 +41,7 @@ __global__ void layernorm_forward_v1_kernel(floatX* out, float* mean, float* rst
         const float centered = __bfloat162float(x[c]) - m;
         squares += centered * centered;
     }
-    const float s = 1.0f / sqrtf(squares / C + llmc::LAYERNORM_EPSILON);
+    const float s = 1.0f / sqrtf(squares / C + llmc::LAYERNORM_EPS);
     for (int c = 0; c < C; c++) {
         const float norm = (__bfloat162float(x[c]) - m) * s;
         out[(size_t)row * C + c] = __float2bfloat16_rn(norm * __bfloat162float(weight[c]) + __bfloat162float(bias[c]));

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
+#include "llmc/layernorm_eps.h"
 
 namespace llmc {
 namespace cpu {
@@ -94,8 +95,6 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
         }
     });
 }
-
-constexpr float LAYERNORM_EPS = 1e-5f;
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                               const float* bias, int rows, int C) {

@@ -12,10 +12,9 @@
 #include <algorithm>
 
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/layernorm_eps.h"
 
 namespace llmc {
-
-constexpr float LAYERNORM_EPSILON = 1e-5f;  // as cpu::LAYERNORM_EPS and GPT-2
 
 // Rows up to 32 lanes x 8 vectors x 8 channels = 2048 channels are held in registers.
 constexpr int LAYERNORM_MAX_CHUNKS_PER_LANE = 8;
@@ -74,7 +73,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
             }
         }
     }
-    const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPSILON);
+    const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPS);
 
     floatX* o = out + (size_t)row * C;
 #pragma unroll
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
             squares += centered * centered;
         }
     }
-    const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPSILON);
+    const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPS);
 
     floatX* o = out + (size_t)row * C;
     for (int chunk = lane; chunk < chunks; chunk += WARP_SIZE) {

@@ -201,14 +201,4 @@ private:
     int first_layer_bucket_ = -1;
 };
 
-// Copies a whole flat (bucket-major) buffer into file order, and back; num_params floats each.
-inline void to_file_order(const ParamLayout& layout, const float* flat, float* file_order) {
-    for (const ParamLayout::Segment& s : layout.file_order_segments())
-        std::memcpy(file_order + layout.file_offset(s.tensor, s.layer), flat + s.begin, (s.end - s.begin) * sizeof(float));
-}
-inline void from_file_order(const ParamLayout& layout, const float* file_order, float* flat) {
-    for (const ParamLayout::Segment& s : layout.file_order_segments())
-        std::memcpy(flat + s.begin, file_order + layout.file_offset(s.tensor, s.layer), (s.end - s.begin) * sizeof(float));
-}
-
 }  // namespace llmc

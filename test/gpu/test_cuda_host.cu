@@ -1,7 +1,6 @@
 // Host-side tests of the CUDA model: the parts that run on the CPU (memory planning, activation
 // layout, scratch sizing, config validation). Compiled by nvcc, needs no GPU, so CI runs it as part
 // of `make test` wherever nvcc exists.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <cstdint>

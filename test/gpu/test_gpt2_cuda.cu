@@ -4,7 +4,6 @@
 // Both models get the same weights: the random init rounded to bf16, which the CUDA model's bf16
 // copy holds exactly, so what differs is only bf16 activations and summation order. Comparisons
 // use relative error per tensor, ||a - b|| / ||b||, +inf when `a` holds a NaN or an inf.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,6 +14,7 @@
 
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "test/catch_session.h"
 #include "test/rel_error.h"
 
 using namespace llmc;
@@ -308,11 +308,12 @@ TEST_CASE("bad batches are refused with a message naming the value") {
     CHECK_THROWS_WITH(gpu.evaluate(bad.data(), bad.data(), 2, 16), Catch::Contains("inputs[5] = 500"));
 }
 
+// Catch2's implementation is linked in from test/catch_impl.cpp (compiled once, by g++).
 int main(int argc, char** argv) {
     std::string why;
     if (!cuda_device_present(&why)) {
         printf("test_gpt2_cuda: no CUDA device (%s): skipped\n", why.c_str());
         return 0;
     }
-    return Catch::Session().run(argc, argv);
+    return run_catch_session(argc, argv);
 }

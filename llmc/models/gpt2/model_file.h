@@ -14,29 +14,25 @@
 #include <string>
 #include <vector>
 
+#include "llmc/llmc_header.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
 
 namespace llmc {
 
-constexpr int MODEL_FILE_MAGIC = 20240326;
 constexpr int MODEL_FILE_VERSION_FP32 = 3;
 constexpr int MODEL_FILE_VERSION_BF16 = 5;
-constexpr int MODEL_FILE_HEADER_INTS = 256;
-constexpr int64_t MODEL_FILE_HEADER_BYTES = MODEL_FILE_HEADER_INTS * (int64_t)sizeof(int32_t);
 
 namespace detail {
 
-inline ModelConfig parse_model_header(const std::string& path, const int32_t* header) {
-    if (header[0] != MODEL_FILE_MAGIC)
-        fail(strformat("'%s' is not a GPT-2 model file: magic number %d, expected %d", path.c_str(),
-                       header[0], MODEL_FILE_MAGIC));
+// Reads the header of the model file open in `f`, checks it and returns the shape it holds.
+inline ModelConfig read_model_header(File& f) {
+    const std::string& path = f.path();
+    const LlmcHeader header = read_llmc_header(f, MODEL_FILE_MAGIC);
     if (header[1] == MODEL_FILE_VERSION_BF16)
         fail(strformat("'%s' is model file version 5 (bf16 parameters), which this reader does not "
                        "support yet; expected version %d (fp32)", path.c_str(), MODEL_FILE_VERSION_FP32));
-    if (header[1] != MODEL_FILE_VERSION_FP32)
-        fail(strformat("'%s' has unsupported model file version %d, expected %d (fp32)", path.c_str(),
-                       header[1], MODEL_FILE_VERSION_FP32));
+    if (header[1] != MODEL_FILE_VERSION_FP32) fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32)");
     ModelConfig c;
     c.max_seq_len = header[2];
     c.vocab_size = header[3];
@@ -57,18 +53,14 @@ inline ModelConfig parse_model_header(const std::string& path, const int32_t* he
 // The shape stored in a model file's header (the file is opened, the parameters are not read).
 inline ModelConfig read_model_header(const std::string& path) {
     File f(path, "rb");
-    int32_t header[MODEL_FILE_HEADER_INTS];
-    f.read(header, MODEL_FILE_HEADER_INTS, "model header");
-    return detail::parse_model_header(path, header);
+    return detail::read_model_header(f);
 }
 
 // Reads the parameters of a model file whose shape must equal `expected` into the flat buffer
 // `params` (num_params(expected) floats, bucket-major).
 inline void read_model_file(const std::string& path, const ModelConfig& expected, float* params) {
     File f(path, "rb");
-    int32_t header[MODEL_FILE_HEADER_INTS];
-    f.read(header, MODEL_FILE_HEADER_INTS, "model header");
-    ModelConfig got = detail::parse_model_header(path, header);
+    ModelConfig got = detail::read_model_header(f);
     auto check = [&](const char* field, int file_value, int expected_value) {
         if (file_value != expected_value)
             fail(strformat("'%s' does not match the model: %s is %d in the file, expected %d", path.c_str(),
@@ -83,12 +75,12 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
 
     const ParamLayout layout = GPT2Params::layout(expected);
     const int64_t param_bytes = (int64_t)(layout.num_params * sizeof(float));
-    const int64_t expected_bytes = MODEL_FILE_HEADER_BYTES + param_bytes;
+    const int64_t expected_bytes = LLMC_HEADER_BYTES + param_bytes;
     const int64_t actual_bytes = f.size();
     if (actual_bytes < expected_bytes)
         fail(strformat("'%s' is truncated: expected %lld bytes of fp32 parameters at byte offset %lld, found %lld",
-                       path.c_str(), (long long)param_bytes, (long long)MODEL_FILE_HEADER_BYTES,
-                       (long long)(actual_bytes - MODEL_FILE_HEADER_BYTES)));
+                       path.c_str(), (long long)param_bytes, (long long)LLMC_HEADER_BYTES,
+                       (long long)(actual_bytes - LLMC_HEADER_BYTES)));
     if (actual_bytes > expected_bytes)
         fail(strformat("'%s' has %lld trailing bytes after the parameters (expected size %lld bytes, found %lld)",
                        path.c_str(), (long long)(actual_bytes - expected_bytes), (long long)expected_bytes,
@@ -100,7 +92,7 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
 // Writes a version-3 model file from the flat buffer `params`, whole or not at all.
 inline void write_model_file(const std::string& path, const ModelConfig& config, const float* params) {
     config.validate();
-    int32_t header[MODEL_FILE_HEADER_INTS] = {};
+    LlmcHeader header = {};
     header[0] = MODEL_FILE_MAGIC;
     header[1] = MODEL_FILE_VERSION_FP32;
     header[2] = config.max_seq_len;
@@ -110,7 +102,7 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     header[6] = config.channels;
     header[7] = config.padded_vocab_size;
     AtomicFile out(path);
-    out.file().write(header, MODEL_FILE_HEADER_INTS);
+    out.file().write(header.data(), LLMC_HEADER_INTS);
     for (const ParamLayout::Segment& s : GPT2Params::layout(config).file_order_segments())
         out.file().write(params + s.begin, s.end - s.begin);
     out.commit();
