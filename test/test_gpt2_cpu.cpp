@@ -290,6 +290,49 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     std::remove(path.c_str());
 }
 
+TEST_CASE("llm.c's bf16 model file (version 5) is written rounded to nearest even and read exactly", "[gpt2]") {
+    const Fixture& fx = fixture();
+    const size_t n = num_params(fx.config);
+    std::vector<float> params(n);
+    read_model_file(MODEL_PATH, fx.config, params.data());
+    params[0] = 1.0f + 1.0f / 256;  // halfway between 1 and 1 + 2^-7: the tie goes to the even 1
+    params[1] = 1.0f + 3.0f / 256;  // halfway between 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6
+    params[2] = -2.5f;              // exact in bf16
+    const std::string path = temp_path("model_bf16.bin");
+    write_model_file(path, fx.config, params.data(), MODEL_FILE_VERSION_BF16);
+    const std::vector<char> bytes = read_bytes(path);
+    REQUIRE(bytes.size() == LLMC_HEADER_BYTES + 2 * n);
+    int32_t version = 0;
+    std::memcpy(&version, bytes.data() + 4, sizeof version);
+    CHECK(version == 5);
+
+    std::vector<float> back(n);
+    read_model_file(path, fx.config, back.data());
+    CHECK(back[0] == 1.0f);
+    CHECK(back[1] == 1.0f + 4.0f / 256);
+    CHECK(back[2] == -2.5f);
+    size_t off_by_more = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(std::fabs(back[i] - params[i]) <= std::fabs(params[i]) / 256)) off_by_more++;  // half a bf16 ulp
+    CHECK(off_by_more == 0);
+
+    // bf16 -> fp32 -> bf16 changes nothing: the same bytes again
+    const std::string again = temp_path("model_bf16_again.bin");
+    write_model_file(again, fx.config, back.data(), MODEL_FILE_VERSION_BF16);
+    CHECK(read_bytes(again) == bytes);
+    // a model starts from it (-e file.bin)
+    GPT2CPU model(read_model_header(path), 1, 8);
+    model.load(path);
+    CHECK(std::memcmp(model.params(), back.data(), n * sizeof(float)) == 0);
+    // a truncated bf16 file names its dtype
+    write_bytes(path, std::vector<char>(bytes.begin(), bytes.end() - 2));
+    REQUIRE_THROWS_WITH(read_model_file(path, fx.config, back.data()),
+                        Catch::Contains("truncated") && Catch::Contains("bf16 parameters"));
+    REQUIRE_THROWS_WITH(write_model_file(path, fx.config, back.data(), 4), Catch::Contains("version 4"));
+    std::remove(path.c_str());
+    std::remove(again.c_str());
+}
+
 TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
     const Fixture& fx = fixture();
     const std::vector<char> good = read_bytes(MODEL_PATH);
@@ -305,7 +348,7 @@ TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
         write_bytes(path, with_header_int(0, 12345));
         REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("magic number 12345"));
     }
-    SECTION("bf16 version") {
+    SECTION("a bf16 (version 5) header on fp32 parameters") {
         write_bytes(path, with_header_int(1, 5));
         REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()), Catch::Contains("bf16"));
     }

@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "llmc/bf16.h"
 #include "llmc/dist/comm.h"
 #include "llmc/utils.h"
 
@@ -57,21 +58,6 @@ inline void mpi_check(int code, const char* call, const char* file, int line) {
 inline std::mutex& mpi_mutex() {
     static std::mutex mutex;
     return mutex;
-}
-
-// bf16 as raw bits: the top half of an f32. Rounding to nearest even keeps sums unbiased.
-inline float bf16_bits_to_float(uint16_t bits) {
-    uint32_t word = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &word, sizeof value);
-    return value;
-}
-inline uint16_t float_to_bf16_bits(float value) {
-    uint32_t word;
-    memcpy(&word, &value, sizeof word);
-    if ((word & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((word >> 16) | 0x40);  // NaN stays a quiet NaN
-    word += 0x7fffu + ((word >> 16) & 1);  // carries into the exponent when rounding up, reaching inf on overflow
-    return (uint16_t)(word >> 16);
 }
 
 // MPI has no bf16 type, so BF16 travels as MPI_UINT16_T and reduces with this user-defined sum.

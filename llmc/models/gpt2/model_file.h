@@ -1,7 +1,9 @@
-// model_file.h: reads and writes llm.c's GPT-2 model file (version 3: fp32 parameters).
+// model_file.h: reads and writes llm.c's GPT-2 model file, version 3 (fp32 parameters) or version 5
+// (bf16 parameters, as llm.c's train_gpt2.py writes them for its CUDA trainer).
 //
-// Layout: an int32[256] header, then every parameter as fp32 in llm.c's tensor-major order (padded
-// wte rows included), nothing after. In memory the flat buffer is bucket-major (see ParamLayout), so
+// Layout: an int32[256] header, then every parameter as fp32 or bf16 in llm.c's tensor-major order
+// (the table's file order, padded wte rows included), nothing after. bf16 is written rounded to
+// nearest even (PyTorch's .to(torch.bfloat16)) and read exactly. In memory the flat buffer is bucket-major (see ParamLayout), so
 // reading and writing stream the file sequentially, slice by slice, each slice landing at (or coming
 // from) its flat offset; no full-size temporary. Because the header carries the whole shape, a reader
 // can compute the exact expected file size up front, so truncation and trailing garbage are both
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/bf16.h"
 #include "llmc/llmc_header.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
@@ -25,14 +28,14 @@ constexpr int MODEL_FILE_VERSION_BF16 = 5;
 
 namespace detail {
 
-// Reads the header of the model file open in `f`, checks it and returns the shape it holds.
-inline ModelConfig read_model_header(File& f) {
+// Reads the header of the model file open in `f`, checks it and returns the shape it holds; its
+// format version goes to *version.
+inline ModelConfig read_model_header(File& f, int* version = nullptr) {
     const std::string& path = f.path();
     const LlmcHeader header = read_llmc_header(f, MODEL_FILE_MAGIC);
-    if (header[1] == MODEL_FILE_VERSION_BF16)
-        fail(strformat("'%s' is model file version 5 (bf16 parameters), which this reader does not "
-                       "support yet; expected version %d (fp32)", path.c_str(), MODEL_FILE_VERSION_FP32));
-    if (header[1] != MODEL_FILE_VERSION_FP32) fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32)");
+    if (header[1] != MODEL_FILE_VERSION_FP32 && header[1] != MODEL_FILE_VERSION_BF16)
+        fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32) or 5 (bf16)");
+    if (version) *version = header[1];
     ModelConfig c;
     c.max_seq_len = header[2];
     c.vocab_size = header[3];
@@ -56,11 +59,12 @@ inline ModelConfig read_model_header(const std::string& path) {
     return detail::read_model_header(f);
 }
 
-// Reads the parameters of a model file whose shape must equal `expected` into the flat buffer
-// `params` (num_params(expected) floats, bucket-major).
+// Reads the parameters of a model file (fp32 or bf16) whose shape must equal `expected` into the flat
+// buffer `params` (num_params(expected) floats, bucket-major).
 inline void read_model_file(const std::string& path, const ModelConfig& expected, float* params) {
     File f(path, "rb");
-    ModelConfig got = detail::read_model_header(f);
+    int version = 0;
+    ModelConfig got = detail::read_model_header(f, &version);
     auto check = [&](const char* field, int file_value, int expected_value) {
         if (file_value != expected_value)
             fail(strformat("'%s' does not match the model: %s is %d in the file, expected %d", path.c_str(),
@@ -74,27 +78,42 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
 
     const ParamLayout layout = GPT2Params::layout(expected);
-    const int64_t param_bytes = (int64_t)(layout.num_params * sizeof(float));
+    const bool bf16 = version == MODEL_FILE_VERSION_BF16;
+    const char* dtype = bf16 ? "bf16" : "fp32";
+    const int64_t param_bytes = (int64_t)layout.num_params * (bf16 ? 2 : 4);
     const int64_t expected_bytes = LLMC_HEADER_BYTES + param_bytes;
     const int64_t actual_bytes = f.size();
     if (actual_bytes < expected_bytes)
-        fail(strformat("'%s' is truncated: expected %lld bytes of fp32 parameters at byte offset %lld, found %lld",
-                       path.c_str(), (long long)param_bytes, (long long)LLMC_HEADER_BYTES,
+        fail(strformat("'%s' is truncated: expected %lld bytes of %s parameters at byte offset %lld, found %lld",
+                       path.c_str(), (long long)param_bytes, dtype, (long long)LLMC_HEADER_BYTES,
                        (long long)(actual_bytes - LLMC_HEADER_BYTES)));
     if (actual_bytes > expected_bytes)
-        fail(strformat("'%s' has %lld trailing bytes after the parameters (expected size %lld bytes, found %lld)",
-                       path.c_str(), (long long)(actual_bytes - expected_bytes), (long long)expected_bytes,
-                       (long long)actual_bytes));
-    for (const ParamLayout::Segment& s : layout.file_order_segments())
-        f.read(params + s.begin, s.end - s.begin, "fp32 parameters");
+        fail(strformat("'%s' has %lld trailing bytes after the %s parameters of version %d (expected size %lld "
+                       "bytes, found %lld)", path.c_str(), (long long)(actual_bytes - expected_bytes), dtype, version,
+                       (long long)expected_bytes, (long long)actual_bytes));
+    std::vector<uint16_t> bits;
+    for (const ParamLayout::Segment& s : layout.file_order_segments()) {
+        const size_t n = s.end - s.begin;
+        if (!bf16) {
+            f.read(params + s.begin, n, "fp32 parameters");
+            continue;
+        }
+        bits.resize(n);
+        f.read(bits.data(), n, "bf16 parameters");
+        for (size_t i = 0; i < n; i++) params[s.begin + i] = bf16_bits_to_float(bits[i]);
+    }
 }
 
-// Writes a version-3 model file from the flat buffer `params`, whole or not at all.
-inline void write_model_file(const std::string& path, const ModelConfig& config, const float* params) {
+// Writes a model file from the flat buffer `params`, whole or not at all: version 3 (fp32, exact) or
+// version 5 (bf16, each parameter rounded to nearest even).
+inline void write_model_file(const std::string& path, const ModelConfig& config, const float* params,
+                             int version = MODEL_FILE_VERSION_FP32) {
     config.validate();
+    if (version != MODEL_FILE_VERSION_FP32 && version != MODEL_FILE_VERSION_BF16)
+        fail(strformat("write_model_file '%s': version %d is not 3 (fp32) or 5 (bf16)", path.c_str(), version));
     LlmcHeader header = {};
     header[0] = MODEL_FILE_MAGIC;
-    header[1] = MODEL_FILE_VERSION_FP32;
+    header[1] = version;
     header[2] = config.max_seq_len;
     header[3] = config.vocab_size;
     header[4] = config.num_layers;
@@ -103,8 +122,17 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     header[7] = config.padded_vocab_size;
     AtomicFile out(path);
     out.file().write(header.data(), LLMC_HEADER_INTS);
-    for (const ParamLayout::Segment& s : GPT2Params::layout(config).file_order_segments())
-        out.file().write(params + s.begin, s.end - s.begin);
+    std::vector<uint16_t> bits;
+    for (const ParamLayout::Segment& s : GPT2Params::layout(config).file_order_segments()) {
+        const size_t n = s.end - s.begin;
+        if (version == MODEL_FILE_VERSION_FP32) {
+            out.file().write(params + s.begin, n);
+            continue;
+        }
+        bits.resize(n);
+        for (size_t i = 0; i < n; i++) bits[i] = float_to_bf16_bits(params[s.begin + i]);
+        out.file().write(bits.data(), n);
+    }
     out.commit();
 }
 
