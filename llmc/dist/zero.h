@@ -21,8 +21,8 @@
 //
 // One engine serves both models. Where its buffers live and how data moves in them is a Memory
 // policy: HostMemory (host_memory.h: fp32 parameters that are their own master copy, for the CPU
-// model), and DeviceMemory (device_memory.cuh (bf16 parameters with separate fp32 master weights, kernels on the
-// compute stream, collectives ordered after it). The policy's precision decides the buffer list;
+// model), and DeviceMemory (device_memory.cuh: bf16 parameters with separate fp32 master weights,
+// kernels on the compute stream, collectives ordered after it). The policy's precision decides the buffer list;
 // the sharding logic is the same code for both.
 #pragma once
 
@@ -118,10 +118,12 @@ public:
         auto next_param = [&]() { return static_cast<Param*>(buffers[i++]); };
         auto next = [&]() { return static_cast<float*>(buffers[i++]); };
         // One slot per resident bucket, in bucket order, then the two rotating ones.
-        for (const ZeroPlan::Bucket& k : plan.buckets)
-            resident_index_.push_back(k.resident ? num_resident_++ : -1);
-        resident_params_.resize(num_resident_);
-        resident_grads_.resize(num_resident_);
+        int num_resident = 0;
+        for (const ZeroPlan::Bucket& k : plan.buckets) resident_index_.push_back(k.resident ? num_resident++ : -1);
+        resident_params_.resize(num_resident);
+        resident_grads_.resize(num_resident);
+        for (ParamSlot& s : resident_params_) param_slots_.push_back(&s);
+        for (ParamSlot& s : rotating_params_) param_slots_.push_back(&s);
         const size_t rotating = plan.rotating_extent();
         if (!plan.shards_parameters()) {
             params_full_ = next_param();
@@ -339,7 +341,7 @@ public:
     // Drops every gathered parameter buffer (stage 3): after a forward-only pass, and whenever the
     // parameters change.
     void invalidate_gathered() {
-        for (ParamSlot* s : param_slots()) {
+        for (ParamSlot* s : param_slots_) {
             finish(s->pending);
             s->bucket = -1;
             s->in_use = false;
@@ -382,14 +384,8 @@ private:
     }
 
     // Stage 3 parameter buffers: each resident bucket has its own, the others share two.
-    std::vector<ParamSlot*> param_slots() {
-        std::vector<ParamSlot*> slots;
-        for (ParamSlot& s : resident_params_) slots.push_back(&s);
-        for (ParamSlot& s : rotating_params_) slots.push_back(&s);
-        return slots;
-    }
     ParamSlot* find_param_slot(int bucket) {
-        for (ParamSlot* s : param_slots())
+        for (ParamSlot* s : param_slots_)
             if (s->bucket == bucket) return s;
         return nullptr;
     }
@@ -467,10 +463,10 @@ private:
     float *grads_full_ = nullptr, *grads_shard_ = nullptr;
     float *m_ = nullptr, *v_ = nullptr;
     std::vector<int> resident_index_;  // per bucket: its slot in resident_params_/resident_grads_, or -1
-    int num_resident_ = 0;
     std::vector<ParamSlot> resident_params_;
     std::vector<GradSlot> resident_grads_;
     ParamSlot rotating_params_[2];
+    std::vector<ParamSlot*> param_slots_;  // every one of the above (stage 3's gathered buffers)
     GradSlot rotating_grads_[2];
     std::deque<GradSlot*> in_flight_;
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;

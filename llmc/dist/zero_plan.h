@@ -1,8 +1,9 @@
 // zero_plan.h: how ZeRO cuts the flat buffers among ranks (pure arithmetic, no memory, no comm).
 //
 // The flat parameter buffer is bucket-major (params/layout.h): each bucket the model's parameter
-// table declares (GPT-2: the embeddings, each transformer layer, the final LayerNorm) is contiguous. Each bucket is sharded ON ITS OWN: it is
-// padded to a multiple of the world size and rank r owns the r-th of world_size equal slices. So
+// table declares (GPT-2: the embeddings, each transformer layer, the final LayerNorm) is
+// contiguous. Each bucket is sharded ON ITS OWN: it is padded to a multiple of the world size and
+// rank r owns the r-th of world_size equal slices. So
 // a bucket's gradients can be reduce-scattered the moment backward finishes that layer, and a
 // layer's parameters can be all-gathered just before it runs, each as one collective of equal
 // counts (which NCCL requires). Any parameter count works on any world size; the padding is at

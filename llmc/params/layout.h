@@ -88,6 +88,7 @@ public:
             file_at += layers_of(t) * sizes_[t];
         }
         for (int g = 0; g < (int)table_.groups.size(); g++) {
+            group_first_bucket_.push_back((int)buckets_.size());
             if (table_.groups[g].per_layer) first_layer_bucket_ = (int)buckets_.size();
             const int copies = table_.groups[g].per_layer ? table_.num_layers : 1;
             for (int l = 0; l < copies; l++) {
@@ -130,11 +131,8 @@ public:
     int final_bucket() const { return num_buckets() - 1; }  // the last bucket in flat order
     int bucket_of(int tensor, int layer = 0) const {
         check(tensor, layer);
-        const int g = spec(tensor).group;
-        if (table_.groups[g].per_layer) return first_layer_bucket_ + layer;
-        for (int b = 0; b < num_buckets(); b++)
-            if (buckets_[b].group == g) return b;
-        fail(strformat("ParamLayout: no bucket holds %s", name(tensor).c_str()));
+        // a tensor of a one-bucket group has layer 0 (check() made sure)
+        return group_first_bucket_[spec(tensor).group] + layer;
     }
     // Buckets tile [0, num_params) in order: bucket_begin(b + 1) == bucket_begin(b) + bucket_size(b).
     size_t bucket_begin(int b) const { return bucket(b).begin; }
@@ -198,6 +196,7 @@ private:
     std::vector<size_t> file_begin_;        // first element in file order
     std::vector<Bucket> buckets_;
     std::vector<Segment> segments_;
+    std::vector<int> group_first_bucket_;  // per bucket group: its (first) bucket
     int first_layer_bucket_ = -1;
 };
 

@@ -107,7 +107,7 @@ public:
     // seed or file and keeps its own shard.
     void init_random(uint64_t seed) override {
         std::vector<float> full(layout_.num_params);
-        init_gpt2_params(config_, full.data(), seed);
+        init_params(layout_, full.data(), seed);
         reset(full);
     }
     void load(const std::string& path) override {

@@ -219,7 +219,7 @@ public:
     // master weights rounded to nearest. Every rank passes the same seed or file and keeps its shard.
     void init_random(uint64_t seed) override {
         std::vector<float> full(layout_.num_params);
-        init_gpt2_params(config_, full.data(), seed);
+        init_params(layout_, full.data(), seed);
         reset(full, (uint32_t)(seed ^ (seed >> 32)));
     }
     void load(const std::string& path) override {
