@@ -63,6 +63,14 @@ struct RunConfig {
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
+    // checkpoints (checkpoint.h)
+    int checkpoint_every = 0;     // -n: every N steps and at the end (0: never)
+    int checkpoint_keep = 0;      // -nk: keep the newest K (0: all)
+    int checkpoint_major = 0;     // -nm: also keep every step that is a multiple of M (0: none)
+    int resume = 0;               // -y 1: resume from the newest complete checkpoint in output_dir
+    std::string resume_from;      // a checkpoint directory to resume from (implies resume)
+    bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
+    bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
     std::string config_file;  // --config, for the record
 
     // Resolved by resolve(): the model shape, the mesh and the batch arithmetic.
@@ -87,7 +95,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-i", "train_data", &RunConfig::train_data, "glob of training token shards"},
         {"-j", "val_data", &RunConfig::val_data, "glob of validation token shards (\"\" disables validation)"},
         {"-k", "tokenizer", &RunConfig::tokenizer, "tokenizer file for decoding samples (\"\" disables sampling)"},
-        {"-o", "output_dir", &RunConfig::output_dir, "directory for config.json, metrics.jsonl and model.bin"},
+        {"-o", "output_dir", &RunConfig::output_dir, "directory for config.json, metrics.jsonl, model.bin and the checkpoints ckpt_<step>/"},
         {"-e", "model", &RunConfig::model, "preset d4 d6 d12 d24 d36 d48, or a model file to start from"},
         {"", "num_layers", &RunConfig::num_layers, "override the preset's layer count"},
         {"", "num_heads", &RunConfig::num_heads, "override the preset's head count"},
@@ -120,6 +128,13 @@ inline const std::vector<RunOption>& run_options() {
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
         {"", "world_size", &RunConfig::expected_world_size, "the number of ranks this run expects (0: any); a launch with another count is an error"},
         {"-r", "recompute", &RunConfig::recompute, "CUDA model activation recomputation: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block (the CPU model stores all)"},
+        {"-n", "checkpoint_every", &RunConfig::checkpoint_every, "write a checkpoint every N steps and at the end (0: never)"},
+        {"-nk", "checkpoint_keep", &RunConfig::checkpoint_keep, "keep only the newest K checkpoints (0: all)"},
+        {"-nm", "checkpoint_major", &RunConfig::checkpoint_major, "also keep every checkpoint whose step is a multiple of M (0: none)"},
+        {"-y", "resume", &RunConfig::resume, "1: resume from the newest complete checkpoint in output_dir (starts fresh if there is none)"},
+        {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
+        {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
+        {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;
@@ -328,6 +343,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.recompute >= 0 && cfg.recompute <= 3,
             strformat("-r (recompute) must be 0 (none), 1 (GELU), 2 (GELU + LayerNorm) or 3 (whole block), got %d",
                       cfg.recompute));
+    require(cfg.checkpoint_every >= 0, strformat("-n (checkpoint_every) must be >= 0, got %d", cfg.checkpoint_every));
+    require(cfg.checkpoint_keep >= 0, strformat("-nk (checkpoint_keep) must be >= 0, got %d", cfg.checkpoint_keep));
+    require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
+    require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }
 
