@@ -68,7 +68,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl");
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
     TrainSummary summary = trainer.run();
 
     std::string model_path = cfg.output_dir + "/model.bin";

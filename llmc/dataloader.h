@@ -2,11 +2,15 @@
 //
 // Shard format: int32[256] header ([0] = magic 20240520, [1] = version 1, [2] = token count), then
 // that many uint16 tokens. Each shard is cut into windows of B*T+1 tokens at stride B*T (inputs are
-// window[0, B*T), targets window[1, B*T]); consecutive runs of world_size windows form a "round", and
-// rank r reads window r of each round. The one idea: a position is just (epoch, shard, round), and
-// every order (shards in an epoch, rounds in a shard) is a pure function of (seed, epoch, shard), so
-// all ranks agree on which round a step reads without talking (their windows stay disjoint), and a
-// checkpoint needs only those three numbers to resume exactly.
+// window[0, B*T), targets window[1, B*T]). Consecutive runs of W windows form a "round": the windows
+// of one global batch, W = world_size x batches_per_round (for training: the data-parallel ranks x
+// the gradient-accumulation steps, so one round is one optimizer step). A rank's k-th batch of a
+// round is window k * world_size + rank. The one idea: a position is just (epoch, shard, round,
+// batch within the round), and every order (shards in an epoch, rounds in a shard) is a pure
+// function of (seed, epoch, shard), so all ranks agree on which round a step reads without talking,
+// and a checkpoint needs only those numbers to resume exactly. Which windows a round holds depends
+// on W, never on how it is split among ranks, so a run resumed on another number of ranks (with the
+// accumulation keeping W) reads the same global batches in the same order.
 #pragma once
 
 #include <glob.h>
@@ -25,17 +29,20 @@
 
 namespace llmc {
 
-// Where the next batch comes from: shard_index is the position in the epoch's shard order, and
-// round_index the position in that shard's round order.
+// Where the next batch comes from: shard_index is the position in the epoch's shard order,
+// round_index the position in that shard's round order, batch_in_round this rank's next batch of
+// the round (0 between optimizer steps).
 struct DataLoaderState {
     int epoch = 0;
     size_t shard_index = 0;
     size_t round_index = 0;
+    size_t batch_in_round = 0;
     bool operator==(const DataLoaderState&) const = default;
 };
 
 inline void to_json(nlohmann::json& j, const DataLoaderState& s) {
-    j = nlohmann::json{{"epoch", s.epoch}, {"shard_index", s.shard_index}, {"round_index", s.round_index}};
+    j = nlohmann::json{{"epoch", s.epoch}, {"shard_index", s.shard_index}, {"round_index", s.round_index},
+                       {"batch_in_round", s.batch_in_round}};
 }
 
 inline void from_json(const nlohmann::json& j, DataLoaderState& s) {
@@ -51,6 +58,7 @@ inline void from_json(const nlohmann::json& j, DataLoaderState& s) {
     s.epoch = (int)field("epoch", INT32_MAX);
     s.shard_index = (size_t)field("shard_index", INT64_MAX);
     s.round_index = (size_t)field("round_index", INT64_MAX);
+    s.batch_in_round = (size_t)field("batch_in_round", INT64_MAX);
 }
 
 class DataLoader {
@@ -58,18 +66,22 @@ public:
     static constexpr int32_t kShardMagic = TOKEN_SHARD_MAGIC;
     static constexpr int32_t kShardVersion = 1;
 
+    // batches_per_round: how many batches each rank reads from one round (the gradient-accumulation
+    // steps), so a round is world_size x batches_per_round windows.
     DataLoader(const std::string& glob_pattern, int B, int T, int rank, int world_size, int vocab_size,
-               bool shuffle, uint64_t seed)
-        : tokens_per_batch_((int64_t)B * T), rank_(rank), world_size_(world_size), vocab_size_(vocab_size),
-          shuffle_(shuffle), seed_(seed) {
+               bool shuffle, uint64_t seed, int batches_per_round = 1)
+        : tokens_per_batch_((int64_t)B * T), rank_(rank), world_size_(world_size),
+          batches_per_round_(batches_per_round), vocab_size_(vocab_size), shuffle_(shuffle), seed_(seed) {
         if (B <= 0 || T <= 0) fail(strformat("dataloader: B=%d and T=%d must both be positive", B, T));
         if (world_size <= 0 || rank < 0 || rank >= world_size)
             fail(strformat("dataloader: rank %d is not in [0, world_size=%d)", rank, world_size));
+        if (batches_per_round < 1)
+            fail(strformat("dataloader: batches_per_round must be >= 1, got %d", batches_per_round));
         if (vocab_size <= 0) fail(strformat("dataloader: vocab_size %d must be positive", vocab_size));
         for (const std::string& path : glob_sorted(glob_pattern)) shards_.push_back(open_shard(path));
         for (const Shard& s : shards_) {
             num_tokens_total_ += s.num_tokens;
-            batches_per_epoch_ += s.num_rounds;
+            rounds_per_epoch_ += s.num_rounds;
         }
         window_tokens_.resize(tokens_per_batch_ + 1);
         inputs_.assign(tokens_per_batch_, 0);
@@ -82,13 +94,18 @@ public:
     void next_batch() {
         const Shard& shard = shards_[shard_order_[pos_.shard_index]];
         size_t round = round_order_[pos_.round_index];
-        int64_t first_token = (int64_t)(round * world_size_ + rank_) * tokens_per_batch_;
-        read_window(shard, first_token);
+        size_t window = round * windows_per_round() + pos_.batch_in_round * world_size_ + rank_;
+        read_window(shard, (int64_t)window * tokens_per_batch_);
         for (int64_t i = 0; i < tokens_per_batch_; i++) {
             inputs_[i] = window_tokens_[i];
             targets_[i] = window_tokens_[i + 1];
         }
         DataLoaderState next = pos_;
+        if (++next.batch_in_round < (size_t)batches_per_round_) {
+            move_to(next);
+            return;
+        }
+        next.batch_in_round = 0;
         if (++next.round_index == shard.num_rounds) {
             next.round_index = 0;
             if (++next.shard_index == shards_.size()) {
@@ -104,8 +121,9 @@ public:
     const int* targets() const { return targets_.data(); }
 
     void reset() { move_to(DataLoaderState{}); }
-    // Every rank has the same count: each round of a shard gives every rank one batch.
-    size_t batches_per_epoch() const { return batches_per_epoch_; }
+    // Every rank has the same count: each round of a shard gives every rank batches_per_round batches.
+    size_t batches_per_epoch() const { return rounds_per_epoch_ * batches_per_round_; }
+    size_t windows_per_round() const { return (size_t)world_size_ * batches_per_round_; }
     // The epoch the next batch comes from, i.e. how many whole epochs have been consumed.
     int epoch() const { return pos_.epoch; }
     // Tokens in all shards, per their headers (all ranks' data, including windows left unused).
@@ -124,6 +142,9 @@ public:
                            "epoch %d) has %zu rounds",
                            s.round_index, shards_[shard].path.c_str(), s.shard_index, s.epoch,
                            shards_[shard].num_rounds));
+        if (s.batch_in_round >= (size_t)batches_per_round_)
+            fail(strformat("dataloader restore: batch_in_round %zu is out of range; a round gives each rank %d batch(es)",
+                           s.batch_in_round, batches_per_round_));
         move_to(s);
     }
 
@@ -131,7 +152,7 @@ private:
     struct Shard {
         std::string path;
         int64_t num_tokens;
-        size_t num_rounds;  // rounds of world_size windows that fit whole
+        size_t num_rounds;  // rounds of windows_per_round() windows that fit whole
     };
 
     static std::vector<std::string> glob_sorted(const std::string& pattern) {
@@ -162,15 +183,15 @@ private:
         if (file_bytes > expected_bytes)
             fail(strformat("'%s' has %lld bytes; its header promises %lld tokens, so expected exactly %lld bytes",
                            path.c_str(), (long long)file_bytes, (long long)num_tokens, (long long)expected_bytes));
-        // Window w spans tokens [w*B*T, (w+1)*B*T]; one round needs world_size of them.
-        int64_t tokens_needed = (int64_t)world_size_ * tokens_per_batch_ + 1;
+        // Window w spans tokens [w*B*T, (w+1)*B*T]; one round needs windows_per_round() of them.
+        int64_t tokens_needed = (int64_t)windows_per_round() * tokens_per_batch_ + 1;
         if (num_tokens < tokens_needed)
-            fail(strformat("'%s' has %lld tokens, too few for one round of windows: B*T=%lld with world_size %d "
-                           "needs at least %lld tokens",
+            fail(strformat("'%s' has %lld tokens, too few for one round of windows: B*T=%lld with world_size %d x "
+                           "%d batch(es) per round needs at least %lld tokens",
                            path.c_str(), (long long)num_tokens, (long long)tokens_per_batch_, world_size_,
-                           (long long)tokens_needed));
+                           batches_per_round_, (long long)tokens_needed));
         size_t num_windows = (size_t)((num_tokens - 1) / tokens_per_batch_);
-        return Shard{path, num_tokens, num_windows / world_size_};
+        return Shard{path, num_tokens, num_windows / windows_per_round()};
     }
 
     // splitmix64's finalizer: a bijection that scatters nearby inputs (epoch 0, 1, 2...) far apart.
@@ -229,12 +250,12 @@ private:
     }
 
     int64_t tokens_per_batch_;
-    int rank_, world_size_, vocab_size_;
+    int rank_, world_size_, batches_per_round_, vocab_size_;
     bool shuffle_;
     uint64_t seed_;
     std::vector<Shard> shards_;
     size_t num_tokens_total_ = 0;
-    size_t batches_per_epoch_ = 0;
+    size_t rounds_per_epoch_ = 0;
 
     DataLoaderState pos_;
     std::vector<size_t> shard_order_;  // shard_order_for(pos_.epoch)

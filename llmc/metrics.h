@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,8 +30,28 @@ struct StepMetrics {
 
 class MetricsLog {
 public:
-    explicit MetricsLog(const std::string& path) {
-        if (!path.empty()) file_ = std::make_unique<File>(path, "wb");
+    MetricsLog() = default;
+    explicit MetricsLog(const std::string& path) { open(path); }
+
+    // Starts the file (path "" for a silent log). A run resumed after `resumed_step` steps keeps
+    // the records of the steps before it (and that step's own training record) and appends; the
+    // records of the steps it will run again are dropped, so the file reads as one run.
+    void open(const std::string& path, int resumed_step = -1) {
+        file_.reset();
+        if (path.empty()) return;
+        std::string kept;
+        if (resumed_step >= 0 && std::filesystem::exists(path)) {
+            std::istringstream lines(read_text_file(path));
+            for (std::string line; std::getline(lines, line);) {
+                nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+                if (r.is_discarded() || !r.is_object() || !r.contains("step") || !r["step"].is_number()) continue;
+                const int step = r["step"].get<int>();
+                if (step < resumed_step || (step == resumed_step && r.contains("train_loss"))) kept += line + "\n";
+            }
+        }
+        file_ = std::make_unique<File>(path, "wb");
+        file_->write(kept.data(), kept.size());
+        file_->flush();
     }
 
     void log_step(const StepMetrics& m) {
@@ -53,6 +75,14 @@ public:
                prompt.c_str(), completion.c_str());
         fflush(stdout);
         write({{"step", step}, {"prompt", prompt}, {"sample", completion}});
+    }
+
+    // Any other event: a console line and a record (checkpoints, resumes).
+    void log_event(const std::string& line, const nlohmann::json& record) {
+        if (!file_) return;
+        printf("%s\n", line.c_str());
+        fflush(stdout);
+        write(record);
     }
 
 private:

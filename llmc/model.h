@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 
+#include "llmc/ckpt/shard_state.h"
 #include "llmc/models/gpt2/config.h"  // ModelConfig: the one architecture so far
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"
@@ -71,6 +72,8 @@ public:
 
     // Where each parameter sits in the flat buffers (built from the model's parameter table).
     virtual const ParamLayout& layout() const = 0;
+    // The training state as this rank holds it, for checkpoints (ckpt/shard_state.h).
+    virtual ShardedState& sharded_state() = 0;
     size_t num_params() const { return layout().num_params; }
 };
 

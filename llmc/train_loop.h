@@ -12,6 +12,11 @@
 // model's ZeRO engine does the gradient and parameter collectives. Everything collective
 // (validation, sampling under ZeRO-3) runs on every rank in the same order; only rank 0 of the
 // data-parallel group prints and writes files.
+//
+// Checkpoints (ckpt/checkpoint.h): with -n, the state after every N-th step (and the last) is saved
+// in the background while training goes on; with -y 1 or --resume-from the run first continues
+// from the newest complete checkpoint, exactly where it left off: the same step, learning rate,
+// data position and random states, so the rest of the run is the one that would have been.
 #pragma once
 
 #include <chrono>
@@ -20,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/ckpt/checkpoint.h"
 #include "llmc/dist/comm.h"
 #include "llmc/config.h"
 #include "llmc/dataloader.h"
@@ -54,12 +60,14 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, in
 class Trainer {
 public:
     // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where its rank 0
-    // writes the JSONL metrics ("" for none).
-    Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path)
-        : cfg_(cfg), model_(model), dp_(dp),
+    // writes the JSONL metrics ("" for none). world: every rank of the job, each of which writes
+    // its own checkpoint file (null: dp is the world).
+    Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path,
+            Communicator* world = nullptr)
+        : cfg_(cfg), model_(model), dp_(dp), world_(world ? *world : dp),
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
-                 cfg.model_config.vocab_size, cfg.shuffle, cfg.seed),
-          log_(dp.rank() == 0 ? metrics_path : ""),
+                 cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
+          metrics_path_(dp.rank() == 0 ? metrics_path : ""),
           sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
         if (dp.world_size() != cfg.dims.dp)
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
@@ -87,7 +95,13 @@ public:
         double timed_ms = 0;
         long long timed_tokens = 0;
 
-        for (int step = 0; step <= cfg_.steps; step++) {
+        const int first_step = resume();
+        std::unique_ptr<CheckpointWriter> checkpoints;
+        if (cfg_.checkpoint_every > 0)
+            checkpoints = std::make_unique<CheckpointWriter>(cfg_, run_config_json(cfg_), model_.sharded_state(),
+                                                             model_.layout(), world_);
+
+        for (int step = first_step; step <= cfg_.steps; step++) {
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
                 float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
@@ -112,6 +126,7 @@ public:
             float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
             float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;
             opt.lr = schedule.lr_at(step);
+            if (checkpoints) checkpoints->before_update();
             model_.adamw_step(opt, step + 1, grad_multiplier);
             double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
@@ -129,16 +144,74 @@ public:
                 fail(strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
             summary.last_train_loss = m.train_loss;
             summary.train_losses.push_back(m.train_loss);
-            if (step > 0) {
+            if (step > first_step) {
                 timed_ms += step_ms;
                 timed_tokens += cfg_.total_batch_tokens;
             }
+            if (checkpoints && checkpoints->due(step + 1))
+                checkpoints->save(TrainState{step + 1, train_.state(), sample_rng_.state()});
+            if (checkpoints) log_checkpoints(checkpoints->take_finished());
+        }
+        if (checkpoints) {
+            checkpoints->finish();
+            log_checkpoints(checkpoints->take_finished());
         }
         if (timed_ms > 0) summary.mean_tokens_per_s = timed_tokens / (timed_ms / 1000.0);
         return summary;
     }
 
 private:
+    // -y 1 / --resume-from: the state of the newest complete checkpoint (collective). Returns the
+    // step to continue from (0: a fresh start), and opens the metrics log accordingly.
+    int resume() {
+        if (!cfg_.resume && cfg_.resume_from.empty()) {
+            log_.open(metrics_path_);
+            return 0;
+        }
+        std::optional<ResumePoint> point = find_resume_checkpoint(cfg_, world_);
+        if (!point) {
+            if (world_.rank() == 0)
+                printf("resume: no complete checkpoint in '%s'; starting fresh\n",
+                       cfg_.resume_from.empty() ? cfg_.output_dir.c_str() : cfg_.resume_from.c_str());
+            log_.open(metrics_path_);
+            return 0;
+        }
+        check_resume_compatible(*point, cfg_);
+        const Manifest& m = point->manifest;
+        if (m.step > cfg_.steps)
+            fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
+                           point->dir.c_str(), m.step, cfg_.steps));
+        load_checkpoint(*point, model_.sharded_state(), model_.layout());
+        train_.restore(m.data);
+        sample_rng_.set_state(m.sampler_rng);
+        log_.open(metrics_path_, m.step);
+        log_.log_event(strformat("resumed from %s: step %d, written by %d rank(s) at ZeRO-%d", point->dir.c_str(),
+                                 m.step, m.world_size, m.zero_stage),
+                       {{"step", m.step}, {"resumed_from", point->dir}, {"written_by_ranks", m.world_size},
+                        {"written_at_zero_stage", m.zero_stage}});
+        return m.step;
+    }
+
+    void log_checkpoints(const std::vector<CheckpointReport>& reports) {
+        for (const CheckpointReport& r : reports) {
+            if (r.ok) {
+                log_.log_event(strformat("checkpoint %s: %.1f MB in %.0f ms (%.0f MB/s), training stalled %.1f ms%s",
+                                         r.dir.c_str(), r.bytes / 1e6, r.write_ms, r.mb_per_s(), r.stall_ms,
+                                         r.wait_ms > 0 ? strformat(" (%.0f ms waiting for the previous one)",
+                                                                   r.wait_ms).c_str() : ""),
+                               {{"step", r.step}, {"checkpoint", r.dir}, {"bytes", r.bytes}, {"write_ms", r.write_ms},
+                                {"mb_per_s", r.mb_per_s()}, {"stall_ms", r.stall_ms}, {"wait_ms", r.wait_ms}});
+                continue;
+            }
+            if (dp_.rank() == 0) fprintf(stderr, "error: checkpoint %s failed: %s\n", r.dir.c_str(), r.error.c_str());
+            log_.log_event(strformat("checkpoint %s FAILED (removed; earlier checkpoints are intact)%s", r.dir.c_str(),
+                                     cfg_.ckpt_fail_stop ? "" : "; training goes on"),
+                           {{"step", r.step}, {"checkpoint", r.dir}, {"error", r.error}});
+            if (cfg_.ckpt_fail_stop)
+                fail(strformat("checkpoint %s failed and --ckpt-fail-stop is set: %s", r.dir.c_str(), r.error.c_str()));
+        }
+    }
+
     // One unconditional sample (from <|endoftext|>) and, when validation data exists, one continuing
     // the opening tokens of the first validation document.
     void print_samples(int step) {
@@ -168,9 +241,11 @@ private:
     const RunConfig& cfg_;
     Model& model_;
     Communicator& dp_;
+    Communicator& world_;
     DataLoader train_;
     std::unique_ptr<DataLoader> val_;
     std::unique_ptr<Tokenizer> tokenizer_;
+    std::string metrics_path_;
     MetricsLog log_;
     Rng sample_rng_;
 };

@@ -234,4 +234,24 @@ inline double sum_over_ranks(Communicator& comm, double local) {
     return total;
 }
 
+// Every rank's string, in rank order (host communicators). Lengths first, then the strings padded to
+// the longest, as raw 4-byte words (an all-gather moves bits, it adds nothing).
+inline std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& local) {
+    const int n = comm.world_size();
+    std::vector<uint64_t> lengths(n);
+    lengths[comm.rank()] = local.size();
+    comm.all_gather(&lengths[comm.rank()], lengths.data(), 2, CommDtype::F32).wait();
+    const size_t words = (*std::max_element(lengths.begin(), lengths.end()) + 3) / 4;
+    if (words == 0) return std::vector<std::string>(n);
+    std::vector<uint32_t> all(words * n, 0);
+    std::memcpy(&all[words * comm.rank()], local.data(), local.size());
+    comm.all_gather(&all[words * comm.rank()], all.data(), words, CommDtype::F32).wait();
+    std::vector<std::string> out(n);
+    for (int r = 0; r < n; r++) out[r].assign(reinterpret_cast<const char*>(&all[words * r]), lengths[r]);
+    return out;
+}
+
+// Whether `ok` holds on every rank: the same answer everywhere, so ranks take the same branch.
+inline bool all_ranks(Communicator& comm, bool ok) { return sum_over_ranks(comm, ok ? 0.0 : 1.0) == 0.0; }
+
 }  // namespace llmc

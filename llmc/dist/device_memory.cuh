@@ -86,8 +86,9 @@ public:
         copy_master_to_params(params, staged, n, stream_);
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` belongs to the caller; `staged` is reused
     }
-    void upload_master(float* master, const float* host, size_t n) {
-        CUDA_CHECK(cudaMemcpyAsync(master, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    // fp32 state (master weights, AdamW moments) from n host floats.
+    void upload(float* dst, const float* host, size_t n) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void download(float* host, const float* master, size_t n) {
@@ -99,6 +100,23 @@ public:
         comm.order_after(compute_done_.get());
     }
     Communicator& host_comm(Communicator&) { return host_; }
+
+    // Checkpoint snapshots: device-to-host copies into pinned memory on a side stream, after the
+    // compute work issued so far, so the trainer goes on at once; the next optimizer update's
+    // kernels wait for the copies on the device (before_update), never the host.
+    void* snapshot_memory(size_t bytes) {
+        if (snapshot_.count() < bytes) snapshot_ = PinnedBuffer<char>(bytes, "checkpoint snapshot");
+        return snapshot_.get();
+    }
+    void start_host_copies(const std::vector<HostCopy>& copies) {
+        CUDA_CHECK(cudaEventRecord(snapshot_ready_.get(), stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), snapshot_ready_.get(), 0));
+        for (const HostCopy& c : copies)
+            CUDA_CHECK(cudaMemcpyAsync(c.host, c.src, c.bytes, cudaMemcpyDeviceToHost, copy_stream_.get()));
+        CUDA_CHECK(cudaEventRecord(snapshot_copied_.get(), copy_stream_.get()));
+    }
+    void wait_host_copies() { CUDA_CHECK(cudaEventSynchronize(snapshot_copied_.get())); }
+    void before_update() { CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_copied_.get(), 0)); }
     // A device buffer of at least n floats for short-lived use (loading, saving); not planned memory.
     float* transient(size_t n) {
         if (transient_.count() < n) {
@@ -123,6 +141,9 @@ private:
     PinnedBuffer<double> pinned_norm_;
     DeviceBuffer<float> transient_;
     CudaEvent compute_done_;
+    CudaStream copy_stream_;  // checkpoint snapshots
+    CudaEvent snapshot_ready_, snapshot_copied_;
+    PinnedBuffer<char> snapshot_;
 };
 
 }  // namespace llmc

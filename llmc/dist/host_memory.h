@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <deque>
+#include <future>
+#include <mutex>
 #include <vector>
 
 #include "llmc/cpu/adamw.h"
@@ -35,9 +37,37 @@ public:
         (void)first_index;
         adamw_contiguous(params, grads, m, v, n, decay, opt, step, grad_multiplier);
     }
-    // Parameters from n host floats; master weights (here the parameters) back to host floats.
-    void upload_params(Param* params, const float* host, size_t n) { std::memcpy(params, host, n * sizeof(float)); }
+    // Parameters, or any other fp32 state, from n host floats; master weights (here the parameters)
+    // back to host floats.
+    void upload_params(Param* params, const float* host, size_t n) { upload(params, host, n); }
+    void upload(float* dst, const float* host, size_t n) { std::memcpy(dst, host, n * sizeof(float)); }
     void download(float* host, const float* master, size_t n) { std::memcpy(host, master, n * sizeof(float)); }
+
+    // Checkpoint snapshots. The copies run on a thread of their own, as a GPU's run on a side
+    // stream, so the trainer goes on with forward and backward (which only read the state) while
+    // they run; the next optimizer update waits for them (before_update).
+    void* snapshot_memory(size_t bytes) {
+        if (snapshot_.size() < bytes) snapshot_.resize(bytes);
+        return snapshot_.data();
+    }
+    void start_host_copies(const std::vector<HostCopy>& copies) {
+        wait_host_copies();
+        std::shared_future<void> copying = std::async(std::launch::async, [copies] {
+                                               for (const HostCopy& c : copies) std::memcpy(c.host, c.src, c.bytes);
+                                           }).share();
+        std::lock_guard<std::mutex> lock(copying_mutex_);
+        copying_ = copying;
+    }
+    // Thread-safe: the checkpoint writer and the trainer may both wait.
+    void wait_host_copies() {
+        std::shared_future<void> copying;
+        {
+            std::lock_guard<std::mutex> lock(copying_mutex_);
+            copying = copying_;
+        }
+        if (copying.valid()) copying.wait();
+    }
+    void before_update() { wait_host_copies(); }
     // Host buffers are written before a collective is issued: nothing to order.
     void before_collective(Communicator&) {}
     // The communicator for host scalars: the engine's own, which works on host memory.
@@ -45,6 +75,9 @@ public:
 
 private:
     std::deque<std::vector<float>> buffers_;
+    std::vector<char> snapshot_;
+    std::shared_future<void> copying_;
+    std::mutex copying_mutex_;
 };
 
 }  // namespace llmc

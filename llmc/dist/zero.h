@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/ckpt/shard_state.h"
 #include "llmc/dist/comm.h"
 #include "llmc/model.h"
 #include "llmc/params/layout.h"
@@ -48,6 +49,13 @@ struct BufferSpec {
     size_t count;
     size_t element_bytes = sizeof(float);
     size_t bytes() const { return count * element_bytes; }
+};
+
+// One copy of a checkpoint snapshot from the engine's memory into host memory.
+struct HostCopy {
+    void* host;
+    const void* src;
+    size_t bytes;
 };
 
 // How a model stores its parameters: their element size, and whether fp32 master weights are kept
@@ -99,7 +107,7 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision
 }
 
 template <class Memory>
-class ZeroEngine {
+class ZeroEngine : public ShardedState {
 public:
     using Param = typename Memory::Param;
 
@@ -188,9 +196,9 @@ public:
                 mem_.upload_params(params_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
             if constexpr (Memory::precision.separate_master) {
                 if (!plan_.shards_optimizer())
-                    mem_.upload_master(master_full_ + k.padded_begin, full + k.begin, k.size);
+                    mem_.upload(master_full_ + k.padded_begin, full + k.begin, k.size);
                 else
-                    mem_.upload_master(master_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
+                    mem_.upload(master_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
             }
         }
         invalidate_gathered();
@@ -307,6 +315,7 @@ public:
 
     // AdamW on this rank's shard; then, under stages 1-2, every bucket's parameters are all-gathered.
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) {
+        mem_.before_update();  // a checkpoint snapshot still copying must finish reading first
         for (size_t b = 0; b < plan_.buckets.size(); b++) {
             const auto& k = plan_.buckets[b];
             // The rank's slice of the bucket, relative to the bucket: all of it under stage 0.
@@ -353,6 +362,77 @@ public:
         double ms = exposed_ms_;
         exposed_ms_ = 0;
         return ms;
+    }
+
+    // ---- checkpoint state (ckpt/shard_state.h) ----
+
+    std::vector<StateBuffer> state_buffers() const override {
+        const StateDtype param_dtype = Memory::param_dtype == CommDtype::BF16 ? StateDtype::BF16 : StateDtype::F32;
+        std::vector<StateBuffer> list = {{STATE_PARAMS, param_dtype}};
+        if (Memory::precision.separate_master) list.push_back({STATE_MASTER, StateDtype::F32});
+        list.push_back({STATE_ADAM_M, StateDtype::F32});
+        list.push_back({STATE_ADAM_V, StateDtype::F32});
+        return list;
+    }
+    // This rank's ZeRO slice of every bucket, whatever the stage: under stage 0 the replicas are
+    // the same, and each rank writing a different 1/N of them spreads the writing over all ranks.
+    std::vector<FlatRange> owned_ranges() const override {
+        std::vector<FlatRange> ranges;
+        for (const auto& k : plan_.buckets)
+            if (k.owned_end > k.owned_begin) ranges.push_back({k.begin + k.owned_begin, k.begin + k.owned_end});
+        return ranges;
+    }
+    void* snapshot_memory(size_t bytes) override { return mem_.snapshot_memory(bytes); }
+    void start_snapshot(void* host) override {
+        std::vector<HostCopy> copies;
+        char* at = static_cast<char*>(host);
+        const std::vector<StateBuffer> buffers = state_buffers();
+        for (int b = 0; b < (int)buffers.size(); b++)
+            for (const auto& k : plan_.buckets) {
+                const size_t n = k.owned_end - k.owned_begin, bytes = n * state_dtype_bytes(buffers[b].dtype);
+                if (n == 0) continue;
+                copies.push_back({at, state_at(b, k, k.owned_begin), bytes});
+                at += bytes;
+            }
+        mem_.start_host_copies(copies);
+    }
+    void wait_snapshot() override { mem_.wait_host_copies(); }
+
+    std::vector<FlatRange> held_ranges(int buffer) const override {
+        std::vector<FlatRange> ranges;
+        for (const auto& k : plan_.buckets) {
+            const bool sharded = buffer == 0 ? plan_.shards_parameters() : plan_.shards_optimizer();
+            const size_t lo = sharded ? k.owned_begin : 0, hi = sharded ? k.owned_end : k.size;
+            if (hi > lo) ranges.push_back({k.begin + lo, k.begin + hi});
+        }
+        return ranges;
+    }
+    void restore(int buffer, const std::function<void(FlatRange, float*)>& read) override {
+        mem_.before_update();
+        std::vector<float> staged;
+        for (const FlatRange& r : held_ranges(buffer)) {
+            staged.resize(r.size());
+            read(r, staged.data());
+            const int b = bucket_containing(r.begin);
+            const size_t offset = r.begin - plan_.buckets[b].begin;
+            void* dst = const_cast<void*>(state_at(buffer, plan_.buckets[b], offset));
+            if (buffer == 0) mem_.upload_params(static_cast<Param*>(dst), staged.data(), r.size());
+            else mem_.upload(static_cast<float*>(dst), staged.data(), r.size());
+        }
+        invalidate_gathered();
+    }
+    std::vector<std::pair<std::string, uint64_t>> rng_states() const override {
+        if constexpr (requires { mem_.sr_seed; }) return {{"stochastic_rounding_seed", mem_.sr_seed}};
+        return {};
+    }
+    void set_rng_state(const std::string& name, uint64_t value) override {
+        if constexpr (requires { mem_.sr_seed; }) {
+            if (name == "stochastic_rounding_seed") {
+                mem_.sr_seed = (uint32_t)value;
+                return;
+            }
+        }
+        ShardedState::set_rng_state(name, value);
     }
 
 private:
@@ -446,6 +526,24 @@ private:
                 if (*it == &slot) { in_flight_.erase(it); break; }
         }
         slot.bucket = -1;
+    }
+
+    // Where element `bucket_offset` of bucket k sits in state buffer `buffer` (state_buffers()
+    // order); the element must be one this rank holds (held_ranges).
+    const void* state_at(int buffer, const ZeroPlan::Bucket& k, size_t bucket_offset) const {
+        auto in = [&](auto* full, auto* shard, bool sharded) -> const void* {
+            return sharded ? shard + k.shard_offset + (bucket_offset - k.owned_begin) : full + k.padded_begin + bucket_offset;
+        };
+        if (buffer == 0) return in(params_full_, params_shard_, plan_.shards_parameters());
+        if (Memory::precision.separate_master && buffer == 1)
+            return in(master_full_, master_shard_, plan_.shards_optimizer());
+        const int moment = buffer - (Memory::precision.separate_master ? 2 : 1);
+        return moment == 0 ? in(m_, m_, plan_.shards_optimizer()) : in(v_, v_, plan_.shards_optimizer());
+    }
+    int bucket_containing(size_t flat) const {
+        for (int b = 0; b < (int)plan_.buckets.size(); b++)
+            if (flat >= plan_.buckets[b].begin && flat < plan_.buckets[b].begin + plan_.buckets[b].size) return b;
+        fail(strformat("ZeroEngine: flat element %zu is past the last bucket", flat));
     }
 
     Param* param_for_update(const ZeroPlan::Bucket& k, size_t bucket_offset) {

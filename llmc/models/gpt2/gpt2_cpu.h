@@ -148,6 +148,7 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
         if (kind == MemoryKind::Activations) return acts_.size() * sizeof(float);
         return engine_.allocated_bytes(kind);

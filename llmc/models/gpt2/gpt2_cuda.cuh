@@ -293,6 +293,7 @@ public:
     }
 
     double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
         return engine_.allocated_bytes(kind) + (kind == MemoryKind::Activations ? own_activation_bytes_ : 0);
     }

@@ -1,0 +1,680 @@
+// ckpt/checkpoint.h: sharded checkpoints: written in the background, verified, resumed on any
+// world size and ZeRO stage.
+//
+// A checkpoint is a directory <output_dir>/ckpt_<step, 8 digits>/ holding
+//   rank_<rank, 5 digits>.bin  every rank's part of the training state (ShardedState's snapshot)
+//   manifest.json              what every file holds, its size and CRC32C, and the run's state
+//                              (step, data position, random states, config): manifest.h
+//   COMPLETE                   written last, by rank 0, once every rank's file is durable; it holds
+//                              the manifest's CRC32C. A directory without it does not exist for resume.
+// Every file is written under a temporary name, fsynced and renamed, and the directory fsynced, so a
+// crash at any moment leaves either the previous state or the new one.
+//
+// Writing (CheckpointWriter). After an optimizer step the trainer calls save(): the model starts
+// copying its state into host memory (a side stream on the GPU, a thread on the CPU) and the
+// trainer goes straight on with the next forward and backward, which do not change the state; only
+// the next optimizer update waits for the copy (before_update). A background thread then checksums
+// and writes the rank's file and, on a communicator of its own, learns every rank's outcome; rank 0
+// writes the manifest and the marker, or removes the directory if any rank failed, and prunes old
+// checkpoints. One checkpoint is in flight at most: a save() that finds the previous one still
+// writing waits for it, and says so. --ckpt-sync does everything on the training thread instead.
+//
+// Resuming (find_resume_checkpoint, load_checkpoint). Candidates newest first; each rank checks the
+// marker and manifest and the CRC32C of a share of the files, and the ranks agree: a directory with
+// any problem is reported (which file, expected and found) and the next older one is tried. Each
+// rank then reads the ranges it now holds from whichever files hold them (manifest.h's slices), so
+// the world size and ZeRO stage may differ from the run that wrote it.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/bf16.h"
+#include "llmc/ckpt/crc32c.h"
+#include "llmc/ckpt/manifest.h"
+#include "llmc/ckpt/shard_state.h"
+#include "llmc/config.h"
+#include "llmc/dist/comm.h"
+#include "llmc/utils.h"
+
+namespace llmc {
+
+inline constexpr const char* CHECKPOINT_MARKER = "COMPLETE";
+inline constexpr const char* CHECKPOINT_MANIFEST = "manifest.json";
+
+inline std::string checkpoint_dir_name(int step) { return strformat("ckpt_%08d", step); }
+inline std::string rank_file_name(int rank) { return strformat("rank_%05d.bin", rank); }
+// The step of a directory named ckpt_<8 digits>, or -1.
+inline int checkpoint_step_of(const std::string& name) {
+    if (name.size() != 13 || name.rfind("ckpt_", 0) != 0) return -1;
+    for (size_t i = 5; i < name.size(); i++)
+        if (name[i] < '0' || name[i] > '9') return -1;
+    return std::atoi(name.c_str() + 5);
+}
+
+namespace detail {
+
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Fault injection for the tests, from the environment: LLMC_CKPT_FAIL_STEP=<step>[:<rank>] makes
+// that rank's (default 0) write of that step's file fail with ENOSPC half-way, as a full disk
+// would; LLMC_CKPT_PAUSE_STEP=<step> makes every rank's writer stop for an hour after its file of
+// that step is written, before the marker (a job killed then leaves an incomplete checkpoint).
+inline bool env_step_matches(const char* var, int step, int rank, int default_rank) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) return false;
+    int at_step = -1, at_rank = default_rank;
+    if (std::sscanf(v, "%d:%d", &at_step, &at_rank) < 1) return false;
+    return at_step == step && (at_rank == rank || at_rank < 0);
+}
+
+inline void fsync_dir(const std::string& dir) {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) fail(strformat("cannot open directory '%s' to sync it: %s", dir.c_str(), strerror(errno)));
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) fail(strformat("cannot sync directory '%s': %s", dir.c_str(), strerror(err)));
+}
+
+// Writes n bytes to dir/name durably: a temporary file, written and checksummed chunk by chunk,
+// fsynced, renamed over the name, the directory fsynced. Returns the CRC32C. On an error the
+// temporary is removed and the error names the path and the system's reason.
+inline uint32_t write_file_durably(const std::string& dir, const std::string& name, const void* data, size_t n,
+                                   bool inject_full_disk = false) {
+    const std::string path = dir + "/" + name, tmp = path + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) fail(strformat("cannot create '%s': %s", tmp.c_str(), strerror(errno)));
+    auto fail_with = [&](const char* what, int err) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        fail(strformat("cannot %s '%s': %s", what, tmp.c_str(), strerror(err)));
+    };
+    const char* p = static_cast<const char*>(data);
+    uint32_t crc = 0;
+    const size_t chunk = 8u << 20;
+    for (size_t at = 0; at < n;) {
+        const size_t len = std::min(chunk, n - at);
+        if (inject_full_disk && at + len > n / 2) fail_with("write", ENOSPC);
+        crc = crc32c(crc, p + at, len);
+        ssize_t wrote = ::write(fd, p + at, len);
+        if (wrote < 0) {
+            if (errno == EINTR) continue;
+            fail_with("write", errno);
+        }
+        at += (size_t)wrote;
+    }
+    if (::fsync(fd) != 0) fail_with("sync", errno);
+    if (::close(fd) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        fail(strformat("cannot close '%s': %s", tmp.c_str(), strerror(err)));
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        fail(strformat("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), strerror(err)));
+    }
+    fsync_dir(dir);
+    return crc;
+}
+
+// CRC32C and size of a whole file, read in chunks.
+inline uint32_t crc32c_of_file(const std::string& path, uint64_t* size) {
+    File f(path, "rb");
+    *size = (uint64_t)f.size();
+    std::vector<char> buf(8u << 20);
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < *size;) {
+        const size_t len = (size_t)std::min<uint64_t>(buf.size(), *size - at);
+        f.read(buf.data(), len, "checkpoint data");
+        crc = crc32c(crc, buf.data(), len);
+        at += len;
+    }
+    return crc;
+}
+
+inline void remove_tree(const std::string& path) {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (ec) fail(strformat("cannot remove '%s': %s", path.c_str(), ec.message().c_str()));
+}
+
+}  // namespace detail
+
+// One checkpoint's outcome, as the trainer logs it (rank 0's view).
+struct CheckpointReport {
+    int step = 0;
+    std::string dir;
+    bool ok = false;
+    std::string error;     // every failed rank's error, when !ok
+    double stall_ms = 0;   // training time lost: snapshot start, its wait before the next update, sync writes
+    double wait_ms = 0;    // of stall_ms, the wait for the previous checkpoint to finish first
+    double write_ms = 0;   // from the snapshot to the marker (or the failure)
+    uint64_t bytes = 0;    // all ranks' files
+    double mb_per_s() const { return write_ms > 0 ? bytes / 1e6 / (write_ms / 1e3) : 0; }
+};
+
+// What the trainer knows of a step that the model does not: it goes into the manifest.
+struct TrainState {
+    int step = 0;
+    DataLoaderState data;
+    std::array<uint64_t, 4> sampler_rng{};
+};
+
+class CheckpointWriter {
+public:
+    // Collective over `world` (it splits a communicator for the writer thread): every rank calls it.
+    // run_config: the config.json of this run, recorded in every manifest.
+    CheckpointWriter(const RunConfig& cfg, const nlohmann::json& run_config, ShardedState& state,
+                     const ParamLayout& layout, Communicator& world)
+        : cfg_(cfg), run_config_(run_config), state_(state), layout_(layout), comm_(world.split(0, world.rank())),
+          tensors_(manifest_tensors(layout)), buffers_(state.state_buffers()), owned_(state.owned_ranges()) {
+        comm_->timeout_s = world.timeout_s;
+        state_.snapshot_memory(state_.snapshot_bytes());  // allocated (and touched) now, not at the first save
+    }
+    ~CheckpointWriter() {
+        if (thread_.joinable()) thread_.join();
+    }
+    CheckpointWriter(const CheckpointWriter&) = delete;
+    CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+    // Whether the state after `steps_done` optimizer steps is saved: every -n steps, and at the end.
+    bool due(int steps_done) const {
+        return cfg_.checkpoint_every > 0 && (steps_done % cfg_.checkpoint_every == 0 || steps_done == cfg_.steps);
+    }
+
+    // Saves the state as it is now (after the update of step t.step). Returns once the snapshot is
+    // started (asynchronous) or the checkpoint is complete (--ckpt-sync).
+    void save(const TrainState& t) {
+        auto start = std::chrono::steady_clock::now();
+        Pending p;
+        p.report.step = t.step;
+        p.report.dir = cfg_.output_dir + "/" + checkpoint_dir_name(t.step);
+        if (thread_.joinable()) {
+            if (comm_->rank() == 0)
+                printf("checkpoint %s: waiting for %s to finish writing first\n", p.report.dir.c_str(),
+                       checkpoint_dir_name(in_flight_step_).c_str());
+            thread_.join();
+            p.report.wait_ms = detail::ms_since(start);
+        }
+        void* host = state_.snapshot_memory(state_.snapshot_bytes());
+        state_.start_snapshot(host);
+        in_flight_step_ = t.step;
+        if (cfg_.ckpt_sync) {
+            const double wait_ms = p.report.wait_ms;
+            write(t, host, p.report);
+            p.report.wait_ms = wait_ms;
+            p.report.stall_ms = detail::ms_since(start);
+            std::lock_guard<std::mutex> lock(mutex_);
+            finished_sync_.push_back(p.report);
+            return;
+        }
+        p.report.stall_ms = detail::ms_since(start);
+        settled_ = false;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            pending_.push_back(std::move(p));
+        }
+        thread_ = std::thread([this, t, host] {
+            CheckpointReport r;
+            write(t, host, r);
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (Pending& q : pending_)
+                if (q.report.step == r.step && !q.written) {
+                    r.stall_ms = q.report.stall_ms;
+                    r.wait_ms = q.report.wait_ms;
+                    q.report = r;
+                    q.written = true;
+                }
+        });
+    }
+
+    // Before the next optimizer update: the snapshot copy must be done. Its wait counts as stall.
+    void before_update() {
+        if (settled_) return;
+        auto start = std::chrono::steady_clock::now();
+        state_.wait_snapshot();
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (Pending& q : pending_)
+            if (!q.settled) {
+                q.report.stall_ms += detail::ms_since(start);
+                q.settled = true;
+            }
+        settled_ = true;
+    }
+
+    // Checkpoints finished since the last call (written or failed, stall known), oldest first.
+    std::vector<CheckpointReport> take_finished() {
+        std::vector<CheckpointReport> out;
+        std::lock_guard<std::mutex> lock(mutex_);
+        while (!pending_.empty() && pending_.front().written && pending_.front().settled) {
+            out.push_back(pending_.front().report);
+            pending_.erase(pending_.begin());
+        }
+        for (CheckpointReport& r : finished_sync_) out.push_back(r);
+        finished_sync_.clear();
+        return out;
+    }
+
+    // Waits for the checkpoint in flight (end of training).
+    void finish() {
+        before_update();
+        if (thread_.joinable()) thread_.join();
+    }
+
+private:
+    struct Pending {
+        CheckpointReport report;
+        bool written = false, settled = false;
+    };
+
+    // The whole write of one checkpoint, on the writer thread (or the trainer's, --ckpt-sync). Never
+    // throws: every failure ends in a report, and in a removed directory.
+    void write(const TrainState& t, const void* host, CheckpointReport& r) {
+        auto start = std::chrono::steady_clock::now();
+        Communicator& comm = *comm_;
+        const int rank = comm.rank();
+        r.step = t.step;
+        r.dir = cfg_.output_dir + "/" + checkpoint_dir_name(t.step);
+        std::string error;
+        try {
+            state_.wait_snapshot();
+            // Rank 0 clears what a crashed run may have left under this name; the others wait.
+            if (rank == 0) {
+                detail::remove_tree(r.dir);
+                make_dirs(r.dir);
+            }
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        try {
+            const std::vector<std::string> setup = all_gather_strings(comm, error);
+            if (!setup[0].empty() && rank != 0) error = "rank 0 could not prepare the directory";
+            ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank));
+            if (error.empty()) {
+                try {
+                    const bool inject = detail::env_step_matches("LLMC_CKPT_FAIL_STEP", t.step, rank, 0);
+                    mine.crc32c = detail::write_file_durably(r.dir, mine.path, host, mine.bytes, inject);
+                    if (detail::env_step_matches("LLMC_CKPT_PAUSE_STEP", t.step, rank, -1))
+                        std::this_thread::sleep_for(std::chrono::hours(1));
+                } catch (const std::exception& e) {
+                    error = e.what();
+                }
+            }
+            // Every rank's outcome: its file's description, or its error.
+            nlohmann::json outcome = error.empty() ? nlohmann::json{{"file", file_json(mine, tensors_)}}
+                                                   : nlohmann::json{{"error", error}};
+            std::vector<std::string> outcomes = all_gather_strings(comm, outcome.dump());
+            std::string status;  // rank 0's verdict, shared with every rank
+            if (rank == 0) status = finalize(t, outcomes, r);
+            status = all_gather_strings(comm, status)[0];
+            const nlohmann::json verdict = nlohmann::json::parse(status);
+            r.ok = verdict.at("ok").get<bool>();
+            r.error = verdict.at("error").get<std::string>();
+            r.bytes = verdict.at("bytes").get<uint64_t>();
+        } catch (const std::exception& e) {
+            r.ok = false;
+            r.error = strformat("rank %d: %s", rank, e.what());
+        }
+        r.write_ms = detail::ms_since(start);
+    }
+
+    // Rank 0, once every rank has reported: the manifest and the marker, or the directory removed;
+    // then the retention policy. Returns the verdict as JSON {ok, error, bytes}.
+    std::string finalize(const TrainState& t, const std::vector<std::string>& outcomes, CheckpointReport& r) {
+        std::string errors;
+        uint64_t bytes = 0;
+        nlohmann::json files = nlohmann::json::array();
+        for (size_t i = 0; i < outcomes.size(); i++) {
+            nlohmann::json o = nlohmann::json::parse(outcomes[i]);
+            if (o.contains("error")) {
+                errors += strformat("%srank %zu: %s", errors.empty() ? "" : "; ", i, o["error"].get<std::string>().c_str());
+            } else {
+                bytes += o["file"]["bytes"].get<uint64_t>();
+                files.push_back(o["file"]);
+            }
+        }
+        if (errors.empty()) {
+            try {
+                Manifest m;
+                m.step = t.step;
+                m.world_size = (int)outcomes.size();
+                m.zero_stage = cfg_.zero_stage;
+                m.model = cfg_.model_config;
+                m.run_config = run_config_;
+                m.data = t.data;
+                m.sampler_rng = t.sampler_rng;
+                m.model_rng = state_.rng_states();
+                m.tensors = tensors_;
+                nlohmann::json j = manifest_json(m);
+                j["files"] = files;
+                const std::string text = manifest_text(j);
+                const uint32_t crc = detail::write_file_durably(r.dir, CHECKPOINT_MANIFEST, text.data(), text.size());
+                const std::string marker = nlohmann::json{{"step", t.step}, {"manifest_crc32c", crc}}.dump() + "\n";
+                detail::write_file_durably(r.dir, CHECKPOINT_MARKER, marker.data(), marker.size());
+            } catch (const std::exception& e) {
+                errors = strformat("rank 0: %s", e.what());
+            }
+        }
+        if (!errors.empty()) {
+            try {
+                detail::remove_tree(r.dir);
+            } catch (const std::exception& e) {
+                errors += strformat("; and the incomplete directory remains: %s", e.what());
+            }
+        } else {
+            try {
+                prune(t.step);
+            } catch (const std::exception& e) {
+                fprintf(stderr, "warning: checkpoint retention: %s\n", e.what());
+            }
+        }
+        return nlohmann::json{{"ok", errors.empty()}, {"error", errors}, {"bytes", bytes}}.dump();
+    }
+
+    // Retention: keep the newest -nk complete checkpoints (all with 0) and every step that is a
+    // multiple of -nm; never the newest complete one (just written). Incomplete directories older
+    // than it are debris of crashed writes and go too.
+    void prune(int newest) {
+        std::vector<int> complete;
+        std::vector<std::string> incomplete;
+        for (const auto& entry : std::filesystem::directory_iterator(cfg_.output_dir)) {
+            const std::string name = entry.path().filename().string();
+            const int step = checkpoint_step_of(name);
+            if (step < 0 || !entry.is_directory()) continue;
+            if (std::filesystem::exists(entry.path() / CHECKPOINT_MARKER)) complete.push_back(step);
+            else if (step < newest) incomplete.push_back(entry.path().string());
+        }
+        std::sort(complete.rbegin(), complete.rend());
+        for (size_t i = 0; i < complete.size(); i++) {
+            const int step = complete[i];
+            const bool keep = step == newest || cfg_.checkpoint_keep == 0 || (int)i < cfg_.checkpoint_keep ||
+                              (cfg_.checkpoint_major > 0 && step % cfg_.checkpoint_major == 0);
+            if (!keep) detail::remove_tree(cfg_.output_dir + "/" + checkpoint_dir_name(step));
+        }
+        for (const std::string& dir : incomplete) detail::remove_tree(dir);
+    }
+
+    const RunConfig& cfg_;
+    nlohmann::json run_config_;
+    ShardedState& state_;
+    const ParamLayout& layout_;
+    std::unique_ptr<Communicator> comm_;  // the writer thread's own
+    std::vector<ManifestTensor> tensors_;
+    std::vector<StateBuffer> buffers_;
+    std::vector<FlatRange> owned_;
+    std::thread thread_;
+    int in_flight_step_ = 0;
+    bool settled_ = true;  // the last snapshot's copy is known to be done
+    std::mutex mutex_;
+    std::vector<Pending> pending_;
+    std::vector<CheckpointReport> finished_sync_;
+};
+
+// ---- resume ----
+
+// Reads ranges of a saved buffer out of a checkpoint's rank files, whichever files hold them.
+class CheckpointReader {
+public:
+    CheckpointReader(const std::string& dir, const Manifest& m, const ParamLayout& layout)
+        : dir_(dir), manifest_(m), layout_(layout) {
+        const std::vector<ManifestTensor> mine = manifest_tensors(layout);
+        for (const ManifestTensor& t : mine) {
+            int found = -1;
+            for (size_t i = 0; i < m.tensors.size(); i++)
+                if (m.tensors[i].name == t.name) found = (int)i;
+            if (found < 0) fail(strformat("checkpoint '%s' has no tensor '%s'", dir.c_str(), t.name.c_str()));
+            if (m.tensors[found].shape != t.shape)
+                fail(strformat("checkpoint '%s': tensor '%s' has shape %s; this model's is %s", dir.c_str(),
+                               t.name.c_str(), nlohmann::json(m.tensors[found].shape).dump().c_str(),
+                               nlohmann::json(t.shape).dump().c_str()));
+            tensor_of_manifest_.push_back(found);
+        }
+    }
+
+    bool has_buffer(const std::string& name) const {
+        for (const ManifestFile& f : manifest_.files)
+            for (const ManifestBuffer& b : f.buffers)
+                if (b.name == name) return true;
+        return false;
+    }
+
+    // Fills out[0, r.size()) with flat elements r of buffer `name`, as fp32.
+    void read(const std::string& name, FlatRange r, float* out) {
+        const auto& index = index_for(name);
+        for (const TensorPiece& p : tensor_pieces(layout_, r)) {
+            const std::vector<Entry>& entries = index[tensor_of_manifest_[p.tensor]];
+            size_t covered = 0;
+            // Entries are sorted by begin; the first that might overlap ends after p.begin.
+            auto it = std::upper_bound(entries.begin(), entries.end(), p.begin,
+                                       [](size_t x, const Entry& e) { return x < e.slice.end; });
+            for (; it != entries.end() && it->slice.begin < p.end; ++it) {
+                const uint64_t lo = std::max<uint64_t>(p.begin, it->slice.begin);
+                const uint64_t hi = std::min<uint64_t>(p.end, it->slice.end);
+                read_elements(*it, lo, hi - lo, out + (p.flat_begin - r.begin) + (lo - p.begin));
+                covered += hi - lo;
+            }
+            if (covered != p.end - p.begin)
+                fail(strformat("checkpoint '%s': the files hold %zu of elements [%zu, %zu) of %s's '%s'; expected all",
+                               dir_.c_str(), covered, p.begin, p.end, name.c_str(), layout_.name(p.tensor).c_str()));
+        }
+    }
+
+private:
+    struct Entry {
+        int file;
+        StateDtype dtype;
+        ManifestSlice slice;
+    };
+
+    // Per manifest tensor, the slices of buffer `name` in every file, sorted by begin.
+    const std::vector<std::vector<Entry>>& index_for(const std::string& name) {
+        auto it = index_.find(name);
+        if (it != index_.end()) return it->second;
+        std::vector<std::vector<Entry>> index(manifest_.tensors.size());
+        for (size_t f = 0; f < manifest_.files.size(); f++)
+            for (const ManifestBuffer& b : manifest_.files[f].buffers)
+                if (b.name == name)
+                    for (const ManifestSlice& s : b.slices) index[s.tensor].push_back({(int)f, b.dtype, s});
+        for (auto& entries : index) {
+            std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.slice.begin < b.slice.begin; });
+            for (size_t i = 1; i < entries.size(); i++)
+                if (entries[i].slice.begin < entries[i - 1].slice.end)
+                    fail(strformat("checkpoint '%s': two files hold overlapping slices of one tensor of '%s'",
+                                   dir_.c_str(), name.c_str()));
+        }
+        return index_[name] = std::move(index);
+    }
+
+    void read_elements(const Entry& e, uint64_t first, uint64_t n, float* out) {
+        const ManifestFile& file = manifest_.files[e.file];
+        auto& f = files_[e.file];
+        if (!f) f = std::make_unique<File>(dir_ + "/" + file.path, "rb");
+        const size_t elem = state_dtype_bytes(e.dtype);
+        f->seek((int64_t)(e.slice.byte_offset + (first - e.slice.begin) * elem));
+        if (e.dtype == StateDtype::F32) {
+            f->read(out, n, "checkpoint data");
+        } else {
+            std::vector<uint16_t> bits(n);
+            f->read(bits.data(), n, "checkpoint data");
+            for (uint64_t i = 0; i < n; i++) out[i] = bf16_bits_to_float(bits[i]);
+        }
+    }
+
+    std::string dir_;
+    const Manifest& manifest_;
+    const ParamLayout& layout_;
+    std::vector<int> tensor_of_manifest_;  // per layout tensor
+    std::map<std::string, std::vector<std::vector<Entry>>> index_;
+    std::map<int, std::unique_ptr<File>> files_;
+};
+
+struct ResumePoint {
+    std::string dir;
+    Manifest manifest;
+};
+
+namespace detail {
+
+// Why a checkpoint directory cannot be used, as far as this rank can tell ("" if it can): the
+// marker, the manifest, and the size and CRC32C of the files with index = rank (mod world).
+inline std::string checkpoint_problem(const std::string& dir, int rank, int world, Manifest* out) {
+    try {
+        const std::string marker_path = dir + "/" + CHECKPOINT_MARKER;
+        if (!std::filesystem::exists(marker_path))
+            return strformat("no completion marker '%s' (the write did not finish)", marker_path.c_str());
+        nlohmann::json marker;
+        try {
+            marker = nlohmann::json::parse(read_text_file(marker_path));
+        } catch (const nlohmann::json::exception& e) {
+            return strformat("the marker '%s' is not valid JSON: %s", marker_path.c_str(), e.what());
+        }
+        const std::string manifest_path = dir + "/" + CHECKPOINT_MANIFEST;
+        const std::string text = read_text_file(manifest_path);
+        const uint32_t crc = crc32c(0, text.data(), text.size());
+        if (!marker.contains("manifest_crc32c") || !marker["manifest_crc32c"].is_number_unsigned() ||
+            marker["manifest_crc32c"].get<uint64_t>() != crc)
+            return strformat("'%s' has CRC32C %u; the marker expects %s", manifest_path.c_str(), crc,
+                             marker.value("manifest_crc32c", nlohmann::json()).dump().c_str());
+        *out = parse_manifest(text, strformat("manifest '%s'", manifest_path.c_str()));
+        for (size_t i = rank; i < out->files.size(); i += world) {
+            const ManifestFile& f = out->files[i];
+            const std::string path = dir + "/" + f.path;
+            if (!std::filesystem::exists(path)) return strformat("'%s' is missing", path.c_str());
+            uint64_t size = 0;
+            const uint32_t file_crc = crc32c_of_file(path, &size);
+            if (size != f.bytes)
+                return strformat("'%s' has %llu bytes; the manifest expects %llu (truncated?)", path.c_str(),
+                                 (unsigned long long)size, (unsigned long long)f.bytes);
+            if (file_crc != f.crc32c)
+                return strformat("'%s' has CRC32C %u; the manifest expects %u (corrupt)", path.c_str(), file_crc,
+                                 f.crc32c);
+        }
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace detail
+
+// The newest usable checkpoint: under --resume-from DIR, DIR or else the newest complete one
+// before it in DIR's parent; otherwise the newest in output_dir. Collective over `world`: every
+// rank gets the same answer. Every directory skipped is reported (rank 0 prints why).
+inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world) {
+    std::string parent = cfg.output_dir;
+    int newest_step = INT32_MAX;
+    if (!cfg.resume_from.empty()) {
+        std::filesystem::path p = std::filesystem::path(cfg.resume_from).lexically_normal();
+        if (p.filename().empty()) p = p.parent_path();
+        newest_step = checkpoint_step_of(p.filename().string());
+        if (newest_step < 0)
+            fail(strformat("--resume-from '%s': expected a checkpoint directory named ckpt_<8 digits>",
+                           cfg.resume_from.c_str()));
+        parent = p.parent_path().empty() ? "." : p.parent_path().string();
+    }
+    // Rank 0 lists the candidates, so every rank tries the same ones in the same order.
+    std::string listing;
+    if (world.rank() == 0) {
+        std::vector<int> steps;
+        std::error_code ec;
+        for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
+            const int step = checkpoint_step_of(entry.path().filename().string());
+            if (step >= 0 && step <= newest_step && entry.is_directory()) steps.push_back(step);
+        }
+        std::sort(steps.rbegin(), steps.rend());
+        for (int s : steps) listing += std::to_string(s) + "\n";
+        if (!cfg.resume_from.empty() && (steps.empty() || steps[0] != newest_step))
+            printf("resume: '%s' does not exist\n", cfg.resume_from.c_str());
+    }
+    listing = all_gather_strings(world, listing)[0];
+    for (size_t at = 0; at < listing.size();) {
+        const size_t end = listing.find('\n', at);
+        const int step = std::atoi(listing.substr(at, end - at).c_str());
+        at = end + 1;
+        const std::string dir = parent + "/" + checkpoint_dir_name(step);
+        ResumePoint point{dir, {}};
+        const std::string mine = detail::checkpoint_problem(dir, world.rank(), world.world_size(), &point.manifest);
+        std::string problems;
+        for (const std::string& p : all_gather_strings(world, mine))
+            if (!p.empty() && problems.find(p) == std::string::npos) problems += (problems.empty() ? "" : "; ") + p;
+        if (problems.empty()) return point;
+        if (world.rank() == 0) printf("resume: skipping %s: %s\n", dir.c_str(), problems.c_str());
+    }
+    return std::nullopt;
+}
+
+// Refuses a checkpoint this run cannot continue exactly: another model shape, seed, window size
+// (B*T), total batch or shuffling. The message names the field and both values. Steps, learning
+// rate, intervals, world size and ZeRO stage may change.
+inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) {
+    auto refuse = [&](const char* field, const std::string& theirs, const std::string& ours) {
+        fail(strformat("cannot resume from '%s': its %s is %s but this run's is %s", p.dir.c_str(), field,
+                       theirs.c_str(), ours.c_str()));
+    };
+    const ModelConfig &a = p.manifest.model, &b = cfg.model_config;
+    const std::pair<const char*, std::pair<int, int>> model_fields[] = {
+        {"num_layers", {a.num_layers, b.num_layers}},       {"num_heads", {a.num_heads, b.num_heads}},
+        {"channels", {a.channels, b.channels}},             {"vocab_size", {a.vocab_size, b.vocab_size}},
+        {"padded_vocab_size", {a.padded_vocab_size, b.padded_vocab_size}},
+        {"max_seq_len", {a.max_seq_len, b.max_seq_len}}};
+    for (const auto& [field, values] : model_fields)
+        if (values.first != values.second)
+            refuse(strformat("model %s", field).c_str(), std::to_string(values.first), std::to_string(values.second));
+    const nlohmann::json& rc = p.manifest.run_config;
+    auto number = [&](const char* key) -> long long {
+        if (!rc.contains(key) || !rc[key].is_number_integer())
+            fail(strformat("cannot resume from '%s': its run_config has no integer \"%s\"", p.dir.c_str(), key));
+        return rc[key].get<long long>();
+    };
+    if ((uint64_t)number("seed") != cfg.seed)
+        refuse("seed", std::to_string(number("seed")), std::to_string(cfg.seed));
+    const long long window = number("batch_size") * number("seq_len");
+    if (window != (long long)cfg.batch_size * cfg.seq_len)
+        refuse("B*T (window size)", strformat("%lld*%lld", number("batch_size"), number("seq_len")),
+               strformat("%d*%d", cfg.batch_size, cfg.seq_len));
+    if (number("total_batch_tokens") != cfg.total_batch_tokens)
+        refuse("total_batch_tokens", std::to_string(number("total_batch_tokens")), std::to_string(cfg.total_batch_tokens));
+    if (!rc.contains("shuffle") || !rc["shuffle"].is_boolean() || rc["shuffle"].get<bool>() != cfg.shuffle)
+        refuse("shuffle", rc.value("shuffle", nlohmann::json()).dump(), cfg.shuffle ? "true" : "false");
+}
+
+// Sets the model's state from a checkpoint: every buffer's held ranges, and its random states. A
+// checkpoint of a model without separate master weights gives them from its fp32 parameters; a
+// model without them takes its fp32 parameters from the master weights where the checkpoint has them.
+inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout) {
+    CheckpointReader reader(p.dir, p.manifest, layout);
+    const std::vector<StateBuffer> buffers = state.state_buffers();
+    bool has_master = false;
+    for (const StateBuffer& b : buffers) has_master |= b.name == STATE_MASTER;
+    for (int i = 0; i < (int)buffers.size(); i++) {
+        std::string source = buffers[i].name;
+        if (source == STATE_MASTER && !reader.has_buffer(STATE_MASTER)) source = STATE_PARAMS;
+        if (source == STATE_PARAMS && !has_master && reader.has_buffer(STATE_MASTER)) source = STATE_MASTER;
+        if (!reader.has_buffer(source))
+            fail(strformat("checkpoint '%s' holds no buffer '%s'", p.dir.c_str(), source.c_str()));
+        state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
+    }
+    for (const auto& [name, value] : p.manifest.model_rng)
+        for (const auto& [known, unused] : state.rng_states())
+            if (known == name) state.set_rng_state(name, value);
+}
+
+}  // namespace llmc
