@@ -2,7 +2,8 @@
 #   make              train_gpt_cpu (+ train_gpt if nvcc is found)
 #   make train        prepare the default corpus, then train the default model on the CPU
 #   make test         prepare test data, build and run the Catch2 tests, check that every .h compiles
-#                     without nvcc (test/check_headers.sh), then test-mpi
+#                     without nvcc (test/check_headers.sh) and that every preset run script's flags
+#                     plan (test/check_scripts.sh), then test-mpi
 #   make test-mpi     communicator and ZeRO tests under mpirun with 1-4 ranks (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
 #                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
@@ -95,7 +96,7 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 # test_comm and test_zero are listed here as well as under test-mpi so that under -j they compile
 # alongside everything else, not after the Catch2 suite has run.
-test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/headers.ok
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/headers.ok $(BUILD)/scripts.ok
 	$(BUILD)/test_llmc
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
@@ -104,6 +105,13 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 $(BUILD)/headers.ok: $(HEADERS) test/check_headers.sh | deps
 	@mkdir -p $(dir $@)
 	test/check_headers.sh $(CXX) $(MPI_INC) $(EXTRA_INC)
+	@touch $@
+
+# The preset run scripts (scripts/run_*.sh) with PLAN=1 and the CPU trainer: their flags parse and
+# plan for 1 and 8 ranks, extra flags override them, bad ones fail (rechecked when either changes).
+$(BUILD)/scripts.ok: train_gpt_cpu $(wildcard scripts/run_*.sh) scripts/preset_common.sh test/check_scripts.sh
+	@mkdir -p $(dir $@)
+	test/check_scripts.sh ./train_gpt_cpu
 	@touch $@
 
 # Communicator and ZeRO tests: standalone MPI programs (Catch2 does not run under mpirun), run by the

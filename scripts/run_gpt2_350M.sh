@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# GPT-2 350M (preset d24) on FineWeb sample-10BT with train_gpt, llm.c's recipe: 60,000 steps of
+# 524,288 tokens (31.5B tokens: about three passes over sample-10BT, reshuffled each pass), lr 3e-4
+# with 700 warmup steps and a cosine decay to 0, B 64 per GPU.
+# A checkpoint every 1000 steps in out/gpt2_350M; the newest 2 are kept, and every 10000th. With -y 1,
+# running the script again resumes from the newest checkpoint.
+#   scripts/run_gpt2_350M.sh [NGPU] [extra train_gpt flags, which override these]
+#   PLAN=1 scripts/run_gpt2_350M.sh 8     # print the per-GPU memory plan of the run instead
+# NGPU defaults to the GPUs nvidia-smi lists (8 if it lists none); the batch needs 524288 to be a
+# multiple of 64*1024*NGPU (NGPU 1, 2, 4, 8; pass -b 32 for 16). Data: dev/data/fineweb.py
+# makes data/fineweb10B (the script names the commands when it is missing); paths are from the repo root.
+set -euo pipefail
+# shellcheck source=scripts/preset_common.sh
+source "$(dirname "$0")/preset_common.sh"
+preset_run gpu "${PRESET_GPT2[@]}" -e d24 -b 64 -d 524288 -l 0.0003 -q 0.0 -x 60000 \
+    -n 1000 -nk 2 -nm 10000 -y 1 -o out/gpt2_350M -- "$@"
