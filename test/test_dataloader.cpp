@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <utility>
 
@@ -302,4 +303,67 @@ TEST_CASE("dataloader: bad inputs are errors naming the file and what was expect
             nlohmann::json::parse(R"({"epoch": -2, "shard_index": 1, "round_index": 0})").get<DataLoaderState>(),
             Contains("\"epoch\" is -2"));
     }
+}
+
+TEST_CASE("dataloader: each step's global batch depends on W = ranks x accumulation, not on the split",
+          "[dataloader]") {
+    TempDir dir;
+    write_three_shards(dir);
+    constexpr int W = 6;  // windows per optimizer step
+    // The windows every rank reads in each of `steps` steps, as a set per step.
+    auto global_batches = [&](int world_size, bool shuffle, int steps, const DataLoaderState* start = nullptr) {
+        const int accumulation = W / world_size;
+        std::vector<std::unique_ptr<DataLoader>> ranks;
+        for (int r = 0; r < world_size; r++) {
+            ranks.push_back(std::make_unique<DataLoader>(dir.file("s*.bin"), kB, kT, r, world_size, kVocab, shuffle,
+                                                         3, accumulation));
+            if (start) ranks.back()->restore(*start);
+        }
+        std::vector<std::multiset<Window>> out;
+        for (int s = 0; s < steps; s++) {
+            std::multiset<Window> windows;
+            for (auto& loader : ranks)
+                for (int a = 0; a < accumulation; a++) {
+                    loader->next_batch();
+                    windows.insert(window_of(*loader));
+                }
+            REQUIRE(windows.size() == (size_t)W);
+            out.push_back(windows);
+            for (auto& loader : ranks) REQUIRE(loader->state() == ranks[0]->state());
+        }
+        return out;
+    };
+    for (bool shuffle : {false, true}) {
+        CAPTURE(shuffle);
+        // 40 windows in all hold 6 whole rounds (2 + 1 + 3), so 20 steps run past two epochs.
+        auto reference = global_batches(1, shuffle, 20);
+        std::set<Window> distinct;
+        for (auto& step : reference) distinct.insert(step.begin(), step.end());
+        REQUIRE(distinct.size() == 36);  // every window of the 6 rounds, none twice within a step
+        for (int world_size : {2, 3, 6}) {
+            CAPTURE(world_size);
+            REQUIRE(global_batches(world_size, shuffle, 20) == reference);
+        }
+        // A position saved between steps on 3 ranks continues on 2 with the same batches.
+        DataLoader three(dir.file("s*.bin"), kB, kT, 0, 3, kVocab, shuffle, 3, 2);
+        read_batches(three, 2 * 7);
+        DataLoaderState after7 = three.state();
+        REQUIRE(after7.batch_in_round == 0);
+        auto resumed = global_batches(2, shuffle, 13, &after7);
+        REQUIRE(resumed == std::vector<std::multiset<Window>>(reference.begin() + 7, reference.end()));
+    }
+}
+
+TEST_CASE("dataloader: a position inside a round is restored too", "[dataloader]") {
+    TempDir dir;
+    write_three_shards(dir);
+    DataLoader a(dir.file("s*.bin"), kB, kT, 1, 2, kVocab, true, 5, 3);
+    read_batches(a, 4);
+    REQUIRE(a.state().batch_in_round == 1);
+    DataLoader b(dir.file("s*.bin"), kB, kT, 1, 2, kVocab, true, 5, 3);
+    b.restore(a.state());
+    REQUIRE(read_batches(a, 10) == read_batches(b, 10));
+    DataLoaderState bad = a.state();
+    bad.batch_in_round = 3;
+    REQUIRE_THROWS_WITH(b.restore(bad), Catch::Contains("batch_in_round 3 is out of range"));
 }

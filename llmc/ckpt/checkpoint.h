@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -208,7 +209,7 @@ public:
         p.report.step = t.step;
         p.report.dir = cfg_.output_dir + "/" + checkpoint_dir_name(t.step);
         if (thread_.joinable()) {
-            if (comm_->rank() == 0)
+            if (writing_ && comm_->rank() == 0)
                 printf("checkpoint %s: waiting for %s to finish writing first\n", p.report.dir.c_str(),
                        checkpoint_dir_name(in_flight_step_).c_str());
             thread_.join();
@@ -232,9 +233,11 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             pending_.push_back(std::move(p));
         }
+        writing_ = true;
         thread_ = std::thread([this, t, host] {
             CheckpointReport r;
             write(t, host, r);
+            writing_ = false;
             std::lock_guard<std::mutex> lock(mutex_);
             for (Pending& q : pending_)
                 if (q.report.step == r.step && !q.written) {
@@ -421,6 +424,7 @@ private:
     std::vector<StateBuffer> buffers_;
     std::vector<FlatRange> owned_;
     std::thread thread_;
+    std::atomic<bool> writing_{false};
     int in_flight_step_ = 0;
     bool settled_ = true;  // the last snapshot's copy is known to be done
     std::mutex mutex_;
