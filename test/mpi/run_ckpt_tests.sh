@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Checkpoints end to end on the CPU trainer under mpirun (issue 10's tests). Every claim is checked
+# against an uninterrupted reference run of the same configuration:
+#   - kill -9 of the whole job at a random step, then -y 1: the final model file and every step's
+#     loss are bitwise those of the reference (1, 2 and 4 ranks; ZeRO 0-3);
+#   - a kill while a checkpoint is being written (the writer paused by LLMC_CKPT_PAUSE_STEP): the
+#     incomplete directory is skipped, the previous one used, the result still bitwise the same;
+#   - a flipped byte or a truncated rank file: named, skipped, the previous one used, same result;
+#   - resharding: resumed on another world size or ZeRO stage (4 -> 2, 2 -> 3, 1 -> 4, ZeRO-1 ->
+#     ZeRO-3 and back), every later loss within 1e-5 relative of the reference;
+#   - a failed write (LLMC_CKPT_FAIL_STEP injects ENOSPC; and a real full tmpfs where mounting one
+#     is allowed): error with path and reason, directory removed, earlier ones intact, training goes
+#     on; with --ckpt-fail-stop 1 the run stops non-zero;
+#   - refusals (another seed) and -y 1 with nothing to resume.
+#   test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
+set -euo pipefail
+
+trainer=${1:-./train_gpt_cpu}
+[ -x "$trainer" ] || { echo "run_ckpt_tests.sh: $trainer is not built" >&2; exit 1; }
+train_glob='data/default/default_train_*.bin'
+compgen -G "$train_glob" >/dev/null || { echo "run_ckpt_tests.sh: no $train_glob (make data)" >&2; exit 1; }
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMP_NUM_THREADS=1  # ranks share the cores
+mpirun=(timeout 300 mpirun --oversubscribe)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# 24 steps of a 2-layer model; 12 windows per step, so 1, 2, 3 and 4 ranks all keep the same batch.
+common=(-i "$train_glob" -j "" -k "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
+        -b 2 -t 32 -d 768 -x 24 -l 3e-3 -u 4 -v 0 -s 0 -n 4)
+
+fail() { echo "FAILED: $*" >&2; exit 1; }
+run() {  # run NP OUT_DIR [flags...]: the trainer on NP ranks, output in OUT_DIR, its log in OUT_DIR.log
+    local np=$1 out=$2
+    shift 2
+    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -o "$out" "$@" >"$out.log" 2>&1 ||
+        { cat "$out.log"; fail "run of $np rank(s) into $out exited non-zero"; }
+}
+losses() {  # "step loss" per training step of a run's metrics.jsonl
+    sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$1/metrics.jsonl"
+}
+same_run() {  # same_run REF OUT WHAT: bitwise equal final model and losses
+    cmp -s "$1/model.bin" "$2/model.bin" || fail "$3: model.bin differs from the uninterrupted run"
+    diff <(losses "$1") <(losses "$2") >/dev/null || fail "$3: losses differ from the uninterrupted run"
+    [ "$(losses "$2" | wc -l)" = 24 ] || fail "$3: expected 24 steps in metrics.jsonl"
+}
+close_run() {  # close_run REF OUT FROM_STEP WHAT: losses after FROM_STEP within 1e-5 relative
+    awk -v from="$3" -v what="$4" 'NR == FNR { ref[$1] = $2; next }
+        $1 > from { n++; d = $2 - ref[$1]; if (d < 0) d = -d; r = d / (ref[$1] < 0 ? -ref[$1] : ref[$1]);
+                    if (r > worst) worst = r }
+        END { if (n != 24 - from || worst > 1e-5) { printf "FAILED: %s: %d steps, worst relative difference %g\n", what, n, worst; exit 1 }
+              printf "   %d steps, worst relative difference %.2g\n", n, worst }' <(losses "$1") <(losses "$2")
+}
+# kill_at NP OUT STEP [flags...]: starts a run and kill -9s the whole job once STEP is logged.
+kill_at() {
+    local np=$1 out=$2 step=$3 pid waited=0
+    shift 3
+    setsid "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -o "$out" "$@" >"$out.log" 2>&1 &
+    pid=$!
+    until grep -q "\"step\":$step,.*train_loss" "$out/metrics.jsonl" 2>/dev/null; do
+        kill -0 "$pid" 2>/dev/null || { cat "$out.log"; fail "the run into $out ended before step $step"; }
+        sleep 0.02
+        waited=$((waited + 1))
+        [ $waited -lt 6000 ] || fail "step $step never came"
+    done
+    kill -9 -- "-$pid"
+    wait "$pid" 2>/dev/null || true
+    [ ! -e "$out/model.bin" ] || fail "the run into $out finished before the kill"
+}
+reference() {  # the uninterrupted run for NP ranks at ZeRO stage Z, every checkpoint kept: $dir/ref_NP_Z
+    [ -e "$dir/ref_$1_$2/model.bin" ] || run "$1" "$dir/ref_$1_$2" -z "$2"
+}
+
+echo "== kill -9 at a random step, then -y 1: bitwise the uninterrupted run"
+for case in "1 0" "2 0" "2 1" "2 2" "2 3" "4 1" "4 3"; do
+    read -r np z <<<"$case"
+    reference "$np" "$z"
+    step=$((RANDOM % 14 + 5))
+    out="$dir/kill_${np}_$z"
+    kill_at "$np" "$out" "$step" -z "$z"
+    run "$np" "$out" -z "$z" -y 1
+    grep -q "resumed from $out/ckpt_" "$out.log" || fail "$out did not resume"
+    same_run "$dir/ref_${np}_$z" "$out" "kill at step $step, $np rank(s), ZeRO-$z"
+    echo "ok $np rank(s), ZeRO-$z: killed after step $step, $(grep -o 'resumed from [^:]*' "$out.log" | sed 's|.*/||'), bitwise equal"
+done
+
+echo "== a kill while a checkpoint is written: the incomplete one is skipped"
+out="$dir/pause"
+LLMC_CKPT_PAUSE_STEP=8 kill_at 2 "$out" 10 -z 1
+[ -d "$out/ckpt_00000008" ] && [ ! -e "$out/ckpt_00000008/COMPLETE" ] || fail "expected an incomplete ckpt_00000008"
+run 2 "$out" -z 1 -y 1
+grep -q "skipping $out/ckpt_00000008: no completion marker" "$out.log" || { cat "$out.log"; fail "ckpt_00000008 not reported"; }
+grep -q "resumed from $out/ckpt_00000004" "$out.log" || fail "did not resume from ckpt_00000004"
+same_run "$dir/ref_2_1" "$out" "kill during a checkpoint write"
+echo "ok killed while ckpt_00000008 was written: skipped, resumed from ckpt_00000004, bitwise equal"
+
+echo "== damaged files are named and skipped"
+for damage in flip truncate; do
+    out="$dir/damage_$damage"
+    mkdir -p "$out"
+    cp -r "$dir/ref_2_1/ckpt_00000016" "$dir/ref_2_1/ckpt_00000020" "$out/"
+    f="$out/ckpt_00000020/rank_00001.bin"
+    if [ $damage = flip ]; then
+        printf '\x5a' | dd of="$f" bs=1 seek=1000 conv=notrunc status=none
+        expected="rank_00001.bin' has CRC32C"
+    else
+        truncate -s -100 "$f"
+        expected="rank_00001.bin' has [0-9]* bytes; the manifest expects"
+    fi
+    run 2 "$out" -z 1 -y 1
+    grep -q "skipping $out/ckpt_00000020: .*$expected" "$out.log" || { cat "$out.log"; fail "$damage not reported"; }
+    grep -q "resumed from $out/ckpt_00000016" "$out.log" || fail "$damage: did not resume from ckpt_00000016"
+    cmp -s "$dir/ref_2_1/model.bin" "$out/model.bin" || fail "$damage: model differs"
+    echo "ok $damage: $(grep -o "skipping.*" "$out.log" | sed "s|$out/||g")"
+done
+
+echo "== resharding: another world size or ZeRO stage, within 1e-5"
+for case in "4 1 2 1" "2 1 3 1" "1 0 4 0" "4 1 4 3" "4 3 2 1"; do
+    read -r from_np from_z np z <<<"$case"
+    reference "$from_np" "$from_z"
+    out="$dir/reshard_${from_np}_${from_z}_${np}_$z"
+    mkdir -p "$out"
+    cp -r "$dir/ref_${from_np}_${from_z}/ckpt_00000012" "$out/"
+    echo "-- $from_np rank(s) ZeRO-$from_z -> $np rank(s) ZeRO-$z"
+    run "$np" "$out" -z "$z" -y 1
+    grep -q "resumed from $out/ckpt_00000012: step 12, written by $from_np rank(s) at ZeRO-$from_z" "$out.log" ||
+        { cat "$out.log"; fail "did not resume from ckpt_00000012"; }
+    close_run "$dir/ref_${from_np}_${from_z}" "$out" 12 "$from_np/ZeRO-$from_z -> $np/ZeRO-$z"
+done
+
+echo "== failed writes: reported, removed, training goes on (or stops with --ckpt-fail-stop 1)"
+out="$dir/enospc"
+LLMC_CKPT_FAIL_STEP=8:1 run 2 "$out" -z 2
+grep -q "error: checkpoint $out/ckpt_00000008 failed: rank 1: cannot write '$out/ckpt_00000008/rank_00001.bin.tmp': No space left on device" "$out.log" ||
+    { cat "$out.log"; fail "the injected write error was not reported with its path and reason"; }
+[ ! -e "$out/ckpt_00000008" ] || fail "the failed checkpoint directory was left behind"
+[ -e "$out/ckpt_00000004/COMPLETE" ] && [ -e "$out/ckpt_00000024/COMPLETE" ] || fail "expected ckpt 4 and 24 complete"
+cmp -s "$dir/ref_2_2/model.bin" "$out/model.bin" 2>/dev/null || { reference 2 2; cmp -s "$dir/ref_2_2/model.bin" "$out/model.bin"; } ||
+    fail "training after a failed checkpoint differs"
+echo "ok injected ENOSPC on rank 1 at step 8: reported, removed, ckpt 4 intact, training finished the same"
+rc=0
+LLMC_CKPT_FAIL_STEP=8:1 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/stop" --ckpt-fail-stop 1 >"$dir/stop.log" 2>&1 || rc=$?
+[ $rc != 0 ] && grep -q "failed and --ckpt-fail-stop is set" "$dir/stop.log" || { cat "$dir/stop.log"; fail "--ckpt-fail-stop 1 did not stop the run"; }
+echo "ok --ckpt-fail-stop 1: exit code $rc"
+small="$dir/small"
+mkdir -p "$small"
+if mount -t tmpfs -o size=64k tmpfs "$small" 2>/dev/null; then
+    rc=0
+    "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$small/out" -x 8 >"$dir/small.log" 2>&1 || rc=$?
+    ls -R "$small" >"$dir/small.ls"
+    umount "$small"
+    grep -q "rank_0000[01].bin.tmp': No space left on device" "$dir/small.log" || { cat "$dir/small.log"; fail "a full tmpfs was not reported"; }
+    ! grep -q ckpt_ "$dir/small.ls" || fail "a partial checkpoint was left on the full tmpfs"
+    echo "ok a real full filesystem (64 KiB tmpfs): $(grep -m1 -o 'cannot write.*' "$dir/small.log" | sed "s|$small/||")"
+else
+    echo "skip a real full filesystem: mounting a tmpfs is not allowed here (the injected error above covers it)"
+fi
+
+echo "== refusals and fresh starts"
+rc=0
+"${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/ref_2_1" -y 1 --seed 5 >"$dir/seed.log" 2>&1 || rc=$?
+[ $rc != 0 ] && grep -q "its seed is 1337 but this run's is 5" "$dir/seed.log" || { cat "$dir/seed.log"; fail "another seed was not refused"; }
+echo "ok another seed: $(grep -m1 -o 'cannot resume.*' "$dir/seed.log" | sed "s|$dir/||")"
+run 1 "$dir/fresh" -y 1 -x 2
+grep -q "no complete checkpoint in '$dir/fresh'; starting fresh" "$dir/fresh.log" || fail "-y 1 without checkpoints did not say it starts fresh"
+echo "ok -y 1 with no checkpoint starts fresh and says so"
