@@ -150,7 +150,8 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench train_gpt data
+test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench train_gpt train_gpt_cpu data
 	$(BUILD)/test_gpt2_cuda
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt
+	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu

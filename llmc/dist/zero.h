@@ -420,6 +420,7 @@ public:
             else mem_.upload(static_cast<float*>(dst), staged.data(), r.size());
         }
         invalidate_gathered();
+        if constexpr (requires { mem_.release_transient(); }) mem_.release_transient();  // not planned memory
     }
     std::vector<std::pair<std::string, uint64_t>> rng_states() const override {
         if constexpr (requires { mem_.sr_seed; }) return {{"stochastic_rounding_seed", mem_.sr_seed}};
