@@ -72,7 +72,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     TrainSummary summary = trainer.run();
 
     std::string model_path = cfg.output_dir + "/model.bin";
-    model->save(model_path);  // a collective: rank 0 writes
+    model->save(model_path, cfg.model_dtype == "bf16");  // a collective: rank 0 writes
     if (is_rank0)
         printf("done: val loss %.4f -> %.4f | train loss %.4f | %.0f tok/s mean | model saved to %s\n",
                summary.first_val_loss, summary.last_val_loss, summary.last_train_loss, summary.mean_tokens_per_s,

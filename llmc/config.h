@@ -71,6 +71,7 @@ struct RunConfig {
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
+    std::string model_dtype = "fp32";  // the final model.bin: fp32 (llm.c version 3) or bf16 (version 5)
     std::string config_file;  // --config, for the record
 
     // Resolved by resolve(): the model shape, the mesh and the batch arithmetic.
@@ -135,6 +136,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
+        {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;
@@ -346,6 +348,8 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.checkpoint_every >= 0, strformat("-n (checkpoint_every) must be >= 0, got %d", cfg.checkpoint_every));
     require(cfg.checkpoint_keep >= 0, strformat("-nk (checkpoint_keep) must be >= 0, got %d", cfg.checkpoint_keep));
     require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
+    require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
+            strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }

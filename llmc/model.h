@@ -44,7 +44,8 @@ public:
     // Random GPT-2 init from a seed (identical across implementations), or weights from a model file.
     virtual void init_random(uint64_t seed) = 0;
     virtual void load(const std::string& path) = 0;
-    virtual void save(const std::string& path) = 0;
+    // Writes llm.c's model file: fp32 (version 3) or, with bf16, bf16 rounded to nearest (version 5).
+    virtual void save(const std::string& path, bool bf16 = false) = 0;
 
     virtual void zero_grad() = 0;
     // Forward and backward on one micro-batch of B x T tokens. Gradients ACCUMULATE (+=) and are

@@ -18,6 +18,7 @@ struct MemoryPlan {
     size_t bytes[(int)MemoryKind::Count] = {};       // per category, per rank
     double flops_per_step = 0;                       // forward + backward, all ranks together
     double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step (ring algorithms)
+    size_t snapshot_bytes = 0;                       // host memory for checkpoint snapshots (with -n), per rank
     size_t total_bytes() const {
         size_t total = 0;
         for (size_t b : bytes) total += b;
@@ -33,6 +34,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     plan.buffers = std::move(buffers);
     for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
 
+    if (cfg.checkpoint_every > 0) plan.snapshot_bytes = checkpoint_snapshot_bytes(zero, precision);
     const ModelConfig& m = cfg.model_config;
     plan.flops_per_step = model_flops_per_token(m, cfg.seq_len) * cfg.total_batch_tokens;
 
@@ -70,6 +72,9 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
                                  b.count, b.element_bytes);
     }
     out += strformat("  %-16s %12s\n", "total", format_bytes((double)plan.total_bytes()).c_str());
+    if (plan.snapshot_bytes > 0)
+        out += strformat("  plus %s of host memory for checkpoint snapshots (-n; pinned on a GPU)\n",
+                         format_bytes((double)plan.snapshot_bytes).c_str());
     out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                      plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
     return out;

@@ -158,6 +158,8 @@ TEST_CASE("checkpoint: a checkpoint written and resumed in one process restores 
             REQUIRE(reports.size() == 1);
             REQUIRE(reports[0].ok);
             REQUIRE(reports[0].bytes == model.sharded_state().snapshot_bytes());
+            // and --plan counts the same host memory
+            REQUIRE(reports[0].bytes == checkpoint_snapshot_bytes(ZeroPlan(model.layout(), 0, 0, 1), FP32_PARAMETERS));
         }
         const std::string ckpt = dir.path + "/ckpt_00000005";
         REQUIRE(std::filesystem::exists(ckpt + "/COMPLETE"));

@@ -187,7 +187,8 @@ public:
                      const ParamLayout& layout, Communicator& world)
         : cfg_(cfg), run_config_(run_config), state_(state), layout_(layout), comm_(world.split(0, world.rank())),
           tensors_(manifest_tensors(layout)), buffers_(state.state_buffers()), owned_(state.owned_ranges()) {
-        comm_->timeout_s = world.timeout_s;
+        // Writing takes as long as the disk needs: a rank waits that long for the slowest one.
+        comm_->timeout_s = std::max(world.timeout_s, 3600.0);
         state_.snapshot_memory(state_.snapshot_bytes());  // allocated (and touched) now, not at the first save
     }
     ~CheckpointWriter() {

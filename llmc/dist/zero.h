@@ -106,6 +106,22 @@ inline std::vector<BufferSpec> buffer_specs(const ZeroPlan& plan, ParamPrecision
     return specs;
 }
 
+// The buffers a checkpoint saves for a model of this precision (ckpt/shard_state.h), in file order.
+inline std::vector<StateBuffer> checkpoint_buffers(ParamPrecision precision) {
+    std::vector<StateBuffer> list = {{STATE_PARAMS, precision.param_bytes == 2 ? StateDtype::BF16 : StateDtype::F32}};
+    if (precision.separate_master) list.push_back({STATE_MASTER, StateDtype::F32});
+    list.push_back({STATE_ADAM_M, StateDtype::F32});
+    list.push_back({STATE_ADAM_V, StateDtype::F32});
+    return list;
+}
+// Host bytes of one rank's checkpoint snapshot: its owned slice of every bucket, in every buffer.
+inline size_t checkpoint_snapshot_bytes(const ZeroPlan& plan, ParamPrecision precision) {
+    size_t owned = 0, bytes = 0;
+    for (const ZeroPlan::Bucket& k : plan.buckets) owned += k.owned_end - k.owned_begin;
+    for (const StateBuffer& b : checkpoint_buffers(precision)) bytes += owned * state_dtype_bytes(b.dtype);
+    return bytes;
+}
+
 template <class Memory>
 class ZeroEngine : public ShardedState {
 public:
@@ -366,14 +382,7 @@ public:
 
     // ---- checkpoint state (ckpt/shard_state.h) ----
 
-    std::vector<StateBuffer> state_buffers() const override {
-        const StateDtype param_dtype = Memory::param_dtype == CommDtype::BF16 ? StateDtype::BF16 : StateDtype::F32;
-        std::vector<StateBuffer> list = {{STATE_PARAMS, param_dtype}};
-        if (Memory::precision.separate_master) list.push_back({STATE_MASTER, StateDtype::F32});
-        list.push_back({STATE_ADAM_M, StateDtype::F32});
-        list.push_back({STATE_ADAM_V, StateDtype::F32});
-        return list;
-    }
+    std::vector<StateBuffer> state_buffers() const override { return checkpoint_buffers(Memory::precision); }
     // This rank's ZeRO slice of every bucket, whatever the stage: under stage 0 the replicas are
     // the same, and each rank writing a different 1/N of them spreads the writing over all ranks.
     std::vector<FlatRange> owned_ranges() const override {

@@ -164,3 +164,14 @@ echo "ok another seed: $(grep -m1 -o 'cannot resume.*' "$dir/seed.log" | sed "s|
 run 1 "$dir/fresh" -y 1 -x 2
 grep -q "no complete checkpoint in '$dir/fresh'; starting fresh" "$dir/fresh.log" || fail "-y 1 without checkpoints did not say it starts fresh"
 echo "ok -y 1 with no checkpoint starts fresh and says so"
+
+echo "== model files: llm.c's bf16 (version 5) written with --model-dtype bf16 and read back with -e"
+run 1 "$dir/bf16" -x 2 -n 0 --model-dtype bf16
+version=$(od -An -t d4 -j 4 -N 4 "$dir/bf16/model.bin" | tr -d ' ')
+[ "$version" = 5 ] || fail "--model-dtype bf16 wrote a version $version model file"
+"$trainer" -i "$train_glob" -j "" -k "" -e "$dir/bf16/model.bin" -b 2 -t 32 -x 1 -v 0 -s 0 -o "$dir/from_bf16" >"$dir/from_bf16.log" 2>&1 ||
+    { cat "$dir/from_bf16.log"; fail "-e of a bf16 model file"; }
+rc=0
+"$trainer" "${common[@]}" -o "$dir/bad" --model-dtype f16 >"$dir/bad.log" 2>&1 || rc=$?
+[ $rc != 0 ] && grep -q "model-dtype must be fp32 or bf16, got 'f16'" "$dir/bad.log" || fail "--model-dtype f16 was not refused"
+echo "ok bf16 model.bin (version $version) written, and a run starts from it"

@@ -116,10 +116,11 @@ public:
         reset(full);
     }
     // A collective: every rank calls it, rank 0 writes the file.
-    void save(const std::string& path) override {
+    void save(const std::string& path, bool bf16 = false) override {
         std::vector<float> full(layout_.num_params);
         engine_.get_params(full.data());
-        if (engine_.plan().rank == 0) write_model_file(path, config_, full.data());
+        if (engine_.plan().rank == 0)
+            write_model_file(path, config_, full.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
     void get_params(float* full) { engine_.get_params(full); }
 

@@ -229,10 +229,11 @@ public:
     }
     // Writes the fp32 master weights: they are the model; the bf16 weights are derived from them.
     // A collective (sharded master weights are gathered); rank 0 writes.
-    void save(const std::string& path) override {
+    void save(const std::string& path, bool bf16 = false) override {
         std::vector<float> full(layout_.num_params);
         get_master_weights(full.data());
-        if (comm_.rank() == 0) write_model_file(path, config_, full.data());
+        if (comm_.rank() == 0)
+            write_model_file(path, config_, full.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
     // Sets the master weights from a full fp32 buffer (ParamLayout order) and resets the optimizer;
     // bf16 weights rounded to nearest. For tests that give this model and the CPU reference the same
