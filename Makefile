@@ -8,6 +8,7 @@
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
 #                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
+#   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
 # Compilers, flags and the GPU architecture list (CUDA_ARCH) are in make/flags.mk, shared with dev/cuda.
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
@@ -122,6 +123,10 @@ $(BUILD)/test_comm: test/mpi/test_comm.cpp $(HEADERS) | deps
 $(BUILD)/test_zero: test/mpi/test_zero.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+# The checkpoint benchmark (dev/bench/ckpt_bench.sh): host only, single process, not part of make test.
+$(BUILD)/ckpt_bench: dev/bench/ckpt_bench.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDFLAGS) -pthread
 test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero train_gpt_cpu data
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
