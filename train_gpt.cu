@@ -11,6 +11,7 @@
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
+#include "llmc/exit_codes.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -47,6 +48,10 @@ static void print_plan(RunConfig cfg) {
     fputs(Backend::plan_report(cfg).c_str(), stdout);
 }
 
+// Set once the first training step starts: an error after it is a runtime failure, not a
+// configuration error (exit_codes.h).
+static bool g_training_started = false;
+
 static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
     const bool is_rank0 = comm.rank() == 0;
@@ -69,7 +74,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     else model->init_random(cfg.seed);
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
-    TrainSummary summary = trainer.run();
+    TrainSummary summary = trainer.run([] { g_training_started = true; });
 
     std::string model_path = cfg.output_dir + "/model.bin";
     model->save(model_path, cfg.model_dtype == "bf16");  // a collective: rank 0 writes
@@ -97,8 +102,10 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error%s: %s\n", launch.world_size > 1 ? strformat(" (rank %d)", launch.rank).c_str() : "",
                 e.what());
         fflush(stderr);
-        if (launch.under_launcher) abort_launch(launch, 1);
-        return 1;
+        const Error* error = dynamic_cast<const Error*>(&e);
+        int code = error && error->exit_code ? error->exit_code : g_training_started ? EXIT_RUNTIME : EXIT_CONFIG;
+        if (launch.under_launcher) abort_launch(launch, code);
+        return code;
     }
     finalize_launch(launch);
     return 0;

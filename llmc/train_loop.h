@@ -20,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@
 #include "llmc/dist/comm.h"
 #include "llmc/config.h"
 #include "llmc/dataloader.h"
+#include "llmc/exit_codes.h"
 #include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
@@ -84,7 +86,9 @@ public:
         }
     }
 
-    TrainSummary run() {
+    // started: called once the state is loaded and the first step begins (main uses it to tell a
+    // configuration error from a failure during training).
+    TrainSummary run(const std::function<void()>& started = nullptr) {
         TrainSummary summary;
         LrSchedule schedule = lr_schedule_of(cfg_);
         AdamWConfig opt{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
@@ -101,6 +105,7 @@ public:
             checkpoints = std::make_unique<CheckpointWriter>(cfg_, run_config_json(cfg_), model_.sharded_state(),
                                                              model_.layout(), world_);
 
+        if (started) started();
         for (int step = first_step; step <= cfg_.steps; step++) {
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
@@ -141,7 +146,8 @@ public:
             m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
             log_.log_step(m);
             if (!std::isfinite(m.train_loss))
-                fail(strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
+                fail_with(EXIT_DIVERGED,
+                          strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
             summary.last_train_loss = m.train_loss;
             summary.train_losses.push_back(m.train_loss);
             if (step > first_step) {
@@ -208,7 +214,8 @@ private:
                                      cfg_.ckpt_fail_stop ? "" : "; training goes on"),
                            {{"step", r.step}, {"checkpoint", r.dir}, {"error", r.error}});
             if (cfg_.ckpt_fail_stop)
-                fail(strformat("checkpoint %s failed and --ckpt-fail-stop is set: %s", r.dir.c_str(), r.error.c_str()));
+                fail_with(EXIT_CKPT_FAILED, strformat("checkpoint %s failed and --ckpt-fail-stop is set: %s",
+                                                      r.dir.c_str(), r.error.c_str()));
         }
     }
 

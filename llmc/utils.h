@@ -21,8 +21,12 @@
 
 namespace llmc {
 
+// Every error llmc reports. exit_code (exit_codes.h) is set where the failure says what a
+// supervisor should do about it (a communication timeout, a dead peer); 0 leaves the choice to
+// main: a configuration error before training starts, a runtime error after.
 struct Error : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    explicit Error(const std::string& message, int code = 0) : std::runtime_error(message), exit_code(code) {}
+    int exit_code = 0;
 };
 
 // printf-style formatting into a std::string.
@@ -41,6 +45,8 @@ inline std::string strformat(const char* fmt, ...) {
 }
 
 [[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+// An error whose exit code (exit_codes.h) is decided here.
+[[noreturn]] inline void fail_with(int exit_code, const std::string& message) { throw Error(message, exit_code); }
 
 // A FILE* that closes itself. Reads and writes are checked and report the path and the byte offset.
 class File {

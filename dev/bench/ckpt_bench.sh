@@ -72,7 +72,7 @@ RESULTS=$OUT/results.txt
 # Only what this script writes is removed (never $OUT's other contents): the big files always, the
 # logs unless KEEP_LOGS=1, then $OUT itself if that leaves it empty.
 cleanup() {
-    rm -f "$RAND" "$OUT/ddtest"
+    rm -f "$RAND" "$OUT"/ddtest.*
     rm -rf "$OUT/bench" "$OUT/trainer_0" "$OUT/trainer_1"
     if [ "$KEEP_LOGS" = 1 ]; then
         echo "logs: $OUT/results.txt, $OUT/bench.log"
@@ -111,13 +111,15 @@ if [ "$shm_free" -gt $((max_bytes + (1 << 30))) ]; then
 else
     echo "warning: /dev/shm has too little room for $max_bytes random bytes; dd from /dev/zero only" >&2
 fi
-# dd_mbps SRC BYTES: MB/s of one plain sequential write (8 MiB blocks, fsync before dd ends).
+# dd_mbps SRC BYTES N: MB/s of one plain sequential write (8 MiB blocks, fsync before dd ends) into
+# a new file ddtest.N. The files of one size stay until its runs are done, as a checkpoint is
+# written while the previous one still exists: on a thin-provisioned virtual disk, rewriting blocks
+# just freed is several times faster than writing new ones, so deleting each dd file before the
+# next would measure a speed no checkpoint sees.
 dd_mbps() {
-    rm -f "$OUT/ddtest"
     sync
     local line
-    line=$(dd if="$1" of="$OUT/ddtest" bs=8M count="$2" iflag=count_bytes conv=fsync 2>&1 | grep copied)
-    rm -f "$OUT/ddtest"
+    line=$(dd if="$1" of="$OUT/ddtest.$3" bs=8M count="$2" iflag=count_bytes conv=fsync 2>&1 | grep copied)
     # "N bytes (...) copied, T s, ...": N / T
     echo "$line" | awk -F', ' '{split($1, a, " "); split($(NF-1), t, " "); printf "%.1f\n", a[1] / t[1] / 1e6}'
 }
@@ -127,7 +129,8 @@ for b in $(printf '%s\n' "${BYTES[@]}" | sort -un); do  # each distinct size onc
         src=/dev/zero
         [ "$kind" = rand ] && src=$RAND
         runs=""
-        for _ in $(seq "$DD_REPEATS"); do runs="$runs $(dd_mbps "$src" "$b")"; done
+        for i in $(seq "$DD_REPEATS"); do runs="$runs $(dd_mbps "$src" "$b" "$i")"; done
+        rm -f "$OUT"/ddtest.*
         echo "dd from $src, $b bytes: MB/s$runs"
         echo "DD $b $kind$runs" >>"$RESULTS"
     done

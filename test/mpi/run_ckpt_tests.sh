@@ -140,8 +140,9 @@ cmp -s "$dir/ref_2_2/model.bin" "$out/model.bin" 2>/dev/null || { reference 2 2;
 echo "ok injected ENOSPC on rank 1 at step 8: reported, removed, ckpt 4 intact, training finished the same"
 rc=0
 LLMC_CKPT_FAIL_STEP=8:1 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/stop" --ckpt-fail-stop 1 >"$dir/stop.log" 2>&1 || rc=$?
-[ $rc != 0 ] && grep -q "failed and --ckpt-fail-stop is set" "$dir/stop.log" || { cat "$dir/stop.log"; fail "--ckpt-fail-stop 1 did not stop the run"; }
-echo "ok --ckpt-fail-stop 1: exit code $rc"
+[ $rc = 7 ] && grep -q "failed and --ckpt-fail-stop is set" "$dir/stop.log" ||
+    { cat "$dir/stop.log"; fail "--ckpt-fail-stop 1 did not stop the run with exit code 7 (got $rc)"; }
+echo "ok --ckpt-fail-stop 1: exit code $rc (EXIT_CKPT_FAILED)"
 small="$dir/small"
 mkdir -p "$small"
 if mount -t tmpfs -o size=64k tmpfs "$small" 2>/dev/null; then
@@ -159,7 +160,8 @@ fi
 echo "== refusals and fresh starts"
 rc=0
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/ref_2_1" -y 1 --seed 5 >"$dir/seed.log" 2>&1 || rc=$?
-[ $rc != 0 ] && grep -q "its seed is 1337 but this run's is 5" "$dir/seed.log" || { cat "$dir/seed.log"; fail "another seed was not refused"; }
+[ $rc = 1 ] && grep -q "its seed is 1337 but this run's is 5" "$dir/seed.log" ||
+    { cat "$dir/seed.log"; fail "another seed was not refused with exit code 1, a configuration error (got $rc)"; }
 echo "ok another seed: $(grep -m1 -o 'cannot resume.*' "$dir/seed.log" | sed "s|$dir/||")"
 run 1 "$dir/fresh" -y 1 -x 2
 grep -q "no complete checkpoint in '$dir/fresh'; starting fresh" "$dir/fresh.log" || fail "-y 1 without checkpoints did not say it starts fresh"
