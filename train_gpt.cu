@@ -12,6 +12,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/exit_codes.h"
+#include "llmc/faults.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
         } else if (cfg.plan > 0) {
             if (launch.rank == 0) print_plan(cfg);
         } else {
+            faults().add(cfg.faults, "--faults");
             std::unique_ptr<Communicator> comm = make_host_communicator(launch);
             comm->timeout_s = cfg.comm_timeout_s;
             train(cfg, *comm, launch);

@@ -71,7 +71,8 @@ struct RunConfig {
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
-    std::string model_dtype = "fp32";  // the final model.bin: fp32 (llm.c version 3) or bf16 (version 5)
+    std::string model_dtype = "fp32";
+    std::string faults;  // fault injection for tests (faults.h), added to LLMC_FAULTS  // the final model.bin: fp32 (llm.c version 3) or bf16 (version 5)
     std::string config_file;  // --config, for the record
 
     // Resolved by resolve(): the model shape, the mesh and the batch arithmetic.
@@ -137,6 +138,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
+        {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;

@@ -50,6 +50,7 @@
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/config.h"
 #include "llmc/dist/comm.h"
+#include "llmc/faults.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -71,18 +72,6 @@ namespace detail {
 
 inline double ms_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Fault injection for the tests, from the environment: LLMC_CKPT_FAIL_STEP=<step>[:<rank>] makes
-// that rank's (default 0) write of that step's file fail with ENOSPC half-way, as a full disk
-// would; LLMC_CKPT_PAUSE_STEP=<step> makes every rank's writer stop for an hour after its file of
-// that step is written, before the marker (a job killed then leaves an incomplete checkpoint).
-inline bool env_step_matches(const char* var, int step, int rank, int default_rank) {
-    const char* v = std::getenv(var);
-    if (!v || !*v) return false;
-    int at_step = -1, at_rank = default_rank;
-    if (std::sscanf(v, "%d:%d", &at_step, &at_rank) < 1) return false;
-    return at_step == step && (at_rank == rank || at_rank < 0);
 }
 
 inline void fsync_dir(const std::string& dir) {
@@ -314,10 +303,9 @@ private:
             ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank));
             if (error.empty()) {
                 try {
-                    const bool inject = detail::env_step_matches("LLMC_CKPT_FAIL_STEP", t.step, rank, 0);
+                    const bool inject = faults().at("ckpt_fail", t.step, rank);  // faults.h: a full disk
                     mine.crc32c = detail::write_file_durably(r.dir, mine.path, host, mine.bytes, inject);
-                    if (detail::env_step_matches("LLMC_CKPT_PAUSE_STEP", t.step, rank, -1))
-                        std::this_thread::sleep_for(std::chrono::hours(1));
+                    if (faults().at("ckpt_pause", t.step, rank)) std::this_thread::sleep_for(std::chrono::hours(1));
                 } catch (const std::exception& e) {
                     error = e.what();
                 }

@@ -3,12 +3,12 @@
 # against an uninterrupted reference run of the same configuration:
 #   - kill -9 of the whole job at a random step, then -y 1: the final model file and every step's
 #     loss are bitwise those of the reference (1, 2 and 4 ranks; ZeRO 0-3);
-#   - a kill while a checkpoint is being written (the writer paused by LLMC_CKPT_PAUSE_STEP): the
+#   - a kill while a checkpoint is being written (the writer paused by LLMC_FAULTS=ckpt_pause@8): the
 #     incomplete directory is skipped, the previous one used, the result still bitwise the same;
 #   - a flipped byte or a truncated rank file: named, skipped, the previous one used, same result;
 #   - resharding: resumed on another world size or ZeRO stage (4 -> 2, 2 -> 3, 1 -> 4, ZeRO-1 ->
 #     ZeRO-3 and back), every later loss within 1e-5 relative of the reference;
-#   - a failed write (LLMC_CKPT_FAIL_STEP injects ENOSPC; and a real full tmpfs where mounting one
+#   - a failed write (LLMC_FAULTS=ckpt_fail@8:1 injects ENOSPC; and a real full tmpfs where mounting one
 #     is allowed): error with path and reason, directory removed, earlier ones intact, training goes
 #     on; with --ckpt-fail-stop 1 the run stops non-zero;
 #   - refusals (another seed) and -y 1 with nothing to resume.
@@ -86,7 +86,7 @@ done
 
 echo "== a kill while a checkpoint is written: the incomplete one is skipped"
 out="$dir/pause"
-LLMC_CKPT_PAUSE_STEP=8 kill_at 2 "$out" 10 -z 1
+LLMC_FAULTS=ckpt_pause@8 kill_at 2 "$out" 10 -z 1
 [ -d "$out/ckpt_00000008" ] && [ ! -e "$out/ckpt_00000008/COMPLETE" ] || fail "expected an incomplete ckpt_00000008"
 run 2 "$out" -z 1 -y 1
 grep -q "skipping $out/ckpt_00000008: no completion marker" "$out.log" || { cat "$out.log"; fail "ckpt_00000008 not reported"; }
@@ -130,7 +130,7 @@ done
 
 echo "== failed writes: reported, removed, training goes on (or stops with --ckpt-fail-stop 1)"
 out="$dir/enospc"
-LLMC_CKPT_FAIL_STEP=8:1 run 2 "$out" -z 2
+LLMC_FAULTS=ckpt_fail@8:1 run 2 "$out" -z 2
 grep -q "error: checkpoint $out/ckpt_00000008 failed: rank 1: cannot write '$out/ckpt_00000008/rank_00001.bin.tmp': No space left on device" "$out.log" ||
     { cat "$out.log"; fail "the injected write error was not reported with its path and reason"; }
 [ ! -e "$out/ckpt_00000008" ] || fail "the failed checkpoint directory was left behind"
@@ -139,7 +139,7 @@ cmp -s "$dir/ref_2_2/model.bin" "$out/model.bin" 2>/dev/null || { reference 2 2;
     fail "training after a failed checkpoint differs"
 echo "ok injected ENOSPC on rank 1 at step 8: reported, removed, ckpt 4 intact, training finished the same"
 rc=0
-LLMC_CKPT_FAIL_STEP=8:1 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/stop" --ckpt-fail-stop 1 >"$dir/stop.log" 2>&1 || rc=$?
+LLMC_FAULTS=ckpt_fail@8:1 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -o "$dir/stop" --ckpt-fail-stop 1 >"$dir/stop.log" 2>&1 || rc=$?
 [ $rc = 7 ] && grep -q "failed and --ckpt-fail-stop is set" "$dir/stop.log" ||
     { cat "$dir/stop.log"; fail "--ckpt-fail-stop 1 did not stop the run with exit code 7 (got $rc)"; }
 echo "ok --ckpt-fail-stop 1: exit code $rc (EXIT_CKPT_FAILED)"

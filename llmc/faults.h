@@ -1,0 +1,109 @@
+// faults.h: fault injection, compiled into the normal binary and off unless asked for, so the
+// failure tests run the very code that trains.
+//
+// A fault list comes from the environment variable LLMC_FAULTS or the flag --faults (both may be
+// given; the flag's faults are added). It is a comma-separated list of KIND@STEP or KIND@STEP:RANK
+// (RANK is a world rank; without it, every rank):
+//   kill@S:R        rank R ends itself with SIGKILL during step S (after its forward/backward)
+//   hang@S:R        rank R stops during step S (sleeps for ever) without exiting
+//   nan_grad@S:R    rank R's loss and gradient become NaN at step S
+//   flip_bit@S:R    rank R flips one bit of one parameter after step S's update
+//   slow@MS:R       rank R sleeps MS milliseconds in every step (a straggler)
+//   ckpt_fail@S:R   rank R's write of the step-S checkpoint fails half-way with ENOSPC
+//   ckpt_pause@S    the writers stop for an hour before the step-S checkpoint's marker
+// Steps are 1-based, as the log prints them. A fault fires once per process (a relaunched job
+// fires it again unless its step is behind the resume point).
+#pragma once
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "llmc/utils.h"
+
+namespace llmc {
+
+struct Fault {
+    std::string kind;
+    int step = 0;   // or milliseconds, for slow
+    int rank = -1;  // -1: every rank
+};
+
+class FaultPlan {
+public:
+    static constexpr const char* KINDS[] = {"kill", "hang", "nan_grad", "flip_bit", "slow", "ckpt_fail", "ckpt_pause"};
+
+    // Adds the faults of a list ("" adds none); `where` names the source in errors.
+    void add(const std::string& list, const std::string& where) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (size_t at = 0; at < list.size();) {
+            size_t end = list.find(',', at);
+            if (end == std::string::npos) end = list.size();
+            const std::string item = list.substr(at, end - at);
+            at = end + 1;
+            if (item.empty()) continue;
+            faults_.push_back(parse(item, where));
+        }
+    }
+    // Reads LLMC_FAULTS (once; later calls do nothing).
+    void add_from_environment() {
+        if (env_read_) return;
+        env_read_ = true;
+        if (const char* v = std::getenv("LLMC_FAULTS")) add(v, "LLMC_FAULTS");
+    }
+
+    bool empty() const { return faults_.empty(); }
+    // Whether a fault of this kind is due at this step on this rank.
+    bool at(const char* kind, int step, int rank) const {
+        for (const Fault& f : faults_)
+            if (f.kind == kind && f.step == step && (f.rank < 0 || f.rank == rank)) return true;
+        return false;
+    }
+    // The value of a fault of this kind for this rank (slow's milliseconds), or 0.
+    int value(const char* kind, int rank) const {
+        for (const Fault& f : faults_)
+            if (f.kind == kind && (f.rank < 0 || f.rank == rank)) return f.step;
+        return 0;
+    }
+
+private:
+    static Fault parse(const std::string& item, const std::string& where) {
+        auto bad = [&](const char* why) {
+            fail(strformat("%s: fault '%s' %s; expected KIND@STEP or KIND@STEP:RANK with KIND one of kill, hang, "
+                           "nan_grad, flip_bit, slow, ckpt_fail, ckpt_pause",
+                           where.c_str(), item.c_str(), why));
+        };
+        const size_t at = item.find('@');
+        if (at == std::string::npos) bad("has no '@'");
+        Fault f;
+        f.kind = item.substr(0, at);
+        bool known = false;
+        for (const char* k : KINDS) known |= f.kind == k;
+        if (!known) bad("is of an unknown kind");
+        const std::string rest = item.substr(at + 1);
+        const size_t colon = rest.find(':');
+        auto number = [&](const std::string& text, const char* what) {
+            char* end = nullptr;
+            long v = std::strtol(text.c_str(), &end, 10);
+            if (text.empty() || *end || v < 0 || v > 1000000000) bad(what);
+            return (int)v;
+        };
+        f.step = number(rest.substr(0, colon), "has a bad step (a non-negative integer)");
+        if (colon != std::string::npos) f.rank = number(rest.substr(colon + 1), "has a bad rank (a non-negative integer)");
+        return f;
+    }
+
+    std::vector<Fault> faults_;
+    bool env_read_ = false;
+    std::mutex mutex_;
+};
+
+// The process's fault plan: LLMC_FAULTS, plus what --faults adds.
+inline FaultPlan& faults() {
+    static FaultPlan plan;
+    plan.add_from_environment();
+    return plan;
+}
+
+}  // namespace llmc
