@@ -15,8 +15,12 @@
 // fires it again unless its step is behind the resume point).
 #pragma once
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -104,6 +108,25 @@ inline FaultPlan& faults() {
     static FaultPlan plan;
     plan.add_from_environment();
     return plan;
+}
+
+// The faults that strike a rank's process during a step: slow (every step), kill, hang. The
+// trainer calls it once per step, after the forward and backward passes, before any collective of
+// the update, so a killed or hung rank leaves the others waiting in that step's collectives.
+inline void inject_step_faults(int step, int rank) {
+    FaultPlan& plan = faults();
+    if (plan.empty()) return;
+    if (int ms = plan.value("slow", rank)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (plan.at("kill", step, rank)) {
+        fprintf(stderr, "fault injection: rank %d kills itself (SIGKILL) in step %d\n", rank, step);
+        fflush(stderr);
+        std::raise(SIGKILL);
+    }
+    if (plan.at("hang", step, rank)) {
+        fprintf(stderr, "fault injection: rank %d hangs in step %d\n", rank, step);
+        fflush(stderr);
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
 }
 
 }  // namespace llmc

@@ -31,6 +31,7 @@
 #include "llmc/config.h"
 #include "llmc/dataloader.h"
 #include "llmc/exit_codes.h"
+#include "llmc/faults.h"
 #include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
@@ -125,6 +126,7 @@ public:
                 loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T, grad_scale,
                                                     micro == cfg_.grad_accum_steps - 1);
             }
+            inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
             const double step_loss = sum_over_ranks(dp_, loss_sum) / (cfg_.grad_accum_steps * cfg_.dims.dp);
             float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
