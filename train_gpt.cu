@@ -13,6 +13,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/exit_codes.h"
 #include "llmc/faults.h"
+#include "llmc/health.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -69,6 +70,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     }
     // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
     ProcessGroups groups(comm, cfg.dims);
+    health_check(cfg, groups.world());  // stragglers, before anything is allocated (health.h)
     BuiltModel built = Backend::make_model(cfg, groups.dp(), launch);
     Model* model = built.model.get();
     if (cfg.model_is_file) model->load(cfg.model);

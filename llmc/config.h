@@ -72,6 +72,10 @@ struct RunConfig {
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
     std::string model_dtype = "fp32";
+    // stragglers (health.h)
+    float straggler_factor = 2.0f;          // start-up health check: a rank this much slower than the median (0: no check)
+    std::string straggler_action = "warn";  // warn | refuse (exit 8) when the health check names a straggler
+    bool log_rank_times = false;            // every step's compute time of every rank into metrics.jsonl
     std::string faults;  // fault injection for tests (faults.h), added to LLMC_FAULTS  // the final model.bin: fp32 (llm.c version 3) or bf16 (version 5)
     std::string config_file;  // --config, for the record
 
@@ -139,6 +143,9 @@ inline const std::vector<RunOption>& run_options() {
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
+        {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
+        {"", "straggler_action", &RunConfig::straggler_action, "warn (train anyway) or refuse (exit 8) when the health check names a straggler"},
+        {"", "log_rank_times", &RunConfig::log_rank_times, "1: every step, each rank's compute time into metrics.jsonl, naming the slowest rank"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;
@@ -353,6 +360,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
             strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
+    require(cfg.straggler_factor == 0 || cfg.straggler_factor >= 1,
+            strformat("--straggler-factor must be 0 (no check) or >= 1, got %g", cfg.straggler_factor));
+    require(cfg.straggler_action == "warn" || cfg.straggler_action == "refuse",
+            strformat("--straggler-action must be warn or refuse, got '%s'", cfg.straggler_action.c_str()));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }
 

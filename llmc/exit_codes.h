@@ -10,6 +10,9 @@
 //   5  EXIT_DIVERGED      training cannot go on numerically (non-finite loss with nothing to roll back to)
 //   6  EXIT_CORRUPTION    a rank's parameters diverged from its replicas twice: faulty hardware
 //   7  EXIT_CKPT_FAILED   a checkpoint failed to write under --ckpt-fail-stop 1
+//   8  EXIT_STRAGGLER     the start-up health check found a straggler under --straggler-action refuse
+//                         (health.h): not a configuration error, but relaunching on the same nodes
+//                         finds the same slow rank, so a supervisor reports it rather than restarts
 // A process killed by a signal has no code of its own (a shell reports 128 + the signal).
 #pragma once
 
@@ -24,6 +27,7 @@ enum ExitCode : int {
     EXIT_DIVERGED = 5,
     EXIT_CORRUPTION = 6,
     EXIT_CKPT_FAILED = 7,
+    EXIT_STRAGGLER = 8,
 };
 
 // Whether a relaunch from the newest checkpoint can get past a failure that ended with this code.

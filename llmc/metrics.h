@@ -85,6 +85,11 @@ public:
         write(record);
     }
 
+    // A record without a console line (per-rank step times).
+    void log_record(const nlohmann::json& record) {
+        if (file_) write(record);
+    }
+
 private:
     static int digits(int n) { return (int)std::to_string(n).size(); }
     void write(const nlohmann::json& record) {

@@ -32,6 +32,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/exit_codes.h"
 #include "llmc/faults.h"
+#include "llmc/health.h"
 #include "llmc/metrics.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
@@ -127,6 +128,7 @@ public:
                                                     micro == cfg_.grad_accum_steps - 1);
             }
             inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
+            const double compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
             const double step_loss = sum_over_ranks(dp_, loss_sum) / (cfg_.grad_accum_steps * cfg_.dims.dp);
             float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
@@ -147,6 +149,7 @@ public:
             m.step_ms = step_ms;
             m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
             log_.log_step(m);
+            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
             if (!std::isfinite(m.train_loss))
                 fail_with(EXIT_DIVERGED,
                           strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
