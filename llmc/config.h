@@ -70,6 +70,10 @@ struct RunConfig {
     int resume = 0;               // -y 1: resume from the newest complete checkpoint in output_dir
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
+    int local_ckpt_every = 0;     // the local tier: every N steps into node-local storage, replicated on the next node
+    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/
+    int local_ckpt_keep = 2;      // local checkpoints kept per node
+    int ranks_per_node = 0;       // consecutive ranks that share a node's local storage (0: as the launcher says)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
     std::string model_dtype = "fp32";
     // stragglers (health.h)
@@ -139,6 +143,10 @@ inline const std::vector<RunOption>& run_options() {
         {"-nm", "checkpoint_major", &RunConfig::checkpoint_major, "also keep every checkpoint whose step is a multiple of M (0: none)"},
         {"-y", "resume", &RunConfig::resume, "1: resume from the newest complete checkpoint in output_dir (starts fresh if there is none)"},
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
+        {"", "local_ckpt_every", &RunConfig::local_ckpt_every, "also a local checkpoint every N steps in node-local storage, replicated on the next node (0: none)"},
+        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>; e.g. /dev/shm or NVMe)"},
+        {"", "local_ckpt_keep", &RunConfig::local_ckpt_keep, "local checkpoints kept per node"},
+        {"", "ranks_per_node", &RunConfig::ranks_per_node, "ranks that share one node's local storage (0: the launcher's count)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
@@ -359,6 +367,13 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
     require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
             strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
+    require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
+    require(cfg.local_ckpt_every == 0 || !cfg.local_ckpt_dir.empty(), "--local-ckpt-every needs a --local-ckpt-dir");
+    require(cfg.local_ckpt_keep >= 1, strformat("--local-ckpt-keep must be >= 1, got %d", cfg.local_ckpt_keep));
+    require(cfg.ranks_per_node >= 0, strformat("--ranks-per-node must be >= 0, got %d", cfg.ranks_per_node));
+    require(cfg.ranks_per_node == 0 || world_size % cfg.ranks_per_node == 0,
+            strformat("--ranks-per-node %d does not divide the %d rank(s) into whole nodes", cfg.ranks_per_node,
+                      world_size));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
     require(cfg.straggler_factor == 0 || cfg.straggler_factor >= 1,
             strformat("--straggler-factor must be 0 (no check) or >= 1, got %g", cfg.straggler_factor));

@@ -103,7 +103,7 @@ public:
 
         const int first_step = resume();
         std::unique_ptr<CheckpointWriter> checkpoints;
-        if (cfg_.checkpoint_every > 0)
+        if (cfg_.checkpoint_every > 0 || cfg_.local_ckpt_every > 0)
             checkpoints = std::make_unique<CheckpointWriter>(cfg_, run_config_json(cfg_), model_.sharded_state(),
                                                              model_.layout(), world_);
 
@@ -192,25 +192,26 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout());
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
-        log_.log_event(strformat("resumed from %s: step %d, written by %d rank(s) at ZeRO-%d", point->dir.c_str(),
-                                 m.step, m.world_size, m.zero_stage),
-                       {{"step", m.step}, {"resumed_from", point->dir}, {"written_by_ranks", m.world_size},
-                        {"written_at_zero_stage", m.zero_stage}});
+        log_.log_event(strformat("resumed from %s%s: step %d, written by %d rank(s) at ZeRO-%d", point->dir.c_str(),
+                                 point->tier.local() ? " (local tier)" : "", m.step, m.world_size, m.zero_stage),
+                       {{"step", m.step}, {"resumed_from", point->dir}, {"tier", point->tier.local() ? "local" : "shared"},
+                        {"written_by_ranks", m.world_size}, {"written_at_zero_stage", m.zero_stage}});
         return m.step;
     }
 
     void log_checkpoints(const std::vector<CheckpointReport>& reports) {
         for (const CheckpointReport& r : reports) {
             if (r.ok) {
-                log_.log_event(strformat("checkpoint %s: %.1f MB in %.0f ms (%.0f MB/s), training stalled %.1f ms%s",
-                                         r.dir.c_str(), r.bytes / 1e6, r.write_ms, r.mb_per_s(), r.stall_ms,
+                log_.log_event(strformat("checkpoint %s%s: %.1f MB in %.0f ms (%.0f MB/s), training stalled %.1f ms%s",
+                                         r.dir.c_str(), r.tier == "local" ? " (local tier)" : "", r.bytes / 1e6, r.write_ms, r.mb_per_s(), r.stall_ms,
                                          r.wait_ms > 0 ? strformat(" (%.0f ms waiting for the previous one)",
                                                                    r.wait_ms).c_str() : ""),
-                               {{"step", r.step}, {"checkpoint", r.dir}, {"bytes", r.bytes}, {"write_ms", r.write_ms},
+                               {{"step", r.step}, {"checkpoint", r.dir}, {"tier", r.tier}, {"bytes", r.bytes},
+                                {"write_ms", r.write_ms},
                                 {"mb_per_s", r.mb_per_s()}, {"stall_ms", r.stall_ms}, {"wait_ms", r.wait_ms}});
                 continue;
             }
