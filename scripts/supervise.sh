@@ -150,11 +150,14 @@ trap 'rm -rf "$work"' EXIT
 # Arguments: ATTEMPT_LOG FAILED_AT (EPOCHREALTIME of the failure, "" on the first launch) LOST_FROM
 # (the last step before the failure).
 relay() {
-    local attempt_log=$1 failed_at=$2 lost_from=$3 line resumed=0 seen_step=0
+    local attempt_log=$1 failed_at=$2 lost_from=$3 line resumed=0 seen_step=0 tier=""
     while IFS= read -r line; do
         printf '%s\n' "$line"
         printf '%s\n' "$line" >>"$attempt_log"
-        if [[ $line =~ resumed\ from\ .*:\ step\ ([0-9]+) ]]; then resumed=${BASH_REMATCH[1]}; fi
+        if [[ $line =~ resumed\ from\ .*:\ step\ ([0-9]+) ]]; then
+            resumed=${BASH_REMATCH[1]}
+            if [[ $line == *"(local tier)"* ]]; then tier=" (local tier)"; fi
+        fi
         if [ $seen_step = 0 ] && [[ $line =~ ^step\ +[0-9]+/[0-9]+\ \| ]]; then
             seen_step=1
             if [ -n "$failed_at" ]; then
@@ -163,7 +166,7 @@ relay() {
                 local secs
                 secs=$(awk -v a="$failed_at" -v b="$now" 'BEGIN { printf "%.1f", b - a }')
                 echo "$resumed $lost $secs" >"$attempt_log.recovery"
-                say "recovered: resumed from step $resumed, $lost step(s) lost (last step before the failure: $lost_from), first step ${secs} s after the failure"
+                say "recovered: resumed from step $resumed$tier, $lost step(s) lost (last step before the failure: $lost_from), first step ${secs} s after the failure"
             fi
         fi
     done
