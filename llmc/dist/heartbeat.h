@@ -68,8 +68,13 @@ public:
         stop_cv_.notify_all();
         thread_.join();
         flight_recorder().set_peer_report(nullptr);
-        // Unwinding from an error: the launch is about to be aborted.
-        exchange(std::uncaught_exceptions() > 0 ? RankStatus::FAILED : RankStatus::LEAVING);
+        // Unwinding from an error: the launch is about to be aborted, so only say so (a send to a dead
+        // peer may never complete, and nothing must delay the abort).
+        if (std::uncaught_exceptions() > 0) {
+            exchange(RankStatus::FAILED);
+            return;
+        }
+        exchange(RankStatus::LEAVING);
         // Wait (briefly) for the goodbyes to go out, then cancel the receives. The communicator is
         // left to MPI_Finalize: a peer may still be sending to it.
         auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
