@@ -10,6 +10,10 @@
 
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/flight_recorder.h"
+#ifndef LLMC_NO_MPI
+#include "llmc/dist/heartbeat.h"
+#endif
 #include "llmc/dist/process_groups.h"
 #include "llmc/exit_codes.h"
 #include "llmc/faults.h"
@@ -101,6 +105,15 @@ int main(int argc, char** argv) {
             faults().add(cfg.faults, "--faults");
             std::unique_ptr<Communicator> comm = make_host_communicator(launch);
             comm->timeout_s = cfg.comm_timeout_s;
+            // Several ranks: a dead rank is seen within --peer-dead-s, a timeout names who is missing,
+            // and a rank the launcher kills prints what it was doing (dist/heartbeat.h).
+#ifndef LLMC_NO_MPI
+            std::unique_ptr<Heartbeat> heartbeat;
+            if (launch.world_size > 1 && cfg.heartbeat_s > 0) {
+                heartbeat = std::make_unique<Heartbeat>(cfg.heartbeat_s, cfg.peer_dead_s);
+                install_termination_report();
+            }
+#endif
             train(cfg, *comm, launch);
         }
     } catch (const std::exception& e) {

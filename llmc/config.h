@@ -58,6 +58,8 @@ struct RunConfig {
     // data parallelism
     int zero_stage = 0;           // 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients, 3 + sharded parameters
     float comm_timeout_s = 600;   // a collective not finished after this long is an error
+    float heartbeat_s = 0.5;      // ranks exchange a status this often (0: no heartbeat; heartbeat.h)
+    float peer_dead_s = 5;        // a rank silent for this long is dead
     std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
     // memory
@@ -136,6 +138,8 @@ inline const std::vector<RunOption>& run_options() {
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
+        {"", "heartbeat_s", &RunConfig::heartbeat_s, "seconds between the ranks' heartbeats, which see a dead rank fast and name missing ranks at a timeout (0: off)"},
+        {"", "peer_dead_s", &RunConfig::peer_dead_s, "seconds without a heartbeat after which a rank is declared dead (the job ends with exit code 4)"},
         {"", "world_size", &RunConfig::expected_world_size, "the number of ranks this run expects (0: any); a launch with another count is an error"},
         {"-r", "recompute", &RunConfig::recompute, "CUDA model activation recomputation: 0 none, 1 GELU, 2 GELU + LayerNorm, 3 whole block (the CPU model stores all)"},
         {"-n", "checkpoint_every", &RunConfig::checkpoint_every, "write a checkpoint every N steps and at the end (0: never)"},
@@ -359,6 +363,9 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
+    require(cfg.heartbeat_s >= 0, strformat("--heartbeat-s must be >= 0, got %g", cfg.heartbeat_s));
+    require(cfg.heartbeat_s == 0 || cfg.peer_dead_s > 2 * cfg.heartbeat_s,
+            strformat("--peer-dead-s (%g) must exceed two heartbeats (--heartbeat-s %g)", cfg.peer_dead_s, cfg.heartbeat_s));
     require(cfg.recompute >= 0 && cfg.recompute <= 3,
             strformat("-r (recompute) must be 0 (none), 1 (GELU), 2 (GELU + LayerNorm) or 3 (whole block), got %d",
                       cfg.recompute));

@@ -28,6 +28,7 @@
 
 #include "llmc/ckpt/checkpoint.h"
 #include "llmc/dist/comm.h"
+#include "llmc/dist/flight_recorder.h"
 #include "llmc/config.h"
 #include "llmc/dataloader.h"
 #include "llmc/exit_codes.h"
@@ -120,6 +121,7 @@ public:
             if (last) break;
 
             auto start = std::chrono::steady_clock::now();
+            flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
             model_.zero_grad();
             double loss_sum = 0.0;
             for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {

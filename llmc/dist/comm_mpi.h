@@ -12,6 +12,12 @@
 // split() makes a sub-group communicator (MPI_Comm_split) with its own comm thread: groups never
 // wait on one another, so a stuck group cannot stall the others.
 //
+// Every operation is recorded in the process's flight recorder (flight_recorder.h) when issued and
+// when it completes. A timeout fails with EXIT_COMM_TIMEOUT and a report: what this rank waited on,
+// which ranks never issued it and what every rank completed last (from heartbeat.h's statuses, when
+// a heartbeat runs), and this rank's last operations. A peer the heartbeat declared dead fails every
+// operation in flight at once with EXIT_PEER_DEAD.
+//
 // MPI is initialised MPI_THREAD_SERIALIZED (bootstrap.h): the comm threads and the main thread
 // (construction, split, abort, finalize) may all call MPI, so every call holds mpi_mutex().
 #pragma once
@@ -37,9 +43,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "llmc/bf16.h"
 #include "llmc/dist/comm.h"
+#include "llmc/dist/flight_recorder.h"
+#include "llmc/exit_codes.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -96,7 +105,8 @@ public:
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
         int n = mpi_count("all_reduce", count, comm_dtype_name(dtype));
-        return issue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), [=, this](MPI_Request* request) {
+        return issue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), count * comm_dtype_bytes(dtype),
+                     [=, this](MPI_Request* request) {
             LLMC_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), sum_op(dtype), comm_, request));
         });
     }
@@ -114,7 +124,7 @@ public:
             after = [=](const MPI_Status&) { memmove(recv, send, block_bytes); };
         }
         return issue(strformat("reduce_scatter of %zu %s per rank", recv_count, comm_dtype_name(dtype)),
-                     [=, this](MPI_Request* request) {
+                     block_bytes * world_size_, [=, this](MPI_Request* request) {
                          LLMC_MPI_CHECK(MPI_Ireduce_scatter_block(mpi_send, mpi_recv, n, mpi_type(dtype), sum_op(dtype),
                                                                   comm_, request));
                      },
@@ -124,19 +134,19 @@ public:
         int n = mpi_count("all_gather", send_count, comm_dtype_name(dtype));
         if (is_in_place("all_gather", recv, send, send_count * comm_dtype_bytes(dtype))) send = MPI_IN_PLACE;
         return issue(strformat("all_gather of %zu %s per rank", send_count, comm_dtype_name(dtype)),
-                     [=, this](MPI_Request* request) {
+                     send_count * comm_dtype_bytes(dtype) * world_size_, [=, this](MPI_Request* request) {
                          LLMC_MPI_CHECK(MPI_Iallgather(send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, request));
                      });
     }
     CommHandle broadcast(void* buf, size_t bytes, int root) override {
         check_root(root, bytes);
         int n = mpi_count("broadcast", bytes, "bytes");
-        return issue(strformat("broadcast of %zu bytes from root %d", bytes, root), [=, this](MPI_Request* request) {
+        return issue(strformat("broadcast of %zu bytes from root %d", bytes, root), bytes, [=, this](MPI_Request* request) {
             LLMC_MPI_CHECK(MPI_Ibcast(buf, n, MPI_BYTE, root, comm_, request));
         });
     }
     CommHandle barrier() override {
-        return issue("barrier", [this](MPI_Request* request) { LLMC_MPI_CHECK(MPI_Ibarrier(comm_, request)); });
+        return issue("barrier", 0, [this](MPI_Request* request) { LLMC_MPI_CHECK(MPI_Ibarrier(comm_, request)); });
     }
 
     // One tag for every message: MPI keeps the messages between two ranks in order.
@@ -144,7 +154,7 @@ public:
     CommHandle send(const void* buf, size_t bytes, int peer) override {
         check_peer(true, bytes, peer);
         int n = mpi_count("send", bytes, "bytes");
-        return issue(p2p_name(true, bytes, peer), [=, this](MPI_Request* request) {
+        return issue(p2p_name(true, bytes, peer), bytes, [=, this](MPI_Request* request) {
             LLMC_MPI_CHECK(MPI_Isend(buf, n, MPI_BYTE, peer, kTag, comm_, request));
         });
     }
@@ -152,7 +162,7 @@ public:
     CommHandle recv(void* buf, size_t bytes, int peer) override {
         check_peer(false, bytes, peer);
         int n = mpi_count("recv", bytes, "bytes");
-        return issue(p2p_name(false, bytes, peer),
+        return issue(p2p_name(false, bytes, peer), bytes,
                      [=, this](MPI_Request* request) {
                          LLMC_MPI_CHECK(MPI_Irecv(buf, n, MPI_BYTE, peer, kTag, comm_, request));
                      },
@@ -197,7 +207,32 @@ private:
         LLMC_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
         LLMC_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
         LLMC_MPI_CHECK(MPI_Op_create(&mpi_bf16_sum, /*commute=*/1, &bf16_sum_));
+        register_in_flight_recorder();
         thread_ = std::thread([this] { serve(); });
+    }
+    // Under mpi_mutex: the flight recorder learns this communicator's world ranks, for reports.
+    void register_in_flight_recorder() {
+        MPI_Group group, world_group;
+        LLMC_MPI_CHECK(MPI_Comm_group(comm_, &group));
+        LLMC_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+        std::vector<int> ranks(world_size_), world_ranks(world_size_);
+        for (int r = 0; r < world_size_; r++) ranks[r] = r;
+        LLMC_MPI_CHECK(MPI_Group_translate_ranks(group, world_size_, ranks.data(), world_group, world_ranks.data()));
+        MPI_Group_free(&group);
+        MPI_Group_free(&world_group);
+        int world = 0;
+        LLMC_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+        std::string name = world_size_ == world ? "the world" : "group {";
+        if (world_size_ != world) {
+            for (int r = 0; r < world_size_; r++) name += strformat("%s%d", r ? "," : "", world_ranks[r]);
+            name += "}";
+        }
+        comm_id_ = flight_recorder().register_comm(strformat("communicator %d (%s)", next_comm_number()++, name.c_str()),
+                                                   world_ranks);
+    }
+    static int& next_comm_number() {
+        static int number = 0;
+        return number;
     }
     static MPI_Comm duplicate_world() {
         std::lock_guard<std::mutex> lock(mpi_mutex());
@@ -208,6 +243,8 @@ private:
 
     struct Op : CommOp {
         std::string what;                           // "all_reduce of 1024 f32", for messages
+        uint64_t token = 0, seq = 0;                // the flight recorder's
+        int step = 0;                               // the training step when issued
         std::function<void(MPI_Request*)> start;    // the non-blocking MPI call
         After after;                                // host work once MPI is done, or empty
         double timeout_s = 0;
@@ -217,11 +254,13 @@ private:
         MPI_Request request = MPI_REQUEST_NULL;
         bool complete = false;
         std::string failure;
+        int failure_code = 0;  // the exit code the failure calls for (0: the caller decides)
 
         std::mutex mutex;
         std::condition_variable cv;
         bool finished = false;
         std::string error;  // empty on success
+        int error_code = 0;
 
         bool done() override {
             std::lock_guard<std::mutex> lock(mutex);
@@ -230,13 +269,15 @@ private:
         void wait() override {
             std::unique_lock<std::mutex> lock(mutex);
             cv.wait(lock, [&] { return finished; });
-            if (!error.empty()) fail(error);
+            if (!error.empty()) fail_with(error_code, error);
         }
         void finish() {
+            flight_recorder().end(token, !failure.empty());
             {
                 std::lock_guard<std::mutex> lock(mutex);
                 finished = true;
                 error = failure;
+                error_code = failure_code;
             }
             cv.notify_all();
         }
@@ -252,9 +293,11 @@ private:
     static MPI_Datatype mpi_type(CommDtype dtype) { return dtype == CommDtype::F32 ? MPI_FLOAT : MPI_UINT16_T; }
     MPI_Op sum_op(CommDtype dtype) const { return dtype == CommDtype::F32 ? MPI_SUM : bf16_sum_; }
 
-    CommHandle issue(std::string what, std::function<void(MPI_Request*)> start, After after = {}) {
+    CommHandle issue(std::string what, size_t bytes, std::function<void(MPI_Request*)> start, After after = {}) {
         if (!(timeout_s > 0)) fail(strformat("%s: timeout_s must be positive, got %g", what.c_str(), timeout_s));
         auto op = std::make_shared<Op>();
+        op->token = flight_recorder().begin(comm_id_, what.c_str(), bytes, &op->seq);
+        op->step = flight_recorder().step();
         op->what = std::move(what);
         op->start = std::move(start);
         op->after = std::move(after);
@@ -308,16 +351,23 @@ private:
         in_flight.push_back(std::move(op));
         Op& started = *in_flight.back();
         if (!broken_.empty()) return fail_after_break(started);
+        if (flight_recorder().peer_dead()) return break_at(in_flight, in_flight.size() - 1, peer_dead_failure(started), EXIT_PEER_DEAD);
         try {
             mpi_call(started, [&] { started.start(&started.request); });
         } catch (const Error& e) {
-            break_at(in_flight, in_flight.size() - 1, e.what());
+            break_at(in_flight, in_flight.size() - 1, e.what(), e.exit_code);
         }
     }
 
     // One MPI_Test of every operation still running; true when any of them completed or failed.
     bool poll(InFlight& in_flight) {
         bool progressed = false;
+        if (flight_recorder().peer_dead())  // the heartbeat saw a rank die: waiting longer is pointless
+            for (size_t i = 0; i < in_flight.size(); i++)
+                if (!in_flight[i]->complete) {
+                    break_at(in_flight, i, peer_dead_failure(*in_flight[i]), EXIT_PEER_DEAD);
+                    return true;
+                }
         for (size_t i = 0; i < in_flight.size(); i++) {
             Op& op = *in_flight[i];
             if (op.complete) continue;
@@ -331,11 +381,9 @@ private:
                 op.complete = complete;
                 // MPI cannot cancel a collective, so the request stays pending; the communicator is
                 // broken from here on and the launch is expected to be aborted.
-                if (!complete && Clock::now() >= op.deadline)
-                    fail(strformat("%s timed out after %.1f s on rank %d of %d (a rank did not join)", op.what.c_str(),
-                                   op.timeout_s, rank_, world_size_));
+                if (!complete && Clock::now() >= op.deadline) fail_with(EXIT_COMM_TIMEOUT, timeout_report(op));
             } catch (const Error& e) {
-                break_at(in_flight, i, e.what());
+                break_at(in_flight, i, e.what(), e.exit_code);
             }
             progressed |= op.complete;
         }
@@ -343,17 +391,43 @@ private:
     }
 
     // Operation i failed: the communicator is broken, and it and every operation issued after it fail.
-    void break_at(InFlight& in_flight, size_t i, const std::string& cause) {
-        if (broken_.empty()) broken_ = cause;
+    void break_at(InFlight& in_flight, size_t i, const std::string& cause, int code) {
+        if (broken_.empty()) {
+            broken_ = cause;
+            broken_code_ = code;
+        }
         in_flight[i]->complete = true;
         in_flight[i]->failure = cause;
+        in_flight[i]->failure_code = code;
         for (size_t j = i + 1; j < in_flight.size(); j++) fail_after_break(*in_flight[j]);
     }
     void fail_after_break(Op& op) {
         op.complete = true;
         op.failure = strformat("%s failed on rank %d of %d because an earlier collective failed: %s", op.what.c_str(),
                                rank_, world_size_, broken_.c_str());
+        op.failure_code = broken_code_;
     }
+
+    std::string peer_dead_failure(const Op& op) const {
+        return strformat("%s (#%llu on %s) failed on rank %d of %d: %s", op.what.c_str(), (unsigned long long)op.seq,
+                         flight_recorder().comm_name(comm_id_).c_str(), rank_, world_size_,
+                         flight_recorder().peer_dead_message().c_str());
+    }
+    // The timeout's error: what this rank waited on, who never issued it and what every rank did
+    // last (when a heartbeat runs), and this rank's last operations.
+    std::string timeout_report(const Op& op) const {
+        FlightRecorder& fr = flight_recorder();
+        std::string out = strformat("%s timed out after %.1f s on rank %d of %d (a rank did not join)\n"
+                                    "  this rank, at step %d, was waiting for #%llu on %s: %s, issued at step %d\n",
+                                    op.what.c_str(), op.timeout_s, rank_, world_size_, fr.step(),
+                                    (unsigned long long)op.seq, fr.comm_name(comm_id_).c_str(), op.what.c_str(), op.step);
+        std::string peers = fr.peer_report(comm_id_, op.seq);
+        out += peers.empty() ? "  (no heartbeat runs, so the other ranks' states are unknown)\n" : peers;
+        out += "  this rank's last operations:\n" + fr.format(8);
+        if (!out.empty() && out.back() == '\n') out.pop_back();
+        return out;
+    }
+
 
     MPI_Comm comm_ = MPI_COMM_NULL;
     MPI_Op bf16_sum_ = MPI_OP_NULL;
@@ -363,6 +437,8 @@ private:
     std::condition_variable queue_cv_;
     InFlight queue_;  // issued, not yet started
     bool stopping_ = false;
+    int comm_id_ = -1;  // in the flight recorder
+    int broken_code_ = 0;
     std::string broken_;  // the first failure's message; touched only by the comm thread, then by ~MpiComm after join
     std::thread thread_;
 };

@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "llmc/dist/comm.h"
+#include "llmc/dist/flight_recorder.h"
+#include "llmc/exit_codes.h"
 #include "llmc/kernels/cuda_common.cuh"  // CUDA_CHECK
 #include "llmc/utils.h"
 
@@ -53,6 +55,7 @@ public:
         this->timeout_s = timeout_s;
         state_->rank = host.rank();
         state_->world_size = host.world_size();
+        state_->register_in_flight_recorder();
         state_->device = device;
         int devices = 0;
         CUDA_CHECK(cudaGetDeviceCount(&devices));
@@ -191,7 +194,10 @@ private:
     struct Op;
 
     // A communicator made by split, on its own initialised state.
-    NcclComm(std::shared_ptr<State> state, double timeout_s) : state_(std::move(state)) { this->timeout_s = timeout_s; }
+    NcclComm(std::shared_ptr<State> state, double timeout_s) : state_(std::move(state)) {
+        this->timeout_s = timeout_s;
+        state_->register_in_flight_recorder();
+    }
 
     static Clock::time_point deadline_after(double seconds) {
         return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -205,6 +211,11 @@ private:
         cudaStream_t stream = nullptr;
         float* barrier_word = nullptr;
         std::string broken;  // the first failure; once set, every collective not yet seen complete fails
+        int broken_code = 0;  // its exit code (EXIT_COMM_TIMEOUT, EXIT_PEER_DEAD; 0: the caller decides)
+        int comm_id = -1;     // in the flight recorder (its members are not known here: no world ranks)
+        void register_in_flight_recorder() {
+            comm_id = flight_recorder().register_comm(strformat("NCCL communicator of %d ranks", world_size), {});
+        }
         // Messages issued but not yet on the stream, with their ops (which hold this state: the
         // cycle lasts until flush).
         std::vector<Call> pending_calls;
@@ -278,8 +289,11 @@ private:
             if (comm) ncclCommAbort(comm);
             comm = nullptr;
         }
-        void break_with(std::string cause) {
-            if (broken.empty()) broken = std::move(cause);
+        void break_with(std::string cause, int code = 0) {
+            if (broken.empty()) {
+                broken = std::move(cause);
+                broken_code = code;
+            }
             abort();
         }
         // Finalizing flushes outstanding work with the peers. It is polled, and a communicator that
@@ -311,6 +325,7 @@ private:
         bool launched = false;  // on the stream (a message waits in the pending list until flushed)
         bool finished = false;
         std::string error;  // empty on success
+        uint64_t token = 0;  // the flight recorder's (its end is when a poll first sees the op done)
 
         ~Op() override {
             if (event) cudaEventDestroy(event);
@@ -319,7 +334,7 @@ private:
         void wait() override {
             PollBackoff backoff;
             while (!poll()) backoff.pause();
-            if (!error.empty()) fail(error);
+            if (!error.empty()) fail_with(state->broken_code, error);
         }
         // One non-blocking look: complete, failed (an NCCL error, the deadline, or an earlier
         // failure), or still running.
@@ -344,14 +359,23 @@ private:
                                             ncclGetErrorString(code), ncclGetLastError(state->comm)));
                 return finish(state->broken);
             }
+            if (flight_recorder().peer_dead()) {
+                state->break_with(strformat("%s failed: %s; the communicator was aborted", where().c_str(),
+                                            flight_recorder().peer_dead_message().c_str()), EXIT_PEER_DEAD);
+                return finish(state->broken);
+            }
             if (Clock::now() >= deadline) {
-                state->break_with(strformat("%s timed out after %.1f s (a rank did not join); the communicator was aborted",
-                                            where().c_str(), timeout_s));
+                state->break_with(strformat("%s timed out after %.1f s (a rank did not join); the communicator was "
+                                            "aborted\n%s  this rank's last operations:\n%s",
+                                            where().c_str(), timeout_s, flight_recorder().peer_report(-1, 0).c_str(),
+                                            flight_recorder().format(8).c_str()),
+                                  EXIT_COMM_TIMEOUT);
                 return finish(state->broken);
             }
             return false;
         }
         bool finish(std::string failure) {
+            flight_recorder().end(token, !failure.empty());
             finished = true;
             error = std::move(failure);
             return true;
@@ -366,6 +390,7 @@ private:
         op->what = std::move(what);
         op->timeout_s = timeout_s;
         op->deadline = deadline_after(timeout_s);
+        op->token = flight_recorder().begin(state_->comm_id, op->what.c_str(), 0);
         CUDA_CHECK(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
         return op;
     }

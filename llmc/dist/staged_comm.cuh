@@ -126,6 +126,7 @@ private:
         CommHandle host_op;
         bool landed = false;
         std::string error;
+        int error_code = 0;  // the host failure's exit code (a timeout's, a dead peer's)
 
         bool done() override {
             if (!host_op.done()) return false;
@@ -134,7 +135,7 @@ private:
         }
         void wait() override {
             land();
-            if (!error.empty()) fail(error);
+            if (!error.empty()) fail_with(error_code, error);
         }
         void land() {
             if (landed) return;
@@ -144,6 +145,7 @@ private:
                 if (device_dst && bytes) CUDA_CHECK(cudaMemcpy(device_dst, host.get(), bytes, cudaMemcpyHostToDevice));
             } catch (const Error& e) {
                 error = e.what();
+                error_code = e.exit_code;
             }
         }
     };
