@@ -71,6 +71,11 @@ struct RunConfig {
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
+    // guards (train_loop.h)
+    float skip_update_lossz = 0;  // -sl: skip the update when the loss's z-score exceeds this (0: off)
+    float skip_update_gradz = 0;  // -sg: the same for the gradient norm (0: off)
+    int max_skips = 5;            // this many skipped updates in a row roll back to the newest checkpoint
+    int fingerprint_every = 100;  // compare the replicas' parameter fingerprints every N steps (0: never)
     std::string model_dtype = "fp32";
     std::string faults;  // fault injection for tests (faults.h), added to LLMC_FAULTS  // the final model.bin: fp32 (llm.c version 3) or bf16 (version 5)
     std::string config_file;  // --config, for the record
@@ -137,6 +142,10 @@ inline const std::vector<RunOption>& run_options() {
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
+        {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
+        {"-sg", "skip_update_gradz", &RunConfig::skip_update_gradz, "skip the update when the gradient norm's z-score over the last 100 steps exceeds this (0: off)"},
+        {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
+        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the data-parallel replicas' parameter CRC32C (0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
@@ -352,6 +361,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
     require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
             strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
+    require(cfg.skip_update_lossz >= 0, strformat("-sl (skip_update_lossz) must be >= 0, got %g", cfg.skip_update_lossz));
+    require(cfg.skip_update_gradz >= 0, strformat("-sg (skip_update_gradz) must be >= 0, got %g", cfg.skip_update_gradz));
+    require(cfg.max_skips >= 0, strformat("--max-skips must be >= 0, got %d", cfg.max_skips));
+    require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }

@@ -570,8 +570,10 @@ inline std::string checkpoint_problem(const std::string& dir, int rank, int worl
 
 // The newest usable checkpoint: under --resume-from DIR, DIR or else the newest complete one
 // before it in DIR's parent; otherwise the newest in output_dir. Collective over `world`: every
-// rank gets the same answer. Every directory skipped is reported (rank 0 prints why).
-inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world) {
+// rank gets the same answer. Every directory skipped is reported (rank 0 prints why). at_most_step:
+// none after this step (an in-process rollback to a state known to be good).
+inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world,
+                                                         int at_most_step = INT32_MAX) {
     std::string parent = cfg.output_dir;
     int newest_step = INT32_MAX;
     if (!cfg.resume_from.empty()) {
@@ -590,11 +592,11 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
         std::error_code ec;
         for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
             const int step = checkpoint_step_of(entry.path().filename().string());
-            if (step >= 0 && step <= newest_step && entry.is_directory()) steps.push_back(step);
+            if (step >= 0 && step <= newest_step && step <= at_most_step && entry.is_directory()) steps.push_back(step);
         }
         std::sort(steps.rbegin(), steps.rend());
         for (int s : steps) listing += std::to_string(s) + "\n";
-        if (!cfg.resume_from.empty() && (steps.empty() || steps[0] != newest_step))
+        if (!cfg.resume_from.empty() && newest_step <= at_most_step && (steps.empty() || steps[0] != newest_step))
             printf("resume: '%s' does not exist\n", cfg.resume_from.c_str());
     }
     listing = all_gather_strings(world, listing)[0];
