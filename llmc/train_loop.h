@@ -339,6 +339,7 @@ private:
     // in the replay is faulty: the run stops with EXIT_CORRUPTION. The first check at or after the
     // step of the mismatch that passes in the replay classifies it as transient.
     bool check_fingerprints(CheckpointWriter* checkpoints, int& step) {
+        const auto start = std::chrono::steady_clock::now();
         const uint32_t mine = model_.sharded_state().replica_fingerprint().value_or(0);
         const std::vector<std::string> all = all_gather_strings(dp_, strformat("%d %08x", world_.rank(), mine));
         std::vector<uint32_t> fps;
@@ -369,6 +370,11 @@ private:
         }
         if (report.empty()) {
             last_verified_step_ = step;
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            log_.log_event(strformat("fingerprint: the %zu replicas agree after step %d (parameter CRC32C %08x, %.1f ms)",
+                                     fps.size(), step, fps[0], ms),
+                           {{"step", step}, {"event", "fingerprint_ok"}, {"replicas", fps.size()},
+                            {"crc32c", fps[0]}, {"ms", ms}});
             if (sdc_replay_ && step >= sdc_detected_step_) {
                 log_.log_event(strformat("fingerprint: replayed to step %d and the replicas agree: the divergence of "
                                          "rank(s) %s at step %d was transient; training goes on",
