@@ -55,6 +55,7 @@ static bool g_training_started = false;
 
 static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
+    if (cfg.ranks_per_node == 0) cfg.ranks_per_node = launch.local_size;
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
         make_dirs(cfg.output_dir);

@@ -70,6 +70,10 @@ struct RunConfig {
     int resume = 0;               // -y 1: resume from the newest complete checkpoint in output_dir
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
+    int local_ckpt_every = 0;     // the local tier: every N steps into node-local storage, replicated on the next node
+    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/
+    int local_ckpt_keep = 2;      // local checkpoints kept per node
+    int ranks_per_node = 0;       // consecutive ranks that share a node's local storage (0: as the launcher says)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
     // guards (train_loop.h)
     float skip_update_lossz = 0;  // -sl: skip the update when the loss's z-score exceeds this (0: off)
@@ -140,6 +144,10 @@ inline const std::vector<RunOption>& run_options() {
         {"-nm", "checkpoint_major", &RunConfig::checkpoint_major, "also keep every checkpoint whose step is a multiple of M (0: none)"},
         {"-y", "resume", &RunConfig::resume, "1: resume from the newest complete checkpoint in output_dir (starts fresh if there is none)"},
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
+        {"", "local_ckpt_every", &RunConfig::local_ckpt_every, "also a local checkpoint every N steps in node-local storage, replicated on the next node (0: none)"},
+        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>; e.g. /dev/shm or NVMe)"},
+        {"", "local_ckpt_keep", &RunConfig::local_ckpt_keep, "local checkpoints kept per node"},
+        {"", "ranks_per_node", &RunConfig::ranks_per_node, "ranks that share one node's local storage (0: the launcher's count)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
         {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
@@ -365,6 +373,13 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.skip_update_gradz >= 0, strformat("-sg (skip_update_gradz) must be >= 0, got %g", cfg.skip_update_gradz));
     require(cfg.max_skips >= 0, strformat("--max-skips must be >= 0, got %d", cfg.max_skips));
     require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
+    require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
+    require(cfg.local_ckpt_every == 0 || !cfg.local_ckpt_dir.empty(), "--local-ckpt-every needs a --local-ckpt-dir");
+    require(cfg.local_ckpt_keep >= 1, strformat("--local-ckpt-keep must be >= 1, got %d", cfg.local_ckpt_keep));
+    require(cfg.ranks_per_node >= 0, strformat("--ranks-per-node must be >= 0, got %d", cfg.ranks_per_node));
+    require(cfg.ranks_per_node == 0 || world_size % cfg.ranks_per_node == 0,
+            strformat("--ranks-per-node %d does not divide the %d rank(s) into whole nodes", cfg.ranks_per_node,
+                      world_size));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
 }

@@ -109,7 +109,7 @@ public:
 
         const int first_step = resume();
         std::unique_ptr<CheckpointWriter> checkpoints;
-        if (cfg_.checkpoint_every > 0)
+        if (cfg_.checkpoint_every > 0 || cfg_.local_ckpt_every > 0)
             checkpoints = std::make_unique<CheckpointWriter>(cfg_, run_config_json(cfg_), model_.sharded_state(),
                                                              model_.layout(), world_);
 
@@ -292,7 +292,7 @@ private:
     // In-process rollback to the newest complete checkpoint at or before at_most_step (collective).
     // The checkpoint being written is finished first. restore_data: the data position goes back too
     // (a replay of the same steps); otherwise it stays, and training skips past what it read.
-    // Checkpoints after the one taken are of an abandoned history and are removed. Returns false,
+    // Checkpoints after the one taken (either tier) are of an abandoned history and are removed. Returns false,
     // changing nothing, where there is no checkpoint; else sets `step` to the checkpoint's.
     bool rollback(CheckpointWriter* checkpoints, int& step, bool restore_data, int at_most_step, const std::string& why) {
         if (checkpoints) {
@@ -305,13 +305,14 @@ private:
         if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
         if (!point) return false;
         const Manifest& m = point->manifest;
-        load_checkpoint(*point, model_.sharded_state(), model_.layout());
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
-        if (world_.rank() == 0) {
+        for (const CheckpointTier& tier : checkpoint_tiers(cfg_)) {  // each tier's directory, by its leading rank
+            if (!tier.leads(world_.rank())) continue;
             std::error_code ec;
-            for (const auto& entry : std::filesystem::directory_iterator(cfg_.output_dir, ec)) {
+            for (const auto& entry : std::filesystem::directory_iterator(tier.rank_root(world_.rank()), ec)) {
                 const int s = checkpoint_step_of(entry.path().filename().string());
                 if (s > m.step && entry.is_directory()) detail::remove_tree(entry.path().string());
             }
@@ -446,25 +447,26 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout());
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
-        log_.log_event(strformat("resumed from %s: step %d, written by %d rank(s) at ZeRO-%d", point->dir.c_str(),
-                                 m.step, m.world_size, m.zero_stage),
-                       {{"step", m.step}, {"resumed_from", point->dir}, {"written_by_ranks", m.world_size},
-                        {"written_at_zero_stage", m.zero_stage}});
+        log_.log_event(strformat("resumed from %s%s: step %d, written by %d rank(s) at ZeRO-%d", point->dir.c_str(),
+                                 point->tier.local() ? " (local tier)" : "", m.step, m.world_size, m.zero_stage),
+                       {{"step", m.step}, {"resumed_from", point->dir}, {"tier", point->tier.local() ? "local" : "shared"},
+                        {"written_by_ranks", m.world_size}, {"written_at_zero_stage", m.zero_stage}});
         return m.step;
     }
 
     void log_checkpoints(const std::vector<CheckpointReport>& reports) {
         for (const CheckpointReport& r : reports) {
             if (r.ok) {
-                log_.log_event(strformat("checkpoint %s: %.1f MB in %.0f ms (%.0f MB/s), training stalled %.1f ms%s",
-                                         r.dir.c_str(), r.bytes / 1e6, r.write_ms, r.mb_per_s(), r.stall_ms,
+                log_.log_event(strformat("checkpoint %s%s: %.1f MB in %.0f ms (%.0f MB/s), training stalled %.1f ms%s",
+                                         r.dir.c_str(), r.tier == "local" ? " (local tier)" : "", r.bytes / 1e6, r.write_ms, r.mb_per_s(), r.stall_ms,
                                          r.wait_ms > 0 ? strformat(" (%.0f ms waiting for the previous one)",
                                                                    r.wait_ms).c_str() : ""),
-                               {{"step", r.step}, {"checkpoint", r.dir}, {"bytes", r.bytes}, {"write_ms", r.write_ms},
+                               {{"step", r.step}, {"checkpoint", r.dir}, {"tier", r.tier}, {"bytes", r.bytes},
+                                {"write_ms", r.write_ms},
                                 {"mb_per_s", r.mb_per_s()}, {"stall_ms", r.stall_ms}, {"wait_ms", r.wait_ms}});
                 continue;
             }

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,16 +149,52 @@ inline void remove_tree(const std::string& path) {
 
 }  // namespace detail
 
-// One checkpoint's outcome, as the trainer logs it (rank 0's view).
+// Where a tier of checkpoints goes, how often, and how many are kept. The shared tier is
+// <output_dir>/ckpt_<step>/ on storage every rank sees (-n, -nk, -nm). The local tier
+// (--local-ckpt-every) is frequent and cheap: node k's ranks write into <local dir>/node_<k>/,
+// storage only that node sees (/dev/shm, NVMe), and each rank also sends its file over the
+// communicator to the same rank of the next node, which keeps it as a replica, so a node that
+// loses its storage gets its files back from its buddy. A "node" is ranks_per_node consecutive ranks.
+struct CheckpointTier {
+    std::string name;  // "shared" or "local", for the log
+    std::string root;  // the shared directory, or the local one that holds the node_<k> directories
+    int every = 0, keep = 0, major = 0;
+    int ranks_per_node = 0;  // 0: the shared tier
+
+    bool local() const { return ranks_per_node > 0; }
+    bool due(int steps_done, int last_step) const {
+        return every > 0 && (steps_done % every == 0 || (!local() && steps_done == last_step));
+    }
+    // The directory the checkpoint files of `rank` go to (its node's, on the local tier).
+    std::string rank_root(int rank) const {
+        return local() ? root + "/" + strformat("node_%05d", rank / ranks_per_node) : root;
+    }
+    std::string dir(int step, int rank) const { return rank_root(rank) + "/" + checkpoint_dir_name(step); }
+    // The rank that writes the manifest and marker into rank_root(rank): rank 0, or each node's first.
+    bool leads(int rank) const { return local() ? rank % ranks_per_node == 0 : rank == 0; }
+};
+
+// The tiers a run writes: the shared one with -n, the local one with --local-ckpt-every.
+inline std::vector<CheckpointTier> checkpoint_tiers(const RunConfig& cfg) {
+    std::vector<CheckpointTier> tiers;
+    if (cfg.checkpoint_every > 0)
+        tiers.push_back({"shared", cfg.output_dir, cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_major, 0});
+    if (cfg.local_ckpt_every > 0)
+        tiers.push_back({"local", cfg.local_ckpt_dir, cfg.local_ckpt_every, cfg.local_ckpt_keep, 0, cfg.ranks_per_node});
+    return tiers;
+}
+
+// One checkpoint's outcome on one tier, as the trainer logs it (rank 0's view).
 struct CheckpointReport {
     int step = 0;
+    std::string tier;
     std::string dir;
     bool ok = false;
     std::string error;     // every failed rank's error, when !ok
     double stall_ms = 0;   // training time lost: snapshot start, its wait before the next update, sync writes
     double wait_ms = 0;    // of stall_ms, the wait for the previous checkpoint to finish first
     double write_ms = 0;   // from the snapshot to the marker (or the failure)
-    uint64_t bytes = 0;    // all ranks' files
+    uint64_t bytes = 0;    // all ranks' files (without the local tier's replicas)
     double mb_per_s() const { return write_ms > 0 ? bytes / 1e6 / (write_ms / 1e3) : 0; }
 };
 
@@ -168,72 +205,105 @@ struct TrainState {
     std::array<uint64_t, 4> sampler_rng{};
 };
 
+namespace detail {
+
+// Sends `bytes` of `data` to rank `to` and receives rank `from`'s file, in pieces below MPI's
+// 2 GiB per call; every piece is in flight at once. The sizes travel first.
+inline std::vector<char> exchange_file(Communicator& comm, const void* data, uint64_t bytes, int to, int from) {
+    uint64_t their_bytes = 0;
+    CommHandle s = comm.send(&bytes, sizeof bytes, to), r = comm.recv(&their_bytes, sizeof their_bytes, from);
+    s.wait();
+    r.wait();
+    std::vector<char> theirs(their_bytes);
+    const uint64_t piece = 256ull << 20;
+    std::vector<CommHandle> ops;
+    for (uint64_t at = 0; at < bytes; at += piece)
+        ops.push_back(comm.send(static_cast<const char*>(data) + at, std::min(piece, bytes - at), to));
+    for (uint64_t at = 0; at < their_bytes; at += piece)
+        ops.push_back(comm.recv(theirs.data() + at, std::min(piece, their_bytes - at), from));
+    for (CommHandle& h : ops) h.wait();
+    return theirs;
+}
+
+// Writes the manifest and then the marker into a checkpoint directory.
+inline void commit_checkpoint(const std::string& dir, int step, const std::string& manifest) {
+    const uint32_t crc = write_file_durably(dir, CHECKPOINT_MANIFEST, manifest.data(), manifest.size());
+    const std::string marker = nlohmann::json{{"step", step}, {"manifest_crc32c", crc}}.dump() + "\n";
+    write_file_durably(dir, CHECKPOINT_MARKER, marker.data(), marker.size());
+}
+
+}  // namespace detail
+
 class CheckpointWriter {
 public:
     // Collective over `world` (it splits a communicator for the writer thread): every rank calls it.
     // run_config: the config.json of this run, recorded in every manifest.
     CheckpointWriter(const RunConfig& cfg, const nlohmann::json& run_config, ShardedState& state,
-                     const ParamLayout& layout, Communicator& world)
-        : cfg_(cfg), run_config_(run_config), state_(state), layout_(layout), comm_(world.split(0, world.rank())),
-          tensors_(manifest_tensors(layout)), buffers_(state.state_buffers()), owned_(state.owned_ranges()) {
+                     const ParamLayout& layout, Communicator& world, std::vector<CheckpointTier> tiers)
+        : cfg_(cfg), run_config_(run_config), state_(state), layout_(layout), tiers_(std::move(tiers)),
+          comm_(world.split(0, world.rank())), tensors_(manifest_tensors(layout)), buffers_(state.state_buffers()),
+          owned_(state.owned_ranges()) {
+        for (const CheckpointTier& t : tiers_)
+            if (t.local() && world.world_size() % t.ranks_per_node != 0)
+                fail(strformat("--ranks-per-node %d does not divide the %d ranks into whole nodes", t.ranks_per_node,
+                               world.world_size()));
         // Writing takes as long as the disk needs: a rank waits that long for the slowest one.
         comm_->timeout_s = std::max(world.timeout_s, 3600.0);
         state_.snapshot_memory(state_.snapshot_bytes());  // allocated (and touched) now, not at the first save
     }
+    CheckpointWriter(const RunConfig& cfg, const nlohmann::json& run_config, ShardedState& state,
+                     const ParamLayout& layout, Communicator& world)
+        : CheckpointWriter(cfg, run_config, state, layout, world, checkpoint_tiers(cfg)) {}
     ~CheckpointWriter() {
         if (thread_.joinable()) thread_.join();
     }
     CheckpointWriter(const CheckpointWriter&) = delete;
     CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-    // Whether the state after `steps_done` optimizer steps is saved: every -n steps, and at the end.
-    bool due(int steps_done) const {
-        return cfg_.checkpoint_every > 0 && (steps_done % cfg_.checkpoint_every == 0 || steps_done == cfg_.steps);
-    }
+    // Whether the state after `steps_done` optimizer steps is saved on some tier: the shared one
+    // every -n steps and at the end, the local one every --local-ckpt-every steps.
+    bool due(int steps_done) const { return !due_tiers(steps_done).empty(); }
 
-    // Saves the state as it is now (after the update of step t.step). Returns once the snapshot is
-    // started (asynchronous) or the checkpoint is complete (--ckpt-sync).
+    // Saves the state as it is now (after the update of step t.step) on every tier that is due.
+    // Returns once the snapshot is started (asynchronous) or the checkpoint is complete (--ckpt-sync).
     void save(const TrainState& t) {
         auto start = std::chrono::steady_clock::now();
-        Pending p;
-        p.report.step = t.step;
-        p.report.dir = cfg_.output_dir + "/" + checkpoint_dir_name(t.step);
+        const std::vector<CheckpointTier> tiers = due_tiers(t.step);
+        if (tiers.empty()) return;
+        double wait_ms = 0;
         if (thread_.joinable()) {
             if (writing_ && comm_->rank() == 0)
-                printf("checkpoint %s: waiting for %s to finish writing first\n", p.report.dir.c_str(),
+                printf("checkpoint %s: waiting for %s to finish writing first\n", checkpoint_dir_name(t.step).c_str(),
                        checkpoint_dir_name(in_flight_step_).c_str());
             thread_.join();
-            p.report.wait_ms = detail::ms_since(start);
+            wait_ms = detail::ms_since(start);
         }
         void* host = state_.snapshot_memory(state_.snapshot_bytes());
         state_.start_snapshot(host);
         in_flight_step_ = t.step;
         if (cfg_.ckpt_sync) {
-            const double wait_ms = p.report.wait_ms;
-            write(t, host, p.report);
-            p.report.wait_ms = wait_ms;
-            p.report.stall_ms = detail::ms_since(start);
+            std::vector<CheckpointReport> reports = write_all(t, tiers, host);
             std::lock_guard<std::mutex> lock(mutex_);
-            finished_sync_.push_back(p.report);
+            for (CheckpointReport& r : reports) {
+                r.wait_ms = wait_ms;
+                r.stall_ms = detail::ms_since(start);
+                finished_sync_.push_back(r);
+            }
             return;
         }
-        p.report.stall_ms = detail::ms_since(start);
-        settled_ = false;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            pending_.push_back(std::move(p));
+            pending_.push_back(Pending{t.step, detail::ms_since(start), wait_ms, {}, false, false});
         }
+        settled_ = false;
         writing_ = true;
-        thread_ = std::thread([this, t, host] {
-            CheckpointReport r;
-            write(t, host, r);
+        thread_ = std::thread([this, t, tiers, host] {
+            std::vector<CheckpointReport> reports = write_all(t, tiers, host);
             writing_ = false;
             std::lock_guard<std::mutex> lock(mutex_);
             for (Pending& q : pending_)
-                if (q.report.step == r.step && !q.written) {
-                    r.stall_ms = q.report.stall_ms;
-                    r.wait_ms = q.report.wait_ms;
-                    q.report = r;
+                if (q.step == t.step && !q.written) {
+                    q.reports = std::move(reports);
                     q.written = true;
                 }
         });
@@ -247,7 +317,7 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         for (Pending& q : pending_)
             if (!q.settled) {
-                q.report.stall_ms += detail::ms_since(start);
+                q.stall_ms += detail::ms_since(start);
                 q.settled = true;
             }
         settled_ = true;
@@ -258,7 +328,11 @@ public:
         std::vector<CheckpointReport> out;
         std::lock_guard<std::mutex> lock(mutex_);
         while (!pending_.empty() && pending_.front().written && pending_.front().settled) {
-            out.push_back(pending_.front().report);
+            for (CheckpointReport r : pending_.front().reports) {
+                r.stall_ms = pending_.front().stall_ms;
+                r.wait_ms = pending_.front().wait_ms;
+                out.push_back(r);
+            }
             pending_.erase(pending_.begin());
         }
         for (CheckpointReport& r : finished_sync_) out.push_back(r);
@@ -266,7 +340,7 @@ public:
         return out;
     }
 
-    // Waits for the checkpoint in flight (end of training).
+    // Waits for the checkpoint in flight (end of training, or before a rollback).
     void finish() {
         before_update();
         if (thread_.joinable()) thread_.join();
@@ -274,63 +348,115 @@ public:
 
 private:
     struct Pending {
-        CheckpointReport report;
-        bool written = false, settled = false;
+        int step;
+        double stall_ms, wait_ms;
+        std::vector<CheckpointReport> reports;
+        bool written, settled;
     };
 
-    // The whole write of one checkpoint, on the writer thread (or the trainer's, --ckpt-sync). Never
-    // throws: every failure ends in a report, and in a removed directory.
-    void write(const TrainState& t, const void* host, CheckpointReport& r) {
+    std::vector<CheckpointTier> due_tiers(int steps_done) const {
+        std::vector<CheckpointTier> due;
+        for (const CheckpointTier& t : tiers_)
+            if (t.due(steps_done, cfg_.steps)) due.push_back(t);
+        return due;
+    }
+
+    // The local tier first: it is the quick one, and the shared one may take long.
+    std::vector<CheckpointReport> write_all(const TrainState& t, std::vector<CheckpointTier> tiers, const void* host) {
+        std::stable_sort(tiers.begin(), tiers.end(),
+                         [](const CheckpointTier& a, const CheckpointTier& b) { return a.local() > b.local(); });
+        std::vector<CheckpointReport> reports;
+        for (const CheckpointTier& tier : tiers) reports.push_back(write(t, tier, host));
+        return reports;
+    }
+
+    // The whole write of one checkpoint on one tier, on the writer thread (or the trainer's,
+    // --ckpt-sync). Never throws: every failure ends in a report, and in a removed directory.
+    CheckpointReport write(const TrainState& t, const CheckpointTier& tier, const void* host) {
         auto start = std::chrono::steady_clock::now();
         Communicator& comm = *comm_;
-        const int rank = comm.rank();
+        const int rank = comm.rank(), world = comm.world_size();
+        const std::string dir = tier.dir(t.step, rank);
+        CheckpointReport r;
         r.step = t.step;
-        r.dir = cfg_.output_dir + "/" + checkpoint_dir_name(t.step);
+        r.tier = tier.name;
+        r.dir = tier.dir(t.step, 0);
         std::string error;
         try {
             state_.wait_snapshot();
-            // Rank 0 clears what a crashed run may have left under this name; the others wait.
-            if (rank == 0) {
-                detail::remove_tree(r.dir);
-                make_dirs(r.dir);
+            // The leader clears what a crashed run may have left under this name; the others wait.
+            if (tier.leads(rank)) {
+                detail::remove_tree(dir);
+                make_dirs(dir);
             }
         } catch (const std::exception& e) {
             error = e.what();
         }
         try {
-            const std::vector<std::string> setup = all_gather_strings(comm, error);
-            if (!setup[0].empty() && rank != 0) error = "rank 0 could not prepare the directory";
+            for (const std::string& e : all_gather_strings(comm, error))
+                if (!e.empty() && error.empty()) error = "another rank could not prepare its checkpoint directory";
             ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank));
             if (error.empty()) {
                 try {
                     const bool inject = faults().at("ckpt_fail", t.step, rank);  // faults.h: a full disk
-                    mine.crc32c = detail::write_file_durably(r.dir, mine.path, host, mine.bytes, inject);
+                    mine.crc32c = detail::write_file_durably(dir, mine.path, host, mine.bytes, inject);
                     if (faults().at("ckpt_pause", t.step, rank)) std::this_thread::sleep_for(std::chrono::hours(1));
                 } catch (const std::exception& e) {
                     error = e.what();
+                }
+            }
+            // The local tier: a replica of this rank's file on the next node, and of the previous
+            // node's rank here. Every rank takes part even after an error, so none waits in vain.
+            if (tier.local() && world > tier.ranks_per_node) {
+                const int to = (rank + tier.ranks_per_node) % world, from = (rank - tier.ranks_per_node + world) % world;
+                std::vector<char> replica = detail::exchange_file(comm, host, mine.bytes, to, from);
+                if (error.empty()) {
+                    try {
+                        detail::write_file_durably(dir, rank_file_name(from), replica.data(), replica.size());
+                    } catch (const std::exception& e) {
+                        error = strformat("the replica of rank %d: %s", from, e.what());
+                    }
                 }
             }
             // Every rank's outcome: its file's description, or its error.
             nlohmann::json outcome = error.empty() ? nlohmann::json{{"file", file_json(mine, tensors_)}}
                                                    : nlohmann::json{{"error", error}};
             std::vector<std::string> outcomes = all_gather_strings(comm, outcome.dump());
-            std::string status;  // rank 0's verdict, shared with every rank
-            if (rank == 0) status = finalize(t, outcomes, r);
-            status = all_gather_strings(comm, status)[0];
-            const nlohmann::json verdict = nlohmann::json::parse(status);
+            // Rank 0's verdict and the manifest, shared with every rank.
+            std::string verdict_text = rank == 0 ? verdict(t, outcomes) : "";
+            const nlohmann::json verdict = nlohmann::json::parse(all_gather_strings(comm, verdict_text)[0]);
             r.ok = verdict.at("ok").get<bool>();
             r.error = verdict.at("error").get<std::string>();
             r.bytes = verdict.at("bytes").get<uint64_t>();
+            // Each leader commits its directory (manifest, then marker) or removes it.
+            std::string commit_error;
+            if (tier.leads(rank)) {
+                try {
+                    if (r.ok) {
+                        detail::commit_checkpoint(dir, t.step, verdict.at("manifest").get<std::string>());
+                        prune(tier, tier.rank_root(rank), t.step);
+                    } else {
+                        detail::remove_tree(dir);
+                    }
+                } catch (const std::exception& e) {
+                    commit_error = strformat("rank %d: %s", rank, e.what());
+                }
+            }
+            for (const std::string& e : all_gather_strings(comm, commit_error))
+                if (!e.empty()) {
+                    r.ok = false;
+                    r.error += (r.error.empty() ? "" : "; ") + e;
+                }
         } catch (const std::exception& e) {
             r.ok = false;
             r.error = strformat("rank %d: %s", rank, e.what());
         }
         r.write_ms = detail::ms_since(start);
+        return r;
     }
 
-    // Rank 0, once every rank has reported: the manifest and the marker, or the directory removed;
-    // then the retention policy. Returns the verdict as JSON {ok, error, bytes}.
-    std::string finalize(const TrainState& t, const std::vector<std::string>& outcomes, CheckpointReport& r) {
+    // Rank 0, once every rank has reported: {ok, error, bytes, manifest}.
+    std::string verdict(const TrainState& t, const std::vector<std::string>& outcomes) {
         std::string errors;
         uint64_t bytes = 0;
         nlohmann::json files = nlohmann::json::array();
@@ -343,51 +469,32 @@ private:
                 files.push_back(o["file"]);
             }
         }
+        std::string text;
         if (errors.empty()) {
-            try {
-                Manifest m;
-                m.step = t.step;
-                m.world_size = (int)outcomes.size();
-                m.zero_stage = cfg_.zero_stage;
-                m.model = cfg_.model_config;
-                m.run_config = run_config_;
-                m.data = t.data;
-                m.sampler_rng = t.sampler_rng;
-                m.model_rng = state_.rng_states();
-                m.tensors = tensors_;
-                nlohmann::json j = manifest_json(m);
-                j["files"] = files;
-                const std::string text = manifest_text(j);
-                const uint32_t crc = detail::write_file_durably(r.dir, CHECKPOINT_MANIFEST, text.data(), text.size());
-                const std::string marker = nlohmann::json{{"step", t.step}, {"manifest_crc32c", crc}}.dump() + "\n";
-                detail::write_file_durably(r.dir, CHECKPOINT_MARKER, marker.data(), marker.size());
-            } catch (const std::exception& e) {
-                errors = strformat("rank 0: %s", e.what());
-            }
+            Manifest m;
+            m.step = t.step;
+            m.world_size = (int)outcomes.size();
+            m.zero_stage = cfg_.zero_stage;
+            m.model = cfg_.model_config;
+            m.run_config = run_config_;
+            m.data = t.data;
+            m.sampler_rng = t.sampler_rng;
+            m.model_rng = state_.rng_states();
+            m.tensors = tensors_;
+            nlohmann::json j = manifest_json(m);
+            j["files"] = files;
+            text = manifest_text(j);
         }
-        if (!errors.empty()) {
-            try {
-                detail::remove_tree(r.dir);
-            } catch (const std::exception& e) {
-                errors += strformat("; and the incomplete directory remains: %s", e.what());
-            }
-        } else {
-            try {
-                prune(t.step);
-            } catch (const std::exception& e) {
-                fprintf(stderr, "warning: checkpoint retention: %s\n", e.what());
-            }
-        }
-        return nlohmann::json{{"ok", errors.empty()}, {"error", errors}, {"bytes", bytes}}.dump();
+        return nlohmann::json{{"ok", errors.empty()}, {"error", errors}, {"bytes", bytes}, {"manifest", text}}.dump();
     }
 
-    // Retention: keep the newest -nk complete checkpoints (all with 0) and every step that is a
-    // multiple of -nm; never the newest complete one (just written). Incomplete directories older
-    // than it are debris of crashed writes and go too.
-    void prune(int newest) {
+    // Retention in one directory of checkpoints: keep the newest `keep` complete ones (all with 0)
+    // and every step that is a multiple of `major`; never the newest complete one (just written).
+    // Incomplete directories older than it are debris of crashed writes and go too.
+    static void prune(const CheckpointTier& tier, const std::string& root, int newest) {
         std::vector<int> complete;
         std::vector<std::string> incomplete;
-        for (const auto& entry : std::filesystem::directory_iterator(cfg_.output_dir)) {
+        for (const auto& entry : std::filesystem::directory_iterator(root)) {
             const std::string name = entry.path().filename().string();
             const int step = checkpoint_step_of(name);
             if (step < 0 || !entry.is_directory()) continue;
@@ -397,9 +504,9 @@ private:
         std::sort(complete.rbegin(), complete.rend());
         for (size_t i = 0; i < complete.size(); i++) {
             const int step = complete[i];
-            const bool keep = step == newest || cfg_.checkpoint_keep == 0 || (int)i < cfg_.checkpoint_keep ||
-                              (cfg_.checkpoint_major > 0 && step % cfg_.checkpoint_major == 0);
-            if (!keep) detail::remove_tree(cfg_.output_dir + "/" + checkpoint_dir_name(step));
+            const bool keep = step == newest || tier.keep == 0 || (int)i < tier.keep ||
+                              (tier.major > 0 && step % tier.major == 0);
+            if (!keep) detail::remove_tree(root + "/" + checkpoint_dir_name(step));
         }
         for (const std::string& dir : incomplete) detail::remove_tree(dir);
     }
@@ -408,6 +515,7 @@ private:
     nlohmann::json run_config_;
     ShardedState& state_;
     const ParamLayout& layout_;
+    std::vector<CheckpointTier> tiers_;
     std::unique_ptr<Communicator> comm_;  // the writer thread's own
     std::vector<ManifestTensor> tensors_;
     std::vector<StateBuffer> buffers_;
@@ -520,15 +628,18 @@ private:
 };
 
 struct ResumePoint {
-    std::string dir;
+    std::string dir;  // the shared directory, or rank 0's node directory of the local tier
     Manifest manifest;
+    CheckpointTier tier;  // which tier it is on (the shared one: only name and root are set)
+    // The local tier: for every rank, whether its own file is in its node's directory (else only
+    // its replica on the next node is left, and it is fetched from there).
+    std::vector<char> own_file;
 };
 
 namespace detail {
 
-// Why a checkpoint directory cannot be used, as far as this rank can tell ("" if it can): the
-// marker, the manifest, and the size and CRC32C of the files with index = rank (mod world).
-inline std::string checkpoint_problem(const std::string& dir, int rank, int world, Manifest* out) {
+// Why a directory's marker and manifest cannot be used ("" if they can); *out and *text get the manifest.
+inline std::string manifest_problem(const std::string& dir, Manifest* out, std::string* text) {
     try {
         const std::string marker_path = dir + "/" + CHECKPOINT_MARKER;
         if (!std::filesystem::exists(marker_path))
@@ -540,41 +651,113 @@ inline std::string checkpoint_problem(const std::string& dir, int rank, int worl
             return strformat("the marker '%s' is not valid JSON: %s", marker_path.c_str(), e.what());
         }
         const std::string manifest_path = dir + "/" + CHECKPOINT_MANIFEST;
-        const std::string text = read_text_file(manifest_path);
-        const uint32_t crc = crc32c(0, text.data(), text.size());
+        *text = read_text_file(manifest_path);
+        const uint32_t crc = crc32c(0, text->data(), text->size());
         if (!marker.contains("manifest_crc32c") || !marker["manifest_crc32c"].is_number_unsigned() ||
             marker["manifest_crc32c"].get<uint64_t>() != crc)
             return strformat("'%s' has CRC32C %u; the marker expects %s", manifest_path.c_str(), crc,
                              marker.value("manifest_crc32c", nlohmann::json()).dump().c_str());
-        *out = parse_manifest(text, strformat("manifest '%s'", manifest_path.c_str()));
-        for (size_t i = rank; i < out->files.size(); i += world) {
-            const ManifestFile& f = out->files[i];
-            const std::string path = dir + "/" + f.path;
-            if (!std::filesystem::exists(path)) return strformat("'%s' is missing", path.c_str());
-            uint64_t size = 0;
-            const uint32_t file_crc = crc32c_of_file(path, &size);
-            if (size != f.bytes)
-                return strformat("'%s' has %llu bytes; the manifest expects %llu (truncated?)", path.c_str(),
-                                 (unsigned long long)size, (unsigned long long)f.bytes);
-            if (file_crc != f.crc32c)
-                return strformat("'%s' has CRC32C %u; the manifest expects %u (corrupt)", path.c_str(), file_crc,
-                                 f.crc32c);
-        }
+        *out = parse_manifest(*text, strformat("manifest '%s'", manifest_path.c_str()));
+        for (size_t i = 0; i < out->files.size(); i++)
+            if (out->files[i].rank != (int)i)
+                return strformat("manifest '%s': files[%zu] is rank %d's; expected the files in rank order",
+                                 manifest_path.c_str(), i, out->files[i].rank);
     } catch (const std::exception& e) {
         return e.what();
     }
     return "";
 }
 
+// Why a rank file cannot be used ("" if it can): missing, or its size or CRC32C is not the manifest's.
+inline std::string file_problem(const std::string& dir, const ManifestFile& f) {
+    try {
+        const std::string path = dir + "/" + f.path;
+        if (!std::filesystem::exists(path)) return strformat("'%s' is missing", path.c_str());
+        uint64_t size = 0;
+        const uint32_t crc = crc32c_of_file(path, &size);
+        if (size != f.bytes)
+            return strformat("'%s' has %llu bytes; the manifest expects %llu (truncated?)", path.c_str(),
+                             (unsigned long long)size, (unsigned long long)f.bytes);
+        if (crc != f.crc32c)
+            return strformat("'%s' has CRC32C %u; the manifest expects %u (corrupt)", path.c_str(), crc, f.crc32c);
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// Joins the distinct non-empty problems the ranks reported.
+inline std::string joined_problems(const std::vector<std::string>& all) {
+    std::string problems;
+    for (const std::string& p : all)
+        if (!p.empty() && problems.find(p) == std::string::npos) problems += (problems.empty() ? "" : "; ") + p;
+    return problems;
+}
+
+// A shared-tier directory, checked by every rank: the marker and manifest, and the files with
+// index = rank (mod world). Collective.
+inline std::optional<ResumePoint> check_shared_checkpoint(const std::string& dir, const CheckpointTier& tier,
+                                                          Communicator& world, std::string* problems) {
+    ResumePoint point{dir, {}, tier, {}};
+    std::string text;
+    std::string mine = manifest_problem(dir, &point.manifest, &text);
+    for (size_t i = world.rank(); mine.empty() && i < point.manifest.files.size(); i += world.world_size())
+        mine = file_problem(dir, point.manifest.files[i]);
+    *problems = joined_problems(all_gather_strings(world, mine));
+    if (!problems->empty()) return std::nullopt;
+    return point;
+}
+
+// A local-tier checkpoint: every rank checks its node's directory: the marker and manifest, its
+// own file, and the replica it keeps of the previous node's rank. Usable when every rank's file
+// is somewhere: its own copy, or its replica on the next node. Collective.
+inline std::optional<ResumePoint> check_local_checkpoint(int step, const CheckpointTier& tier, Communicator& world,
+                                                         std::string* problems) {
+    const int rank = world.rank(), W = world.world_size(), rpn = tier.ranks_per_node;
+    const std::string dir = tier.dir(step, rank);
+    Manifest m;
+    std::string text, why = manifest_problem(dir, &m, &text);
+    bool own = false, replica = false;
+    if (why.empty() && m.world_size != W)
+        why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
+                        "ranks; the shared tier on any)", dir.c_str(), m.world_size, W);
+    if (why.empty()) {
+        why = file_problem(dir, m.files[rank]);
+        own = why.empty();
+        if (W > rpn) replica = file_problem(dir, m.files[(rank - rpn + W) % W]).empty();
+    }
+    const nlohmann::json status{{"own", own}, {"replica", replica}, {"why", why}};
+    std::vector<nlohmann::json> all;
+    for (const std::string& s : all_gather_strings(world, status.dump())) all.push_back(nlohmann::json::parse(s));
+    std::vector<std::string> missing;
+    int source = -1;  // a rank whose node directory has a good manifest
+    ResumePoint point{tier.dir(step, 0), {}, tier, std::vector<char>(W, 0)};
+    for (int j = 0; j < W; j++) {
+        point.own_file[j] = all[j]["own"].get<bool>();
+        if (point.own_file[j] && source < 0) source = j;
+        const bool replicated = W > rpn && all[(j + rpn) % W]["replica"].get<bool>();
+        if (!point.own_file[j] && !replicated)
+            missing.push_back(strformat("rank %d: %s%s", j, all[j]["why"].get<std::string>().c_str(),
+                                        W > rpn ? ", and no replica on the next node" : ""));
+    }
+    *problems = joined_problems(missing);
+    if (!problems->empty()) return std::nullopt;
+    text = all_gather_strings(world, rank == source ? text : "")[source];
+    point.manifest = parse_manifest(text, strformat("the manifest of local checkpoint step %d", step));
+    return point;
+}
+
 }  // namespace detail
 
-// The newest usable checkpoint: under --resume-from DIR, DIR or else the newest complete one
-// before it in DIR's parent; otherwise the newest in output_dir. Collective over `world`: every
-// rank gets the same answer. Every directory skipped is reported (rank 0 prints why). at_most_step:
-// none after this step (an in-process rollback to a state known to be good).
+// The newest usable checkpoint. Under --resume-from DIR: DIR, or else the newest complete one
+// before it in DIR's parent. Otherwise the newest of output_dir's checkpoints and, with
+// --local-ckpt-every, the local tier's (the local one first at the same step: it is the quicker
+// read). Collective over `world`: every rank gets the same answer. Every checkpoint skipped is
+// reported (rank 0 prints why). at_most_step: none after this step (an in-process rollback to a
+// state known to be good).
 inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world,
                                                          int at_most_step = INT32_MAX) {
-    std::string parent = cfg.output_dir;
+    CheckpointTier shared{"shared", cfg.output_dir};
     int newest_step = INT32_MAX;
     if (!cfg.resume_from.empty()) {
         std::filesystem::path p = std::filesystem::path(cfg.resume_from).lexically_normal();
@@ -583,35 +766,51 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
         if (newest_step < 0)
             fail(strformat("--resume-from '%s': expected a checkpoint directory named ckpt_<8 digits>",
                            cfg.resume_from.c_str()));
-        parent = p.parent_path().empty() ? "." : p.parent_path().string();
+        shared.root = p.parent_path().empty() ? "." : p.parent_path().string();
     }
-    // Rank 0 lists the candidates, so every rank tries the same ones in the same order.
-    std::string listing;
-    if (world.rank() == 0) {
-        std::vector<int> steps;
+    std::optional<CheckpointTier> local;
+    for (const CheckpointTier& t : checkpoint_tiers(cfg))
+        if (t.local() && cfg.resume_from.empty()) local = t;
+    // Rank 0 lists the shared candidates and each node's first rank its node's local ones, so every
+    // rank tries the same ones in the same order: (step, is local), newest first.
+    auto steps_in = [&](const std::string& root) {
+        std::string listing;
         std::error_code ec;
-        for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
+        for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
             const int step = checkpoint_step_of(entry.path().filename().string());
-            if (step >= 0 && step <= newest_step && step <= at_most_step && entry.is_directory()) steps.push_back(step);
+            if (step >= 0 && step <= newest_step && step <= at_most_step && entry.is_directory())
+                listing += std::to_string(step) + " ";
         }
-        std::sort(steps.rbegin(), steps.rend());
-        for (int s : steps) listing += std::to_string(s) + "\n";
-        if (!cfg.resume_from.empty() && newest_step <= at_most_step && (steps.empty() || steps[0] != newest_step))
-            printf("resume: '%s' does not exist\n", cfg.resume_from.c_str());
+        return listing;
+    };
+    std::string mine;
+    if (world.rank() == 0) mine = "shared " + steps_in(shared.root) + "\n";
+    if (local && local->leads(world.rank())) mine += "local " + steps_in(local->rank_root(world.rank())) + "\n";
+    std::vector<std::pair<int, bool>> candidates;
+    for (const std::string& listing : all_gather_strings(world, mine)) {
+        std::istringstream lines(listing);
+        for (std::string line; std::getline(lines, line);) {
+            std::istringstream words(line);
+            std::string kind;
+            words >> kind;
+            for (int step; words >> step;) candidates.push_back({step, kind == "local"});
+        }
     }
-    listing = all_gather_strings(world, listing)[0];
-    for (size_t at = 0; at < listing.size();) {
-        const size_t end = listing.find('\n', at);
-        const int step = std::atoi(listing.substr(at, end - at).c_str());
-        at = end + 1;
-        const std::string dir = parent + "/" + checkpoint_dir_name(step);
-        ResumePoint point{dir, {}};
-        const std::string mine = detail::checkpoint_problem(dir, world.rank(), world.world_size(), &point.manifest);
+    std::sort(candidates.begin(), candidates.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second > b.second; });
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    if (!cfg.resume_from.empty() && newest_step <= at_most_step &&
+        (candidates.empty() || candidates[0].first != newest_step) && world.rank() == 0)
+        printf("resume: '%s' does not exist\n", cfg.resume_from.c_str());
+    for (const auto& [step, is_local] : candidates) {
         std::string problems;
-        for (const std::string& p : all_gather_strings(world, mine))
-            if (!p.empty() && problems.find(p) == std::string::npos) problems += (problems.empty() ? "" : "; ") + p;
-        if (problems.empty()) return point;
-        if (world.rank() == 0) printf("resume: skipping %s: %s\n", dir.c_str(), problems.c_str());
+        std::optional<ResumePoint> point =
+            is_local ? detail::check_local_checkpoint(step, *local, world, &problems)
+                     : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared, world, &problems);
+        if (point) return point;
+        if (world.rank() == 0)
+            printf("resume: skipping %s%s: %s\n", is_local ? "the local tier's " : "",
+                   (is_local ? checkpoint_dir_name(step) : shared.root + "/" + checkpoint_dir_name(step)).c_str(),
+                   problems.c_str());
     }
     return std::nullopt;
 }
@@ -651,11 +850,61 @@ inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) 
         refuse("shuffle", rc.value("shuffle", nlohmann::json()).dump(), cfg.shuffle ? "true" : "false");
 }
 
+namespace detail {
+
+// The local tier: a rank whose own file is gone gets it from its replica on the next node (and
+// writes it back into its node's directory, whose leader recommits the manifest and marker).
+inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
+    const int rank = world.rank(), W = world.world_size(), rpn = p.tier.ranks_per_node;
+    const int holder = (rank + rpn) % W, held = (rank - rpn + W) % W;  // who keeps mine, whose I keep
+    const std::string dir = p.tier.dir(p.manifest.step, rank);
+    std::vector<char> theirs, mine;
+    std::vector<CommHandle> ops;
+    const uint64_t piece = 256ull << 20;
+    if (W > rpn && !p.own_file[held]) {  // send the replica I keep to its owner
+        theirs.resize(p.manifest.files[held].bytes);
+        File f(dir + "/" + p.manifest.files[held].path, "rb");
+        f.read(theirs.data(), theirs.size(), "checkpoint replica");
+        for (uint64_t at = 0; at < theirs.size(); at += piece)
+            ops.push_back(world.send(theirs.data() + at, std::min<uint64_t>(piece, theirs.size() - at), held));
+    }
+    if (!p.own_file[rank]) {
+        mine.resize(p.manifest.files[rank].bytes);
+        for (uint64_t at = 0; at < mine.size(); at += piece)
+            ops.push_back(world.recv(mine.data() + at, std::min<uint64_t>(piece, mine.size() - at), holder));
+    }
+    for (CommHandle& h : ops) h.wait();
+    if (!p.own_file[rank]) {
+        make_dirs(dir);
+        write_file_durably(dir, p.manifest.files[rank].path, mine.data(), mine.size());
+        printf("resume: rank %d recovered its local checkpoint file from rank %d's replica\n", rank, holder);
+    }
+    all_gather_strings(world, "");  // every file is back before a leader recommits its directory
+    if (p.tier.leads(rank) && !std::filesystem::exists(dir + "/" + CHECKPOINT_MARKER))
+        commit_checkpoint(dir, p.manifest.step, manifest_text(manifest_json(p.manifest)));
+}
+
+}  // namespace detail
+
 // Sets the model's state from a checkpoint: every buffer's held ranges, and its random states. A
 // checkpoint of a model without separate master weights gives them from its fp32 parameters; a
-// model without them takes its fp32 parameters from the master weights where the checkpoint has them.
-inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout) {
-    CheckpointReader reader(p.dir, p.manifest, layout);
+// model without them takes its fp32 parameters from the master weights where the checkpoint has
+// them. The shared tier is read by every rank from whichever files hold what it needs; the local
+// tier (collective over `world`, which it needs) by each rank from its own file only, the ranges
+// other ranks own arriving by all-gather.
+inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout,
+                            Communicator* world = nullptr) {
+    const bool local = p.tier.local();
+    if (local && !world) fail("load_checkpoint: the local tier needs the world communicator");
+    Manifest own_only;
+    if (local) {
+        detail::heal_local_checkpoint(p, *world);
+        own_only = p.manifest;
+        own_only.files = {p.manifest.files[world->rank()]};
+    }
+    const std::string dir = local ? p.tier.dir(p.manifest.step, world->rank()) : p.dir;
+    CheckpointReader reader(dir, local ? own_only : p.manifest, layout);
+    const std::vector<FlatRange> owned = state.owned_ranges();
     const std::vector<StateBuffer> buffers = state.state_buffers();
     bool has_master = false;
     for (const StateBuffer& b : buffers) has_master |= b.name == STATE_MASTER;
@@ -665,7 +914,38 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
         if (source == STATE_PARAMS && !has_master && reader.has_buffer(STATE_MASTER)) source = STATE_MASTER;
         if (!reader.has_buffer(source))
             fail(strformat("checkpoint '%s' holds no buffer '%s'", p.dir.c_str(), source.c_str()));
-        state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
+        const std::vector<FlatRange> held = state.held_ranges(i);
+        bool held_is_owned = held.size() == owned.size();
+        for (size_t k = 0; held_is_owned && k < held.size(); k++)
+            held_is_owned = held[k].begin == owned[k].begin && held[k].end == owned[k].end;
+        if (!local || held_is_owned) {
+            state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
+            continue;
+        }
+        // Every rank holds whole ranges here (the same ones on every rank): each sends its part.
+        state.restore(i, [&](FlatRange r, float* out) {
+            std::string part(2 * sizeof(uint64_t), '\0');
+            for (const FlatRange& o : owned) {
+                const uint64_t lo = std::max(r.begin, o.begin), hi = std::min(r.end, o.end);
+                if (lo >= hi) continue;
+                std::memcpy(part.data(), &lo, sizeof lo);
+                std::memcpy(part.data() + sizeof lo, &hi, sizeof hi);
+                part.resize(part.size() + (hi - lo) * sizeof(float));
+                reader.read(source, {lo, hi}, reinterpret_cast<float*>(part.data() + 2 * sizeof(uint64_t)));
+            }
+            size_t covered = 0;
+            for (const std::string& q : all_gather_strings(*world, part)) {
+                uint64_t lo, hi;
+                std::memcpy(&lo, q.data(), sizeof lo);
+                std::memcpy(&hi, q.data() + sizeof lo, sizeof hi);
+                if (hi <= lo) continue;
+                std::memcpy(out + (lo - r.begin), q.data() + 2 * sizeof(uint64_t), (hi - lo) * sizeof(float));
+                covered += hi - lo;
+            }
+            if (covered != r.size())
+                fail(strformat("local checkpoint step %d: the ranks own %zu of elements [%zu, %zu) of '%s'; expected all",
+                               p.manifest.step, covered, r.begin, r.end, source.c_str()));
+        });
     }
     for (const auto& [name, value] : p.manifest.model_rng)
         for (const auto& [known, unused] : state.rng_states())

@@ -128,6 +128,20 @@ for case in "4 1 2 1" "2 1 3 1" "1 0 4 0" "4 1 4 3" "4 3 2 1"; do
     close_run "$dir/ref_${from_np}_${from_z}" "$out" 12 "$from_np/ZeRO-$from_z -> $np/ZeRO-$z"
 done
 
+echo "== the local tier: a node loses its storage, its files come back from the buddy node's replicas"
+out="$dir/local"
+rc=0
+LLMC_FAULTS=kill@11:2 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -z 1 -n 8 -o "$out" --local-ckpt-every 2 \
+    --local-ckpt-dir "$out.local" --ranks-per-node 2 >"$out.log" 2>&1 || rc=$?
+[ $rc != 0 ] && [ ! -e "$out/model.bin" ] || { cat "$out.log"; fail "the run with kill@11:2 was not killed"; }
+[ -e "$out.local/node_00001/ckpt_00000008/COMPLETE" ] || fail "no local checkpoint of step 8 on node 1"
+rm -rf "$out.local/node_00001"  # node 1's storage is gone (replaced hardware)
+run 4 "$out" -z 1 -n 8 --local-ckpt-every 2 --local-ckpt-dir "$out.local" --ranks-per-node 2 -y 1
+grep -q "resumed from $out.local/node_00000/ckpt_000000[01][0-9] (local tier)" "$out.log" || { cat "$out.log"; fail "did not resume from the local tier"; }
+grep -q "rank 2 recovered its local checkpoint file from rank 0's replica" "$out.log" || fail "rank 2 did not recover from its buddy"
+same_run "$dir/ref_4_1" "$out" "local tier after losing node 1"
+echo "ok killed at step 11, node 1's directory deleted: $(grep -o 'resumed from [^:]*' "$out.log" | sed "s|$dir/||"), node 1 recovered from node 0's replicas, bitwise equal"
+
 echo "== failed writes: reported, removed, training goes on (or stops with --ckpt-fail-stop 1)"
 out="$dir/enospc"
 LLMC_FAULTS=ckpt_fail@8:1 run 2 "$out" -z 2
