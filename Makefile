@@ -4,7 +4,7 @@
 #   make test         prepare test data, build and run the Catch2 tests, check that every .h compiles
 #                     without nvcc (test/check_headers.sh) and that every preset run script's flags
 #                     plan (test/check_scripts.sh), then test-mpi
-#   make test-mpi     communicator, ZeRO, checkpoint, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
+#   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
 #                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
@@ -132,6 +132,7 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero train_gpt_cpu data
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
+	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu
 	test/mpi/run_supervisor_tests.sh ./train_gpt_cpu
 

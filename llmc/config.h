@@ -77,6 +77,11 @@ struct RunConfig {
     int local_ckpt_keep = 2;      // local checkpoints kept per node
     int ranks_per_node = 0;       // consecutive ranks that share a node's local storage (0: as the launcher says)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
+    // guards (train_loop.h)
+    float skip_update_lossz = 0;  // -sl: skip the update when the loss's z-score exceeds this (0: off)
+    float skip_update_gradz = 0;  // -sg: the same for the gradient norm (0: off)
+    int max_skips = 5;            // this many skipped updates in a row roll back to the newest checkpoint
+    int fingerprint_every = 100;  // compare the replicas' parameter fingerprints every N steps (0: never)
     std::string model_dtype = "fp32";
     // stragglers (health.h)
     float straggler_factor = 2.0f;          // start-up health check: a rank this much slower than the median (0: no check)
@@ -153,6 +158,10 @@ inline const std::vector<RunOption>& run_options() {
         {"", "ranks_per_node", &RunConfig::ranks_per_node, "ranks that share one node's local storage (0: the launcher's count)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
         {"", "ckpt_fail_stop", &RunConfig::ckpt_fail_stop, "a checkpoint that fails to write stops the run (0 or 1; else training goes on)"},
+        {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
+        {"-sg", "skip_update_gradz", &RunConfig::skip_update_gradz, "skip the update when the gradient norm's z-score over the last 100 steps exceeds this (0: off)"},
+        {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
+        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the data-parallel replicas' parameter CRC32C (0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
@@ -374,6 +383,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
     require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
             strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
+    require(cfg.skip_update_lossz >= 0, strformat("-sl (skip_update_lossz) must be >= 0, got %g", cfg.skip_update_lossz));
+    require(cfg.skip_update_gradz >= 0, strformat("-sg (skip_update_gradz) must be >= 0, got %g", cfg.skip_update_gradz));
+    require(cfg.max_skips >= 0, strformat("--max-skips must be >= 0, got %d", cfg.max_skips));
+    require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
     require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
     require(cfg.local_ckpt_every == 0 || !cfg.local_ckpt_dir.empty(), "--local-ckpt-every needs a --local-ckpt-dir");
     require(cfg.local_ckpt_keep >= 1, strformat("--local-ckpt-keep must be >= 1, got %d", cfg.local_ckpt_keep));

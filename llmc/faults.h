@@ -6,13 +6,15 @@
 // (RANK is a world rank; without it, every rank):
 //   kill@S:R        rank R ends itself with SIGKILL during step S (after its forward/backward)
 //   hang@S:R        rank R stops during step S (sleeps for ever) without exiting
-//   nan_grad@S:R    rank R's loss and gradient become NaN at step S
-//   flip_bit@S:R    rank R flips one bit of one parameter after step S's update
+//   nan_grad@S:R    rank R writes a NaN into one element of its gradient at step S (after backward,
+//                   before the gradient norm), so the norm turns NaN through the real path
+//   flip_bit@S:R    rank R flips one mantissa bit of one parameter after step S's update
 //   slow@MS:R       rank R sleeps MS milliseconds in every step (a straggler)
 //   ckpt_fail@S:R   rank R's write of the step-S checkpoint fails half-way with ENOSPC
 //   ckpt_pause@S    the writers stop for an hour before the step-S checkpoint's marker
 // Steps are 1-based, as the log prints them. A fault fires once per process (a relaunched job
-// fires it again unless its step is behind the resume point).
+// fires it again unless its step is behind the resume point). nan_grad and flip_bit, whose steps an
+// in-process rollback replays, fire once per entry: list one twice to have it strike the replay too.
 #pragma once
 
 #include <csignal>
@@ -64,6 +66,20 @@ public:
             if (f.kind == kind && f.step == step && (f.rank < 0 || f.rank == rank)) return true;
         return false;
     }
+    // Like at(), but each matching entry fires once per process: true the first time only (an
+    // in-process rollback that replays the step does not meet the fault again, unless it is listed twice).
+    bool fire(const char* kind, int step, int rank) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (size_t i = 0; i < faults_.size(); i++) {
+            const Fault& f = faults_[i];
+            if (f.kind != kind || f.step != step || (f.rank >= 0 && f.rank != rank)) continue;
+            if (fired_.size() < faults_.size()) fired_.resize(faults_.size(), false);
+            if (fired_[i]) continue;
+            fired_[i] = true;
+            return true;
+        }
+        return false;
+    }
     // The value of a fault of this kind for this rank (slow's milliseconds), or 0.
     int value(const char* kind, int rank) const {
         for (const Fault& f : faults_)
@@ -99,6 +115,7 @@ private:
     }
 
     std::vector<Fault> faults_;
+    std::vector<bool> fired_;  // per entry of faults_, for fire()
     bool env_read_ = false;
     std::mutex mutex_;
 };

@@ -26,6 +26,7 @@ struct StepMetrics {
     double step_ms = 0;
     double comm_ms = 0;  // of step_ms, the time spent waiting for communication (not overlapped)
     double tokens_per_s = 0;
+    bool skipped = false;  // the update was skipped (train_loop.h's guards)
 };
 
 class MetricsLog {
@@ -56,12 +57,14 @@ public:
 
     void log_step(const StepMetrics& m) {
         if (!file_) return;
-        printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s\n",
+        printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s%s\n",
                digits(m.total_steps), m.step, m.total_steps, m.train_loss, m.lr, m.grad_norm, m.step_ms, m.comm_ms,
-               m.tokens_per_s);
+               m.tokens_per_s, m.skipped ? " | update SKIPPED" : "");
         fflush(stdout);
-        write({{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
-               {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s}});
+        nlohmann::json r = {{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
+                            {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s}};
+        if (m.skipped) r["skipped"] = true;
+        write(r);
     }
     void log_val(int step, float val_loss) {
         if (!file_) return;

@@ -20,6 +20,9 @@
 #pragma once
 
 #include <chrono>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <cmath>
 #include <memory>
@@ -33,6 +36,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/exit_codes.h"
 #include "llmc/faults.h"
+#include "llmc/guards.h"
 #include "llmc/health.h"
 #include "llmc/metrics.h"
 #include "llmc/model.h"
@@ -47,6 +51,9 @@ struct TrainSummary {
     float last_train_loss = NAN;
     std::vector<float> train_losses;  // every step's loss, averaged over ranks
     double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
+    int skipped_steps = 0;         // updates the guards skipped
+    int rollbacks = 0;             // in-process rollbacks after too many skips in a row
+    int replays = 0;               // replays after a fingerprint mismatch
 };
 
 // Mean loss over the first val_steps batches of every data-parallel rank's validation windows (the
@@ -109,7 +116,13 @@ public:
                                                              model_.layout(), world_);
 
         if (started) started();
-        for (int step = first_step; step <= cfg_.steps; step++) {
+        const bool fingerprints = cfg_.fingerprint_every > 0 && cfg_.dims.dp > 1;
+        if (fingerprints && cfg_.zero_stage == 3)
+            log_.log_event("fingerprints: off under ZeRO-3 (the parameters are sharded, no rank holds a replica to compare)",
+                           {{"step", first_step}, {"event", "fingerprints_off"}, {"reason", "zero_stage 3"}});
+        last_verified_step_ = first_step;
+        int step = first_step;
+        while (step <= cfg_.steps) {
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
                 float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
@@ -122,6 +135,7 @@ public:
 
             auto start = std::chrono::steady_clock::now();
             flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
+            const DataLoaderState data_at = train_.state();  // where this step's batches come from
             model_.zero_grad();
             double loss_sum = 0.0;
             for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
@@ -130,15 +144,40 @@ public:
                                                     micro == cfg_.grad_accum_steps - 1);
             }
             inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
+            if (faults().fire("nan_grad", step + 1, world_.rank())) {
+                fprintf(stderr, "fault injection: rank %d puts a NaN into its gradient in step %d\n", world_.rank(),
+                        step + 1);
+                model_.sharded_state().poison_gradient();
+            }
             const double compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-            const double step_loss = sum_over_ranks(dp_, loss_sum) / (cfg_.grad_accum_steps * cfg_.dims.dp);
             float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
+            // One gather gives every rank every rank's loss and gradient norm: the loss is summed in
+            // rank order (as sum_over_ranks does: the same bits everywhere) and the guards decide on
+            // the largest norm, so every rank takes the same decision even where one rank's
+            // gradient went bad after the all-reduce (ZeRO-0 computes the norm locally).
+            const std::vector<double> all = gather_doubles(dp_, {loss_sum, (double)grad_norm});
+            double loss_total = 0.0;
+            float agreed_norm = 0.0f;
+            for (size_t r = 0; r < all.size(); r += 2) {
+                loss_total += all[r];
+                const float n = (float)all[r + 1];
+                if (std::isfinite(agreed_norm) && (!std::isfinite(n) || n > agreed_norm)) agreed_norm = n;
+            }
+            const double step_loss = loss_total / (cfg_.grad_accum_steps * cfg_.dims.dp);
+            std::string skip_reason = guard_reason((float)step_loss, agreed_norm);
+            // Other data-parallel groups (tensor or pipeline parallel ranks) must skip together too.
+            if (world_.world_size() != dp_.world_size() && !all_ranks(world_, skip_reason.empty()) &&
+                skip_reason.empty())
+                skip_reason = "another data-parallel group skips this step";
+            const bool skip = !skip_reason.empty();
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
             float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
             float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;
             opt.lr = schedule.lr_at(step);
-            if (checkpoints) checkpoints->before_update();
-            model_.adamw_step(opt, step + 1, grad_multiplier);
+            if (!skip) {
+                if (checkpoints) checkpoints->before_update();
+                model_.adamw_step(opt, step + 1, grad_multiplier);
+            }
             double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
             StepMetrics m;
@@ -147,22 +186,69 @@ public:
             m.train_loss = (float)step_loss;
             m.comm_ms = model_.take_exposed_comm_ms();
             m.lr = opt.lr;
-            m.grad_norm = grad_norm;
+            m.grad_norm = agreed_norm;
             m.step_ms = step_ms;
             m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
+            m.skipped = skip;
             log_.log_step(m);
             if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
-            if (!std::isfinite(m.train_loss))
-                fail_with(EXIT_DIVERGED,
-                          strformat("training diverged: loss is %f at step %d (try a lower -l)", m.train_loss, m.step));
             summary.last_train_loss = m.train_loss;
             summary.train_losses.push_back(m.train_loss);
             if (step > first_step) {
                 timed_ms += step_ms;
                 timed_tokens += cfg_.total_batch_tokens;
             }
-            if (checkpoints && checkpoints->due(step + 1))
-                checkpoints->save(TrainState{step + 1, train_.state(), sample_rng_.state()});
+            if (skip) {
+                summary.skipped_steps++;
+                consecutive_skips_++;
+                log_.log_event(strformat("guard: step %d update skipped: %s (loss %g, grad norm %g); data position "
+                                         "epoch %d shard %zu round %zu batch %zu; %d skipped so far, %d in a row",
+                                         m.step, skip_reason.c_str(), m.train_loss, agreed_norm, data_at.epoch,
+                                         data_at.shard_index, data_at.round_index, data_at.batch_in_round,
+                                         summary.skipped_steps, consecutive_skips_),
+                               {{"step", m.step}, {"event", "skip"}, {"reason", skip_reason},
+                                {"loss", m.train_loss}, {"grad_norm", agreed_norm}, {"data", data_at},
+                                {"skipped_total", summary.skipped_steps}, {"consecutive", consecutive_skips_}});
+            } else {
+                consecutive_skips_ = 0;
+                updated_since_rollback_ = true;
+            }
+            if (faults().fire("flip_bit", step + 1, world_.rank())) {
+                const std::string what = model_.sharded_state().flip_parameter_bit();
+                fprintf(stderr, "fault injection: rank %d flips %s after step %d\n", world_.rank(), what.c_str(),
+                        step + 1);
+            }
+            step++;
+
+            // Too many skips in a row: back to the newest checkpoint, the data loader left where it
+            // is so training moves past the batches that caused them.
+            if (skip && cfg_.max_skips > 0 && consecutive_skips_ >= cfg_.max_skips) {
+                const std::string why = strformat("%d updates skipped in a row (steps %d-%d)", consecutive_skips_,
+                                                  step - consecutive_skips_ + 1, step);
+                if (!updated_since_rollback_ && rollbacks_ > 0)
+                    fail_with(EXIT_DIVERGED, strformat("training diverged: %s right after a rollback, without one "
+                                                       "update in between (try a lower -l)", why.c_str()));
+                const int from = step;
+                if (!rollback(checkpoints.get(), step, false, INT32_MAX, why))
+                    fail_with(EXIT_DIVERGED, strformat("training diverged: %s and there is no checkpoint to roll "
+                                                       "back to (use -n; or try a lower -l)", why.c_str()));
+                truncate_losses(summary, first_step, step, from);
+                summary.rollbacks++;
+                continue;
+            }
+
+            // Silent data corruption: the replicas' parameters must be bitwise equal.
+            if (fingerprints && cfg_.zero_stage != 3 && step % cfg_.fingerprint_every == 0) {
+                const int from = step;
+                if (check_fingerprints(checkpoints.get(), step)) {
+                    truncate_losses(summary, first_step, step, from);
+                    summary.replays++;
+                    continue;
+                }
+            }
+
+            if (checkpoints && checkpoints->due(step))
+                checkpoints->save(TrainState{step, train_.state(), sample_rng_.state()});
             if (checkpoints) log_checkpoints(checkpoints->take_finished());
         }
         if (checkpoints) {
@@ -174,6 +260,178 @@ public:
     }
 
 private:
+    // Every rank's values, rank after rank (host communicators; doubles travel as raw words).
+    static std::vector<double> gather_doubles(Communicator& comm, const std::vector<double>& local) {
+        const size_t n = local.size();
+        std::vector<double> all(n * comm.world_size());
+        std::copy(local.begin(), local.end(), all.begin() + n * comm.rank());
+        comm.all_gather(&all[n * comm.rank()], all.data(), 2 * n, CommDtype::F32).wait();
+        return all;
+    }
+
+    // Why this step's update must be skipped ("" if it need not): a non-finite loss or gradient
+    // norm, or a z-score above -sl / -sg. Both values are the same on every rank, so is the answer;
+    // finite values then join the windows (as in llm.c, outliers too).
+    std::string guard_reason(float loss, float grad_norm) {
+        std::string why;
+        if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+            why = strformat("non-finite %s", !std::isfinite(loss) ? "loss" : "gradient norm");
+        } else if (loss_window_.is_outlier(loss, cfg_.skip_update_lossz)) {
+            why = strformat("loss z-score %.2f > -sl %g", *loss_window_.zscore(loss), cfg_.skip_update_lossz);
+        } else if (norm_window_.is_outlier(grad_norm, cfg_.skip_update_gradz)) {
+            why = strformat("gradient norm z-score %.2f > -sg %g", *norm_window_.zscore(grad_norm),
+                            cfg_.skip_update_gradz);
+        }
+        loss_window_.push(loss);
+        norm_window_.push(grad_norm);
+        return why;
+    }
+
+    // After a rollback from step `from` to step `to`, the losses of the steps undone are dropped.
+    static void truncate_losses(TrainSummary& summary, int first_step, int to, int from) {
+        (void)from;
+        const size_t keep = (size_t)std::max(0, to - first_step);
+        if (summary.train_losses.size() > keep) summary.train_losses.resize(keep);
+    }
+
+    // In-process rollback to the newest complete checkpoint at or before at_most_step (collective).
+    // The checkpoint being written is finished first. restore_data: the data position goes back too
+    // (a replay of the same steps); otherwise it stays, and training skips past what it read.
+    // Checkpoints after the one taken (either tier) are of an abandoned history and are removed. Returns false,
+    // changing nothing, where there is no checkpoint; else sets `step` to the checkpoint's.
+    bool rollback(CheckpointWriter* checkpoints, int& step, bool restore_data, int at_most_step, const std::string& why) {
+        if (checkpoints) {
+            checkpoints->finish();
+            log_checkpoints(checkpoints->take_finished());
+        }
+        RunConfig own = cfg_;
+        own.resume_from.clear();
+        std::optional<ResumePoint> point = find_resume_checkpoint(own, world_, at_most_step);
+        if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
+        if (!point) return false;
+        const Manifest& m = point->manifest;
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
+        const DataLoaderState kept = train_.state();
+        if (restore_data) train_.restore(m.data);
+        sample_rng_.set_state(m.sampler_rng);
+        for (const CheckpointTier& tier : checkpoint_tiers(cfg_)) {  // each tier's directory, by its leading rank
+            if (!tier.leads(world_.rank())) continue;
+            std::error_code ec;
+            for (const auto& entry : std::filesystem::directory_iterator(tier.rank_root(world_.rank()), ec)) {
+                const int s = checkpoint_step_of(entry.path().filename().string());
+                if (s > m.step && entry.is_directory()) detail::remove_tree(entry.path().string());
+            }
+        }
+        all_ranks(world_, true);  // the removal is done before anyone writes again
+        const DataLoaderState d = train_.state();
+        log_.log_event(strformat("rollback: %s; rolled back from step %d to %s (step %d); data position %s "
+                                 "(epoch %d shard %zu round %zu batch %zu)",
+                                 why.c_str(), step, point->dir.c_str(), m.step,
+                                 restore_data ? "restored, the same steps are replayed" : "kept, the batches read since are skipped",
+                                 d.epoch, d.shard_index, d.round_index, d.batch_in_round),
+                       {{"step", m.step}, {"event", "rollback"}, {"reason", why}, {"from_step", step},
+                        {"checkpoint", point->dir}, {"data", d}, {"data_restored", restore_data},
+                        {"data_before", kept}});
+        step = m.step;
+        rollbacks_++;
+        consecutive_skips_ = 0;
+        updated_since_rollback_ = false;
+        return true;
+    }
+
+    // Compares the data-parallel replicas' parameter fingerprints after `step` steps (collective).
+    // A mismatch names the diverging rank(s) and replays from the newest checkpoint at or before
+    // the last step whose check passed (returns true, `step` set back). A rank that diverges again
+    // in the replay is faulty: the run stops with EXIT_CORRUPTION. The first check at or after the
+    // step of the mismatch that passes in the replay classifies it as transient.
+    bool check_fingerprints(CheckpointWriter* checkpoints, int& step) {
+        const auto start = std::chrono::steady_clock::now();
+        const uint32_t mine = model_.sharded_state().replica_fingerprint().value_or(0);
+        const std::vector<std::string> all = all_gather_strings(dp_, strformat("%d %08x", world_.rank(), mine));
+        std::vector<uint32_t> fps;
+        std::vector<int> world_ranks;
+        for (const std::string& s : all) {
+            int r = 0;
+            unsigned f = 0;
+            sscanf(s.c_str(), "%d %x", &r, &f);
+            world_ranks.push_back(r);
+            fps.push_back(f);
+        }
+        bool no_majority = false;
+        std::vector<int> diverging = diverging_replicas(fps, &no_majority);
+        std::string local;  // "world_rank:fingerprint ..." of this group's diverging replicas
+        for (int i : diverging) local += strformat("%s%d", local.empty() ? "" : " ", world_ranks[i]);
+        std::string table;
+        for (size_t i = 0; i < fps.size(); i++)
+            table += strformat("%srank %d %08x", i ? ", " : "", world_ranks[i], fps[i]);
+        if (no_majority) local += " (no majority)";
+        // Every group's verdict, so all ranks of the job take the same branch.
+        std::string suspects, report;
+        std::vector<int> suspect_ranks;
+        if (world_.world_size() == dp_.world_size()) {
+            report = local;
+        } else {
+            for (const std::string& g : all_gather_strings(world_, local))
+                if (!g.empty() && report.find(g) == std::string::npos) report += (report.empty() ? "" : "; ") + g;
+        }
+        if (report.empty()) {
+            last_verified_step_ = step;
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            log_.log_event(strformat("fingerprint: the %zu replicas agree after step %d (parameter CRC32C %08x, %.1f ms)",
+                                     fps.size(), step, fps[0], ms),
+                           {{"step", step}, {"event", "fingerprint_ok"}, {"replicas", fps.size()},
+                            {"crc32c", fps[0]}, {"ms", ms}});
+            if (sdc_replay_ && step >= sdc_detected_step_) {
+                log_.log_event(strformat("fingerprint: replayed to step %d and the replicas agree: the divergence of "
+                                         "rank(s) %s at step %d was transient; training goes on",
+                                         step, sdc_suspects_.c_str(), sdc_detected_step_),
+                               {{"step", step}, {"event", "sdc_transient"}, {"ranks", sdc_suspects_},
+                                {"detected_step", sdc_detected_step_}});
+                sdc_replay_ = false;
+            }
+            return false;
+        }
+        for (size_t at = 0; at < report.size();) {
+            while (at < report.size() && !isdigit((unsigned char)report[at])) at++;
+            if (at >= report.size()) break;
+            suspect_ranks.push_back(atoi(report.c_str() + at));
+            while (at < report.size() && isdigit((unsigned char)report[at])) at++;
+        }
+        suspects = report;
+        log_.log_event(strformat("fingerprint MISMATCH after step %d: rank(s) %s diverge from their replicas "
+                                 "(parameter CRC32C: %s)",
+                                 step, suspects.c_str(), table.c_str()),
+                       {{"step", step}, {"event", "sdc_mismatch"}, {"ranks", suspects}, {"fingerprints", table},
+                        {"replay", sdc_replay_}});
+        if (sdc_replay_) {
+            bool again = false;
+            for (int r : suspect_ranks)
+                for (int q : sdc_suspect_ranks_) again |= r == q;
+            if (again) {
+                const std::string msg =
+                    strformat("silent data corruption: rank(s) %s diverged from their replicas at step %d and again "
+                              "at step %d of the replay: faulty hardware; exclude the rank's node and restart",
+                              suspects.c_str(), sdc_detected_step_, step);
+                log_.log_event(msg, {{"step", step}, {"event", "sdc_persistent"}, {"ranks", suspects}});
+                fail_with(EXIT_CORRUPTION, msg);
+            }
+        }
+        const int detected = step;
+        if (!rollback(checkpoints, step, true, last_verified_step_,
+                      strformat("replicas diverged after step %d (rank(s) %s)", detected, suspects.c_str()))) {
+            const std::string msg = strformat("silent data corruption: rank(s) %s diverged from their replicas at "
+                                              "step %d and there is no checkpoint (at or before step %d, the last "
+                                              "verified) to replay from",
+                                              suspects.c_str(), detected, last_verified_step_);
+            fail_with(EXIT_CORRUPTION, msg);
+        }
+        sdc_replay_ = true;
+        sdc_detected_step_ = detected;
+        sdc_suspects_ = suspects;
+        sdc_suspect_ranks_ = suspect_ranks;
+        return true;
+    }
+
     // -y 1 / --resume-from: the state of the newest complete checkpoint (collective). Returns the
     // step to continue from (0: a fresh start), and opens the metrics log accordingly.
     int resume() {
@@ -263,6 +521,16 @@ private:
     std::string metrics_path_;
     MetricsLog log_;
     Rng sample_rng_;
+    // guards
+    ZScoreWindow loss_window_, norm_window_;
+    int consecutive_skips_ = 0;
+    int rollbacks_ = 0;
+    bool updated_since_rollback_ = true;
+    int last_verified_step_ = 0;  // the last step whose fingerprint check passed (or the start)
+    bool sdc_replay_ = false;     // replaying after a fingerprint mismatch
+    int sdc_detected_step_ = 0;
+    std::string sdc_suspects_;
+    std::vector<int> sdc_suspect_ranks_;
 };
 
 }  // namespace llmc

@@ -753,8 +753,10 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
 // before it in DIR's parent. Otherwise the newest of output_dir's checkpoints and, with
 // --local-ckpt-every, the local tier's (the local one first at the same step: it is the quicker
 // read). Collective over `world`: every rank gets the same answer. Every checkpoint skipped is
-// reported (rank 0 prints why).
-inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world) {
+// reported (rank 0 prints why). at_most_step: none after this step (an in-process rollback to a
+// state known to be good).
+inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, Communicator& world,
+                                                         int at_most_step = INT32_MAX) {
     CheckpointTier shared{"shared", cfg.output_dir};
     int newest_step = INT32_MAX;
     if (!cfg.resume_from.empty()) {
@@ -776,7 +778,8 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
         std::error_code ec;
         for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
             const int step = checkpoint_step_of(entry.path().filename().string());
-            if (step >= 0 && step <= newest_step && entry.is_directory()) listing += std::to_string(step) + " ";
+            if (step >= 0 && step <= newest_step && step <= at_most_step && entry.is_directory())
+                listing += std::to_string(step) + " ";
         }
         return listing;
     };
@@ -795,7 +798,8 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
     }
     std::sort(candidates.begin(), candidates.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second > b.second; });
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-    if (!cfg.resume_from.empty() && (candidates.empty() || candidates[0].first != newest_step) && world.rank() == 0)
+    if (!cfg.resume_from.empty() && newest_step <= at_most_step &&
+        (candidates.empty() || candidates[0].first != newest_step) && world.rank() == 0)
         printf("resume: '%s' does not exist\n", cfg.resume_from.c_str());
     for (const auto& [step, is_local] : candidates) {
         std::string problems;

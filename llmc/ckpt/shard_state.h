@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,6 +80,18 @@ public:
     // Fills every held range of the buffer: read(range, out) must write the range's elements, as
     // fp32, to out. Gathered parameter copies are dropped (they are gathered again when needed).
     virtual void restore(int buffer, const std::function<void(FlatRange, float*)>& read) = 0;
+
+    // ---- guards and fault injection (train_loop.h, faults.h) ----
+
+    // CRC32C of this rank's copy of the replicated parameters (and of fp32 master weights where it
+    // holds them whole), bitwise identical on every data-parallel replica of a healthy run; nullopt
+    // where the parameters are sharded (ZeRO-3: nothing is replicated to compare).
+    virtual std::optional<uint32_t> replica_fingerprint() { return std::nullopt; }
+    // Fault injection: writes a NaN into one element of the gradient this rank feeds into the global
+    // norm (after backward, before the norm).
+    virtual void poison_gradient() { fail("this model has no gradient to poison"); }
+    // Fault injection: flips one mantissa bit of one parameter in this rank's memory; says which.
+    virtual std::string flip_parameter_bit() { fail("this model has no parameter bit to flip"); }
 
     // Named random-number states the model keeps (the CUDA model's stochastic-rounding seed).
     virtual std::vector<std::pair<std::string, uint64_t>> rng_states() const { return {}; }

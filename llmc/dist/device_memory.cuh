@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "llmc/ckpt/crc32c.h"
 #include "llmc/kernels/adamw.cuh"
 #include "llmc/dist/comm.h"
 #include "llmc/kernels/cuda_common.cuh"
@@ -58,6 +59,26 @@ public:
         DeviceBuffer<char>& b = buffers_.emplace_back(spec.bytes(), spec.name.c_str());
         CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
         return b.get();
+    }
+    // Raw bytes between device and host memory, in order after the compute stream's work and done
+    // when they return (guards and fault injection); the CRC32C of a device buffer, copied to the
+    // host in chunks (slow, but only every --fingerprint-every steps).
+    void read_bytes(void* host, const void* src, size_t bytes) {
+        CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void write_bytes(void* dst, const void* host, size_t bytes) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    uint32_t crc32c(uint32_t crc, const void* src, size_t bytes) {
+        std::vector<char> chunk(std::min<size_t>(bytes, 64u << 20));
+        for (size_t at = 0; at < bytes; at += chunk.size()) {
+            const size_t n = std::min(chunk.size(), bytes - at);
+            read_bytes(chunk.data(), static_cast<const char*>(src) + at, n);
+            crc = llmc::crc32c(crc, chunk.data(), n);
+        }
+        return crc;
     }
     void copy(void* dst, const void* src, size_t bytes) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));

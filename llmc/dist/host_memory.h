@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "llmc/ckpt/crc32c.h"
 #include "llmc/cpu/adamw.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/zero.h"
@@ -42,6 +43,12 @@ public:
     void upload_params(Param* params, const float* host, size_t n) { upload(params, host, n); }
     void upload(float* dst, const float* host, size_t n) { std::memcpy(dst, host, n * sizeof(float)); }
     void download(float* host, const float* master, size_t n) { std::memcpy(host, master, n * sizeof(float)); }
+
+    // Raw bytes to and from host memory, done when they return (guards and fault injection), and
+    // the CRC32C of a buffer.
+    void read_bytes(void* host, const void* src, size_t bytes) { std::memcpy(host, src, bytes); }
+    void write_bytes(void* dst, const void* host, size_t bytes) { std::memcpy(dst, host, bytes); }
+    uint32_t crc32c(uint32_t crc, const void* src, size_t bytes) { return llmc::crc32c(crc, src, bytes); }
 
     // Checkpoint snapshots. The copies run on a thread of their own, as a GPU's run on a side
     // stream, so the trainer goes on with forward and backward (which only read the state) while

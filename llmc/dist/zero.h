@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <limits>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -431,6 +433,53 @@ public:
         invalidate_gathered();
         if constexpr (requires { mem_.release_transient(); }) mem_.release_transient();  // not planned memory
     }
+    // ---- guards and fault injection (ckpt/shard_state.h) ----
+
+    // Every bucket's parameters (padding left out), then the master weights where this rank holds
+    // them whole (ZeRO-0 with separate master weights).
+    std::optional<uint32_t> replica_fingerprint() override {
+        if (plan_.shards_parameters()) return std::nullopt;
+        uint32_t crc = 0;
+        for (const auto& k : plan_.buckets) crc = mem_.crc32c(crc, params_full_ + k.padded_begin, k.size * sizeof(Param));
+        if constexpr (Memory::precision.separate_master) {
+            if (!plan_.shards_optimizer())
+                for (const auto& k : plan_.buckets)
+                    crc = mem_.crc32c(crc, master_full_ + k.padded_begin, k.size * sizeof(float));
+        }
+        return crc;
+    }
+    // The first element of the gradient this rank's norm reads: its shard, or the whole gradient.
+    void poison_gradient() override {
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        float* g = plan_.shards_optimizer() ? grads_shard_ : grads_full_ + plan_.buckets[0].padded_begin;
+        mem_.write_bytes(g, &nan, sizeof(float));
+    }
+    // Bit 21 (fp32) or 5 (bf16) of the middle element of the first bucket in this rank's parameter
+    // memory (and of its master weight where this rank holds that whole).
+    std::string flip_parameter_bit() override {
+        mem_.before_update();  // a checkpoint snapshot may still be reading the parameters
+        const auto& k = plan_.buckets[0];
+        size_t offset = k.size / 2;
+        Param* p = params_full_ + k.padded_begin + offset;
+        if (plan_.shards_parameters()) {
+            offset = k.owned_begin;
+            p = params_shard_ + k.shard_offset;
+        }
+        auto flip = [&](void* where, size_t bytes, int bit) {
+            uint32_t word = 0;
+            mem_.read_bytes(&word, where, bytes);
+            word ^= 1u << bit;
+            mem_.write_bytes(where, &word, bytes);
+        };
+        const int bit = sizeof(Param) == 4 ? 21 : 5;
+        flip(p, sizeof(Param), bit);
+        if constexpr (Memory::precision.separate_master) {
+            if (!plan_.shards_optimizer()) flip(master_full_ + k.padded_begin + offset, sizeof(float), 21);
+        }
+        invalidate_gathered();
+        return strformat("bit %d of parameter %zu (flat index)", bit, k.begin + offset);
+    }
+
     std::vector<std::pair<std::string, uint64_t>> rng_states() const override {
         if constexpr (requires { mem_.sr_seed; }) return {{"stochastic_rounding_seed", mem_.sr_seed}};
         return {};
