@@ -95,7 +95,10 @@ show 12
 expect_err "rank 0: peer dead: rank 1 (no heartbeat for [0-9.]* s) is gone" "rank 0's heartbeat did not declare rank 1 dead"
 expect_err "not arrived at #[0-9]* on communicator 0 (the world): rank 1$" "the report does not name rank 1 as not arrived"
 expect_err "rank 1: DEAD" "the report does not mark rank 1 dead"
-expect_err "with errorcode 4\.$" "the job did not end by MPI_Abort with code 4 (EXIT_PEER_DEAD)"
+# The collective fails with the peer-dead error (exit code 4, EXIT_PEER_DEAD, for MPI_Abort). mpirun's
+# own "MPI_ABORT ... with errorcode 4" notice is not checked: under load Open MPI 4.1 sometimes
+# loses it ("ORTE_ERROR_LOG: Data unpack would read past end of buffer ... show_help.c").
+expect_err "error (rank 0): .* failed on rank 0 of 2: peer dead: rank 1" "rank 0's collective did not fail with the peer-dead error"
 t=$(since_line "fault injection: rank 1 kills itself" "$end")
 below "$t" 9 || problem "the job ended $t s after the kill; expected within --peer-dead-s 5 + 4 s"
 echo "   ended with exit code $rc (mpirun reports the killed rank's signal), $t s after rank 1 was killed"
