@@ -309,7 +309,9 @@ int main(int argc, char** argv) {
         fflush(stdout);
 
         LocalComm world;
-        CheckpointWriter writer(cfg, run_config_json(cfg), state, layout, world);  // allocates the snapshot
+        // One tier whose every step is due: this loop decides when to save (after the warmup steps).
+        CheckpointWriter writer(cfg, run_config_json(cfg), state, layout, world,
+                                {CheckpointTier{"shared", o.out, 1, o.keep, 0, 0}});  // allocates the snapshot
         std::vector<double> iter_ms(total_steps, 0);
         std::vector<int> save_at;  // the step index after which each checkpoint was saved
         std::vector<CheckpointReport> reports;
