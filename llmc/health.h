@@ -48,14 +48,6 @@ inline double lower_median(std::vector<double> v) {
     return v[(v.size() - 1) / 2];
 }
 
-// Every rank's value, in rank order (host communicators): each double travels as two raw words.
-inline std::vector<double> gather_doubles(Communicator& comm, double local) {
-    std::vector<double> all(comm.world_size());
-    all[comm.rank()] = local;
-    comm.all_gather(&all[comm.rank()], all.data(), 2, CommDtype::F32).wait();
-    return all;
-}
-
 // The ranks whose value exceeds factor * median and median + STRAGGLER_FLOOR_MS.
 inline std::vector<int> find_stragglers(const std::vector<double>& ms, double factor) {
     std::vector<int> out;
@@ -83,7 +75,7 @@ inline double time_matmul_ms(int world_rank, int n = 384) {
             for (int j = 0; j < n; j++) crow[j] += aik * brow[j];
         }
     if (int ms = faults().value("slow", world_rank)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double elapsed = ms_since(start);
     volatile float sink = c[(size_t)n * n / 2];
     (void)sink;
     return elapsed;
@@ -95,7 +87,7 @@ inline double time_all_reduce_ms(Communicator& comm, size_t floats = 1 << 20) {
     comm.barrier().wait();
     auto start = std::chrono::steady_clock::now();
     comm.all_reduce_sum(buf.data(), buf.size(), CommDtype::F32).wait();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return ms_since(start);
 }
 
 // The start-up check (collective over world; every rank calls it). Prints the timings on rank 0,
@@ -108,7 +100,7 @@ inline void health_check(const RunConfig& cfg, Communicator& world) {
         matmul = std::min(matmul, time_matmul_ms(world.rank()));
         comm_ms = std::min(comm_ms, time_all_reduce_ms(world));
     }
-    const std::vector<double> matmuls = gather_doubles(world, matmul), comms = gather_doubles(world, comm_ms);
+    const std::vector<double> matmuls = all_gather_doubles(world, {matmul}), comms = all_gather_doubles(world, {comm_ms});
     const double matmul_median = lower_median(matmuls), comm_median = lower_median(comms);
     auto slowest = [](const std::vector<double>& v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); };
     if (world.rank() == 0) {
@@ -140,7 +132,7 @@ inline void health_check(const RunConfig& cfg, Communicator& world) {
 // --log-rank-times 1: every rank's compute time of one step, gathered over world; world rank 0 adds
 // the record to metrics.jsonl (and prints a line when the slowest rank is a straggler).
 inline void log_rank_times(Communicator& world, MetricsLog& log, int step, double compute_ms, double factor) {
-    const std::vector<double> ms = gather_doubles(world, compute_ms);
+    const std::vector<double> ms = all_gather_doubles(world, {compute_ms});
     if (world.rank() != 0) return;
     const int slowest = (int)(std::max_element(ms.begin(), ms.end()) - ms.begin());
     const double median = lower_median(ms);

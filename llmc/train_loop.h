@@ -149,13 +149,13 @@ public:
                         step + 1);
                 model_.sharded_state().poison_gradient();
             }
-            const double compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            const double compute_ms = ms_since(start);
             float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
             // One gather gives every rank every rank's loss and gradient norm: the loss is summed in
             // rank order (as sum_over_ranks does: the same bits everywhere) and the guards decide on
             // the largest norm, so every rank takes the same decision even where one rank's
             // gradient went bad after the all-reduce (ZeRO-0 computes the norm locally).
-            const std::vector<double> all = gather_doubles(dp_, {loss_sum, (double)grad_norm});
+            const std::vector<double> all = all_gather_doubles(dp_, {loss_sum, (double)grad_norm});
             double loss_total = 0.0;
             float agreed_norm = 0.0f;
             for (size_t r = 0; r < all.size(); r += 2) {
@@ -178,7 +178,7 @@ public:
                 if (checkpoints) checkpoints->before_update();
                 model_.adamw_step(opt, step + 1, grad_multiplier);
             }
-            double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            double step_ms = ms_since(start);
 
             StepMetrics m;
             m.step = step + 1;
@@ -228,20 +228,18 @@ public:
                 if (!updated_since_rollback_ && rollbacks_ > 0)
                     fail_with(EXIT_DIVERGED, strformat("training diverged: %s right after a rollback, without one "
                                                        "update in between (try a lower -l)", why.c_str()));
-                const int from = step;
                 if (!rollback(checkpoints.get(), step, false, INT32_MAX, why))
                     fail_with(EXIT_DIVERGED, strformat("training diverged: %s and there is no checkpoint to roll "
                                                        "back to (use -n; or try a lower -l)", why.c_str()));
-                truncate_losses(summary, first_step, step, from);
+                truncate_losses(summary, first_step, step);
                 summary.rollbacks++;
                 continue;
             }
 
             // Silent data corruption: the replicas' parameters must be bitwise equal.
             if (fingerprints && cfg_.zero_stage != 3 && step % cfg_.fingerprint_every == 0) {
-                const int from = step;
                 if (check_fingerprints(checkpoints.get(), step)) {
-                    truncate_losses(summary, first_step, step, from);
+                    truncate_losses(summary, first_step, step);
                     summary.replays++;
                     continue;
                 }
@@ -260,15 +258,6 @@ public:
     }
 
 private:
-    // Every rank's values, rank after rank (host communicators; doubles travel as raw words).
-    static std::vector<double> gather_doubles(Communicator& comm, const std::vector<double>& local) {
-        const size_t n = local.size();
-        std::vector<double> all(n * comm.world_size());
-        std::copy(local.begin(), local.end(), all.begin() + n * comm.rank());
-        comm.all_gather(&all[n * comm.rank()], all.data(), 2 * n, CommDtype::F32).wait();
-        return all;
-    }
-
     // Why this step's update must be skipped ("" if it need not): a non-finite loss or gradient
     // norm, or a z-score above -sl / -sg. Both values are the same on every rank, so is the answer;
     // finite values then join the windows (as in llm.c, outliers too).
@@ -287,9 +276,8 @@ private:
         return why;
     }
 
-    // After a rollback from step `from` to step `to`, the losses of the steps undone are dropped.
-    static void truncate_losses(TrainSummary& summary, int first_step, int to, int from) {
-        (void)from;
+    // After a rollback to step `to`, the losses of the steps undone are dropped.
+    static void truncate_losses(TrainSummary& summary, int first_step, int to) {
         const size_t keep = (size_t)std::max(0, to - first_step);
         if (summary.train_losses.size() > keep) summary.train_losses.resize(keep);
     }
@@ -376,7 +364,7 @@ private:
         }
         if (report.empty()) {
             last_verified_step_ = step;
-            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            const double ms = ms_since(start);
             log_.log_event(strformat("fingerprint: the %zu replicas agree after step %d (parameter CRC32C %08x, %.1f ms)",
                                      fps.size(), step, fps[0], ms),
                            {{"step", step}, {"event", "fingerprint_ok"}, {"replicas", fps.size()},

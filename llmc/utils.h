@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -45,6 +46,11 @@ inline std::string strformat(const char* fmt, ...) {
 }
 
 [[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+
+// Milliseconds since `start` on the steady clock: how llmc times steps, waits and writes.
+inline double ms_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
 // An error whose exit code (exit_codes.h) is decided here.
 [[noreturn]] inline void fail_with(int exit_code, const std::string& message) { throw Error(message, exit_code); }
 

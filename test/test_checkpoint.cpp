@@ -69,6 +69,13 @@ void train_a_little(GPT2CPU& model, int steps, uint64_t seed) {
     }
 }
 
+// Checkpoints of the model's state after each of `steps`, written by one writer, all complete.
+void write_checkpoints(const RunConfig& cfg, GPT2CPU& model, Communicator& comm, std::initializer_list<int> steps) {
+    CheckpointWriter writer(cfg, run_config_json(cfg), model.sharded_state(), model.layout(), comm);
+    for (int step : steps) writer.save(TrainState{step, {}, {}});
+    writer.finish();
+}
+
 std::vector<char> snapshot(ShardedState& state) {
     std::vector<char> bytes(state.snapshot_bytes());
     state.start_snapshot(bytes.data());
@@ -195,11 +202,7 @@ TEST_CASE("checkpoint: a resumed run must keep the model shape, seed, B*T, total
     LocalComm comm;
     GPT2CPU model(cfg.model_config, 2, 8);
     model.init_random(1);
-    {
-        CheckpointWriter writer(cfg, run_config_json(cfg), model.sharded_state(), model.layout(), comm);
-        writer.save(TrainState{5, {}, {}});
-        writer.finish();
-    }
+    write_checkpoints(cfg, model, comm, {5});
     ResumePoint p = *find_resume_checkpoint(cfg, comm);
     RunConfig other = cfg;
     other.seed = 7;
@@ -236,12 +239,7 @@ TEST_CASE("checkpoint: damaged checkpoints are named and skipped for the previou
     LocalComm comm;
     GPT2CPU model(cfg.model_config, 2, 8);
     model.init_random(1);
-    {
-        CheckpointWriter writer(cfg, run_config_json(cfg), model.sharded_state(), model.layout(), comm);
-        writer.save(TrainState{5, {}, {}});
-        writer.save(TrainState{10, {}, {}});
-        writer.finish();
-    }
+    write_checkpoints(cfg, model, comm, {5, 10});
     const std::string newest = dir.path + "/ckpt_00000010";
     auto resumed_step = [&]() {
         std::optional<ResumePoint> p = find_resume_checkpoint(cfg, comm);
@@ -306,11 +304,7 @@ TEST_CASE("checkpoint: retention keeps the newest -nk and every -nm-th step, and
     GPT2CPU model(cfg.model_config, 2, 8);
     model.init_random(1);
     std::filesystem::create_directories(dir.path + "/ckpt_00000003");  // an incomplete leftover
-    {
-        CheckpointWriter writer(cfg, run_config_json(cfg), model.sharded_state(), model.layout(), comm);
-        for (int step = 1; step <= 9; step++) writer.save(TrainState{step, {}, {}});
-        writer.finish();
-    }
+    write_checkpoints(cfg, model, comm, {1, 2, 3, 4, 5, 6, 7, 8, 9});
     std::vector<std::string> names;
     for (const auto& e : std::filesystem::directory_iterator(dir.path)) names.push_back(e.path().filename());
     std::sort(names.begin(), names.end());

@@ -71,10 +71,6 @@ inline int checkpoint_step_of(const std::string& name) {
 
 namespace detail {
 
-inline double ms_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 inline void fsync_dir(const std::string& dir) {
     int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
     if (fd < 0) fail(strformat("cannot open directory '%s' to sync it: %s", dir.c_str(), strerror(errno)));
@@ -229,20 +225,28 @@ struct TrainState {
 
 namespace detail {
 
-// Sends `bytes` of `data` to rank `to` and receives rank `from`'s file, in pieces below MPI's
-// 2 GiB per call; every piece is in flight at once. The sizes travel first.
+// A file's bytes to or from one peer, in pieces below MPI's 2 GiB per call, each piece's handle
+// added to `ops` (all in flight at once; the caller waits on them).
+constexpr uint64_t FILE_PIECE_BYTES = 256ull << 20;
+inline void send_in_pieces(Communicator& comm, const void* data, uint64_t bytes, int peer, std::vector<CommHandle>& ops) {
+    for (uint64_t at = 0; at < bytes; at += FILE_PIECE_BYTES)
+        ops.push_back(comm.send(static_cast<const char*>(data) + at, std::min(FILE_PIECE_BYTES, bytes - at), peer));
+}
+inline void recv_in_pieces(Communicator& comm, void* data, uint64_t bytes, int peer, std::vector<CommHandle>& ops) {
+    for (uint64_t at = 0; at < bytes; at += FILE_PIECE_BYTES)
+        ops.push_back(comm.recv(static_cast<char*>(data) + at, std::min(FILE_PIECE_BYTES, bytes - at), peer));
+}
+
+// Sends `bytes` of `data` to rank `to` and receives rank `from`'s file. The sizes travel first.
 inline std::vector<char> exchange_file(Communicator& comm, const void* data, uint64_t bytes, int to, int from) {
     uint64_t their_bytes = 0;
     CommHandle s = comm.send(&bytes, sizeof bytes, to), r = comm.recv(&their_bytes, sizeof their_bytes, from);
     s.wait();
     r.wait();
     std::vector<char> theirs(their_bytes);
-    const uint64_t piece = 256ull << 20;
     std::vector<CommHandle> ops;
-    for (uint64_t at = 0; at < bytes; at += piece)
-        ops.push_back(comm.send(static_cast<const char*>(data) + at, std::min(piece, bytes - at), to));
-    for (uint64_t at = 0; at < their_bytes; at += piece)
-        ops.push_back(comm.recv(theirs.data() + at, std::min(piece, their_bytes - at), from));
+    send_in_pieces(comm, data, bytes, to, ops);
+    recv_in_pieces(comm, theirs.data(), their_bytes, from, ops);
     for (CommHandle& h : ops) h.wait();
     return theirs;
 }
@@ -298,7 +302,7 @@ public:
                 printf("checkpoint %s: waiting for %s to finish writing first\n", checkpoint_dir_name(t.step).c_str(),
                        checkpoint_dir_name(in_flight_step_).c_str());
             thread_.join();
-            wait_ms = detail::ms_since(start);
+            wait_ms = ms_since(start);
         }
         void* host = state_.snapshot_memory(state_.snapshot_bytes());
         state_.start_snapshot(host);
@@ -308,14 +312,14 @@ public:
             std::lock_guard<std::mutex> lock(mutex_);
             for (CheckpointReport& r : reports) {
                 r.wait_ms = wait_ms;
-                r.stall_ms = detail::ms_since(start);
+                r.stall_ms = ms_since(start);
                 finished_sync_.push_back(r);
             }
             return;
         }
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            pending_.push_back(Pending{t.step, detail::ms_since(start), wait_ms, {}, false, false});
+            pending_.push_back(Pending{t.step, ms_since(start), wait_ms, {}, false, false});
         }
         settled_ = false;
         writing_ = true;
@@ -339,7 +343,7 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         for (Pending& q : pending_)
             if (!q.settled) {
-                q.stall_ms += detail::ms_since(start);
+                q.stall_ms += ms_since(start);
                 q.settled = true;
             }
         settled_ = true;
@@ -473,7 +477,7 @@ private:
             r.ok = false;
             r.error = strformat("rank %d: %s", rank, e.what());
         }
-        r.write_ms = detail::ms_since(start);
+        r.write_ms = ms_since(start);
         return r;
     }
 
@@ -882,18 +886,15 @@ inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
     const std::string dir = p.tier.dir(p.manifest.step, rank);
     std::vector<char> theirs, mine;
     std::vector<CommHandle> ops;
-    const uint64_t piece = 256ull << 20;
     if (W > rpn && !p.own_file[held]) {  // send the replica I keep to its owner
         theirs.resize(p.manifest.files[held].bytes);
         File f(dir + "/" + p.manifest.files[held].path, "rb");
         f.read(theirs.data(), theirs.size(), "checkpoint replica");
-        for (uint64_t at = 0; at < theirs.size(); at += piece)
-            ops.push_back(world.send(theirs.data() + at, std::min<uint64_t>(piece, theirs.size() - at), held));
+        send_in_pieces(world, theirs.data(), theirs.size(), held, ops);
     }
     if (!p.own_file[rank]) {
         mine.resize(p.manifest.files[rank].bytes);
-        for (uint64_t at = 0; at < mine.size(); at += piece)
-            ops.push_back(world.recv(mine.data() + at, std::min<uint64_t>(piece, mine.size() - at), holder));
+        recv_in_pieces(world, mine.data(), mine.size(), holder, ops);
     }
     for (CommHandle& h : ops) h.wait();
     if (!p.own_file[rank]) {
@@ -936,11 +937,7 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
         if (source == STATE_PARAMS && !has_master && reader.has_buffer(STATE_MASTER)) source = STATE_MASTER;
         if (!reader.has_buffer(source))
             fail(strformat("checkpoint '%s' holds no buffer '%s'", p.dir.c_str(), source.c_str()));
-        const std::vector<FlatRange> held = state.held_ranges(i);
-        bool held_is_owned = held.size() == owned.size();
-        for (size_t k = 0; held_is_owned && k < held.size(); k++)
-            held_is_owned = held[k].begin == owned[k].begin && held[k].end == owned[k].end;
-        if (!local || held_is_owned) {
+        if (!local || state.held_ranges(i) == owned) {
             state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
             continue;
         }

@@ -47,6 +47,7 @@ struct StateBuffer {
 struct FlatRange {
     size_t begin = 0, end = 0;
     size_t size() const { return end - begin; }
+    bool operator==(const FlatRange&) const = default;
 };
 
 class ShardedState {

@@ -67,7 +67,7 @@ public:
             CommOp& op;
             std::chrono::steady_clock::time_point start;
             ~AddElapsed() {
-                op.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+                op.wait_ms += ms_since(start);
             }
         } add_elapsed{*op_, start};
         op_->wait();
@@ -223,14 +223,21 @@ inline LocalComm& local_communicator() {
     return comm;
 }
 
+// Every rank's values, rank after rank (host communicators; every rank passes as many). Each
+// double travels as two raw words, so every rank gets the same bits.
+inline std::vector<double> all_gather_doubles(Communicator& comm, const std::vector<double>& local) {
+    const size_t n = local.size();
+    std::vector<double> all(n * comm.world_size());
+    std::copy(local.begin(), local.end(), all.begin() + n * comm.rank());
+    comm.all_gather(&all[n * comm.rank()], all.data(), 2 * n, CommDtype::F32).wait();
+    return all;
+}
+
 // Sums one value per rank in rank order, so every rank gets the same bits, and exactly (a float
 // all-reduce would round and may differ by algorithm): each rank's double travels as two raw words.
 inline double sum_over_ranks(Communicator& comm, double local) {
-    std::vector<double> all(comm.world_size());
-    all[comm.rank()] = local;
-    comm.all_gather(&all[comm.rank()], all.data(), 2, CommDtype::F32).wait();
     double total = 0.0;
-    for (double x : all) total += x;
+    for (double x : all_gather_doubles(comm, {local})) total += x;
     return total;
 }
 

@@ -158,7 +158,7 @@ private:
     };
     static CommHandle ran_since(Clock::time_point start) {
         auto op = std::make_shared<CompletedOp>();
-        op->wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        op->wait_ms = ms_since(start);
         return CommHandle(op);
     }
     char* staging(size_t bytes) {
