@@ -52,7 +52,7 @@ run_job() {
     end=$EPOCHREALTIME
     sleep 1  # the process substitution finishes its last lines; killed ranks are reaped
     if pgrep -f -- "$dir" >/dev/null; then
-        problem "processes left behind: $(pgrep -af -- "$dir" | head -3)"
+        problem "processes left behind: $(pgrep -af -- "$dir" | awk 'NR <= 3')"
         pkill -KILL -f -- "$dir" || true
     fi
 }
@@ -61,7 +61,8 @@ expect_err() {  # a stderr line must match
 }
 show() {
     echo "---- stderr (timestamps cut):"
-    cut -d' ' -f2- "$tmp/err" | sed 's/^/   /' | grep -v '^   $' | head -${1:-40}
+    # awk reads to the end: head would close the pipe early and, under pipefail, fail the script (141)
+    cut -d' ' -f2- "$tmp/err" | sed 's/^/   /' | grep -v '^   $' | awk -v n="${1:-40}" 'NR <= n'
 }
 
 echo "== hung rank: LLMC_FAULTS=hang@5:1, --comm-timeout-s 3 (expect the report naming rank 1, exit 3)"
