@@ -72,11 +72,14 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
         printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
+        if (cfg.dims.tp > 1)
+            printf("mesh: %d rank(s) = dp %d x tp %d; tensor parallel with%s sequence parallelism\n", cfg.world_size,
+                   cfg.dims.dp, cfg.dims.tp, cfg.sequence_parallel ? "" : "out");
     }
     // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
     ProcessGroups groups(comm, cfg.dims);
     health_check(cfg, groups.world());  // stragglers, before anything is allocated (health.h)
-    BuiltModel built = Backend::make_model(cfg, groups.dp(), launch);
+    BuiltModel built = Backend::make_model(cfg, groups, launch);
     Model* model = built.model.get();
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);

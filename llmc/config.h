@@ -62,6 +62,9 @@ struct RunConfig {
     float peer_dead_s = 5;        // a rank silent for this long is dead
     std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
+    // tensor parallelism (gpt2_cpu.h)
+    int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
+    int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
@@ -141,6 +144,8 @@ inline const std::vector<RunOption>& run_options() {
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
+        {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x tp, ZeRO shards over dp"},
+        {"", "sp", &RunConfig::sequence_parallel, "with --tp > 1: 1 runs LayerNorms and residual adds on 1/tp of the tokens per rank (sequence parallelism), 0 on all of them"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
         {"", "heartbeat_s", &RunConfig::heartbeat_s, "seconds between the ranks' heartbeats, which see a dead rank fast and name missing ranks at a timeout (0: off)"},
@@ -310,6 +315,20 @@ inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
     return true;
 }
 
+// Tensor parallelism over tp ranks cuts the heads, the MLP's 4C hidden units and the padded
+// vocabulary into tp equal parts (params.h says which tensors), so each must divide.
+inline void check_tensor_parallel_shape(const ModelConfig& m, int tp) {
+    if (tp == 1) return;
+    auto divides = [&](const char* what, long long n) {
+        if (n % tp != 0)
+            fail(strformat("--tp %d must divide the model's %s (%lld): tensor parallelism gives each rank an equal part",
+                           tp, what, n));
+    };
+    divides("head count", m.num_heads);
+    divides("MLP width 4 x channels", 4LL * m.channels);
+    divides("padded vocabulary", m.padded_vocab_size);
+}
+
 // Validates the options and derives the model shape and batch arithmetic for world_size ranks.
 // model_from_file is the header of the -e model file when -e names a file, else nullptr.
 inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
@@ -318,7 +337,13 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
         fail(strformat("--world-size is %d but the job was launched with %d rank(s)", cfg.expected_world_size,
                        world_size));
     cfg.world_size = world_size;
-    cfg.dims = ParallelDims::data_parallel(world_size);  // the only kind of parallelism so far
+    require(cfg.tp >= 1, strformat("--tp must be >= 1, got %d", cfg.tp));
+    require(world_size % cfg.tp == 0,
+            strformat("--tp %d does not divide the %d rank(s): the world is dp x tp ranks", cfg.tp, world_size));
+    require(cfg.sequence_parallel == 0 || cfg.sequence_parallel == 1,
+            strformat("--sp must be 0 or 1, got %d", cfg.sequence_parallel));
+    cfg.dims = ParallelDims::data_parallel(world_size / cfg.tp);
+    cfg.dims.tp = cfg.tp;
     cfg.dims.validate(world_size);
     cfg.model_is_file = model_from_file != nullptr;
     if (model_from_file) {
@@ -335,6 +360,7 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
         cfg.model_config = m;
     }
     cfg.model_config.validate();
+    check_tensor_parallel_shape(cfg.model_config, cfg.tp);
 
     require(cfg.batch_size > 0, strformat("-b (batch_size) must be positive, got %d", cfg.batch_size));
     require(cfg.seq_len > 0, strformat("-t (seq_len) must be positive, got %d", cfg.seq_len));
@@ -348,6 +374,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
                       "the data-parallel ones)",
                       cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens));
     cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
+    require(cfg.tp == 1 || !cfg.sequence_parallel || (long long)cfg.batch_size * cfg.seq_len % cfg.tp == 0,
+            strformat("--sp 1 splits each micro-batch's B*T = %d*%d tokens over --tp %d ranks, which does not divide "
+                      "them (change -b or -t, or --sp 0)",
+                      cfg.batch_size, cfg.seq_len, cfg.tp));
 
     require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d", cfg.steps));
     require(cfg.lr > 0, strformat("-l (lr) must be positive, got %g", cfg.lr));
@@ -428,6 +458,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
                    {"num_params", num_params(m)}}},
         {"world_size", cfg.world_size},
         {"dp_size", cfg.dims.dp},
+        {"tp_size", cfg.dims.tp},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},
         {"config_file", cfg.config_file},

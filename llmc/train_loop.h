@@ -71,15 +71,15 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, in
 
 class Trainer {
 public:
-    // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where its rank 0
-    // writes the JSONL metrics ("" for none). world: every rank of the job, each of which writes
-    // its own checkpoint file (null: dp is the world).
+    // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where world rank 0
+    // writes the JSONL metrics and prints ("" for none). world: every rank of the job, each of which
+    // writes its own checkpoint file (null: dp is the world).
     Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path,
             Communicator* world = nullptr)
         : cfg_(cfg), model_(model), dp_(dp), world_(world ? *world : dp),
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
-          metrics_path_(dp.rank() == 0 ? metrics_path : ""),
+          metrics_path_((world ? world->rank() : dp.rank()) == 0 ? metrics_path : ""),
           sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
         if (dp.world_size() != cfg.dims.dp)
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
@@ -463,7 +463,7 @@ private:
                                 {"mb_per_s", r.mb_per_s()}, {"stall_ms", r.stall_ms}, {"wait_ms", r.wait_ms}});
                 continue;
             }
-            if (dp_.rank() == 0) fprintf(stderr, "error: checkpoint %s failed: %s\n", r.dir.c_str(), r.error.c_str());
+            if (world_.rank() == 0) fprintf(stderr, "error: checkpoint %s failed: %s\n", r.dir.c_str(), r.error.c_str());
             log_.log_event(strformat("checkpoint %s FAILED (removed; earlier checkpoints are intact)%s", r.dir.c_str(),
                                      cfg_.ckpt_fail_stop ? "" : "; training goes on"),
                            {{"step", r.step}, {"checkpoint", r.dir}, {"error", r.error}});

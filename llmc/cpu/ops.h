@@ -82,18 +82,50 @@ inline void encoder_forward(float* out, const int* tokens, const float* wte, con
     }
 }
 
-inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+// Tokens outside [v_begin, v_end) leave dwte alone: with a vocabulary-parallel embedding, dwte holds
+// only rows [v_begin, v_end) of the table (row 0 of dwte is token v_begin), and dwpe is skipped if null.
+inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                             int v_begin = 0, int v_end = std::numeric_limits<int>::max()) {
     for_column_ranges(C, [&](int c0, int c1) {
         for (int bt = 0; bt < B * T; bt++) {
-            float* dte = dwte + (size_t)tokens[bt] * C;
-            float* dpe = dwpe + (size_t)(bt % T) * C;
             const float* d = dout + (size_t)bt * C;
-            for (int c = c0; c < c1; c++) {
-                dte[c] += d[c];
-                dpe[c] += d[c];
+            if (tokens[bt] >= v_begin && tokens[bt] < v_end) {
+                float* dte = dwte + (size_t)(tokens[bt] - v_begin) * C;
+                for (int c = c0; c < c1; c++) dte[c] += d[c];
+            }
+            if (dwpe) {
+                float* dpe = dwpe + (size_t)(bt % T) * C;
+                for (int c = c0; c < c1; c++) dpe[c] += d[c];
             }
         }
     });
+}
+
+// The vocabulary-parallel half of the encoder: out row = wte row of the token when it lies in
+// [v_begin, v_end) (wte holding those rows only), else zeros. Summed over the ranks that hold the
+// other rows, it is the token embedding; add_positions then adds wpe.
+inline void embedding_forward_range(float* out, const int* tokens, const float* wte, int v_begin, int v_end, int rows,
+                                    int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float* o = out + (size_t)r * C;
+        if (tokens[r] >= v_begin && tokens[r] < v_end) std::copy(wte + (size_t)(tokens[r] - v_begin) * C,
+                                                                 wte + (size_t)(tokens[r] - v_begin + 1) * C, o);
+        else std::fill(o, o + C, 0.0f);
+    }
+}
+
+// out[r] = inp[r] + wpe[position of token row0 + r] for `rows` rows of a B x T batch (row0: the first
+// row's index in it; positions restart every T rows).
+inline void add_positions(float* out, const float* inp, const float* wpe, int row0, int rows, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float* pe = wpe + (size_t)((row0 + r) % T) * C;
+        const float* x = inp + (size_t)r * C;
+        float* o = out + (size_t)r * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = x[c] + pe[c];
+    }
 }
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -349,6 +381,58 @@ inline void crossentropy(float* row_loss, float* logits, const int* targets, boo
             l[targets[r]] -= dloss;
         }
         row_loss[r] = mx + std::log(sum) - target_logit;
+    }
+}
+
+// Vocabulary-parallel cross-entropy (Megatron-LM): each of n ranks holds columns [v_begin, v_begin +
+// cols) of every row's logits, the first `real` of them real tokens (the rest padding), and no rank
+// ever sees a whole row. Step 1, per row on this rank: the max over its real columns, the sum of
+// exp(x - max) over them, and the target's logit if this rank holds the target (else 0), as
+// stats[3 r + 0, 1, 2]. A rank without real columns reports max -inf and sum 0.
+inline void crossentropy_local_stats(float* stats, const float* logits, const int* targets, int rows, int v_begin,
+                                     int real, int cols) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float* l = logits + (size_t)r * cols;
+        float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+        for (int v = 0; v < real; v++) mx = std::max(mx, l[v]);
+        if (real > 0) {
+#pragma omp simd reduction(+ : sum)
+            for (int v = 0; v < real; v++) sum += fast_exp(l[v] - mx);
+        }
+        const int t = targets[r] - v_begin;
+        stats[3 * (size_t)r + 0] = mx;
+        stats[3 * (size_t)r + 1] = sum;
+        stats[3 * (size_t)r + 2] = t >= 0 && t < real ? l[t] : 0.0f;
+    }
+}
+
+// Step 2, with every rank's stats gathered (n blocks of 3 * rows floats, in rank order, the same on
+// every rank): the global max M, the sum S = sum_k s_k exp(m_k - M) and the target logit give each
+// row's loss M + log S - target, identically on every rank. With write_dlogits this rank's columns
+// become their gradient (softmax - onehot) * dloss in place, zero on padded columns.
+inline void crossentropy_from_stats(float* row_loss, float* logits, const int* targets, const float* all_stats, int n,
+                                    bool write_dlogits, float dloss, int rows, int v_begin, int real, int cols) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float mx = -std::numeric_limits<float>::infinity(), target_logit = 0.0f;
+        for (int k = 0; k < n; k++) mx = std::max(mx, all_stats[((size_t)k * rows + r) * 3]);
+        float sum = 0.0f;
+        for (int k = 0; k < n; k++) {
+            const float* st = all_stats + ((size_t)k * rows + r) * 3;
+            if (st[1] > 0.0f) sum += st[1] * std::exp(st[0] - mx);
+            target_logit += st[2];
+        }
+        row_loss[r] = mx + std::log(sum) - target_logit;
+        if (!write_dlogits) continue;
+        float* l = logits + (size_t)r * cols;
+        const float scale = dloss / sum;
+#pragma omp simd
+        for (int v = 0; v < real; v++) l[v] = fast_exp(l[v] - mx) * scale;
+        std::fill(l + std::max(real, 0), l + cols, 0.0f);
+        const int t = targets[r] - v_begin;
+        if (t >= 0 && t < real) l[t] -= dloss;
     }
 }
 }  // namespace cpu

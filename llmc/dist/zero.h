@@ -324,34 +324,45 @@ public:
 
     // ---- optimizer ----
 
-    // The squared global gradient norm (identical on every rank; a collective under stages 1-3).
+    // Tensor parallelism: the model is cut over `tp` too (the layout is this tensor rank's piece), so
+    // the gradient norm sums the cut tensors over the tensor group and counts the replicated ones
+    // (LayerNorms, wpe, some biases; the same on every tensor rank) once.
+    // (A host communicator: the scalars of the norm travel on it.)
+    void set_tensor_parallel(Communicator& tp) {
+        if (tp.uses_device_buffers())
+            fail("ZeroEngine: the tensor-parallel group's communicator must work on host buffers");
+        tp_ = &tp;
+    }
+
+    // The squared global gradient norm (identical on every rank; a collective under stages 1-3 and
+    // under tensor parallelism).
     double grad_norm_squared() {
-        if (!plan_.shards_optimizer()) return mem_.sum_squares(grads_full_, plan_.padded_num_params);
-        const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
-        return llmc::sum_over_ranks(host_comm(), local);
+        if (!tp_ || tp_->world_size() == 1) {
+            if (!plan_.shards_optimizer()) return mem_.sum_squares(grads_full_, plan_.padded_num_params);
+            const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
+            return llmc::sum_over_ranks(host_comm(), local);
+        }
+        std::vector<double> sums = {0.0, 0.0};  // cut tensors, replicated tensors
+        for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
+            sums[layout_.is_split(seg.tensor) ? 0 : 1] += mem_.sum_squares(grad_for_update(k, lo), hi - lo);
+        });
+        if (plan_.shards_optimizer()) {
+            const std::vector<double> all = all_gather_doubles(host_comm(), sums);
+            sums = {0.0, 0.0};
+            for (size_t i = 0; i < all.size(); i++) sums[i % 2] += all[i];
+        }
+        return llmc::sum_over_ranks(*tp_, sums[0]) + sums[1];
     }
 
     // AdamW on this rank's shard; then, under stages 1-2, every bucket's parameters are all-gathered.
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) {
         mem_.before_update();  // a checkpoint snapshot still copying must finish reading first
-        for (size_t b = 0; b < plan_.buckets.size(); b++) {
-            const auto& k = plan_.buckets[b];
-            // The rank's slice of the bucket, relative to the bucket: all of it under stage 0.
-            size_t lo = plan_.shards_optimizer() ? k.owned_begin : 0;
-            size_t hi = plan_.shards_optimizer() ? k.owned_end : k.size;
-            for (const ParamLayout::Segment& seg : layout_.segments()) {
-                if (seg.end <= k.begin + lo || seg.begin >= k.begin + hi) continue;
-                const size_t seg_lo = std::max(lo, seg.begin > k.begin ? seg.begin - k.begin : 0);
-                const size_t seg_hi = std::min(hi, seg.end - k.begin);
-                const float decay = layout_.is_decayed(seg.tensor) ? opt.weight_decay : 0.0f;
-                Param* p = param_for_update(k, seg_lo);
-                const float* g = plan_.shards_optimizer() ? grads_shard_ + k.shard_offset + (seg_lo - lo)
-                                                          : grads_full_ + k.padded_begin + seg_lo;
-                size_t state_at = plan_.shards_optimizer() ? k.shard_offset + (seg_lo - lo) : k.padded_begin + seg_lo;
-                mem_.adamw(p, master_for(k, seg_lo), g, m_ + state_at, v_ + state_at, seg_hi - seg_lo, decay, opt, step,
-                           grad_multiplier, k.begin + seg_lo);
-            }
-        }
+        for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
+            const float decay = layout_.is_decayed(seg.tensor) ? opt.weight_decay : 0.0f;
+            const size_t state_at = plan_.shards_optimizer() ? k.shard_offset + (lo - k.owned_begin) : k.padded_begin + lo;
+            mem_.adamw(param_for_update(k, lo), master_for(k, lo), grad_for_update(k, lo), m_ + state_at, v_ + state_at,
+                       hi - lo, decay, opt, step, grad_multiplier, k.begin + lo);
+        });
         if (plan_.shards_optimizer() && !plan_.shards_parameters()) {
             mem_.before_collective(comm_);
             for (const auto& k : plan_.buckets) {
@@ -605,6 +616,24 @@ private:
         fail(strformat("ZeroEngine: flat element %zu is past the last bucket", flat));
     }
 
+    // Calls fn(bucket, segment, lo, hi) for every piece of one tensor slice that this rank's optimizer
+    // updates: [lo, hi) relative to the bucket, its owned slice (or all of it under stage 0).
+    template <typename Fn>
+    void for_each_held_piece(Fn fn) {
+        for (const auto& k : plan_.buckets) {
+            const size_t lo = plan_.shards_optimizer() ? k.owned_begin : 0;
+            const size_t hi = plan_.shards_optimizer() ? k.owned_end : k.size;
+            for (const ParamLayout::Segment& seg : layout_.segments()) {
+                if (seg.end <= k.begin + lo || seg.begin >= k.begin + hi) continue;
+                fn(k, seg, std::max(lo, seg.begin > k.begin ? seg.begin - k.begin : 0), std::min(hi, seg.end - k.begin));
+            }
+        }
+    }
+    // The step's gradient of bucket k's element `bucket_offset` (one this rank updates).
+    float* grad_for_update(const ZeroPlan::Bucket& k, size_t bucket_offset) {
+        if (plan_.shards_optimizer()) return grads_shard_ + k.shard_offset + (bucket_offset - k.owned_begin);
+        return grads_full_ + k.padded_begin + bucket_offset;
+    }
     Param* param_for_update(const ZeroPlan::Bucket& k, size_t bucket_offset) {
         if (plan_.shards_parameters()) return params_shard_ + k.shard_offset + (bucket_offset - k.owned_begin);
         return params_full_ + k.padded_begin + bucket_offset;
@@ -613,6 +642,7 @@ private:
     const ParamLayout& layout_;
     ZeroPlan plan_;
     Communicator& comm_;
+    Communicator* tp_ = nullptr;  // the tensor-parallel group, when the layout is a piece of the model
     Memory& mem_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};
     Param *params_full_ = nullptr, *params_shard_ = nullptr;

@@ -3,7 +3,7 @@
 // offers the same three static functions, so the main has no per-backend code:
 //
 //   int effective_zero_stage(const RunConfig&)     the ZeRO stage that will run
-//   BuiltModel make_model(const RunConfig&, Communicator& host, const Launch&)
+//   BuiltModel make_model(const RunConfig&, const ProcessGroups&, const Launch&)
 //                                                  this rank's model, with what it needs to live
 //   std::string plan_report(const RunConfig&)      --plan: rank 0's memory, nothing allocated
 #pragma once

@@ -12,6 +12,7 @@
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/comm.h"
+#include "llmc/dist/process_groups.h"
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
@@ -23,13 +24,15 @@ struct CpuBackend {
     // The ZeRO stage that runs (the one asked for: the CPU model shards on any world size).
     static int effective_zero_stage(const RunConfig& cfg) { return cfg.zero_stage; }
 
-    // This rank's model, sharded over `comm` (the data-parallel group) by the config's ZeRO stage.
-    static BuiltModel make_model(const RunConfig& cfg, Communicator& comm, const Launch&) {
-        if (comm.rank() == 0)
+    // This rank's model, sharded over the data-parallel group by the config's ZeRO stage and cut over
+    // the tensor-parallel group.
+    static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch&) {
+        if (groups.world().rank() == 0)
             printf("device: CPU, %d OpenMP threads per rank (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
         BuiltModel built;
         try {
-            built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, comm, cfg.zero_stage);
+            built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
+                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel);
         } catch (const std::bad_alloc&) {
             fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "
                            "logits with B*T*vocab): reduce -b or -t, or shard more with -z",

@@ -9,6 +9,7 @@
 
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/staged_comm.cuh"
 #include "llmc/model.h"
@@ -29,8 +30,11 @@ struct CudaBackend {
 
     // This rank's model on its GPU (local rank modulo the node's GPUs), sharded over a device
     // communicator made here for the data-parallel group `host`: NCCL, or `host` staged through pinned
-    // memory.
-    static BuiltModel make_model(const RunConfig& cfg, Communicator& host, const Launch& launch) {
+    // memory. The mesh's other groups are size 1 (checked).
+    static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
+        if (groups.dims().tp > 1)
+            fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu has it)", groups.dims().tp));
+        Communicator& host = groups.dp();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
         if (host.rank() == 0) print_device(cfg, host, device, nccl);

@@ -12,6 +12,14 @@
 // bucket-major makes each of those one contiguous range. Model files keep the table's own order,
 // tensor-major (llm.c's: each per-layer tensor holds all layers back to back); file_offset() says
 // where a slice sits there.
+//
+// Tensor parallelism: a table's shapes are always the whole (global) tensor's, and a tensor may say
+// how it is cut over the ranks of a tensor-parallel group (TensorSplit: by rows, in `parts` equal
+// blocks each cut alike, as the fused q|k|v rows are; or by columns). A layout made for rank r of a
+// group of n (TpShard) holds only rank r's piece of each split tensor, so its flat buffers are
+// 1/n of those tensors and whole copies of the others; split_runs() says where each local element
+// sits in the global tensor, and copy_between_layouts() moves values between a whole-model layout
+// and a rank's.
 #pragma once
 
 #include <algorithm>
@@ -34,13 +42,38 @@ struct ParamInit {
     size_t random_elems = SIZE_MAX;
 };
 
+// How a tensor is cut over a tensor-parallel group of n ranks. Rows: the leading dimension is `parts`
+// equal blocks (GPT-2's fused qkv rows: q, k and v), and rank r holds rows [r, r + 1) / n of each
+// block (for q|k|v: its heads of all three). Cols: rank r holds columns [r, r + 1) / n of every row
+// (a 1-d tensor has one column per element under Rows, and cannot be cut by Cols). None: every rank
+// holds the whole tensor (a replica).
+struct TensorSplit {
+    enum Kind { None, Rows, Cols };
+    Kind kind = None;
+    int parts = 1;
+};
+
+// Which piece of the split tensors a layout holds: rank `rank` of a tensor-parallel group of `size`.
+struct TpShard {
+    int rank = 0;
+    int size = 1;
+};
+
 // One parameter tensor as the model declares it.
 struct TensorSpec {
     std::string name;
-    std::vector<size_t> shape;  // of one slice: one layer's, for a tensor of a per-layer group
+    std::vector<size_t> shape;  // of one slice: one layer's, for a tensor of a per-layer group; global
     int group;                  // the bucket group that holds it (index into ParamTable::groups)
     bool decayed;               // AdamW's decoupled weight decay applies (matrices, not biases or gains)
     ParamInit init;
+    TensorSplit split = {};     // how tensor parallelism cuts it
+};
+
+// Local elements [local, local + run * count) of a tensor slice are, in the global slice, `count`
+// runs of `run` elements starting `stride` apart from `global` on.
+struct SplitRun {
+    size_t local, global, run, stride, count;
+    size_t size() const { return run * count; }
 };
 
 // Buckets, in flat order. A per-layer group is one bucket per layer; any other group is one bucket.
@@ -70,18 +103,21 @@ public:
 
     size_t num_params = 0;
 
-    explicit ParamLayout(ParamTable table) : table_(std::move(table)) {
+    // The whole model's layout, or (tp.size > 1) rank tp.rank's piece of it.
+    explicit ParamLayout(ParamTable table, TpShard tp = {}) : table_(std::move(table)), tp_(tp) {
         validate_table();
         const int num_tensors = (int)table_.tensors.size();
         sizes_.resize(num_tensors);
+        global_sizes_.resize(num_tensors);
         offset_in_bucket_.resize(num_tensors);
         file_begin_.resize(num_tensors);
         std::vector<size_t> group_size(table_.groups.size(), 0);  // one bucket of each group
         size_t file_at = 0;
         for (int t = 0; t < num_tensors; t++) {
             const TensorSpec& spec = table_.tensors[t];
-            sizes_[t] = 1;
-            for (size_t d : spec.shape) sizes_[t] *= d;
+            global_sizes_[t] = 1;
+            for (size_t d : spec.shape) global_sizes_[t] *= d;
+            sizes_[t] = is_split(t) ? global_sizes_[t] / tp_.size : global_sizes_[t];
             offset_in_bucket_[t] = group_size[spec.group];
             group_size[spec.group] += sizes_[t];
             file_begin_[t] = file_at;
@@ -105,6 +141,7 @@ public:
 
     const ParamTable& table() const { return table_; }
     int num_layers() const { return table_.num_layers; }
+    const TpShard& tp() const { return tp_; }
 
     // ---- tensors ----
     int num_tensors() const { return (int)table_.tensors.size(); }
@@ -112,8 +149,51 @@ public:
     bool is_per_layer(int tensor) const { return table_.groups[spec(tensor).group].per_layer; }
     bool is_decayed(int tensor) const { return spec(tensor).decayed; }
     const ParamInit& init(int tensor) const { return spec(tensor).init; }
-    // Elements of one layer's slice for a per-layer tensor, of the whole tensor otherwise.
+    // Elements of one layer's slice for a per-layer tensor, of the whole tensor otherwise: the
+    // piece this layout holds (tensor_size) and the whole (global_tensor_size).
     size_t tensor_size(int tensor) const { return sizes_[check_tensor(tensor)]; }
+    size_t global_tensor_size(int tensor) const { return global_sizes_[check_tensor(tensor)]; }
+    // Whether this layout holds a piece of the tensor rather than all of it.
+    bool is_split(int tensor) const { return tp_.size > 1 && spec(tensor).split.kind != TensorSplit::None; }
+
+    // Where local elements [lo, hi) of one slice of `tensor` sit in the global slice: one run when
+    // the tensor is whole here, else one per block of a row split, or for a column split the
+    // partial first row, the whole rows between (one strided run) and the partial last row.
+    std::vector<SplitRun> split_runs(int tensor, size_t lo, size_t hi) const {
+        std::vector<SplitRun> runs;
+        if (lo >= hi) return runs;
+        if (!is_split(tensor)) return {{lo, lo, hi - lo, hi - lo, 1}};
+        const TensorSplit& split = spec(tensor).split;
+        const std::vector<size_t>& shape = spec(tensor).shape;
+        const size_t cols = shape.size() > 1 ? global_sizes_[tensor] / shape[0] : 1;
+        const size_t n = tp_.size, r = tp_.rank;
+        if (split.kind == TensorSplit::Rows) {
+            // Each block is rows/parts global rows; this rank holds a contiguous 1/n of each.
+            const size_t block = global_sizes_[tensor] / split.parts, local_block = block / n;
+            for (size_t b = lo / local_block; b * local_block < hi; b++) {
+                const size_t a = std::max(lo, b * local_block), z = std::min(hi, (b + 1) * local_block);
+                const size_t g = b * block + r * local_block + (a - b * local_block);
+                runs.push_back({a, g, z - a, z - a, 1});
+            }
+            return runs;
+        }
+        // Cols: local row i is columns [r * lc, (r + 1) * lc) of global row i.
+        const size_t lc = cols / n;
+        auto global_of = [&](size_t local) { return local / lc * cols + r * lc + local % lc; };
+        size_t at = lo;
+        if (at % lc) {  // the partial first row
+            const size_t z = std::min(hi, (at / lc + 1) * lc);
+            runs.push_back({at, global_of(at), z - at, z - at, 1});
+            at = z;
+        }
+        if (hi - at >= lc) {  // whole rows
+            const size_t rows = (hi - at) / lc;
+            runs.push_back({at, global_of(at), lc, cols, rows});
+            at += rows * lc;
+        }
+        if (at < hi) runs.push_back({at, global_of(at), hi - at, hi - at, 1});  // the partial last row
+        return runs;
+    }
     size_t offset_in_bucket(int tensor) const { return offset_in_bucket_[check_tensor(tensor)]; }
     // Flat offset of a tensor's slice; `layer` only for per-layer tensors.
     size_t offset(int tensor, int layer = 0) const {
@@ -143,9 +223,11 @@ public:
     // ---- flat order and file order ----
     // Every slice in flat order; together they tile [0, num_params).
     const std::vector<Segment>& segments() const { return segments_; }
-    // Where the same slice sits in a model file's parameters (table order), in elements.
+    // Where the same slice sits in a model file's parameters (table order), in elements. Only for a
+    // whole-model layout: a tensor-parallel rank's piece is not a model file.
     size_t file_offset(int tensor, int layer = 0) const {
         check(tensor, layer);
+        if (tp_.size > 1) fail("ParamLayout: file offsets are for a whole-model layout, not a tensor-parallel piece");
         return file_begin_[tensor] + (size_t)layer * sizes_[tensor];
     }
     // The segments in the order a model file stores them (ascending file_offset).
@@ -188,10 +270,30 @@ private:
             if (t.group < 0 || t.group >= (int)table_.groups.size())
                 fail(strformat("ParamTable: tensor %s names bucket group %d, not in [0, %zu)", t.name.c_str(), t.group,
                                table_.groups.size()));
+        if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size)
+            fail(strformat("ParamLayout: tensor-parallel rank %d of %d is not a rank of the group", tp_.rank, tp_.size));
+        if (tp_.size == 1) return;
+        for (const TensorSpec& t : table_.tensors) {
+            if (t.split.kind == TensorSplit::None) continue;
+            const size_t rows = t.shape.empty() ? 1 : t.shape[0];
+            const size_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+            const bool ok = t.split.kind == TensorSplit::Rows
+                                ? t.split.parts >= 1 && rows % ((size_t)t.split.parts * tp_.size) == 0
+                                : t.shape.size() == 2 && cols % tp_.size == 0;
+            if (!ok)
+                fail(strformat("ParamTable: tensor %s (%zu x %zu) cannot be cut %s over %d tensor-parallel ranks",
+                               t.name.c_str(), rows, cols,
+                               t.split.kind == TensorSplit::Rows
+                                   ? strformat("into %d row block(s) of equal pieces", t.split.parts).c_str()
+                                   : "by columns",
+                               tp_.size));
+        }
     }
 
     ParamTable table_;
-    std::vector<size_t> sizes_;             // one slice
+    TpShard tp_;
+    std::vector<size_t> sizes_;             // one slice, the piece this layout holds
+    std::vector<size_t> global_sizes_;      // one slice, whole
     std::vector<size_t> offset_in_bucket_;  // within its bucket
     std::vector<size_t> file_begin_;        // first element in file order
     std::vector<Bucket> buckets_;
@@ -199,5 +301,24 @@ private:
     std::vector<int> group_first_bucket_;  // per bucket group: its (first) bucket
     int first_layer_bucket_ = -1;
 };
+
+// Copies every parameter between a whole-model layout's flat buffer and a tensor-parallel rank's
+// (both of the same table): to_piece fills the piece from the whole, otherwise the whole's elements
+// that the piece holds are set from it. Replicated tensors are copied whole.
+inline void copy_between_layouts(const ParamLayout& whole, float* whole_buf, const ParamLayout& piece,
+                                 float* piece_buf, bool to_piece) {
+    if (whole.tp().size != 1) fail("copy_between_layouts: the first layout must be a whole-model one");
+    for (const ParamLayout::Segment& s : piece.segments()) {
+        float* global = whole_buf + whole.offset(s.tensor, s.layer);
+        float* local = piece_buf + s.begin;
+        for (const SplitRun& run : piece.split_runs(s.tensor, 0, s.end - s.begin))
+            for (size_t k = 0; k < run.count; k++) {
+                float* g = global + run.global + k * run.stride;
+                float* l = local + run.local + k * run.run;
+                if (to_piece) std::memcpy(l, g, run.run * sizeof(float));
+                else std::memcpy(g, l, run.run * sizeof(float));
+            }
+    }
+}
 
 }  // namespace llmc

@@ -25,76 +25,109 @@
 
 namespace llmc {
 
+// How a model is cut over its tensor-parallel group (Megatron-LM, with Korthikanti et al.'s sequence
+// parallelism): `size` ranks, this one `rank`; with `sequence_parallel` the LayerNorms, residual
+// stream and embeddings hold 1/size of a batch's B x T token rows (contiguous blocks, rank order).
+struct TensorParallel {
+    int size = 1, rank = 0;
+    bool sequence_parallel = false;
+    // Token rows per rank of a batch of BT rows.
+    int rows(int BT) const { return sequence_parallel ? BT / size : BT; }
+};
+
 // Where each activation lives in the flat activation buffer for a call with B x T tokens. Per-layer
 // tensors hold all L layers back to back. Sizes grow with B and T, so the layout for any B <= max_B,
-// T <= max_T fits in a buffer of size_for(max_B, max_T).
+// T <= max_T fits in a buffer of size_for(max_B, max_T). Under tensor parallelism the attention and
+// MLP activations hold this rank's heads and hidden units (1/tp), the logits its vocabulary columns,
+// and with sequence parallelism the residual stream and LayerNorm outputs its n = BT/tp token rows.
 struct ActivationLayout {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss;
     // backward scratch: gradients of the residual stream and of one layer's intermediates
     float *dresidual, *dC, *d3C, *d4C;
+    // tensor parallelism only (empty otherwise): a LayerNorm output gathered to all B x T rows, a
+    // row-parallel product's partial sum, the gathered residual gradient, the reduced gradient of a
+    // LayerNorm output (sequence parallel), every rank's cross-entropy statistics, and the LayerNorm
+    // weight gradients of one layer before they are summed over the group (sequence parallel)
+    float *full, *partial, *dfull, *dln, *ce_stats, *dln_weights;
 
     size_t total_floats = 0;  // the buffer size this layout needs
 
-    static size_t size_for(const ModelConfig& c, int B, int T) { return ActivationLayout(c, B, T, nullptr).total_floats; }
+    static size_t size_for(const ModelConfig& c, int B, int T, const TensorParallel& tp = {}) {
+        return ActivationLayout(c, B, T, nullptr, tp).total_floats;
+    }
 
     // Assigns consecutive slices of `base`; with base == nullptr only total_floats is computed.
-    ActivationLayout(const ModelConfig& c, int B, int T, float* base) {
-        const size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads;
-        const size_t Vp = c.padded_vocab_size;
-        auto take = [&](float*& p, size_t n) {
-            p = base ? base + total_floats : nullptr;
-            total_floats += (n + 15) / 16 * 16;  // keep every tensor 64-byte aligned
+    ActivationLayout(const ModelConfig& c, int B, int T, float* base, const TensorParallel& tp = {}) {
+        const size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads / tp.size;
+        const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT), Cl = C / tp.size;
+        const bool split = tp.size > 1, sp = tp.sequence_parallel;
+        auto take = [&](float*& p, size_t count) {
+            p = base && count ? base + total_floats : nullptr;
+            total_floats += (count + 15) / 16 * 16;  // keep every tensor 64-byte aligned
         };
-        take(encoded, BT * C);
-        take(ln1, L * BT * C);
-        take(ln1_mean, L * BT);
-        take(ln1_rstd, L * BT);
-        take(qkv, L * BT * 3 * C);
-        take(atty, L * BT * C);
+        take(encoded, n * C);
+        take(ln1, L * n * C);
+        take(ln1_mean, L * n);
+        take(ln1_rstd, L * n);
+        take(qkv, L * BT * 3 * Cl);
+        take(atty, L * BT * Cl);
         take(att, L * B * NH * T * T);
-        take(residual2, L * BT * C);
-        take(ln2, L * BT * C);
-        take(ln2_mean, L * BT);
-        take(ln2_rstd, L * BT);
-        take(fch, L * BT * 4 * C);
-        take(fch_gelu, L * BT * 4 * C);
-        take(residual3, L * BT * C);
-        take(lnf, BT * C);
-        take(lnf_mean, BT);
-        take(lnf_rstd, BT);
+        take(residual2, L * n * C);
+        take(ln2, L * n * C);
+        take(ln2_mean, L * n);
+        take(ln2_rstd, L * n);
+        take(fch, L * BT * 4 * Cl);
+        take(fch_gelu, L * BT * 4 * Cl);
+        take(residual3, L * n * C);
+        take(lnf, n * C);
+        take(lnf_mean, n);
+        take(lnf_rstd, n);
         take(logits, BT * Vp);
         take(row_loss, BT);
-        take(dresidual, BT * C);
+        take(dresidual, n * C);
         take(dC, BT * C);
-        take(d3C, BT * 3 * C);
-        take(d4C, BT * 4 * C);
+        take(d3C, BT * 3 * Cl);
+        take(d4C, BT * 4 * Cl);
+        take(full, sp ? BT * C : 0);
+        take(partial, split ? BT * C : 0);
+        take(dfull, sp ? BT * C : 0);
+        take(dln, sp ? n * C : 0);
+        take(ce_stats, split ? BT * 3 * tp.size : 0);
+        take(dln_weights, sp ? 4 * C : 0);
     }
 };
 
 class GPT2CPU : public Model {
 public:
-    // A model sharded over `comm` by ZeRO stage `zero_stage` (see zero.h).
-    GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& comm, int zero_stage)
-        : config_(validated(config)), layout_(GPT2Params::layout(config)), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, comm.rank(), comm.world_size()), comm, memory_) {
+    // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h) and, when `tp` has more than
+    // one rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel).
+    GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
+            Communicator& tp = local_communicator(), bool sequence_parallel = false)
+        : config_(validated(config)), tp_comm_(tp), tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1},
+          layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()})), max_B_(max_B), max_T_(max_T),
+          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
-        acts_.assign(activation_floats(config_, max_B, max_T), 0.0f);
+        if (tp_.sequence_parallel && max_T % tp_.size != 0)
+            fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T (%d) divisible by them", tp_.size, max_T));
+        engine_.set_tensor_parallel(tp);
+        acts_.assign(activation_floats(config_, max_B, max_T, tp_), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
     // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
-    static size_t activation_floats(const ModelConfig& c, int max_B, int max_T) {
-        return ActivationLayout::size_for(c, max_B, max_T) + 16;  // + slack for 64-byte alignment
+    static size_t activation_floats(const ModelConfig& c, int max_B, int max_T, const TensorParallel& tp = {}) {
+        return ActivationLayout::size_for(c, max_B, max_T, tp) + 16;  // + slack for 64-byte alignment
     }
     // Everything one rank allocates: the engine's buffers and the activations (what --plan prints).
-    static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T) {
+    static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T,
+                                                const TensorParallel& tp = {}) {
         std::vector<BufferSpec> specs = buffer_specs(zero);
-        specs.push_back({"activations", MemoryKind::Activations, activation_floats(c, max_B, max_T)});
+        specs.push_back({"activations", MemoryKind::Activations, activation_floats(c, max_B, max_T, tp)});
         return specs;
     }
 
@@ -104,25 +137,40 @@ public:
     int max_seq_len() const override { return max_T_; }
 
     // Both start a fresh model: gradients and AdamW moments are reset. Every rank passes the same
-    // seed or file and keeps its own shard.
+    // seed or file and keeps its own shard (its tensor-parallel piece, cut from the whole model).
     void init_random(uint64_t seed) override {
-        std::vector<float> full(layout_.num_params);
-        init_params(layout_, full.data(), seed);
-        reset(full);
+        std::vector<float> whole(whole_layout().num_params);
+        init_params(whole_layout(), whole.data(), seed);
+        reset(piece_of(whole));
     }
     void load(const std::string& path) override {
-        std::vector<float> full(layout_.num_params);
-        read_model_file(path, config_, full.data());
-        reset(full);
+        std::vector<float> whole(whole_layout().num_params);
+        read_model_file(path, config_, whole.data());
+        reset(piece_of(whole));
     }
-    // A collective: every rank calls it, rank 0 writes the file.
+    // A collective: every rank calls it, rank 0 of both groups writes the whole model.
     void save(const std::string& path, bool bf16 = false) override {
-        std::vector<float> full(layout_.num_params);
-        engine_.get_params(full.data());
-        if (engine_.plan().rank == 0)
-            write_model_file(path, config_, full.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
+        std::vector<float> whole(whole_layout().num_params);
+        get_whole_params(whole.data());
+        if (engine_.plan().rank == 0 && tp_.rank == 0)
+            write_model_file(path, config_, whole.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
-    void get_params(float* full) { engine_.get_params(full); }
+    // This rank's parameters in its own layout (layout()), whatever the ZeRO stage; a collective.
+    void get_params(float* local) { engine_.get_params(local); }
+    // The whole model's parameters in the whole-model layout, on every rank; a collective over both groups.
+    void get_whole_params(float* whole) {
+        std::vector<float> local(layout_.num_params);
+        engine_.get_params(local.data());
+        if (tp_.size == 1) {
+            std::copy(local.begin(), local.end(), whole);
+            return;
+        }
+        std::vector<float> pieces(local.size() * tp_.size);
+        tp_comm_.all_gather(local.data(), pieces.data(), local.size(), CommDtype::F32).wait();
+        for (int r = 0; r < tp_.size; r++)
+            copy_between_layouts(whole_layout(), whole, GPT2Params::layout(config_, {r, tp_.size}),
+                                 pieces.data() + local.size() * r, false);
+    }
 
     void zero_grad() override { engine_.zero_grad(); }
 
@@ -137,18 +185,26 @@ public:
         check_batch(inputs, targets, B, T, "evaluate");
         return forward(inputs, targets, B, T, Pass::Evaluate, 0.0f);
     }
+    // Every rank of a tensor-parallel group calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
-        check_batch(tokens, nullptr, 1, T, "next_token_logits");
-        forward(tokens, nullptr, 1, T, Pass::LastLogits, 0.0f);
-        const ActivationLayout a(config_, 1, T, activation_base());
-        std::copy(a.logits, a.logits + config_.padded_vocab_size, logits_out);
+        llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
+        // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
+        // tp. Attention is causal, so the padding cannot change the logits at position T - 1.
+        const int padded_T = (T + tp_.size - 1) / tp_.size * tp_.size;
+        std::vector<int> padded(tokens, tokens + T);
+        if (tp_.sequence_parallel) padded.resize(padded_T, 0);
+        forward(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, 0.0f, T - 1);
+        const ActivationLayout a = activations(1, (int)padded.size());
+        const size_t cols = config_.padded_vocab_size / tp_.size;
+        if (tp_.size == 1) std::copy(a.logits, a.logits + cols, logits_out);
+        else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
     }
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
         engine_.adamw_step(opt, step, grad_multiplier);
     }
-    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms() + take(tp_exposed_ms_); }
     ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
         if (kind == MemoryKind::Activations) return acts_.size() * sizeof(float);
@@ -160,23 +216,38 @@ public:
     // logits of the most recent evaluate() (after forward_backward the buffer holds dlogits).
     float* params() { return unsharded(engine_.full_params()); }
     const float* grads() { return unsharded(engine_.full_grads()); }
-    const float* logits() const { return ActivationLayout(config_, last_B_, last_T_, activation_base()).logits; }
+    const float* logits() const { return activations(last_B_, last_T_).logits; }
 
 private:
     static const ModelConfig& validated(const ModelConfig& c) {
         c.validate();
         return c;
     }
+    static double take(double& ms) {
+        const double t = ms;
+        ms = 0;
+        return t;
+    }
     // The activation buffer rounded up to a 64-byte boundary (acts_ has 16 floats of slack).
     float* activation_base() const {
         const uintptr_t p = reinterpret_cast<uintptr_t>(acts_.data());
         return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
     }
+    ActivationLayout activations(int B, int T) const { return ActivationLayout(config_, B, T, activation_base(), tp_); }
     template <typename T>
     T* unsharded(T* p) {
-        if (engine_.plan().world_size != 1 || engine_.plan().stage != 0)
-            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank)");
+        if (engine_.plan().world_size != 1 || engine_.plan().stage != 0 || tp_.size != 1)
+            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor parallelism)");
         return p;
+    }
+
+    // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
+    const ParamLayout& whole_layout() const { return tp_.size == 1 ? layout_ : whole_layout_; }
+    std::vector<float> piece_of(std::vector<float>& whole) const {
+        if (tp_.size == 1) return std::move(whole);
+        std::vector<float> piece(layout_.num_params);
+        copy_between_layouts(whole_layout(), whole.data(), layout_, piece.data(), true);
+        return piece;
     }
 
     // Parameters and gradients are reached only through the bucket view (zero.h), so the model
@@ -185,61 +256,148 @@ private:
     float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
     void release_all() { buckets_.release_all(); }
 
-    void reset(const std::vector<float>& full) {
-        engine_.set_params(full.data());
+    void reset(const std::vector<float>& local) {
+        engine_.set_params(local.data());
         engine_.reset_optimizer();
     }
 
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
         llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
+        if (tp_.sequence_parallel && (B * T) % tp_.size != 0)
+            fail(strformat("%s: sequence parallelism needs B*T = %d*%d divisible by the %d tensor-parallel ranks", who,
+                           B, T, tp_.size));
+    }
+
+    // ---- tensor parallelism: the four collectives of the tensor-parallel group ----
+    // With one rank each is the identity, so the model below is one code path for every tp.
+
+    void tp_wait(CommHandle h) {
+        h.wait();
+        tp_exposed_ms_ += h.wait_ms();
+    }
+    // All B x T rows of a tensor of `C` columns this rank holds `rows` of (its block under sequence
+    // parallelism, gathered into `full`; otherwise already whole).
+    const float* gather_rows(const float* mine, float* full, int BT, int C) {
+        if (!tp_.sequence_parallel) return mine;
+        tp_wait(tp_comm_.all_gather(mine, full, (size_t)tp_.rows(BT) * C, CommDtype::F32));
+        return full;
+    }
+    // Sums the group's partial products (B x T rows of C) and returns this rank's rows of the sum:
+    // reduce-scattered into `mine` under sequence parallelism, else all-reduced in place.
+    const float* reduce_rows(float* partial, float* mine, int BT, int C) {
+        if (tp_.size == 1) return partial;
+        if (!tp_.sequence_parallel) {
+            tp_wait(tp_comm_.all_reduce_sum(partial, (size_t)BT * C, CommDtype::F32));
+            return partial;
+        }
+        tp_wait(tp_comm_.reduce_scatter_sum(partial, mine, (size_t)tp_.rows(BT) * C, CommDtype::F32));
+        return mine;
+    }
+    // out = base + inp W^T + bias for a row-parallel product (W cut by input columns, inp this
+    // rank's columns of every row): each rank's product is a partial sum, reduced over the group
+    // before the bias and the residual `base` (this rank's rows) are added.
+    void row_parallel_forward(const ActivationLayout& a, float* out, const float* inp, const float* weight,
+                              const float* bias, const float* base, int BT, int IC, int C) {
+        if (tp_.size == 1) {
+            cpu::matmul_forward(out, inp, weight, bias, base, BT, IC, C);
+            return;
+        }
+        cpu::matmul_forward(a.partial, inp, weight, nullptr, nullptr, BT, IC, C);
+        const float* sum = reduce_rows(a.partial, out, BT, C);
+        const int n = tp_.rows(BT);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < C; c++) out[(size_t)r * C + c] = base[(size_t)r * C + c] + sum[(size_t)r * C + c] + bias[c];
+    }
+    // The first vocabulary row this rank holds, and how many of its rows are real tokens.
+    int vocab_begin() const { return tp_.rank * (config_.padded_vocab_size / tp_.size); }
+    int vocab_real() const {
+        return std::clamp(config_.vocab_size - vocab_begin(), 0, config_.padded_vocab_size / tp_.size);
+    }
+    // Where a layer's LayerNorm weight gradients accumulate: straight into the gradient buffer, or,
+    // under sequence parallelism (each rank saw only its rows, so each holds a partial sum), into a
+    // scratch that finish_layernorm_grads sums over the group and adds in.
+    float* layernorm_grad(const ActivationLayout& a, int tensor, int layer, int slot) {
+        return tp_.sequence_parallel ? a.dln_weights + (size_t)slot * config_.channels : grad(tensor, layer);
+    }
+    void start_layernorm_grads(const ActivationLayout& a) {
+        if (tp_.sequence_parallel) std::fill(a.dln_weights, a.dln_weights + 4 * (size_t)config_.channels, 0.0f);
+    }
+    void finish_layernorm_grads(const ActivationLayout& a, std::initializer_list<std::pair<int, int>> tensors) {
+        if (!tp_.sequence_parallel) return;
+        const size_t C = config_.channels;
+        tp_wait(tp_comm_.all_reduce_sum(a.dln_weights, tensors.size() * C, CommDtype::F32));
+        int slot = 0;
+        for (auto [tensor, layer] : tensors) {
+            float* g = grad(tensor, layer);
+            const float* d = a.dln_weights + slot++ * C;
+            for (size_t c = 0; c < C; c++) g[c] += d[c];
+        }
     }
 
     // What a forward pass leaves behind: the loss and logits (Evaluate), the loss and dlogits
-    // scaled by grad_scale, ready for backward() (Train), or only the last position's logits.
+    // scaled by grad_scale, ready for backward() (Train), or only row logits_row's logits.
     enum class Pass { Evaluate, Train, LastLogits };
 
     // Runs the forward pass on a checked batch; returns the mean loss (0 for LastLogits).
-    float forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale) {
+    float forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale,
+                  int logits_row = 0) {
         last_B_ = B;
         last_T_ = T;
-        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
-        const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
-        const ActivationLayout a(config_, B, T, activation_base());
+        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads / tp_.size;
+        const int Cl = C / tp_.size, V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T;
+        const int n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's token rows
+        const ActivationLayout a = activations(B, T);
         using P = GPT2Params;
         buckets_.acquire_resident();
-        cpu::encoder_forward(a.encoded, inputs, param(P::WTE), param(P::WPE), B, T, C);
+        if (tp_.size == 1) {
+            cpu::encoder_forward(a.encoded, inputs, param(P::WTE), param(P::WPE), B, T, C);
+        } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
+            cpu::embedding_forward_range(a.partial, inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C);
+            cpu::add_positions(a.encoded, reduce_rows(a.partial, a.encoded, BT, C), param(P::WPE), row0, n, T, C);
+        }
         for (int l = 0; l < L; l++) {
             buckets_.enter_layer(l, Walk::Forward);
-            const size_t lc = (size_t)l * BT * C;
-            const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
-            cpu::layernorm_forward(a.ln1 + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
-                                   param(P::LN1W, l), param(P::LN1B, l), BT, C);
-            cpu::matmul_forward(a.qkv + 3 * lc, a.ln1 + lc, param(P::QKVW, l), param(P::QKVB, l), nullptr, BT, C,
-                                3 * C);
-            cpu::attention_forward(a.atty + lc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * lc, B, T, C, NH);
-            cpu::matmul_forward(a.residual2 + lc, a.atty + lc, param(P::ATTPROJW, l), param(P::ATTPROJB, l), residual,
-                                BT, C, C);
-            cpu::layernorm_forward(a.ln2 + lc, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, a.residual2 + lc,
-                                   param(P::LN2W, l), param(P::LN2B, l), BT, C);
-            cpu::matmul_forward(a.fch + 4 * lc, a.ln2 + lc, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C,
-                                4 * C);
-            cpu::gelu_forward(a.fch_gelu + 4 * lc, a.fch + 4 * lc, (size_t)BT * 4 * C);
-            cpu::matmul_forward(a.residual3 + lc, a.fch_gelu + 4 * lc, param(P::FCPROJW, l),
-                                param(P::FCPROJB, l), a.residual2 + lc, BT, 4 * C, C);
+            const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;  // this layer's slices
+            const float* residual = l == 0 ? a.encoded : a.residual3 + nc - (size_t)n * C;
+            cpu::layernorm_forward(a.ln1 + nc, a.ln1_mean + l * n, a.ln1_rstd + l * n, residual, param(P::LN1W, l),
+                                   param(P::LN1B, l), n, C);
+            cpu::matmul_forward(a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
+                                param(P::QKVB, l), nullptr, BT, C, 3 * Cl);
+            cpu::attention_forward(a.atty + bc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+            row_parallel_forward(a, a.residual2 + nc, a.atty + bc, param(P::ATTPROJW, l), param(P::ATTPROJB, l),
+                                 residual, BT, Cl, C);
+            cpu::layernorm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc,
+                                   param(P::LN2W, l), param(P::LN2B, l), n, C);
+            cpu::matmul_forward(a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
+                                param(P::FCB, l), nullptr, BT, C, 4 * Cl);
+            cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
+            row_parallel_forward(a, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
+                                 param(P::FCPROJB, l), a.residual2 + nc, BT, 4 * Cl, C);
             buckets_.leave_layer(l, Walk::Forward);
         }
-        cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * BT * C,
-                               param(P::LNFW), param(P::LNFB), BT, C);
+        cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * n * C,
+                               param(P::LNFW), param(P::LNFB), n, C);
+        const float* lnf = gather_rows(a.lnf, a.full, BT, C);
         if (pass == Pass::LastLogits) {
-            cpu::matmul_forward(a.logits, a.lnf + (size_t)(BT - 1) * C, param(P::WTE), nullptr, nullptr, 1, C, Vp);
+            cpu::matmul_forward(a.logits, lnf + (size_t)logits_row * C, param(P::WTE), nullptr, nullptr, 1, C, Vl);
             release_all();
             return 0.0f;
         }
-        cpu::matmul_forward(a.logits, a.lnf, param(P::WTE), nullptr, nullptr, BT, C, Vp);
+        cpu::matmul_forward(a.logits, lnf, param(P::WTE), nullptr, nullptr, BT, C, Vl);
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
         if (pass != Pass::Train) release_all();
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
-        cpu::crossentropy(a.row_loss, a.logits, targets, pass == Pass::Train, grad_scale / BT, BT, V, Vp);
+        const bool train = pass == Pass::Train;
+        if (tp_.size == 1) {
+            cpu::crossentropy(a.row_loss, a.logits, targets, train, grad_scale / BT, BT, V, Vl);
+        } else {  // vocabulary-parallel: only each row's max, sum of exponentials and target logit travel
+            float* mine = a.ce_stats + (size_t)tp_.rank * BT * 3;
+            cpu::crossentropy_local_stats(mine, a.logits, targets, BT, vocab_begin(), vocab_real(), Vl);
+            tp_wait(tp_comm_.all_gather(mine, a.ce_stats, (size_t)BT * 3, CommDtype::F32));
+            cpu::crossentropy_from_stats(a.row_loss, a.logits, targets, a.ce_stats, tp_.size, train, grad_scale / BT,
+                                         BT, vocab_begin(), vocab_real(), Vl);
+        }
         double total = 0.0;
         for (int r = 0; r < BT; r++) total += a.row_loss[r];
         return (float)(total / BT);
@@ -248,45 +406,58 @@ private:
     // Backward of the Pass::Train forward that just ran on the same batch, starting from the
     // dlogits it left in the logits buffer; parameter gradients accumulate. Each bucket is handed to
     // the engine (grads_ready) as soon as its gradient is complete, so its communication overlaps
-    // the rest of backward.
+    // the rest of backward. Under tensor parallelism each column-parallel product's input gradient
+    // is a partial sum, reduced over the group (reduce_rows), and each row-parallel product's output
+    // gradient is gathered to all rows first (gather_rows), the mirror of the forward.
     void backward(const int* inputs, int B, int T, bool last_micro_batch) {
-        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
-        const int Vp = config_.padded_vocab_size, BT = B * T;
-        const ActivationLayout a(config_, B, T, activation_base());
+        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads / tp_.size;
+        const int Cl = C / tp_.size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
+        const ActivationLayout a = activations(B, T);
         using P = GPT2Params;
         const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
         buckets_.take_grads(embedding);
         buckets_.take_grads(final_norm);
         float* dlogits = a.logits;
-        cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, a.lnf, param(P::WTE), BT, C, Vp);
-        std::fill(a.dresidual, a.dresidual + (size_t)BT * C, 0.0f);
-        cpu::layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.dC,
-                                a.residual3 + (size_t)(L - 1) * BT * C, param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C);
+        cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, gather_rows(a.lnf, a.full, BT, C), param(P::WTE),
+                             BT, C, Vl);
+        std::fill(a.dresidual, a.dresidual + (size_t)n * C, 0.0f);
+        start_layernorm_grads(a);
+        cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
+                                reduce_rows(a.dC, a.dln, BT, C), a.residual3 + (size_t)(L - 1) * n * C, param(P::LNFW),
+                                a.lnf_mean, a.lnf_rstd, n, C);
+        finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
         buckets_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
             buckets_.enter_layer(l, Walk::Backward);
-            const size_t lc = (size_t)l * BT * C;
-            const float* residual = l == 0 ? a.encoded : a.residual3 + lc - (size_t)BT * C;
+            const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
+            const float* residual = l == 0 ? a.encoded : a.residual3 + nc - (size_t)n * C;
+            start_layernorm_grads(a);
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
-            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual, a.fch_gelu + 4 * lc,
-                                 param(P::FCPROJW, l), BT, 4 * C, C);
-            cpu::gelu_backward(a.d4C, a.fch + 4 * lc, (size_t)BT * 4 * C);
-            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2 + lc, param(P::FCW, l), BT, C,
-                                 4 * C);
-            cpu::layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.dC,
-                                    a.residual2 + lc, param(P::LN2W, l), a.ln2_mean + l * BT,
-                                    a.ln2_rstd + l * BT, BT, C);
+            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
+                                 gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
+                                 BT, 4 * Cl, C);
+            cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
+            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, gather_rows(a.ln2 + nc, a.full, BT, C),
+                                 param(P::FCW, l), BT, C, 4 * Cl);
+            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN2W, l, 0), layernorm_grad(a, P::LN2B, l, 1),
+                                    reduce_rows(a.dC, a.dln, BT, C), a.residual2 + nc, param(P::LN2W, l),
+                                    a.ln2_mean + l * n, a.ln2_rstd + l * n, n, C);
             // dresidual is now d(residual2[l]); the attention projection reads atty
-            cpu::matmul_backward(a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual, a.atty + lc,
-                                 param(P::ATTPROJW, l), BT, C, C);
-            cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * lc, B, T, C, NH);
-            cpu::matmul_backward(a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1 + lc, param(P::QKVW, l), BT,
-                                 C, 3 * C);
-            cpu::layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.dC, residual,
-                                    param(P::LN1W, l), a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+            cpu::matmul_backward(a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l),
+                                 gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P::ATTPROJW, l), BT, Cl,
+                                 C);
+            cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+            cpu::matmul_backward(a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C,
+                                 gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l), BT, C, 3 * Cl);
+            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
+                                    reduce_rows(a.dC, a.dln, BT, C), residual, param(P::LN1W, l), a.ln1_mean + l * n,
+                                    a.ln1_rstd + l * n, n, C);
+            finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
-        cpu::encoder_backward(grad(P::WTE), grad(P::WPE), a.dresidual, inputs, B, T, C);
+        // The embedding: this rank's vocabulary rows of wte; wpe whole (from all rows, the same on every rank).
+        cpu::encoder_backward(grad(P::WTE), grad(P::WPE), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T, C,
+                              vocab_begin(), vocab_begin() + Vl);
         buckets_.grads_ready(embedding, last_micro_batch);
         engine_.finish_backward();
         release_all();
@@ -294,9 +465,13 @@ private:
 
 
     ModelConfig config_;
-    ParamLayout layout_;
+    Communicator& tp_comm_;
+    TensorParallel tp_;
+    ParamLayout layout_;  // this rank's piece (the whole model without tensor parallelism)
+    ParamLayout whole_layout_{GPT2Params::table(config_)};
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;
+    double tp_exposed_ms_ = 0;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way

@@ -42,27 +42,33 @@ struct GPT2Params {
         ParamTable t;
         t.num_layers = c.num_layers;
         t.groups = {{"embeddings", false, true}, {"layers", true, false}, {"final norm", false, true}};
+        // Tensor parallelism (Megatron-LM): the products that read the LayerNorm's output are cut by
+        // output rows (qkv by heads, in each of its q, k, v blocks; the first MLP matrix), the ones that
+        // write back into the residual stream by input columns, and the tied embedding by vocabulary
+        // rows. LayerNorms, wpe and the biases of the column-cut products are replicas.
+        const TensorSplit rows{TensorSplit::Rows, 1}, qkv_rows{TensorSplit::Rows, 3}, cols{TensorSplit::Cols, 1};
         t.tensors = {
-            {"wte", {Vp, C}, EMBEDDINGS, true, normal(weight_std, (size_t)c.vocab_size * C)},
+            {"wte", {Vp, C}, EMBEDDINGS, true, normal(weight_std, (size_t)c.vocab_size * C), rows},
             {"wpe", {maxT, C}, EMBEDDINGS, true, normal(weight_std)},
             {"ln1w", {C}, LAYERS, false, ones},
             {"ln1b", {C}, LAYERS, false, zeros},
-            {"qkvw", {3 * C, C}, LAYERS, true, normal(weight_std)},
-            {"qkvb", {3 * C}, LAYERS, false, zeros},
-            {"attprojw", {C, C}, LAYERS, true, normal(residual_std)},
+            {"qkvw", {3 * C, C}, LAYERS, true, normal(weight_std), qkv_rows},
+            {"qkvb", {3 * C}, LAYERS, false, zeros, qkv_rows},
+            {"attprojw", {C, C}, LAYERS, true, normal(residual_std), cols},
             {"attprojb", {C}, LAYERS, false, zeros},
             {"ln2w", {C}, LAYERS, false, ones},
             {"ln2b", {C}, LAYERS, false, zeros},
-            {"fcw", {4 * C, C}, LAYERS, true, normal(weight_std)},
-            {"fcb", {4 * C}, LAYERS, false, zeros},
-            {"fcprojw", {C, 4 * C}, LAYERS, true, normal(residual_std)},
+            {"fcw", {4 * C, C}, LAYERS, true, normal(weight_std), rows},
+            {"fcb", {4 * C}, LAYERS, false, zeros, rows},
+            {"fcprojw", {C, 4 * C}, LAYERS, true, normal(residual_std), cols},
             {"fcprojb", {C}, LAYERS, false, zeros},
             {"lnfw", {C}, FINAL_NORM, false, ones},
             {"lnfb", {C}, FINAL_NORM, false, zeros},
         };
         return t;
     }
-    static ParamLayout layout(const ModelConfig& c) { return ParamLayout(table(c)); }
+    // The whole model's layout, or tensor-parallel rank tp.rank's piece of it.
+    static ParamLayout layout(const ModelConfig& c, TpShard tp = {}) { return ParamLayout(table(c), tp); }
 };
 
 inline size_t num_params(const ModelConfig& c) { return GPT2Params::layout(c).num_params; }
