@@ -374,10 +374,12 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
                       "the data-parallel ones)",
                       cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens));
     cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
-    require(cfg.tp == 1 || !cfg.sequence_parallel || (long long)cfg.batch_size * cfg.seq_len % cfg.tp == 0,
-            strformat("--sp 1 splits each micro-batch's B*T = %d*%d tokens over --tp %d ranks, which does not divide "
-                      "them (change -b or -t, or --sp 0)",
-                      cfg.batch_size, cfg.seq_len, cfg.tp));
+    // Sequence parallelism cuts each micro-batch's B*T token rows into tp blocks; with T divisible,
+    // any sequence (sampling pads to a multiple of tp) can be cut too.
+    require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len % cfg.tp == 0,
+            strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d divisible by "
+                      "them (change -t, or --sp 0)",
+                      cfg.tp, cfg.seq_len));
 
     require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d", cfg.steps));
     require(cfg.lr > 0, strformat("-l (lr) must be positive, got %g", cfg.lr));

@@ -17,7 +17,8 @@ struct MemoryPlan {
     std::vector<BufferSpec> buffers;                 // everything, activations included
     size_t bytes[(int)MemoryKind::Count] = {};       // per category, per rank
     double flops_per_step = 0;                       // forward + backward, all ranks together
-    double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step (ring algorithms)
+    double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step in its data-parallel group (ring algorithms)
+    double tp_comm_bytes_per_rank = 0;               // and in its tensor-parallel group
     size_t snapshot_bytes = 0;                       // host memory for checkpoint snapshots (with -n), per rank
     size_t total_bytes() const {
         size_t total = 0;
@@ -25,6 +26,25 @@ struct MemoryPlan {
         return total;
     }
 };
+
+// Bytes one rank sends in its tensor-parallel group per micro-batch (forward and backward), as the
+// CPU model (gpt2_cpu.h) communicates: with sequence parallelism, per layer 6 all-gathers and 4
+// reduce-scatters of the B x T x C activations (forward: gather before qkv and fc, reduce-scatter
+// after the two projections; backward: the mirror, with the LayerNorm outputs gathered again) plus
+// the embedding's, the final norm's and the LayerNorm weight gradients' all-reduce; without it, 4
+// all-reduces per layer. Either way each row's cross-entropy statistics (3 floats) are all-gathered.
+inline double tensor_parallel_comm_bytes(const RunConfig& cfg) {
+    const double tp = cfg.dims.tp;
+    if (tp <= 1) return 0;
+    const ModelConfig& m = cfg.model_config;
+    const double L = m.num_layers, C = m.channels, activation = (double)cfg.batch_size * cfg.seq_len * C * sizeof(float);
+    const double share = (tp - 1) / tp;  // of a gathered or scattered buffer, what one rank sends in a ring
+    const double stats = (tp - 1) * (double)cfg.batch_size * cfg.seq_len * 3 * sizeof(float);
+    if (!cfg.sequence_parallel) return (4 * L + 2) * 2 * share * activation + stats;
+    const double gathers = 6 * L + 3, scatters = 4 * L + 2;
+    const double layernorm_grads = 2 * share * (4 * L + 2) * C * sizeof(float);
+    return (gathers + scatters) * share * activation + layernorm_grads + stats;
+}
 
 // buffers: everything the model allocates per rank (its own size function's list); precision: how
 // its parameters travel in the all-gathers (gradients are reduced in fp32 by both models).
@@ -48,6 +68,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 2: plan.comm_bytes_per_rank = accum * grads + params; break;         // a reduce-scatter per micro-batch
     case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
     }
+    plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg) * accum;
     return plan;
 }
 
@@ -60,10 +81,13 @@ inline std::string format_bytes(double bytes) {
 inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero, const MemoryPlan& plan,
                                       const char* model_kind) {
     const ModelConfig& m = cfg.model_config;
+    const std::string mesh = cfg.dims.tp > 1 ? strformat("dp %d x tp %d ranks (sequence parallel %s)", cfg.dims.dp,
+                                                         cfg.dims.tp, cfg.sequence_parallel ? "on" : "off")
+                                             : strformat("%d rank(s)", zero.world_size);
     std::string out = strformat(
-        "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %d rank(s), ZeRO-%d, %s\n",
-        cfg.model.c_str(), num_params(m) / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps,
-        zero.world_size, zero.stage, model_kind);
+        "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %s, ZeRO-%d, %s\n",
+        cfg.model.c_str(), num_params(m) / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps, mesh.c_str(),
+        zero.stage, model_kind);
     for (int k = 0; k < (int)MemoryKind::Count; k++) {
         out += strformat("  %-16s %12s\n", memory_kind_name((MemoryKind)k), format_bytes(plan.bytes[k]).c_str());
         for (const BufferSpec& b : plan.buffers)
@@ -75,8 +99,14 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     if (plan.snapshot_bytes > 0)
         out += strformat("  plus %s of host memory for checkpoint snapshots (-n; pinned on a GPU)\n",
                          format_bytes((double)plan.snapshot_bytes).c_str());
-    out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
-                     plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
+    if (cfg.dims.tp > 1)
+        out += strformat("per optimizer step: %.1f TFLOP over all ranks; each rank sends %s in its data-parallel group "
+                         "and %s in its tensor-parallel group\n",
+                         plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str(),
+                         format_bytes(plan.tp_comm_bytes_per_rank).c_str());
+    else
+        out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
+                         plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
     return out;
 }
 

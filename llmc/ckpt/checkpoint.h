@@ -500,6 +500,7 @@ private:
             Manifest m;
             m.step = t.step;
             m.world_size = (int)outcomes.size();
+            m.tp = cfg_.dims.tp;
             m.zero_stage = cfg_.zero_stage;
             m.model = cfg_.model_config;
             m.run_config = run_config_;
@@ -583,25 +584,22 @@ public:
         return false;
     }
 
-    // Fills out[0, r.size()) with flat elements r of buffer `name`, as fp32.
+    // Fills out[0, r.size()) with flat elements r of buffer `name`, as fp32. Each piece of the
+    // range is a run of a global tensor (several, strided, for a tensor-parallel piece), and each
+    // run is assembled from whichever slices of whichever files overlap it.
     void read(const std::string& name, FlatRange r, float* out) {
-        const auto& index = index_for(name);
-        for (const TensorPiece& p : tensor_pieces(layout_, r)) {
-            const std::vector<Entry>& entries = index[tensor_of_manifest_[p.tensor]];
-            size_t covered = 0;
-            // Entries are sorted by begin; the first that might overlap ends after p.begin.
-            auto it = std::upper_bound(entries.begin(), entries.end(), p.begin,
-                                       [](size_t x, const Entry& e) { return x < e.slice.end; });
-            for (; it != entries.end() && it->slice.begin < p.end; ++it) {
-                const uint64_t lo = std::max<uint64_t>(p.begin, it->slice.begin);
-                const uint64_t hi = std::min<uint64_t>(p.end, it->slice.end);
-                read_elements(*it, lo, hi - lo, out + (p.flat_begin - r.begin) + (lo - p.begin));
-                covered += hi - lo;
+        const Index& index = index_for(name);
+        for (const TensorPiece& p : tensor_pieces(layout_, r))
+            for (size_t k = 0; k < p.runs(); k++) {
+                const uint64_t lo = p.begin + k * p.stride, hi = lo + p.run_length();
+                float* dst = out + (p.flat_begin - r.begin) + k * p.run_length();
+                const uint64_t covered = read_run(index[tensor_of_manifest_[p.tensor]], lo, hi, dst);
+                if (covered != hi - lo)
+                    fail(strformat("checkpoint '%s': the files hold %llu of elements [%llu, %llu) of %s's '%s'; "
+                                   "expected each exactly once",
+                                   dir_.c_str(), (unsigned long long)covered, (unsigned long long)lo,
+                                   (unsigned long long)hi, name.c_str(), layout_.name(p.tensor).c_str()));
             }
-            if (covered != p.end - p.begin)
-                fail(strformat("checkpoint '%s': the files hold %zu of elements [%zu, %zu) of %s's '%s'; expected all",
-                               dir_.c_str(), covered, p.begin, p.end, name.c_str(), layout_.name(p.tensor).c_str()));
-        }
     }
 
 private:
@@ -610,32 +608,63 @@ private:
         StateDtype dtype;
         ManifestSlice slice;
     };
+    // Per manifest tensor, the slices of one buffer in every file sorted by begin, and for each
+    // position the largest end among the slices up to it (slices of tensor-parallel pieces interleave).
+    struct TensorIndex {
+        std::vector<Entry> entries;
+        std::vector<uint64_t> max_end;
+    };
+    using Index = std::vector<TensorIndex>;
 
-    // Per manifest tensor, the slices of buffer `name` in every file, sorted by begin.
-    const std::vector<std::vector<Entry>>& index_for(const std::string& name) {
+    const Index& index_for(const std::string& name) {
         auto it = index_.find(name);
         if (it != index_.end()) return it->second;
-        std::vector<std::vector<Entry>> index(manifest_.tensors.size());
+        Index index(manifest_.tensors.size());
         for (size_t f = 0; f < manifest_.files.size(); f++)
             for (const ManifestBuffer& b : manifest_.files[f].buffers)
                 if (b.name == name)
-                    for (const ManifestSlice& s : b.slices) index[s.tensor].push_back({(int)f, b.dtype, s});
-        for (auto& entries : index) {
-            std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.slice.begin < b.slice.begin; });
-            for (size_t i = 1; i < entries.size(); i++)
-                if (entries[i].slice.begin < entries[i - 1].slice.end)
-                    fail(strformat("checkpoint '%s': two files hold overlapping slices of one tensor of '%s'",
-                                   dir_.c_str(), name.c_str()));
+                    for (const ManifestSlice& s : b.slices) index[s.tensor].entries.push_back({(int)f, b.dtype, s});
+        for (TensorIndex& t : index) {
+            std::sort(t.entries.begin(), t.entries.end(),
+                      [](const Entry& a, const Entry& b) { return a.slice.begin < b.slice.begin; });
+            uint64_t max_end = 0;
+            for (const Entry& e : t.entries) t.max_end.push_back(max_end = std::max(max_end, e.slice.end));
         }
         return index_[name] = std::move(index);
     }
 
+    // Reads the elements of [lo, hi) that the tensor's slices hold into dst[0, hi - lo); returns how
+    // many it read (hi - lo when every element is held exactly once; more means overlapping slices).
+    uint64_t read_run(const TensorIndex& t, uint64_t lo, uint64_t hi, float* dst) {
+        uint64_t covered = 0;
+        // The slices that may overlap begin before hi; walking down from the last of them, none
+        // before position i reaches lo once max_end[i] <= lo.
+        size_t i = std::lower_bound(t.entries.begin(), t.entries.end(), hi,
+                                    [](const Entry& e, uint64_t x) { return e.slice.begin < x; }) - t.entries.begin();
+        while (i-- > 0 && t.max_end[i] > lo) {
+            const ManifestSlice& s = t.entries[i].slice;
+            if (s.end <= lo) continue;
+            // the slice's runs that overlap [lo, hi), with their position in the slice's stored data
+            const uint64_t first = s.strided() && lo > s.begin ? (lo - s.begin) / s.stride : 0;
+            for (uint64_t k = first; k < s.runs(); k++) {
+                const uint64_t run_begin = s.begin + k * (s.strided() ? s.stride : 0);
+                if (run_begin >= hi) break;
+                const uint64_t a = std::max(lo, run_begin), b = std::min(hi, run_begin + s.run_length());
+                if (a >= b) continue;
+                read_elements(t.entries[i], k * s.run_length() + (a - run_begin), b - a, dst + (a - lo));
+                covered += b - a;
+            }
+        }
+        return covered;
+    }
+
+    // n elements of the entry's stored data from element `first` of it on, as fp32.
     void read_elements(const Entry& e, uint64_t first, uint64_t n, float* out) {
         const ManifestFile& file = manifest_.files[e.file];
         auto& f = files_[e.file];
         if (!f) f = std::make_unique<File>(dir_ + "/" + file.path, "rb");
         const size_t elem = state_dtype_bytes(e.dtype);
-        f->seek((int64_t)(e.slice.byte_offset + (first - e.slice.begin) * elem));
+        f->seek((int64_t)(e.slice.byte_offset + first * elem));
         if (e.dtype == StateDtype::F32) {
             f->read(out, n, "checkpoint data");
         } else {
@@ -649,7 +678,7 @@ private:
     const Manifest& manifest_;
     const ParamLayout& layout_;
     std::vector<int> tensor_of_manifest_;  // per layout tensor
-    std::map<std::string, std::vector<std::vector<Entry>>> index_;
+    std::map<std::string, Index> index_;
     std::map<int, std::unique_ptr<File>> files_;
 };
 
@@ -843,7 +872,7 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
 
 // Refuses a checkpoint this run cannot continue exactly: another model shape, seed, window size
 // (B*T), total batch or shuffling. The message names the field and both values. Steps, learning
-// rate, intervals, world size and ZeRO stage may change.
+// rate, intervals, world size, tensor-parallel split and ZeRO stage may change.
 inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) {
     auto refuse = [&](const char* field, const std::string& theirs, const std::string& ours) {
         fail(strformat("cannot resume from '%s': its %s is %s but this run's is %s", p.dir.c_str(), field,

@@ -6,8 +6,10 @@
 // offset, with the tensor's global row-major layout as the coordinate system (a per-layer tensor
 // is one tensor with the layers as its leading dimension, as in llm.c's model file). Nothing in it
 // depends on how the writing run cut its buffers, so a reader with any other cut (world size, ZeRO
-// stage; later a tensor split across ranks) assembles its part from the same description, and a new
-// layout is new data, not a new format. README.md ("Checkpoints") documents every field.
+// stage, tensor-parallel split) assembles its part from the same description. A tensor-parallel
+// rank's piece of a column-split matrix is a strided slice: runs of `run` elements `stride` apart
+// (format version 2; version 1 had contiguous slices only and is still read). README.md
+// ("Checkpoints") documents every field.
 #pragma once
 
 #include <algorithm>
@@ -28,14 +30,21 @@
 
 namespace llmc {
 
-inline constexpr int CHECKPOINT_FORMAT_VERSION = 1;
+inline constexpr int CHECKPOINT_FORMAT_VERSION = 2;
+inline constexpr int CHECKPOINT_OLDEST_FORMAT_VERSION = 1;  // the oldest this build reads
 inline constexpr const char* CHECKPOINT_FORMAT = "llmc-checkpoint";
 
-// Elements [begin, end) of tensor `tensor` (global row-major index), stored from byte `byte_offset`
-// of the file on.
+// Elements of tensor `tensor` (global row-major index) stored back to back from byte `byte_offset`
+// of the file on: [begin, end) when contiguous (run 0), else runs of `run` elements starting
+// `stride` apart from begin on, the last ending at end.
 struct ManifestSlice {
     int tensor;  // index into Manifest::tensors
     uint64_t begin, end, byte_offset;
+    uint64_t run = 0, stride = 0;
+    bool strided() const { return run != 0; }
+    uint64_t runs() const { return strided() ? (end - begin - run) / stride + 1 : 1; }
+    uint64_t run_length() const { return strided() ? run : end - begin; }
+    uint64_t elements() const { return runs() * run_length(); }
 };
 struct ManifestBuffer {
     std::string name;  // shard_state.h's STATE_* names
@@ -63,6 +72,7 @@ struct Manifest {
     int format_version = CHECKPOINT_FORMAT_VERSION;
     int step = 0;             // optimizer steps done
     int world_size = 1;       // of the run that wrote it
+    int tp = 1;               // its tensor-parallel ranks (its data-parallel ones: world_size / tp)
     int zero_stage = 0;
     ModelConfig model;
     nlohmann::json run_config;  // the writing run's config.json
@@ -85,11 +95,17 @@ inline std::vector<ManifestTensor> manifest_tensors(const ParamLayout& layout) {
     return out;
 }
 
-// A flat range cut at tensor boundaries: elements [begin, end) of tensor `tensor` (global index)
-// are flat elements [flat_begin, flat_begin + end - begin).
+// A flat range cut at tensor boundaries and, for a tensor-parallel piece, at the runs of the whole
+// tensor it holds: flat elements [flat_begin, flat_begin + size()) are elements [begin, end) of
+// tensor `tensor` (global index), or, when strided (run != 0), runs of `run` elements starting
+// `stride` apart from begin on.
 struct TensorPiece {
     int tensor;
     size_t begin, end, flat_begin;
+    size_t run = 0, stride = 0;
+    size_t runs() const { return run ? (end - begin - run) / stride + 1 : 1; }
+    size_t run_length() const { return run ? run : end - begin; }
+    size_t size() const { return runs() * run_length(); }
 };
 inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRange r) {
     std::vector<TensorPiece> out;
@@ -99,8 +115,16 @@ inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRan
                                [](size_t x, const ParamLayout::Segment& s) { return x < s.end; });
     for (; it != segs.end() && it->begin < r.end; ++it) {
         const size_t lo = std::max(r.begin, it->begin), hi = std::min(r.end, it->end);
-        const size_t global = (size_t)it->layer * layout.tensor_size(it->tensor) + (lo - it->begin);
-        out.push_back({it->tensor, global, global + (hi - lo), lo});
+        const size_t layer_base = (size_t)it->layer * layout.global_tensor_size(it->tensor);
+        for (const SplitRun& run : layout.split_runs(it->tensor, lo - it->begin, hi - it->begin)) {
+            const size_t begin = layer_base + run.global;
+            TensorPiece p{it->tensor, begin, begin + (run.count - 1) * run.stride + run.run, it->begin + run.local};
+            if (run.count > 1) {
+                p.run = run.run;
+                p.stride = run.stride;
+            }
+            out.push_back(p);
+        }
     }
     return out;
 }
@@ -117,8 +141,13 @@ inline ManifestFile describe_rank_file(const ParamLayout& layout, const std::vec
         ManifestBuffer mb{b.name, b.dtype, {}};
         for (const FlatRange& r : owned)
             for (const TensorPiece& p : tensor_pieces(layout, r)) {
-                mb.slices.push_back({p.tensor, p.begin, p.end, at});
-                at += (p.end - p.begin) * state_dtype_bytes(b.dtype);
+                // Every rank of a tensor-parallel group holds the replicated tensors (LayerNorms,
+                // wpe, some biases) whole and equal; the file keeps this rank's copy where its
+                // snapshot put it, but only tensor rank 0's copy is listed, so each element is
+                // described once.
+                if (layout.tp().rank == 0 || layout.is_split(p.tensor))
+                    mb.slices.push_back({p.tensor, p.begin, p.end, at, p.run, p.stride});
+                at += p.size() * state_dtype_bytes(b.dtype);
             }
         f.buffers.push_back(std::move(mb));
     }
@@ -137,7 +166,10 @@ inline nlohmann::json file_json(const ManifestFile& f, const std::vector<Manifes
     nlohmann::json buffers = nlohmann::json::array();
     for (const ManifestBuffer& b : f.buffers) {
         nlohmann::json slices = nlohmann::json::array();
-        for (const ManifestSlice& s : b.slices) slices.push_back({tensors[s.tensor].name, s.begin, s.end, s.byte_offset});
+        for (const ManifestSlice& s : b.slices) {
+            if (s.strided()) slices.push_back({tensors[s.tensor].name, s.begin, s.end, s.byte_offset, s.run, s.stride});
+            else slices.push_back({tensors[s.tensor].name, s.begin, s.end, s.byte_offset});
+        }
         buffers.push_back({{"name", b.name}, {"dtype", state_dtype_name(b.dtype)}, {"slices", slices}});
     }
     return {{"rank", f.rank}, {"path", f.path}, {"bytes", f.bytes}, {"crc32c", f.crc32c}, {"buffers", buffers}};
@@ -154,6 +186,7 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"format_version", m.format_version},
             {"step", m.step},
             {"world_size", m.world_size},
+            {"tp", m.tp},
             {"zero_stage", m.zero_stage},
             {"model", model_config_json(m.model)},
             {"run_config", m.run_config},
@@ -244,11 +277,12 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
         fail(strformat("%s: format is '%s'; expected '%s'", where.c_str(), j["format"].get<std::string>().c_str(),
                        CHECKPOINT_FORMAT));
     m.format_version = rd.int_at(j, "format_version", "manifest");
-    if (m.format_version != CHECKPOINT_FORMAT_VERSION)
-        fail(strformat("%s: format_version is %d; this llmc reads version %d", where.c_str(), m.format_version,
-                       CHECKPOINT_FORMAT_VERSION));
+    if (m.format_version < CHECKPOINT_OLDEST_FORMAT_VERSION || m.format_version > CHECKPOINT_FORMAT_VERSION)
+        fail(strformat("%s: format_version is %d; this llmc reads versions %d to %d", where.c_str(), m.format_version,
+                       CHECKPOINT_OLDEST_FORMAT_VERSION, CHECKPOINT_FORMAT_VERSION));
     m.step = rd.int_at(j, "step", "manifest");
     m.world_size = rd.int_at(j, "world_size", "manifest");
+    m.tp = j.contains("tp") ? rd.int_at(j, "tp", "manifest") : 1;  // version 1 had no tensor parallelism
     m.zero_stage = rd.int_at(j, "zero_stage", "manifest");
     const nlohmann::json& model = rd.at(j, "model", "manifest");
     m.model.max_seq_len = rd.int_at(model, "max_seq_len", "model");
@@ -300,15 +334,24 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
             mb.name = rd.string_at(buffers[b], "name", bpath);
             mb.dtype = parse_state_dtype(rd.string_at(buffers[b], "dtype", bpath), where + ": " + bpath);
             for (const nlohmann::json& s : rd.array_at(buffers[b], "slices", bpath)) {
-                if (!s.is_array() || s.size() != 4 || !s[0].is_string())
-                    fail(strformat("%s: %s: a slice is %s; expected [tensor name, begin, end, byte offset]",
+                if (!s.is_array() || (s.size() != 4 && s.size() != 6) || !s[0].is_string())
+                    fail(strformat("%s: %s: a slice is %s; expected [tensor name, begin, end, byte offset] or, "
+                                   "strided, [tensor name, begin, end, byte offset, run, stride]",
                                    where.c_str(), bpath.c_str(), s.dump().c_str()));
                 auto t = tensor_index.find(s[0].get<std::string>());
                 if (t == tensor_index.end())
                     fail(strformat("%s: %s: slice of unknown tensor '%s'", where.c_str(), bpath.c_str(),
                                    s[0].get<std::string>().c_str()));
                 ManifestSlice slice{t->second, rd.uint(s[1], bpath), rd.uint(s[2], bpath), rd.uint(s[3], bpath)};
-                const uint64_t bytes = (slice.end - slice.begin) * state_dtype_bytes(mb.dtype);
+                if (s.size() == 6) {
+                    slice.run = rd.uint(s[4], bpath);
+                    slice.stride = rd.uint(s[5], bpath);
+                    if (slice.run == 0 || slice.stride < slice.run || slice.end < slice.begin + slice.run ||
+                        (slice.end - slice.begin - slice.run) % slice.stride != 0)
+                        fail(strformat("%s: %s: strided slice %s: runs of `run` elements `stride` >= run apart must "
+                                       "end exactly at end", where.c_str(), bpath.c_str(), s.dump().c_str()));
+                }
+                const uint64_t bytes = slice.elements() * state_dtype_bytes(mb.dtype);
                 if (slice.begin >= slice.end || slice.end > m.tensors[slice.tensor].elements() ||
                     slice.byte_offset > f.bytes || bytes > f.bytes - slice.byte_offset)
                     fail(strformat("%s: %s: slice %s lies outside its tensor (%llu elements) or its file (%llu bytes)",

@@ -41,10 +41,13 @@ struct CpuBackend {
         return built;
     }
 
-    // --plan: the memory of rank 0 of cfg.dims.dp data-parallel ranks, computed without allocating anything.
+    // --plan: the memory of rank 0 of the dims.dp x dims.tp mesh, computed without allocating anything
+    // (every tensor rank holds an equal piece, so rank 0 speaks for all).
     static std::string plan_report(const RunConfig& cfg) {
-        ZeroPlan zero(GPT2Params::layout(cfg.model_config), cfg.zero_stage, 0, cfg.dims.dp);
-        std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len);
+        const TensorParallel tp{cfg.dims.tp, 0, cfg.dims.tp > 1 && cfg.sequence_parallel};
+        ZeroPlan zero(GPT2Params::layout(cfg.model_config, {0, cfg.dims.tp}), cfg.zero_stage, 0, cfg.dims.dp);
+        std::vector<BufferSpec> buffers =
+            GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp);
         return memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers, HostMemory::precision), "fp32 CPU model");
     }
 };

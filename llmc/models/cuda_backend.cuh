@@ -50,6 +50,9 @@ struct CudaBackend {
 
     // --plan: rank 0's device memory, and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
+        if (cfg.dims.tp > 1)
+            fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu --plan shows it)",
+                           cfg.dims.tp));
         ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp);
         std::vector<BufferSpec> buffers =
             GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Tensor and sequence parallelism under mpirun:
+#   1. test_tp (test_tp.cpp): tp = 2, tp = 4 and dp = 2 x tp = 2 reproduce the 1-rank run, ZeRO 0-3,
+#      sequence parallelism on and off, planned bytes = allocated bytes;
+#   2. the trainer: bad meshes fail naming the flag and the numbers; a tp = 2 run prints the same
+#      losses as 1 rank; checkpoints written at tp = 2 resume as tp = 1, dp = 2 x tp = 2 and tp = 4
+#      (and one written at tp = 1 as dp 2 x tp 2 at ZeRO-3) and continue the uninterrupted run.
+#   test/mpi/run_tp_tests.sh build/test_tp ./train_gpt_cpu
+set -euo pipefail
+
+bin=${1:-build/test_tp}
+trainer=${2:-./train_gpt_cpu}
+for b in "$bin" "$trainer"; do [ -x "$b" ] || { echo "run_tp_tests.sh: $b is not built" >&2; exit 1; }; done
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMP_NUM_THREADS=1  # ranks share the cores
+mpirun=(timeout 300 mpirun --oversubscribe)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+for mesh in "2 2" "4 4" "4 2"; do
+    set -- $mesh
+    echo "== mpirun -np $1 $bin (tp $2)"
+    "${mpirun[@]}" -np "$1" "$bin" "$dir" "$2"
+done
+
+shard="$dir/tp_train_000000.bin"  # 60000 tokens of a 250-token vocabulary, written by test_tp
+common=(-i "$shard" -j "" -k "" --vocab-size 250 --num-layers 2 --channels 32 --num-heads 4 --max-seq-len 32
+        -b 2 -t 32 -d 256 -l 1e-2 -u 2 --heartbeat-s 0 --straggler-factor 0)
+
+# Each bad mesh must fail (non-zero exit) with a message naming the problem.
+expect_failure() {
+    local what=$1 pattern=$2
+    shift 2
+    local rc=0
+    "${mpirun[@]}" "$@" >"$dir/out" 2>"$dir/err" || rc=$?
+    if [ "$rc" = 0 ] || ! grep -q -- "$pattern" "$dir/err"; then
+        echo "FAILED: $what: exit code $rc, stderr:"; cat "$dir/err"; exit 1
+    fi
+    echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
+}
+expect_failure "a world that tp does not divide" "\-\-tp 2 does not divide the 3 rank(s)" \
+    -np 3 "$trainer" "${common[@]}" -x 1 --tp 2 -o "$dir/bad"
+expect_failure "heads that tp does not divide" "\-\-tp 3 must divide the model's head count (4)" \
+    -np 3 "$trainer" "${common[@]}" -x 1 --tp 3 -o "$dir/bad"
+expect_failure "a padded vocabulary that tp does not divide" "must divide the model's padded vocabulary (256)" \
+    -np 1 "$trainer" "${common[@]}" -x 1 --num-heads 3 --channels 24 --plan 3 --tp 3 -o "$dir/bad"
+expect_failure "a sequence-parallel length that tp does not divide" "needs -t (seq_len) 31 divisible" \
+    -np 2 "$trainer" "${common[@]}" -x 1 --tp 2 -b 1 -t 31 -d 62 -o "$dir/bad"
+
+# "step loss norm" for every training record of a metrics.jsonl (keys are written sorted).
+curve() { grep '"train_loss"' "$1" | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
+# same_curve A B WHAT: every step of B is in A with the loss within 1e-5 and the norm within 1e-4 relative.
+same_curve() {
+    local expected
+    expected=$(curve "$2" | wc -l)
+    if ! join <(curve "$1") <(curve "$2") | awk -v n="$expected" '
+        function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
+        { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
+        END { exit !(count == n && n > 0 && bad == 0) }'; then
+        echo "FAILED: $3: the curves differ"; exit 1
+    fi
+}
+
+# The same run on 1 rank and on a tp = 2 group (sequence parallel): the same curve.
+"${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 8 -n 4 -o "$dir/one" >"$dir/one.log"
+"${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -x 8 -n 4 --tp 2 -o "$dir/tp2" >"$dir/tp2.log"
+same_curve "$dir/one/metrics.jsonl" "$dir/tp2/metrics.jsonl" "tp 2 against 1 rank"
+echo "ok the trainer at tp 2 reproduces 1 rank's losses and gradient norms for 8 steps"
+
+# Resume step 4's checkpoint onto other splits: steps 5-8 must continue the uninterrupted run.
+resume() {  # resume NP TP ZERO FROM
+    local np=$1 tp=$2 zero=$3 from=$4 out="$dir/resume_$1_$2_$3"
+    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 8 --tp "$tp" -z "$zero" -o "$out" \
+        --resume-from "$dir/$from/ckpt_00000004" >"$out.log"
+    grep -q "resumed from $dir/$from/ckpt_00000004: step 4" "$out.log" || { echo "FAILED: no resume"; cat "$out.log"; exit 1; }
+    [ "$(curve "$out/metrics.jsonl" | head -1 | cut -d' ' -f1)" = 5 ] || { echo "FAILED: resume did not start at step 5"; exit 1; }
+    same_curve "$dir/$from/metrics.jsonl" "$out/metrics.jsonl" "$from resumed as np $np tp $tp ZeRO-$zero"
+    echo "ok the $from checkpoint resumed as $np rank(s), tp $tp, ZeRO-$zero continues the uninterrupted run"
+}
+resume 1 1 0 tp2
+resume 4 2 1 tp2
+resume 4 4 3 tp2
+resume 4 2 3 one
