@@ -27,9 +27,11 @@ say "libraries (as the session found them: CPATH, LIBRARY_PATH, LD_LIBRARY_PATH)
 echo "CPATH=${CPATH:-}"
 echo "LIBRARY_PATH=${LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+mpi_flags=$(mpicxx --showme:compile 2> /dev/null)
 for header in cublasLt.h nccl.h mpi.h; do
-    found=$(echo "#include <$header>" | nvcc -E -x cu - 2> /dev/null | grep -m1 -o "\"[^\"]*/$header\"")
-    echo "$header: ${found:-not found by nvcc}"
+    # shellcheck disable=SC2086
+    found=$(echo "#include <$header>" | nvcc -E -x cu $mpi_flags - 2> /dev/null | grep -m1 -o "\"[^\"]*/$header\"")
+    echo "$header: ${found:-not found by nvcc, with the include flags of mpicxx}"
 done
 echo "mpirun: $(where mpirun)  ($(mpirun --version 2> /dev/null | head -1))"
 echo "mpicxx --showme:compile: $(mpicxx --showme:compile 2> /dev/null)"
