@@ -21,8 +21,9 @@ export OPAL_SYSCONFDIR="$carried_mpi_dir/etc/openmpi"
 export PMIX_PREFIX="$carried_mpi_dir/usr/lib/x86_64-linux-gnu/pmix2"
 export PATH="$carried_mpi_dir/usr/bin:$PATH"
 # libmpi and Open MPI's own libraries, the libraries they need (hwloc, libevent, PMIx, munge), and
-# libmpi.so for the linker (mpicxx --showme:link names -L.../openmpi/lib)
-export LD_LIBRARY_PATH="$carried_mpi_dir/usr/lib/x86_64-linux-gnu/openmpi/lib:$carried_mpi_dir/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# libmpi.so for the linker (mpicxx --showme:link names -L.../openmpi/lib); last, libudev, for a
+# machine that has none (its own, where present, comes first)
+export LD_LIBRARY_PATH="$carried_mpi_dir/usr/lib/x86_64-linux-gnu/openmpi/lib:$carried_mpi_dir/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$carried_mpi_dir/fallback"
 # The device runs commands as root, and 4 ranks may share fewer cores than that in a test. The
 # single-copy mechanism of the shared-memory transport (CMA, process_vm_readv) is off: a virtual
 # machine or container may refuse it, and the ranks then fall back to copies through shared memory.

@@ -35,11 +35,12 @@ STAGES=("${@:-test}")
 NAME=$(IFS=_; echo "${STAGES[*]}")
 
 # ---- prepare (here, not on the device) ----
-# Debian 12's Open MPI and what it needs beyond a base system: hwloc, libevent, PMIx and munge. The
-# network transports' plugins (UCX, libfabric, PSM, InfiniBand verbs, netlink) are deleted rather
-# than carried with their libraries: ranks on one machine talk through shared memory.
+# Debian 12's Open MPI and what it needs beyond a base system: hwloc, libevent, PMIx and munge, and
+# udev (which hwloc loads) for an image without it. The network transports' plugins (UCX, libfabric,
+# PSM, InfiniBand verbs, netlink) are deleted rather than carried with their libraries: ranks on one
+# machine talk through shared memory.
 MPI_PACKAGES="openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libhwloc15 libevent-core-2.1-7
-              libevent-pthreads-2.1-7 libpmix2 libmunge2"
+              libevent-pthreads-2.1-7 libpmix2 libmunge2 libudev1"
 prepare_mpi() {
     local debs mpi=.device/mpi
     debs=$(mktemp -d)
@@ -56,13 +57,17 @@ prepare_mpi() {
         mca_reachable_netlink.so)
     rm -f "$lib"/libmca_common_{ucx,ofi,verbs}* "$lib"/openmpi/lib/libmca_common_{ucx,ofi,verbs}* \
         "$lib"/openmpi/lib/lib{mpi_mpifh,mpi_usempi,mpi_java}*
+    # udev goes last on the library path (carried_mpi.sh): the machine's own, where it has one, is
+    # newer, and programs built there may need its newer symbols
+    mkdir -p "$mpi/fallback"
+    mv "$lib"/libudev.so.1* "$mpi/fallback/"
     # The names Debian gives through alternatives (/etc/alternatives), here as plain links
     for tool in mpirun mpiexec; do ln -sf orterun "$mpi/usr/bin/$tool"; done
     for tool in mpicc mpicxx mpic++; do ln -sf opal_wrapper "$mpi/usr/bin/$tool"; done
     # The unpacked tree must stand alone: every library its programs and plugins load is in it or
     # in a base system (C and C++ runtimes, zlib, udev)
     local base=" libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 ld-linux-x86-64.so.2 "
-    base+="libstdc++.so.6 libgcc_s.so.1 libz.so.1 libudev.so.1 "
+    base+="libstdc++.so.6 libgcc_s.so.1 libz.so.1 "
     local missing=0 f n
     while read -r f; do
         for n in $(readelf -d "$f" 2> /dev/null | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p'); do
