@@ -84,8 +84,8 @@ prepare_mpi() {
 if [ "${STAGES[0]}" = prepare ]; then
     set -e
     mkdir -p .device/include/catch2 .device/bin
-    cp /usr/include/catch2/catch.hpp .device/include/catch2/
-    cp -r /usr/include/nlohmann .device/include/
+    cp -p /usr/include/catch2/catch.hpp .device/include/catch2/  # -p: a new copy rebuilds nothing
+    cp -rp /usr/include/nlohmann .device/include/
     cp "$(command -v make)" .device/bin/make  # the device image's make is not known to exist
     prepare_mpi
     for f in data/gpt2_tokenizer.bin data/default/.done; do
