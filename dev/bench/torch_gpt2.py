@@ -132,29 +132,53 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def fits(args, device, B, compile):
+    """setup() at batch size B and two steps, or None where that runs out of GPU memory. The second
+    step is the first with the optimizer state allocated during forward/backward: the real peak."""
+    trial = argparse.Namespace(**{**vars(args), "compile": compile})
+    s = None
+    try:
+        s = setup(trial, device, B)
+        for _ in range(2):
+            s[2]()
+        sync(device)
+        return s
+    except torch.cuda.OutOfMemoryError:
+        pass
+    s = None  # drop everything from the failed try (outside the except, so no traceback holds it)
+    if compile:
+        torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return None
+
+
 def find_max_batch(args, device):
-    """Largest B in MAX_BATCH_TRIES that runs two steps without OOM (the second step is the first with
-    optimizer state allocated during forward/backward, so it is the real peak)."""
-    for B in MAX_BATCH_TRIES:
-        ok = False
-        try:
-            s = setup(args, device, B)
-            for _ in range(2):
-                s[2]()
-            sync(device)
-            ok = True
-        except torch.cuda.OutOfMemoryError:
-            pass
-        if ok:
-            print(f"find-max-batch: B={B} fits")
+    """Largest B in MAX_BATCH_TRIES that fits. The search runs eagerly: a try that runs out of memory
+    then costs seconds, where a compiled one would compile again (a minute or more each, which once
+    ran a session's call out of time). Compiled code usually needs no more memory than eager (fusion
+    drops intermediates), so the model is compiled once, at the B found; should that still run out of
+    memory, the next smaller B is compiled."""
+    found = None
+    for i, B in enumerate(MAX_BATCH_TRIES):
+        s = fits(args, device, B, compile=False)
+        print(f"find-max-batch: B={B} {'fits' if s else 'out of memory'} (eager)", flush=True)
+        if s:
+            found = i
+            break
+    if found is None:
+        raise SystemExit("find-max-batch: even B=1 does not fit")
+    if not args.compile:
+        return MAX_BATCH_TRIES[found], s
+    s = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    for B in MAX_BATCH_TRIES[found:]:
+        s = fits(args, device, B, compile=True)
+        print(f"find-max-batch: B={B} {'fits' if s else 'out of memory'} (compiled)", flush=True)
+        if s:
             return B, s
-        print(f"find-max-batch: B={B} out of memory")
-        s = None  # drop everything from the failed try (outside the except, so no traceback holds it)
-        if args.compile:
-            torch._dynamo.reset()
-        gc.collect()
-        torch.cuda.empty_cache()
-    raise SystemExit("find-max-batch: even B=1 does not fit")
+    raise SystemExit("find-max-batch: even B=1 does not fit compiled")
 
 
 def main():
@@ -180,6 +204,9 @@ def main():
     args = p.parse_args()
 
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("torch_gpt2.py: no GPU (torch.cuda.is_available() is False): nothing to measure")
+        raise SystemExit(3)
     if args.compile and not hasattr(torch, "compile"):
         raise SystemExit("this torch has no torch.compile: pass --no-compile")
     peak = args.peak_tflops if args.peak_tflops is not None else default_peak_tflops(device)
@@ -191,7 +218,7 @@ def main():
         if device.type != "cuda":
             raise SystemExit("--find-max-batch needs --device cuda")
         B, (model, opt, step, n_params) = find_max_batch(args, device)
-        warmup = max(args.warmup - 2, 0)  # find_max_batch already ran two steps
+        warmup = max(args.warmup - 2, 0)  # fits() already ran two steps
     else:
         B = args.batch_size
         model, opt, step, n_params = setup(args, device, B)

@@ -110,10 +110,7 @@ bool try_make(Run& run, const ModelConfig& c, int B, int T, const GPT2CUDAOption
 int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     std::string why;
-    if (!cuda_device_present(&why)) {
-        printf("bench_train_step: no CUDA device (%s): nothing to measure\n", why.c_str());
-        return 0;
-    }
+    if (!cuda_device_present(&why)) return no_gpu_exit_status("bench_train_step", why);
     try {
         const ModelConfig c = model_preset(args.model, std::max(1024, args.T));
         GPT2CUDAOptions o;

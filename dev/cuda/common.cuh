@@ -72,13 +72,11 @@ inline Options parse_options(int argc, char** argv, int num_versions) {
     return o;
 }
 
-// Exits 0 with a message where there is no GPU, so `make test-gpu` skips rather than fails there.
+// Exits with a message where there is no GPU: 0 (skipped, so `make test-gpu` passes there), or 3 in
+// a GPU session (llmc::no_gpu_exit_status).
 inline void require_gpu_or_skip(const char* program) {
     std::string why;
-    if (!llmc::cuda_device_present(&why)) {
-        printf("%s: no CUDA device (%s): skipped\n", program, why.c_str());
-        exit(0);
-    }
+    if (!llmc::cuda_device_present(&why)) exit(llmc::no_gpu_exit_status(program, why));
 }
 
 // The standard start of a workbench main(): the options, the skip where there is no GPU, and the

@@ -1,6 +1,7 @@
 // cuda_common.cuh: what every CUDA file of llmc shares. Checked calls (file and line in the error),
 // the bf16 activation type, 16-byte vector loads, warp and block reductions in a fixed order (so
-// every sum is bitwise reproducible), stochastic rounding, and an owning device buffer.
+// every sum is bitwise reproducible), stochastic rounding, an owning device buffer, and what a GPU
+// program does where there is no GPU.
 //
 // Errors become llmc::Error like everywhere else (utils.h): main() prints them and exits non-zero.
 #pragma once
@@ -11,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "llmc/utils.h"
@@ -286,6 +289,17 @@ inline bool cuda_device_present(std::string* why = nullptr) {
         return false;
     }
     return true;
+}
+
+// What a GPU test or tool does where there is no device: skip (exit status 0), so that `make test-gpu`
+// passes on a machine without one, except in a GPU session (LLMC_GPU_SESSION=1, set by
+// dev/bench/gpu_session.sh), where a missing GPU is a failure: exit status 3, "no GPU".
+inline int no_gpu_exit_status(const char* program, const std::string& why) {
+    const char* session = getenv("LLMC_GPU_SESSION");
+    const bool fail = session && std::string(session) == "1";
+    printf("%s: no CUDA device (%s): %s\n", program, why.c_str(),
+           fail ? "FAIL (LLMC_GPU_SESSION=1: no GPU is not a pass)" : "skipped");
+    return fail ? 3 : 0;
 }
 
 }  // namespace llmc

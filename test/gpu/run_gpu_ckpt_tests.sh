@@ -3,14 +3,17 @@
 # from its step-8 checkpoint ends bitwise equal to the uninterrupted run (model file and every
 # loss; the CUDA kernels are deterministic and the stochastic rounding seed is saved), and the CPU
 # trainer resumes from the GPU's checkpoint (its fp32 parameters from the master weights).
-# Skips with a message where there is no GPU.
+# Skips with a message where there is no GPU (fails with exit 3 in a GPU session, LLMC_GPU_SESSION=1).
 #   test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
 set -euo pipefail
 
 trainer=${1:-./train_gpt}
 cpu_trainer=${2:-./train_gpt_cpu}
 for b in "$trainer" "$cpu_trainer"; do [ -x "$b" ] || { echo "run_gpu_ckpt_tests.sh: $b is not built" >&2; exit 1; }; done
-if ! nvidia-smi -L > /dev/null 2>&1; then echo "run_gpu_ckpt_tests.sh: no GPU: skipped"; exit 0; fi
+if ! nvidia-smi -L > /dev/null 2>&1; then
+    [ "${LLMC_GPU_SESSION:-0}" = 1 ] && { echo "run_gpu_ckpt_tests.sh: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
+    echo "run_gpu_ckpt_tests.sh: no GPU: skipped"; exit 0
+fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 common=(-e d4 -b 8 -t 64 -x 16 -v 0 -s 0 -l 1e-3 -n 8 -nk 0)

@@ -1,5 +1,6 @@
 // GPU tests of the CUDA model against the fp32 CPU reference (make test-gpu). Skipped, with a
-// message and exit status 0, where no CUDA device is present.
+// message and exit status 0, where no CUDA device is present (exit 3 in a GPU session,
+// LLMC_GPU_SESSION=1: llmc::no_gpu_exit_status).
 //
 // Both models get the same weights: the random init rounded to bf16, which the CUDA model's bf16
 // copy holds exactly, so what differs is only bf16 activations and summation order. Comparisons
@@ -311,9 +312,6 @@ TEST_CASE("bad batches are refused with a message naming the value") {
 // Catch2's implementation is linked in from test/catch_impl.cpp (compiled once, by g++).
 int main(int argc, char** argv) {
     std::string why;
-    if (!cuda_device_present(&why)) {
-        printf("test_gpt2_cuda: no CUDA device (%s): skipped\n", why.c_str());
-        return 0;
-    }
+    if (!cuda_device_present(&why)) return no_gpu_exit_status("test_gpt2_cuda", why);
     return run_catch_session(argc, argv);
 }

@@ -3,14 +3,22 @@
 # sharing one GPU through the MPI communicator (--gpu-comm mpi) reproduce the 1-rank loss curve on
 # the same global batch within bf16 tolerance (2e-2 relative per step); a repeated run is bitwise
 # identical; NCCL at world size 1 (mpirun -np 1) leaves the 1-rank losses unchanged. Skips with a
-# message where there is no GPU or no mpirun.
+# message where there is no GPU or no mpirun, except in a GPU session (LLMC_GPU_SESSION=1), where
+# either is a failure (exit 3 without a GPU, 1 without mpirun).
 #   test/mpi/run_gpu_dp_tests.sh ./train_gpt
 set -euo pipefail
 
 trainer=${1:-./train_gpt}
 [ -x "$trainer" ] || { echo "run_gpu_dp_tests.sh: $trainer is not built" >&2; exit 1; }
-if ! nvidia-smi -L > /dev/null 2>&1; then echo "run_gpu_dp_tests.sh: no GPU: skipped"; exit 0; fi
-if ! command -v mpirun > /dev/null; then echo "run_gpu_dp_tests.sh: no mpirun: skipped"; exit 0; fi
+session=${LLMC_GPU_SESSION:-0}
+if ! nvidia-smi -L > /dev/null 2>&1; then
+    [ "$session" = 1 ] && { echo "run_gpu_dp_tests.sh: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
+    echo "run_gpu_dp_tests.sh: no GPU: skipped"; exit 0
+fi
+if ! command -v mpirun > /dev/null; then
+    [ "$session" = 1 ] && { echo "run_gpu_dp_tests.sh: no mpirun: FAIL (LLMC_GPU_SESSION=1)"; exit 1; }
+    echo "run_gpu_dp_tests.sh: no mpirun: skipped"; exit 0
+fi
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
