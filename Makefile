@@ -133,10 +133,10 @@ $(BUILD)/scripts.ok: train_gpt_cpu $(wildcard scripts/run_*.sh) scripts/preset_c
 $(BUILD)/test_comm: test/mpi/test_comm.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) -pthread $(MPI_LIBS)
-$(BUILD)/test_zero: test/mpi/test_zero.cpp $(HEADERS) | deps
+$(BUILD)/test_zero: test/mpi/test_zero.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
-$(BUILD)/test_tp: test/mpi/test_tp.cpp $(HEADERS) | deps
+$(BUILD)/test_tp: test/mpi/test_tp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The checkpoint benchmark (dev/bench/ckpt_bench.sh): host only, single process, not part of make test.

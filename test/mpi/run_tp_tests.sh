@@ -11,11 +11,7 @@ set -euo pipefail
 bin=${1:-build/test_tp}
 trainer=${2:-./train_gpt_cpu}
 for b in "$bin" "$trainer"; do [ -x "$b" ] || { echo "run_tp_tests.sh: $b is not built" >&2; exit 1; }; done
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMP_NUM_THREADS=1  # ranks share the cores
-mpirun=(timeout 300 mpirun --oversubscribe)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/lib.sh"
 
 for mesh in "2 2" "4 4" "4 2"; do
     set -- $mesh
@@ -28,16 +24,6 @@ common=(-i "$shard" -j "" -k "" --vocab-size 250 --num-layers 2 --channels 32 --
         -b 2 -t 32 -d 256 -l 1e-2 -u 2 --heartbeat-s 0 --straggler-factor 0)
 
 # Each bad mesh must fail (non-zero exit) with a message naming the problem.
-expect_failure() {
-    local what=$1 pattern=$2
-    shift 2
-    local rc=0
-    "${mpirun[@]}" "$@" >"$dir/out" 2>"$dir/err" || rc=$?
-    if [ "$rc" = 0 ] || ! grep -q -- "$pattern" "$dir/err"; then
-        echo "FAILED: $what: exit code $rc, stderr:"; cat "$dir/err"; exit 1
-    fi
-    echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
-}
 expect_failure "a world that tp does not divide" "\-\-tp 2 does not divide the 3 rank(s)" \
     -np 3 "$trainer" "${common[@]}" -x 1 --tp 2 -o "$dir/bad"
 expect_failure "heads that tp does not divide" "\-\-tp 3 must divide the model's head count (4)" \

@@ -7,11 +7,7 @@ set -euo pipefail
 bin=${1:-build/test_zero}
 trainer=${2:-./train_gpt_cpu}
 for b in "$bin" "$trainer"; do [ -x "$b" ] || { echo "run_zero_tests.sh: $b is not built" >&2; exit 1; }; done
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMP_NUM_THREADS=1  # ranks share the cores
-mpirun=(timeout 300 mpirun --oversubscribe)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/lib.sh"
 
 for n in 1 2 3 4; do
     echo "== mpirun -np $n $bin"
@@ -19,16 +15,6 @@ for n in 1 2 3 4; do
 done
 
 # Each bad launch must fail (non-zero exit) with a message naming the problem.
-expect_failure() {
-    local what=$1 pattern=$2
-    shift 2
-    local rc=0
-    "${mpirun[@]}" "$@" >"$dir/out" 2>"$dir/err" || rc=$?
-    if [ "$rc" = 0 ] || ! grep -q -- "$pattern" "$dir/err"; then
-        echo "FAILED: $what: exit code $rc, stderr:"; cat "$dir/err"; exit 1
-    fi
-    echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
-}
 shard="$dir/zero_train_000000.bin"  # 60000 tokens, written by test_zero
 common=(-i "$shard" -j "" -k "" --vocab-size 250 --num-layers 1 --channels 32 --num-heads 2 -x 1 -o "$dir/out_run")
 expect_failure "a world size that disagrees with the config" "world-size is 4 but the job was launched with 2" \

@@ -25,38 +25,12 @@
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
+#include "test/mpi/mpi_test_util.h"
 
 using namespace llmc;
+using namespace llmc::mpi_test;
 
 namespace {
-
-Launch launch;
-
-void check(bool ok, const std::string& what) {
-    if (ok) return;
-    fprintf(stderr, "FAILED on rank %d: %s\n", launch.rank, what.c_str());
-    fflush(stderr);
-    abort_launch(launch, 2);
-}
-
-// A shard of pseudo-text: a fixed random walk over a 250-token vocabulary, learnable but not trivial.
-void write_shard(const std::string& path, int num_tokens) {
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = num_tokens;
-    std::vector<uint16_t> tokens(num_tokens);
-    Rng rng(7);
-    int t = 0;
-    for (auto& token : tokens) {
-        t = (t * 17 + 3 + (int)rng.below(5)) % 250;
-        token = (uint16_t)t;
-    }
-    AtomicFile out(path);
-    out.file().write(header.data(), header.size());
-    out.file().write(tokens.data(), tokens.size());
-    out.commit();
-}
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size) {
     RunConfig cfg;
@@ -95,29 +69,6 @@ RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT
     r.params.resize(num_params(cfg.model_config));
     model.get_whole_params(r.params.data());
     return r;
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        norm += (double)b[i] * b[i];
-    }
-    return std::isfinite(diff) ? std::sqrt(diff / norm) : INFINITY;
-}
-
-double worst_loss_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    double worst = a.size() == b.size() ? 0 : INFINITY;
-    for (size_t i = 0; i < a.size() && i < b.size(); i++) {
-        const double d = std::fabs((double)a[i] - b[i]) / std::fabs((double)b[i]);
-        worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
-    }
-    return worst;
-}
-
-void say(const std::string& line) {
-    if (launch.rank == 0) printf("ok %s\n", line.c_str());
-    fflush(stdout);
 }
 
 }  // namespace

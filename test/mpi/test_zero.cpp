@@ -22,38 +22,12 @@
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
+#include "test/mpi/mpi_test_util.h"
 
 using namespace llmc;
+using namespace llmc::mpi_test;
 
 namespace {
-
-Launch launch;
-
-void check(bool ok, const std::string& what) {
-    if (ok) return;
-    fprintf(stderr, "FAILED on rank %d: %s\n", launch.rank, what.c_str());
-    fflush(stderr);
-    abort_launch(launch, 2);
-}
-
-// A shard of pseudo-text: a fixed random walk over a 250-token vocabulary, learnable but not trivial.
-void write_shard(const std::string& path, int num_tokens) {
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = num_tokens;
-    std::vector<uint16_t> tokens(num_tokens);
-    Rng rng(7);
-    int t = 0;
-    for (auto& token : tokens) {
-        t = (t * 17 + 3 + (int)rng.below(5)) % 250;
-        token = (uint16_t)t;
-    }
-    AtomicFile out(path);
-    out.file().write(header.data(), header.size());
-    out.file().write(tokens.data(), tokens.size());
-    out.commit();
-}
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int batch_size) {
     RunConfig cfg;
@@ -90,20 +64,6 @@ RunResult train(const RunConfig& cfg, Communicator& comm, GPT2CPU& model) {
     r.params.resize(model.num_params());
     model.get_params(r.params.data());
     return r;
-}
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        norm += (double)b[i] * b[i];
-    }
-    return std::isfinite(diff) ? std::sqrt(diff / norm) : INFINITY;
-}
-
-void say(const std::string& line) {
-    if (launch.rank == 0) printf("ok %s\n", line.c_str());
-    fflush(stdout);
 }
 
 }  // namespace
@@ -147,11 +107,7 @@ int main(int argc, char** argv) {
 
             const RunResult run = train(cfg, *comm, model);
             check(run.losses.size() == reference.losses.size(), what + ": wrong number of steps");
-            double worst = 0;
-            for (size_t i = 0; i < run.losses.size(); i++) {
-                double d = std::fabs((double)run.losses[i] - reference.losses[i]) / reference.losses[i];
-                worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
-            }
+            const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-6, strformat("%s: loss differs from 1 rank by %.3g relative (limit 1e-6)", what.c_str(), worst));
             say(strformat("%s: 20 losses match the 1-rank curve (worst relative difference %.2g)", what.c_str(), worst));
 

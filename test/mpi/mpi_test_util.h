@@ -1,0 +1,72 @@
+// What the standalone MPI test programs (test_zero.cpp, test_tp.cpp) share: failing the launch from
+// any rank, a learnable token shard, comparing parameters and loss curves, and printing on rank 0.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "llmc/dist/bootstrap.h"
+#include "llmc/rng.h"
+#include "llmc/utils.h"
+
+namespace llmc::mpi_test {
+
+inline Launch launch;
+
+// Any rank that finds a failure ends the whole launch with exit code 2.
+inline void check(bool ok, const std::string& what) {
+    if (ok) return;
+    fprintf(stderr, "FAILED on rank %d: %s\n", launch.rank, what.c_str());
+    fflush(stderr);
+    abort_launch(launch, 2);
+}
+
+// A shard of pseudo-text: a fixed random walk over a 250-token vocabulary, learnable but not trivial.
+inline void write_shard(const std::string& path, int num_tokens) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = num_tokens;
+    std::vector<uint16_t> tokens(num_tokens);
+    Rng rng(7);
+    int t = 0;
+    for (auto& token : tokens) {
+        t = (t * 17 + 3 + (int)rng.below(5)) % 250;
+        token = (uint16_t)t;
+    }
+    AtomicFile out(path);
+    out.file().write(header.data(), header.size());
+    out.file().write(tokens.data(), tokens.size());
+    out.commit();
+}
+
+// Norm of the difference over the norm of b (infinite if anything is not finite).
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        norm += (double)b[i] * b[i];
+    }
+    return std::isfinite(diff) ? std::sqrt(diff / norm) : INFINITY;
+}
+
+// The largest per-step relative difference of two loss curves (infinite if their lengths differ).
+inline double worst_loss_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = a.size() == b.size() ? 0 : INFINITY;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+        const double d = std::fabs((double)a[i] - b[i]) / std::fabs((double)b[i]);
+        worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+    }
+    return worst;
+}
+
+// One "ok" line, printed by rank 0.
+inline void say(const std::string& line) {
+    if (launch.rank == 0) printf("ok %s\n", line.c_str());
+    fflush(stdout);
+}
+
+}  // namespace llmc::mpi_test
