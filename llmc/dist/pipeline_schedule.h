@@ -1,0 +1,194 @@
+// pipeline_schedule.h: pipeline-parallel schedules as plain lists of actions, one list per rank.
+//
+// The idea: with pipeline parallelism the model's layers are cut into stages on different ranks, and
+// the step's m micro-batches flow through them: forward from the first stage to the last, backward
+// back. A schedule says, for each rank, in which order it runs its (forward or backward, micro-batch,
+// chunk) actions. It is only data, so it is printed (--pp-print-schedule, once the trainer runs
+// pipelines) and checked here without a model: every micro-batch's forward on a stage comes after
+// the previous stage's, its backward after the next stage's and after its own forward, and a
+// simulation of the ranks exchanging activations and gradients finishes (no rank waits on a message
+// that is never sent).
+//
+//   1F1B (PipeDream-flush, Narayanan et al. 2021): rank r of P first runs P - 1 - r forwards (the
+//   warm-up), then alternates one forward and one backward, then runs the remaining backwards. At
+//   most P - r micro-batches' activations are held at once, instead of all m (GPipe).
+//   Interleaved 1F1B: each rank holds V chunks of layers (virtual stages r, r + P, r + 2P, ... of
+//   V P), and micro-batches go through the chunks in groups of P, so the pipeline fills V times
+//   faster and the bubble shrinks by V, at V times the point-to-point messages. Needs m % P == 0.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "llmc/utils.h"
+
+namespace llmc {
+
+enum class PipeOp { Forward, Backward };
+
+struct PipeAction {
+    PipeOp op;
+    int micro_batch;
+    int chunk;  // which of the rank's V chunks (0 for 1F1B): virtual stage chunk * P + rank
+    bool operator==(const PipeAction&) const = default;
+};
+
+struct PipeSchedule {
+    int stages = 1;         // P: ranks in the pipeline
+    int chunks = 1;         // V: chunks per rank (1: plain 1F1B)
+    int micro_batches = 1;  // m
+    std::vector<std::vector<PipeAction>> ranks;  // ranks[r]: rank r's actions, in order
+
+    int virtual_stages() const { return stages * chunks; }
+    int virtual_stage(int rank, int chunk) const { return chunk * stages + rank; }
+};
+
+// The bubble fraction of the step the schedule idles in, with forward and backward of one
+// micro-batch taking the same time on every stage: (P - 1) / (m + P - 1) for 1F1B, divided by V
+// when interleaved.
+inline double pipeline_bubble_fraction(int stages, int micro_batches, int chunks = 1) {
+    return (double)(stages - 1) / (micro_batches + stages - 1) / chunks;
+}
+
+namespace detail {
+
+// Megatron-LM's order of a rank's k-th forward (or backward) in the interleaved schedule:
+// micro-batches go through the chunks in groups of P.
+inline PipeAction interleaved_action(PipeOp op, int k, int P, int V) {
+    const int group = k / (P * V), in_group = k % (P * V);
+    int chunk = in_group / P;
+    if (op == PipeOp::Backward) chunk = V - 1 - chunk;
+    return {op, group * P + in_group % P, chunk};
+}
+
+}  // namespace detail
+
+// 1F1B (chunks == 1) or interleaved 1F1B (chunks > 1) for `stages` ranks and `micro_batches` micro-batches.
+inline PipeSchedule make_pipeline_schedule(int stages, int micro_batches, int chunks = 1) {
+    if (stages < 1) fail(strformat("pipeline schedule: --pp must be at least 1, got %d", stages));
+    if (micro_batches < 1)
+        fail(strformat("pipeline schedule: the micro-batch count (gradient accumulation steps) must be at least 1, got %d",
+                       micro_batches));
+    if (chunks < 1) fail(strformat("pipeline schedule: --pp-virtual must be at least 1, got %d", chunks));
+    if (chunks > 1 && micro_batches % stages != 0)
+        fail(strformat("pipeline schedule: the interleaved schedule needs the micro-batch count (%d) to be a multiple "
+                       "of --pp (%d)", micro_batches, stages));
+    PipeSchedule s;
+    s.stages = stages;
+    s.chunks = chunks;
+    s.micro_batches = micro_batches;
+    const int P = stages, V = chunks, m = micro_batches, total = m * V;
+    for (int r = 0; r < P; r++) {
+        // Forwards run before the first backward: enough to fill the pipeline behind this rank.
+        const int warmup = V == 1 ? std::min(P - 1 - r, m) : std::min((P - 1 - r) * 2 + (V - 1) * P, total);
+        auto forward = [&](int k) { return V == 1 ? PipeAction{PipeOp::Forward, k, 0} : detail::interleaved_action(PipeOp::Forward, k, P, V); };
+        auto backward = [&](int k) { return V == 1 ? PipeAction{PipeOp::Backward, k, 0} : detail::interleaved_action(PipeOp::Backward, k, P, V); };
+        std::vector<PipeAction> actions;
+        for (int k = 0; k < warmup; k++) actions.push_back(forward(k));
+        for (int k = 0; k < total - warmup; k++) {
+            actions.push_back(forward(warmup + k));
+            actions.push_back(backward(k));
+        }
+        for (int k = total - warmup; k < total; k++) actions.push_back(backward(k));
+        s.ranks.push_back(std::move(actions));
+    }
+    return s;
+}
+
+// The schedule as text, one line per rank: F3.1 is the forward of micro-batch 3 in chunk 1.
+inline std::string pipeline_schedule_text(const PipeSchedule& s) {
+    std::string out = strformat("pipeline schedule: %d stage(s) x %d chunk(s), %d micro-batch(es), bubble %.1f%%\n",
+                                s.stages, s.chunks, s.micro_batches,
+                                100 * pipeline_bubble_fraction(s.stages, s.micro_batches, s.chunks));
+    for (int r = 0; r < (int)s.ranks.size(); r++) {
+        out += strformat("  rank %d:", r);
+        for (const PipeAction& a : s.ranks[r])
+            out += s.chunks == 1 ? strformat(" %c%d", a.op == PipeOp::Forward ? 'F' : 'B', a.micro_batch)
+                                 : strformat(" %c%d.%d", a.op == PipeOp::Forward ? 'F' : 'B', a.micro_batch, a.chunk);
+        out += "\n";
+    }
+    return out;
+}
+
+// What running the schedule does, simulated with every forward taking `forward_time` and every
+// backward `backward_time` and messages arriving at once: each action starts when its rank is free
+// and its input exists (the previous virtual stage's forward of the micro-batch; the next virtual
+// stage's backward of it and its own forward). Fails naming the stuck ranks if the ranks would wait
+// on each other forever.
+struct PipeSimulation {
+    double makespan = 0;                  // time until the last action ends
+    std::vector<double> busy;             // per rank: time spent computing
+    std::vector<int> peak_in_flight;      // per rank: most (micro-batch, chunk) forwards not yet backwarded
+    double bubble() const {               // idle time over the step, averaged over ranks
+        double idle = 0;
+        for (double b : busy) idle += makespan - b;
+        return idle / (makespan * busy.size());
+    }
+};
+
+inline PipeSimulation simulate_pipeline(const PipeSchedule& s, double forward_time = 1.0, double backward_time = 2.0) {
+    const int P = s.stages, S = s.virtual_stages(), m = s.micro_batches;
+    // done[op][virtual stage][micro-batch]: when that action ended (< 0: not yet)
+    std::vector<std::vector<std::vector<double>>> done(2, std::vector<std::vector<double>>(S, std::vector<double>(m, -1)));
+    std::vector<size_t> next(P, 0);
+    std::vector<double> free_at(P, 0);
+    PipeSimulation sim;
+    sim.busy.assign(P, 0);
+    sim.peak_in_flight.assign(P, 0);
+    std::vector<int> in_flight(P, 0);
+    size_t remaining = 0;
+    for (const auto& actions : s.ranks) remaining += actions.size();
+    while (remaining > 0) {
+        bool progressed = false;
+        for (int r = 0; r < P; r++) {
+            if (next[r] >= s.ranks[r].size()) continue;
+            const PipeAction& a = s.ranks[r][next[r]];
+            if (a.micro_batch < 0 || a.micro_batch >= m || a.chunk < 0 || a.chunk >= s.chunks)
+                fail(strformat("pipeline schedule: rank %d's action %zu names micro-batch %d, chunk %d", r, next[r],
+                               a.micro_batch, a.chunk));
+            const int v = s.virtual_stage(r, a.chunk);
+            double ready = free_at[r];
+            bool inputs = true;
+            auto needs = [&](int op, int stage) {
+                if (stage < 0 || stage >= S) return;
+                if (done[op][stage][a.micro_batch] < 0) inputs = false;
+                else ready = std::max(ready, done[op][stage][a.micro_batch]);
+            };
+            if (a.op == PipeOp::Forward) {
+                needs(0, v - 1);
+            } else {
+                needs(0, v);
+                needs(1, v + 1);
+            }
+            if (!inputs) continue;
+            const int op = a.op == PipeOp::Forward ? 0 : 1;
+            if (done[op][v][a.micro_batch] >= 0)
+                fail(strformat("pipeline schedule: rank %d runs %s of micro-batch %d in chunk %d twice", r,
+                               op ? "the backward" : "the forward", a.micro_batch, a.chunk));
+            const double t = op ? backward_time : forward_time;
+            done[op][v][a.micro_batch] = free_at[r] = ready + t;
+            sim.busy[r] += t;
+            in_flight[r] += op ? -1 : 1;
+            sim.peak_in_flight[r] = std::max(sim.peak_in_flight[r], in_flight[r]);
+            sim.makespan = std::max(sim.makespan, free_at[r]);
+            next[r]++;
+            remaining--;
+            progressed = true;
+        }
+        if (!progressed) {
+            std::string stuck;
+            for (int r = 0; r < P; r++)
+                if (next[r] < s.ranks[r].size()) stuck += strformat(" %d", r);
+            fail("pipeline schedule: deadlock: ranks" + stuck + " each wait for a message that is never sent");
+        }
+    }
+    for (int v = 0; v < S; v++)
+        for (int mb = 0; mb < m; mb++)
+            if (done[0][v][mb] < 0 || done[1][v][mb] < 0)
+                fail(strformat("pipeline schedule: micro-batch %d never runs %s on virtual stage %d", mb,
+                               done[0][v][mb] < 0 ? "forward" : "backward", v));
+    return sim;
+}
+
+}  // namespace llmc
