@@ -30,7 +30,7 @@ expect_failure() {
     echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
 }
 shard="$dir/zero_train_000000.bin"  # 60000 tokens, written by test_zero
-common=(-i "$shard" -j "" -k "" --vocab-size 250 --num-layers 1 --channels 32 --num-heads 2 -x 1 -o "$dir/out_run")
+common=(-i "$shard" -j "" --tokenizer "" --vocab-size 250 --num-layers 1 --channels 32 --num-heads 2 -x 1 -o "$dir/out_run")
 expect_failure "a world size that disagrees with the config" "world-size is 4 but the job was launched with 2" \
     -np 2 "$trainer" "${common[@]}" -b 2 -t 16 --world-size 4
 expect_failure "more ranks than the data has windows for" "too few for one round of windows" \
