@@ -82,6 +82,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     else model->init_random(cfg.seed);
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
+    trainer.set_peak_tflops(built.peak_tflops);
     TrainSummary summary = trainer.run([] { g_training_started = true; });
 
     std::string model_path = cfg.output_dir + "/model.bin";

@@ -63,6 +63,7 @@ struct RunConfig {
     float heartbeat_s = 0.5;      // ranks exchange a status this often (0: no heartbeat; heartbeat.h)
     float peer_dead_s = 5;        // a rank silent for this long is dead
     std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
+    float peak_tflops = 0;        // one device's dense bf16 peak for MFU (0: the GPU's from mfu.h's table)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
@@ -144,6 +145,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
+        {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
         {"", "heartbeat_s", &RunConfig::heartbeat_s, "seconds between the ranks' heartbeats, which see a dead rank fast and name missing ranks at a timeout (0: off)"},
         {"", "peer_dead_s", &RunConfig::peer_dead_s, "seconds without a heartbeat after which a rank is declared dead (the job ends with exit code 4)"},
@@ -425,6 +427,7 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
+    require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));
     require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
     require(cfg.heartbeat_s >= 0, strformat("--heartbeat-s must be >= 0, got %g", cfg.heartbeat_s));
     require(cfg.heartbeat_s == 0 || cfg.peer_dead_s > 2 * cfg.heartbeat_s,

@@ -35,6 +35,7 @@ struct CpuBackend {
                            "logits with B*T*vocab): reduce -b or -t, or shard more with -z",
                            cfg.batch_size, cfg.seq_len));
         }
+        built.peak_tflops = cfg.peak_tflops;  // MFU on the CPU only when asked for
         return built;
     }
 
