@@ -57,6 +57,8 @@ struct RunConfig {
     int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;
+    std::string prompt;  // --prompt: continue this text by -g tokens, print it and exit (no training)
+    std::string bpe_dir = "data/gpt2_bpe";  // GPT-2's encoder.json and vocab.bpe, to encode --prompt
     // data parallelism
     int zero_stage = 0;           // 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients, 3 + sharded parameters
     float comm_timeout_s = 600;   // a collective not finished after this long is an error
@@ -143,6 +145,8 @@ inline const std::vector<RunOption>& run_options() {
         {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
+        {"", "prompt", &RunConfig::prompt, "continue this text by -g tokens with the -e model, print it and exit: no training, nothing written"},
+        {"", "bpe_dir", &RunConfig::bpe_dir, "directory of GPT-2's encoder.json and vocab.bpe, to encode --prompt"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},

@@ -81,7 +81,7 @@ public:
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
           metrics_path_(dp.rank() == 0 ? metrics_path : ""),
-          sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
+          sample_rng_(sampling_seed(cfg.seed)) {
         if (dp.world_size() != cfg.dims.dp)
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
                            "communicator has %d",
