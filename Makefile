@@ -107,6 +107,7 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/headers.ok $(BUILD)/scripts.ok
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
+	$(PYTHON) test/test_export_hf.py
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
 
