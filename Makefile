@@ -108,6 +108,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
+	test/check_prompt.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
 
