@@ -1,11 +1,12 @@
 // config.h: the run configuration: every flag, its default and its documentation in one table.
 //
 // One table (run_options) drives everything: command-line parsing (llm.c's short letters, each
-// with llm.c's meaning, and readable long names), `--config run.json` (keys are the long names), `--help`, and the resolved
-// config.json written into the output directory, so any run can be repeated exactly. Command-line
-// flags override the JSON file wherever they appear on the line. llm.c's letters that llmc has no
-// option for (llmc_only_flags) are accepted only where their value describes what llmc does anyway,
-// and otherwise refused, so no llm.c command line silently means something else here.
+// with llm.c's meaning, and readable long names), `--config run.json` (keys are the long names),
+// `--help`, and the resolved config.json written into the output directory, so any run can be
+// repeated exactly. Command-line flags override the JSON file wherever they appear on the line.
+// llm.c's letters that llmc has no option for (llmc_only_flags) are accepted only where their value
+// describes what llmc does anyway, and otherwise refused, so no llm.c command line silently means
+// something else here.
 #pragma once
 
 #include <charconv>
