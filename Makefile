@@ -1,7 +1,7 @@
 # llmc build. `make` builds the CPU trainer and, where nvcc exists, the CUDA trainer.
 #   make              train_gpt_cpu (+ train_gpt if nvcc is found)
-#   make train        prepare the default corpus, then train the default model on the CPU
-#   make test         prepare test data, build and run the Catch2 tests, check that every .h compiles
+#   make train        prepare the default corpus, train the default model on the CPU, plot out/curves.png
+#   make test         prepare test data, build and run the Catch2 tests and the plot check (test/check_plot.sh), check that every .h compiles
 #                     without nvcc (test/check_headers.sh) and that every preset run script's flags
 #                     plan (test/check_scripts.sh), then test-mpi
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
@@ -54,8 +54,12 @@ all: deps $(TARGETS)
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
 DEP_FILES := /usr/include/nlohmann/json.hpp /usr/include/catch2/catch.hpp \
              /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h /usr/lib/python3/dist-packages/regex
+# matplotlib only draws the training curves (dev/plot_metrics.py): where it cannot be installed the
+# build goes on without it.
 deps:
 	@[ -n "$(SKIP_DEPS)" ] || for f in $(DEP_FILES); do [ -e $$f ] || { scripts/install_deps.sh || exit 1; break; }; done
+	@[ -n "$(SKIP_DEPS)" ] || [ -e /usr/lib/python3/dist-packages/matplotlib ] || scripts/install_deps.sh || \
+	    echo "(without python3-matplotlib there are no training plots; everything else works)"
 
 # The CPU trainer is train_gpt.cu compiled as plain C++: same main, same train loop, CPU model.
 HEADERS := $(shell find llmc -name "*.h" -o -name "*.cuh")
@@ -95,6 +99,8 @@ data: $(BPE_DIR)/encoder.json default-data
 # ---- training ----
 train: train_gpt_cpu data
 	./train_gpt_cpu
+	@$(PYTHON) dev/plot_metrics.py out/metrics.jsonl -o out/curves.png || \
+	    echo "make train: no out/curves.png (see above); the training itself finished"
 
 # ---- tests ----
 TEST_SRCS := $(wildcard test/*.cpp)
@@ -112,6 +118,9 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 # alongside everything else, not after the Catch2 suite has run.
 test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/headers.ok $(BUILD)/scripts.ok
 	$(BUILD)/test_llmc
+	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
+	$(PYTHON) test/test_export_hf.py
+	test/check_prompt.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	$(MAKE) --no-print-directory test-mpi
 

@@ -3,11 +3,13 @@
 // One source, two binaries: nvcc builds `train_gpt` (the CUDA model) and the host compiler builds
 // `train_gpt_cpu` from this same file with -DLLMC_CPU_ONLY (the fp32 CPU reference model). Both run
 // the same host code: launch (MPI when started by mpirun/srun), config, data loading, schedule,
-// ZeRO sharding, train loop, metrics. Only the backend that makes the model differs.
+// ZeRO sharding, train loop, metrics. Only the backend that makes the model differs. With --prompt
+// either binary instead continues a text with the -e model and exits.
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "llmc/bpe_encoder.h"
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/flight_recorder.h"
@@ -19,6 +21,9 @@
 #include "llmc/faults.h"
 #include "llmc/health.h"
 #include "llmc/models/gpt2/model_file.h"
+#include "llmc/rng.h"
+#include "llmc/sampler.h"
+#include "llmc/tokenizer.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
 
@@ -85,6 +90,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     else model->init_random(cfg.seed);
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
+    trainer.set_peak_tflops(built.peak_tflops);
     TrainSummary summary = trainer.run([] { g_training_started = true; });
 
     std::string model_path = cfg.output_dir + "/model.bin";
@@ -93,6 +99,33 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
         printf("done: val loss %.4f -> %.4f | train loss %.4f | %.0f tok/s mean | model saved to %s\n",
                summary.first_val_loss, summary.last_val_loss, summary.last_train_loss, summary.mean_tokens_per_s,
                model_path.c_str());
+}
+
+// --prompt: the text, encoded with GPT-2's BPE after an <|endoftext|> (as every training document
+// starts), continued by -g tokens sampled from the -e model at --temperature; printed, then exit.
+// Nothing is trained or written.
+static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
+    if (comm.world_size() > 1) fail("--prompt runs on one rank: start it without mpirun or srun");
+    resolve(cfg, 1);
+    if (cfg.tokenizer.empty()) fail("--prompt needs a --tokenizer file to decode the sampled tokens");
+    BpeEncoder bpe(cfg.bpe_dir);
+    Tokenizer tokenizer(cfg.tokenizer);
+    if (tokenizer.vocab_size() != cfg.model_config.vocab_size)
+        fail(strformat("tokenizer '%s' has %d tokens but the model's vocab_size is %d", cfg.tokenizer.c_str(),
+                       tokenizer.vocab_size(), cfg.model_config.vocab_size));
+    std::vector<int> tokens = {tokenizer.eot_token()};
+    for (int id : bpe.encode(cfg.prompt)) tokens.push_back(id);
+    // One sequence, with the model's whole context: the latest max_seq_len tokens condition each one.
+    cfg.batch_size = 1;
+    cfg.seq_len = cfg.model_config.max_seq_len;
+    BuiltModel built = Backend::make_model(cfg, comm, launch);
+    if (cfg.model_is_file) built.model->load(cfg.model);
+    else built.model->init_random(cfg.seed);
+    Rng rng(sampling_seed(cfg.seed));
+    const size_t prompt_tokens = tokens.size();
+    generate(*built.model, tokens, cfg.sample_tokens, cfg.temperature, rng);
+    printf("%s%s\n", cfg.prompt.c_str(),
+           tokenizer.decode(std::vector<int>(tokens.begin() + prompt_tokens, tokens.end())).c_str());
 }
 
 int main(int argc, char** argv) {
@@ -117,7 +150,8 @@ int main(int argc, char** argv) {
                 install_termination_report();
             }
 #endif
-            train(cfg, *comm, launch);
+            if (cfg.prompt.empty()) train(cfg, *comm, launch);
+            else prompt(cfg, *comm, launch);
         }
     } catch (const std::exception& e) {
         fprintf(stderr, "error%s: %s\n", launch.world_size > 1 ? strformat(" (rank %d)", launch.rank).c_str() : "",

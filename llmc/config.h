@@ -1,9 +1,12 @@
 // config.h: the run configuration: every flag, its default and its documentation in one table.
 //
-// One table (run_options) drives everything: command-line parsing (llm.c's short letters and
-// readable long names), `--config run.json` (keys are the long names), `--help`, and the resolved
-// config.json written into the output directory, so any run can be repeated exactly. Command-line
-// flags override the JSON file wherever they appear on the line.
+// One table (run_options) drives everything: command-line parsing (llm.c's short letters, each
+// with llm.c's meaning, and readable long names), `--config run.json` (keys are the long names),
+// `--help`, and the resolved config.json written into the output directory, so any run can be
+// repeated exactly. Command-line flags override the JSON file wherever they appear on the line.
+// llm.c's letters that llmc has no option for (llmc_only_flags) are accepted only where their value
+// describes what llmc does anyway, and otherwise refused, so no llm.c command line silently means
+// something else here.
 #pragma once
 
 #include <charconv>
@@ -55,12 +58,15 @@ struct RunConfig {
     int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;
+    std::string prompt;  // --prompt: continue this text by -g tokens, print it and exit (no training)
+    std::string bpe_dir = "data/gpt2_bpe";  // GPT-2's encoder.json and vocab.bpe, to encode --prompt
     // data parallelism
     int zero_stage = 0;           // 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients, 3 + sharded parameters
     float comm_timeout_s = 600;   // a collective not finished after this long is an error
     float heartbeat_s = 0.5;      // ranks exchange a status this often (0: no heartbeat; heartbeat.h)
     float peer_dead_s = 5;        // a rank silent for this long is dead
     std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
+    float peak_tflops = 0;        // one device's dense bf16 peak for MFU (0: the GPU's from mfu.h's table)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
     // tensor parallelism (gpt2_cpu.h)
     int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
@@ -114,7 +120,7 @@ inline const std::vector<RunOption>& run_options() {
     static const std::vector<RunOption> options = {
         {"-i", "train_data", &RunConfig::train_data, "glob of training token shards"},
         {"-j", "val_data", &RunConfig::val_data, "glob of validation token shards (\"\" disables validation)"},
-        {"-k", "tokenizer", &RunConfig::tokenizer, "tokenizer file for decoding samples (\"\" disables sampling)"},
+        {"", "tokenizer", &RunConfig::tokenizer, "tokenizer file for decoding samples (\"\" disables sampling)"},
         {"-o", "output_dir", &RunConfig::output_dir, "directory for config.json, metrics.jsonl, model.bin and the checkpoints ckpt_<step>/"},
         {"-e", "model", &RunConfig::model, "preset d4 d6 d12 d24 d36 d48, or a model file to start from"},
         {"", "num_layers", &RunConfig::num_layers, "override the preset's layer count"},
@@ -127,7 +133,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},
         {"-x", "steps", &RunConfig::steps, "optimizer steps to train"},
         {"-l", "lr", &RunConfig::lr, "peak learning rate"},
-        {"", "lr_schedule", &RunConfig::lr_schedule, "cosine | linear | constant | wsd"},
+        {"-k", "lr_schedule", &RunConfig::lr_schedule, "cosine | linear | constant | wsd"},
         {"-u", "warmup_steps", &RunConfig::warmup_steps, "linear warmup steps"},
         {"-q", "final_lr_frac", &RunConfig::final_lr_frac, "final learning rate as a fraction of the peak"},
         {"", "wsd_decay_frac", &RunConfig::wsd_decay_frac, "wsd: fraction of the steps spent in the cooldown"},
@@ -143,10 +149,13 @@ inline const std::vector<RunOption>& run_options() {
         {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
+        {"", "prompt", &RunConfig::prompt, "continue this text by -g tokens with the -e model, print it and exit: no training, nothing written"},
+        {"", "bpe_dir", &RunConfig::bpe_dir, "directory of GPT-2's encoder.json and vocab.bpe, to encode --prompt"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
         {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x tp, ZeRO shards over dp"},
         {"", "sp", &RunConfig::sequence_parallel, "with --tp > 1: 1 runs LayerNorms and residual adds on 1/tp of the tokens per rank (sequence parallelism), 0 on all of them"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
+        {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
         {"", "heartbeat_s", &RunConfig::heartbeat_s, "seconds between the ranks' heartbeats, which see a dead rank fast and name missing ranks at a timeout (0: off)"},
         {"", "peer_dead_s", &RunConfig::peer_dead_s, "seconds without a heartbeat after which a rank is declared dead (the job ends with exit code 4)"},
@@ -175,6 +184,34 @@ inline const std::vector<RunOption>& run_options() {
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
     };
     return options;
+}
+
+// llm.c's letters that have no llmc option. A flag never means something else here than in llm.c:
+// the value that describes what llmc always does (`same`, e.g. -h 0: no HellaSwag) is accepted and
+// sets nothing; any other value is refused with what llmc offers instead.
+struct LlmcOnlyFlag {
+    const char* flag;
+    const char* same;  // the accepted value, or "" when every value is refused
+    const char* instead;
+};
+
+inline const std::vector<LlmcOnlyFlag>& llmc_only_flags() {
+    static const char* launcher = "llmc takes the ranks and GPUs per node from mpirun or srun: launch with "
+                                  "`mpirun -np N` or `srun`, no flag needed";
+    static const std::vector<LlmcOnlyFlag> flags = {
+        {"-h", "0", "llm.c's -h 1 runs the HellaSwag evaluation, which llmc does not have (validation loss: -v, -m); "
+                    "for llmc's help use --help"},
+        {"-a", "0", "llm.c's -a 1 overfits a single batch; llmc has no such debug mode"},
+        {"-w", "1", "llmc always keeps fp32 master weights for the optimizer (llm.c's -w 1)"},
+        {"-f", "", "llm.c's -f switches TF32 for fp32 matmuls; llmc's CUDA matmuls are bf16 with fp32 accumulation "
+                   "and its CPU model is plain fp32, so there is no TF32 to switch"},
+        {"-ge", "", "llm.c's -ge picks the GELU fusion; llmc's CUDA model fuses the GELU into the fc matmul when "
+                    "-r is 0 and recomputes it otherwise (see -r)"},
+        {"-lg", "", "llm.c's -lg logs GPU state every N steps; llmc has no such log (use nvidia-smi alongside)"},
+        {"-pn", "", launcher}, {"-pr", "", launcher}, {"-pg", "", launcher}, {"-pi", "", launcher},
+        {"-pm", "", launcher}, {"-ps", "", launcher}, {"-pf", "", launcher}, {"-pp", "", launcher},
+    };
+    return flags;
 }
 
 namespace detail {
@@ -283,15 +320,34 @@ inline std::string run_config_help(const char* program) {
         out += strformat("  %-26s %s (default %s)\n", spelled.c_str(), o.doc, value.c_str());
     }
     out += "      --config FILE          read options from a JSON file; later flags override it\n";
-    out += "  -h, --help                 print this help\n";
+    out += "  -h, --help                 print this help (-h with a value is llm.c's HellaSwag flag: -h 0 is "
+           "accepted, -h 1 refused)\n";
+    out += "\nllm.c's letters llmc has no option for (accepted only with the value that describes what llmc does):\n ";
+    for (const LlmcOnlyFlag& f : llmc_only_flags())
+        out += f.same[0] ? strformat(" %s %s", f.flag, f.same) : strformat(" %s", f.flag);
+    out += "\n";
     return out;
 }
 
+// An llm.c letter llmc has no option for: accepted when `value` describes what llmc does, else
+// refused with what llmc offers instead. Returns false for a flag that is not one of those.
+inline bool check_llmc_only_flag(const std::string& flag, const std::string& value) {
+    for (const LlmcOnlyFlag& f : llmc_only_flags()) {
+        if (flag != f.flag) continue;
+        if (f.same[0] && value == f.same) return true;
+        fail(strformat("flag %s %s is llm.c's and llmc does not offer it: %s", flag.c_str(), value.c_str(), f.instead));
+    }
+    return false;
+}
+
 // Parses argv into cfg. Returns false when --help was asked for (the caller prints the help).
+// -h alone (last, or followed by another flag) asks for help; -h with a value is llm.c's HellaSwag
+// flag (llmc_only_flags).
 inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];
-        if (arg == "-h" || arg == "--help") return false;
+        if (arg == "--help") return false;
+        if (arg == "-h" && (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0'))) return false;
         std::string value;
         bool has_inline_value = false;
         size_t eq = arg.find('=');
@@ -308,6 +364,7 @@ inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
             apply_config_file(cfg, value);
             continue;
         }
+        if (check_llmc_only_flag(arg, value)) continue;
         const RunOption* o = detail::find_option(arg);
         if (!o) fail(strformat("unknown flag '%s' (run with --help for the list)", arg.c_str()));
         detail::set_from_string(cfg, *o, strformat("flag %s", arg.c_str()), value);
@@ -381,8 +438,12 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
                       "them (change -t, or --sp 0)",
                       cfg.tp, cfg.seq_len));
 
-    require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d", cfg.steps));
+    require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d%s", cfg.steps,
+                                     cfg.steps == -1 ? " (llm.c's -x -1, one epoch, is not offered: give the step count)" : ""));
     require(cfg.lr > 0, strformat("-l (lr) must be positive, got %g", cfg.lr));
+    require(cfg.lr_schedule.find('/') == std::string::npos && cfg.lr_schedule.find(".bin") == std::string::npos,
+            strformat("-k (lr_schedule) '%s' looks like a file: -k is llm.c's learning-rate schedule; the tokenizer "
+                      "file is --tokenizer", cfg.lr_schedule.c_str()));
     parse_lr_schedule(cfg.lr_schedule);
     require(cfg.warmup_steps >= 0, strformat("-u (warmup_steps) must be >= 0, got %d", cfg.warmup_steps));
     require(cfg.final_lr_frac >= 0 && cfg.final_lr_frac <= 1,
@@ -403,6 +464,7 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
+    require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));
     require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
     require(cfg.heartbeat_s >= 0, strformat("--heartbeat-s must be >= 0, got %g", cfg.heartbeat_s));
     require(cfg.heartbeat_s == 0 || cfg.peer_dead_s > 2 * cfg.heartbeat_s,

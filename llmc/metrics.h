@@ -1,10 +1,12 @@
 // metrics.h: what a run reports: one aligned console line per step and a JSONL metrics file.
 //
 // The console is for a human glancing at a run's health; <output_dir>/metrics.jsonl is for tools
-// (one JSON object per line, flushed at once, so a crashed run still leaves every finished step).
+// (one JSON object per line, flushed at once, so a crashed run still leaves every finished step;
+// each with its wall-clock "time"). dev/plot_metrics.py draws the curves from it.
 // A log made with an empty path is silent: the ranks other than 0 keep one of those.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -27,7 +29,16 @@ struct StepMetrics {
     double comm_ms = 0;  // of step_ms, the time spent waiting for communication (not overlapped)
     double tokens_per_s = 0;
     bool skipped = false;  // the update was skipped (train_loop.h's guards)
+    double elapsed_s = 0;  // since this process's first step (validation and samples included)
+    double eta_s = 0;      // the steps left at this process's mean time per step so far
+    double mfu = -1;       // model FLOPs utilization in [0, 1] (mfu.h); < 0: unknown (no peak, e.g. the CPU)
 };
+
+// "1:02:03": hours, minutes and seconds, for the step line's elapsed time and ETA.
+inline std::string format_duration(double seconds) {
+    const long s = seconds > 0 ? (long)(seconds + 0.5) : 0;
+    return strformat("%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+}
 
 class MetricsLog {
 public:
@@ -57,12 +68,17 @@ public:
 
     void log_step(const StepMetrics& m) {
         if (!file_) return;
-        printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s%s\n",
+        printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s%s | "
+               "%s elapsed, eta %s%s\n",
                digits(m.total_steps), m.step, m.total_steps, m.train_loss, m.lr, m.grad_norm, m.step_ms, m.comm_ms,
-               m.tokens_per_s, m.skipped ? " | update SKIPPED" : "");
+               m.tokens_per_s, m.mfu >= 0 ? strformat(" | MFU %4.1f%%", 100 * m.mfu).c_str() : "",
+               format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str(),
+               m.skipped ? " | update SKIPPED" : "");
         fflush(stdout);
         nlohmann::json r = {{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
-                            {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s}};
+                            {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s},
+                            {"elapsed_s", m.elapsed_s}, {"eta_s", m.eta_s}};
+        if (m.mfu >= 0) r["mfu"] = m.mfu;
         if (m.skipped) r["skipped"] = true;
         write(r);
     }
@@ -95,7 +111,11 @@ public:
 
 private:
     static int digits(int n) { return (int)std::to_string(n).size(); }
-    void write(const nlohmann::json& record) {
+    // Every record carries its wall-clock time ("time": seconds since the Unix epoch, to the ms).
+    void write(nlohmann::json record) {
+        const double now_ms = (double)std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch()).count();
+        record["time"] = now_ms / 1000.0;
         // Decoded samples may end mid-way through a multi-byte character; replace, don't throw.
         std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
         file_->write(line.data(), line.size());

@@ -12,6 +12,9 @@
 
 namespace llmc {
 
+// The sampling Rng's seed for a run seed: its own stream, apart from the training RNG's.
+inline uint64_t sampling_seed(uint64_t run_seed) { return run_seed ^ 0x5A4D504C45ull; }
+
 // Draws a token id in [0, vocab_size) from softmax(logits / temperature); padded ids never come out.
 inline int sample_token(const float* logits, int vocab_size, float temperature, Rng& rng) {
     float max_logit = logits[0];

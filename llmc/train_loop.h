@@ -39,6 +39,7 @@
 #include "llmc/guards.h"
 #include "llmc/health.h"
 #include "llmc/metrics.h"
+#include "llmc/mfu.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
 #include "llmc/sampler.h"
@@ -80,7 +81,7 @@ public:
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
           metrics_path_((world ? world->rank() : dp.rank()) == 0 ? metrics_path : ""),
-          sample_rng_(cfg.seed ^ 0x5A4D504C45ull) {
+          sample_rng_(sampling_seed(cfg.seed)) {
         if (dp.world_size() != cfg.dims.dp)
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
                            "communicator has %d",
@@ -95,6 +96,9 @@ public:
                                tokenizer_->vocab_size(), cfg.model_config.vocab_size));
         }
     }
+
+    // The dense bf16 peak of one rank's device in TFLOP/s (mfu.h), for the step line's MFU; 0: none.
+    void set_peak_tflops(double peak_tflops) { peak_tflops_ = peak_tflops; }
 
     // started: called once the state is loaded and the first step begins (main uses it to tell a
     // configuration error from a failure during training).
@@ -121,6 +125,9 @@ public:
             log_.log_event("fingerprints: off under ZeRO-3 (the parameters are sharded, no rank holds a replica to compare)",
                            {{"step", first_step}, {"event", "fingerprints_off"}, {"reason", "zero_stage 3"}});
         last_verified_step_ = first_step;
+        const auto run_start = std::chrono::steady_clock::now();  // elapsed time and ETA count from here
+        const double flops_per_token = model_flops_per_token(cfg_.model_config, T);
+        int steps_run = 0;
         int step = first_step;
         while (step <= cfg_.steps) {
             bool last = step == cfg_.steps;
@@ -190,6 +197,10 @@ public:
             m.step_ms = step_ms;
             m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
             m.skipped = skip;
+            steps_run++;
+            m.elapsed_s = ms_since(run_start) / 1000.0;
+            m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
+            m.mfu = model_flops_utilization(flops_per_token, m.tokens_per_s, peak_tflops_, world_.world_size());
             log_.log_step(m);
             if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
             summary.last_train_loss = m.train_loss;
@@ -510,6 +521,7 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     std::string metrics_path_;
     MetricsLog log_;
+    double peak_tflops_ = 0;
     Rng sample_rng_;
     // guards
     ZScoreWindow loss_window_, norm_window_;

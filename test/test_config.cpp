@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -167,6 +169,82 @@ TEST_CASE("unknown flags, missing values and missing files are errors", "[config
     RunConfig cfg;
     const char* help[] = {"train_gpt", "--help"};
     CHECK_FALSE(parse_run_args(cfg, 2, help));
+}
+
+TEST_CASE("every letter of llm.c's train_gpt2.cu means what it means in llm.c, or is refused saying why", "[config]") {
+    // llm.c's flags with a typical value (its scripts/run_gpt2_124M.sh where it uses them) and the
+    // field that must then hold llm.c's meaning.
+    struct Accepted {
+        const char* flag;
+        const char* value;
+        std::function<bool(const RunConfig&)> means;
+    };
+    const std::vector<Accepted> accepted = {
+        {"-i", "dev/data/fineweb10B/fineweb_train_*.bin", [](auto& c) { return c.train_data == "dev/data/fineweb10B/fineweb_train_*.bin"; }},
+        {"-j", "dev/data/fineweb10B/fineweb_val_*.bin", [](auto& c) { return c.val_data == "dev/data/fineweb10B/fineweb_val_*.bin"; }},
+        {"-e", "d12", [](auto& c) { return c.model == "d12" && c.model_config.num_layers == 12; }},
+        {"-o", "log124M", [](auto& c) { return c.output_dir == "log124M"; }},
+        {"-n", "5000", [](auto& c) { return c.checkpoint_every == 5000; }},
+        {"-nk", "3", [](auto& c) { return c.checkpoint_keep == 3; }},
+        {"-nm", "10000", [](auto& c) { return c.checkpoint_major == 10000; }},
+        {"-y", "1", [](auto& c) { return c.resume == 1; }},
+        {"-b", "64", [](auto& c) { return c.batch_size == 64; }},
+        {"-t", "1024", [](auto& c) { return c.seq_len == 1024; }},
+        {"-d", "524288", [](auto& c) { return c.total_batch_tokens == 524288; }},
+        {"-x", "18865", [](auto& c) { return c.steps == 18865; }},
+        {"-k", "wsd", [](auto& c) { return c.lr_schedule == "wsd"; }},
+        {"-l", "0.0006", [](auto& c) { return c.lr == 0.0006f; }},
+        {"-u", "700", [](auto& c) { return c.warmup_steps == 700; }},
+        {"-q", "0.0", [](auto& c) { return c.final_lr_frac == 0.0f; }},
+        {"-c", "0.1", [](auto& c) { return c.weight_decay == 0.1f; }},
+        {"-sl", "5.0", [](auto& c) { return c.skip_update_lossz == 5.0f; }},
+        {"-sg", "5.0", [](auto& c) { return c.skip_update_gradz == 5.0f; }},
+        {"-v", "250", [](auto& c) { return c.val_every == 250; }},
+        {"-m", "20", [](auto& c) { return c.val_steps == 20; }},
+        {"-s", "20000", [](auto& c) { return c.sample_every == 20000; }},
+        {"-g", "144", [](auto& c) { return c.sample_tokens == 144; }},
+        {"-z", "1", [](auto& c) { return c.zero_stage == 1; }},
+        {"-r", "0", [](auto& c) { return c.recompute == 0; }},
+        // What llmc always does: accepted, nothing to set.
+        {"-h", "0", [](auto&) { return true; }},
+        {"-a", "0", [](auto&) { return true; }},
+        {"-w", "1", [](auto&) { return true; }},
+    };
+    // The rest: refused, and the message names llm.c's meaning and llmc's alternative.
+    const std::vector<std::pair<const char*, const char*>> refused = {
+        {"-h", "1"}, {"-a", "1"}, {"-w", "0"}, {"-f", "1"}, {"-f", "0"}, {"-ge", "2"}, {"-lg", "10"},
+        {"-pn", "2"}, {"-pr", "0"}, {"-pg", "8"}, {"-pi", "mpi"}, {"-pm", "tcp"}, {"-ps", "10.0.0.1"},
+        {"-pf", "/tmp"}, {"-pp", "/tmp"}, {"-x", "-1"},
+    };
+    std::set<std::string> letters;
+    for (const Accepted& a : accepted) {
+        INFO(a.flag << " " << a.value);
+        RunConfig cfg = parse({a.flag, a.value});
+        CHECK(a.means(cfg));
+        letters.insert(a.flag);
+    }
+    for (const auto& [flag, value] : refused) {
+        INFO(flag << " " << value);
+        REQUIRE_THROWS_WITH(parse({flag, value}), Contains("llm.c's"));
+        letters.insert(flag);
+    }
+    // Every letter llm.c's parser reads (and its usage text names: -pm, -pp) is covered above.
+    const std::set<std::string> llmc_letters = {"-i", "-j", "-e", "-o", "-n", "-y", "-b", "-t", "-d", "-l", "-lg",
+                                                "-u", "-q", "-c", "-x", "-v", "-m", "-s", "-ge", "-g", "-a", "-f",
+                                                "-w", "-z", "-r", "-h", "-k", "-pi", "-pf", "-ps", "-pn", "-pr",
+                                                "-pg", "-sl", "-sg", "-nk", "-nm", "-pm", "-pp"};
+    CHECK(letters == llmc_letters);
+    // llmc's own options have long names only: every short letter in the table is one of llm.c's.
+    for (const RunOption& o : run_options())
+        if (o.short_flag[0]) CHECK(llmc_letters.count(o.short_flag) == 1);
+    // -h alone, or before another flag, is help; --tokenizer lost its -k.
+    RunConfig cfg;
+    const char* help_alone[] = {"train_gpt", "-b", "4", "-h"};
+    CHECK_FALSE(parse_run_args(cfg, 4, help_alone));
+    const char* help_first[] = {"train_gpt", "-h", "-b", "4"};
+    CHECK_FALSE(parse_run_args(cfg, 4, help_first));
+    CHECK(parse({"--tokenizer", ""}).tokenizer.empty());
+    REQUIRE_THROWS_WITH(parse({"-k", "data/gpt2_tokenizer.bin"}), Contains("the tokenizer file is --tokenizer"));
 }
 
 TEST_CASE("--config reads options by long name and later flags override it", "[config]") {

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "llmc/bpe_encoder.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
 
@@ -133,6 +135,58 @@ TEST_CASE("tokenizer decodes the Python encoder's ids back to the original text"
         CHECK(tok.decode(ids) == text);
     }
     CHECK(tok.decode(std::vector<int>{15496, 995}) == "Hello world");
+}
+
+TEST_CASE("the C++ BPE encoder gives the Python encoder's ids for every fixture text", "[tokenizer][bpe][data]") {
+    require_data_file(kEncoderPath);
+    require_data_file(kFixturePath);
+    llmc::BpeEncoder bpe("data/gpt2_bpe");
+    auto fixture = nlohmann::json::parse(llmc::read_text_file(kFixturePath));
+    REQUIRE(fixture.size() >= 10);
+    for (const auto& entry : fixture) {
+        const std::string text = entry["text"].get<std::string>();
+        INFO("text: " << text);
+        CHECK(bpe.encode(text) == entry["ids"].get<std::vector<int>>());
+    }
+}
+
+TEST_CASE("the C++ BPE encoder re-encodes every document of the default corpus's validation shard to the "
+          "same tokens", "[tokenizer][bpe][data]") {
+    // dev/data/gpt2_bpe.py wrote the shard, each document after an <|endoftext|>; decoding a document
+    // gives its text back, so encoding that text must give the document's tokens.
+    const char* shard = "data/default/default_val_000000.bin";
+    require_data_file(kTokenizerPath);
+    require_data_file(shard);
+    llmc::Tokenizer tokenizer(kTokenizerPath);
+    llmc::BpeEncoder bpe("data/gpt2_bpe");
+    const std::string bytes = llmc::read_text_file(shard);
+    REQUIRE(bytes.size() > 1024);
+    std::vector<uint16_t> tokens((bytes.size() - 1024) / 2);
+    memcpy(tokens.data(), bytes.data() + 1024, tokens.size() * 2);
+    int documents = 0, mismatched = 0;
+    for (size_t begin = 0; begin < tokens.size();) {
+        REQUIRE(tokens[begin] == tokenizer.eot_token());
+        size_t end = begin + 1;
+        while (end < tokens.size() && tokens[end] != tokenizer.eot_token()) end++;
+        const std::vector<int> doc(tokens.begin() + begin + 1, tokens.begin() + end);
+        if (bpe.encode(tokenizer.decode(doc)) != doc && mismatched++ < 3) FAIL_CHECK("document " << documents << ": " << tokenizer.decode(doc));
+        documents++;
+        begin = end;
+    }
+    CHECK(mismatched == 0);
+    CHECK(documents > 100);
+}
+
+TEST_CASE("GPT-2's pre-tokenization splits words as the regex does", "[tokenizer][bpe]") {
+    using V = std::vector<std::string>;
+    CHECK(llmc::split_words("Hello world") == V{"Hello", " world"});
+    CHECK(llmc::split_words("I'm here's") == V{"I", "'m", " here", "'s"});
+    CHECK(llmc::split_words("a  b") == V{"a", " ", " b"});        // the last space joins the word
+    CHECK(llmc::split_words("a \n\nb") == V{"a", " \n", "\n", "b"});  // ...or stands alone before it
+    CHECK(llmc::split_words("x  ") == V{"x", "  "});               // a run at the end stays whole
+    CHECK(llmc::split_words("pi 3.14!") == V{"pi", " 3", ".", "14", "!"});
+    CHECK(llmc::split_words("café 日本") == V{"café", " 日本"});
+    CHECK(llmc::split_words("").empty());
 }
 
 TEST_CASE("tokenizer rejects out-of-range ids", "[tokenizer][data]") {

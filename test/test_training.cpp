@@ -47,12 +47,42 @@ TEST_CASE("a short CPU training run lowers the validation loss well below ln(voc
     // metrics.jsonl holds one record per step plus the three evaluations and two samples
     std::ifstream metrics(std::string(dir) + "/metrics.jsonl");
     int lines = 0, val_lines = 0;
+    double last_time = 0;
     for (std::string line; std::getline(metrics, line); lines++) {
         auto record = nlohmann::json::parse(line);
         if (record.contains("val_loss")) val_lines++;
+        // every record has its wall-clock time, in order; a step record its elapsed time and ETA
+        REQUIRE(record.contains("time"));
+        CHECK(record["time"].get<double>() >= last_time);
+        CHECK(record["time"].get<double>() > 1.7e9);  // seconds since the epoch, not since the start
+        last_time = record["time"].get<double>();
+        if (record.contains("train_loss")) {
+            CHECK(record["elapsed_s"].get<double>() > 0);
+            CHECK(record["eta_s"].get<double>() >= 0);
+            CHECK_FALSE(record.contains("mfu"));  // no peak on the CPU
+            if (record["step"] == 200) CHECK(record["eta_s"].get<double>() == 0);
+        }
     }
     CHECK(val_lines == 3);
     CHECK(lines == 200 + 3 + 2);
     std::string cleanup = std::string("rm -rf ") + dir;
     CHECK(system(cleanup.c_str()) == 0);
+}
+
+TEST_CASE("MFU: the peak comes from the device name's table, durations read as h:mm:ss", "[training]") {
+    CHECK(gpu_peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989);
+    CHECK(gpu_peak_bf16_tflops("NVIDIA H100 PCIe") == 756);
+    CHECK(gpu_peak_bf16_tflops("NVIDIA H200") == 989);
+    CHECK(gpu_peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312);
+    CHECK(gpu_peak_bf16_tflops("Some Future GPU") == 0);
+    // 124M at T 1024: ~0.87 GFLOP per token; 400k tokens/s on one H100 is ~35%
+    ModelConfig d12 = model_preset("d12");
+    const double mfu = model_flops_utilization(model_flops_per_token(d12, 1024), 4e5, 989, 1);
+    CHECK(mfu > 0.3);
+    CHECK(mfu < 0.4);
+    CHECK(model_flops_utilization(1e9, 1e5, 989, 8) == Approx(1e14 / (989e12 * 8)));
+    CHECK(model_flops_utilization(1e9, 1e5, 0, 1) < 0);  // unknown peak: no MFU
+    CHECK(format_duration(0) == "0:00:00");
+    CHECK(format_duration(59.6) == "0:01:00");
+    CHECK(format_duration(3 * 3600 + 25 * 60 + 7) == "3:25:07");
 }

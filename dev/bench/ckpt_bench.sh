@@ -26,7 +26,7 @@
 #   THREADS      ckpt_bench's work threads (default 1: the training thread; the CPU trainer uses all cores)
 #   DD_REPEATS   dd runs of each kind per size (default 3)
 #   TRAINER      1 (default) runs (c); 0 skips it. TRAINER_MODEL (d12), TRAINER_STEPS (4), TRAINER_EVERY (2),
-#                TRAINER_ARGS (default '-b 1 -t 64 -v 0 -s 0 -j "" -k ""', shell words)
+#                TRAINER_ARGS (default '-b 1 -t 64 -v 0 -s 0 -j "" --tokenizer ""', shell words)
 #   KEEP_LOGS    1 keeps $OUT/results.txt (every figure) and $OUT/bench.log (the big files go regardless)
 # Full run: about 8 minutes; memory about 5 GB at its peak (d48's share: state 2.3 GB + snapshot
 # 2.3 GB; the 2.3 GB random file in /dev/shm during the dd runs; the d12 trainer about 3.6 GB); disk
@@ -169,7 +169,7 @@ if [ "$TRAINER" = 1 ]; then
     if [ -n "${TRAINER_ARGS+x}" ]; then
         eval "targs=($TRAINER_ARGS)"
     else
-        targs=(-b 1 -t 64 -v 0 -s 0 -j "" -k "")
+        targs=(-b 1 -t 64 -v 0 -s 0 -j "" --tokenizer "")
     fi
     for sync in 0 1; do
         dir=$OUT/trainer_$sync

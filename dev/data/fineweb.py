@@ -23,17 +23,30 @@ CONFIG = "sample-10BT"
 SHARD_TOKENS = 100_000_000
 
 
-def hub_texts():
+def import_datasets():
+    """The Hugging Face `datasets` library, or an exit that says how to get it on Debian, whose
+    system Python refuses `pip install` (PEP 668) and which packages no python3-datasets."""
     try:
         import datasets
     except ImportError:
-        raise SystemExit("error: fineweb.py needs the `datasets` library: pip install datasets")
+        raise SystemExit(
+            "error: fineweb.py needs the Hugging Face `datasets` library to stream FineWeb, and it is not installed.\n"
+            "       Debian has no package for it and its system python refuses `pip install`; use a virtual environment:\n"
+            "         apt-get install python3-venv   # Debian's python3 has no venv module without it\n"
+            "         python3 -m venv ~/.venv-fineweb && ~/.venv-fineweb/bin/pip install datasets numpy regex\n"
+            "         ~/.venv-fineweb/bin/python dev/data/fineweb.py --bpe-dir data/gpt2_bpe --out-dir data/fineweb10B\n"
+            "       or, without internet here, pass local documents: --input FILE.jsonl (one {\"text\": ...} per line).")
+    return datasets
+
+
+def hub_texts(datasets):
     try:
         stream = datasets.load_dataset(DATASET, name=CONFIG, split="train", streaming=True)
         for row in stream:
             yield row["text"]
     except Exception as e:  # network, auth, schema: all end the same way, with the reason
-        raise SystemExit(f"error: cannot stream {DATASET} ({CONFIG}): {type(e).__name__}: {e}")
+        raise SystemExit(f"error: cannot stream {DATASET} ({CONFIG}): {type(e).__name__}: {e}\n"
+                         f"       (no internet here? pass local documents with --input FILE.jsonl)")
 
 
 def jsonl_texts(path):
@@ -60,7 +73,7 @@ def main():
     if args.shard_tokens <= 0 or args.shard_tokens >= 2 ** 31:
         ap.error(f"--shard-tokens must be in [1, 2^31), got {args.shard_tokens}")
 
-    texts = jsonl_texts(args.input) if args.input else hub_texts()
+    texts = jsonl_texts(args.input) if args.input else hub_texts(import_datasets())
     t0 = time.time()
     total = 0
     with gpt2_bpe.ShardWriter(args.out_dir, "fineweb", args.shard_tokens,

@@ -313,6 +313,7 @@ class ShardWriter:
         if shard_tokens <= 0:
             raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
         self.out_dir, self.name, self.shard_tokens, self.split_of = out_dir, name, shard_tokens, split_of
+        self.made_out_dir = not os.path.exists(out_dir)  # removed again if nothing is committed into it
         os.makedirs(out_dir, exist_ok=True)
         self.stage = tempfile.mkdtemp(prefix=f".{name}.partial.", dir=out_dir)
         self.index = first_index
@@ -352,6 +353,8 @@ class ShardWriter:
 
     def __exit__(self, *exc):
         shutil.rmtree(self.stage, ignore_errors=True)
+        if self.made_out_dir and os.path.isdir(self.out_dir) and not os.listdir(self.out_dir):
+            os.rmdir(self.out_dir)  # a failed run leaves no empty directory behind
         return False
 
 

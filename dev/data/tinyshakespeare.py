@@ -47,12 +47,18 @@ def main():
     ap.add_argument("--input", help="local text file to use instead of downloading")
     args = ap.parse_args()
 
+    made_out_dir = not os.path.exists(args.out_dir)
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.input
     if path is None:
         path = os.path.join(args.out_dir, "input.txt")
         if not os.path.exists(path):
-            download(URL, path)
+            try:
+                download(URL, path)
+            except SystemExit:
+                if made_out_dir and not os.listdir(args.out_dir):
+                    os.rmdir(args.out_dir)  # a failed download leaves no empty directory behind
+                raise
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -34,6 +34,7 @@
 #include "llmc/dist/flight_recorder.h"
 #include "llmc/exit_codes.h"
 #include "llmc/kernels/cuda_common.cuh"  // CUDA_CHECK
+#include "llmc/kernels/nvtx.cuh"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -396,6 +397,7 @@ private:
     }
     // A collective goes onto the stream at once, after any pending messages (issue order).
     CommHandle enqueue(std::string what, const Call& call) {
+        NvtxRange range(what);
         auto op = make_op(std::move(what));
         state_->flush();
         state_->launch({call}, {op});

@@ -9,6 +9,7 @@
 
 #include "llmc/dist/comm.h"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/nvtx.cuh"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -41,6 +42,7 @@ public:
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
         if (world_size() == 1 || count == 0) return {};
+        NvtxRange range(strformat("all_reduce of %zu %s (staged)", count, comm_dtype_name(dtype)));
         const auto start = Clock::now();
         const size_t bytes = count * comm_dtype_bytes(dtype);
         char* h = staging(bytes);
@@ -56,6 +58,7 @@ public:
             if (!is_in_place("reduce_scatter", send, recv, block)) device_copy(recv, send, block);
             return {};
         }
+        NvtxRange range(strformat("reduce_scatter of %zu %s per rank (staged)", recv_count, comm_dtype_name(dtype)));
         const auto start = Clock::now();
         char* h = staging(block * world_size());
         CUDA_CHECK(cudaMemcpy(h, send, block * world_size(), cudaMemcpyDeviceToHost));
@@ -71,6 +74,7 @@ public:
             if (!is_in_place("all_gather", recv, send, block)) device_copy(recv, send, block);
             return {};
         }
+        NvtxRange range(strformat("all_gather of %zu %s per rank (staged)", send_count, comm_dtype_name(dtype)));
         const auto start = Clock::now();
         char* h = staging(block * world_size());
         char* own = h + (size_t)rank() * block;

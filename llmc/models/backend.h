@@ -20,6 +20,7 @@ namespace llmc {
 struct BuiltModel {
     std::unique_ptr<Communicator> device_comm;  // collectives on device buffers (CUDA backend), or null
     std::unique_ptr<Model> model;
+    double peak_tflops = 0;  // the device's dense bf16 peak, for MFU (mfu.h); 0: unknown
 };
 
 }  // namespace llmc

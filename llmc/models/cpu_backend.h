@@ -4,10 +4,13 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
@@ -20,15 +23,38 @@
 
 namespace llmc {
 
+// How many ranks share this machine: Open MPI's and Slurm's own count where they give one, else the
+// launch's (ranks that share memory; 1 without a launcher).
+inline int ranks_on_this_node(const Launch& launch) {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+        const char* value = getenv(name);
+        const int n = value ? atoi(value) : 0;  // SLURM_TASKS_PER_NODE reads "4(x2),3": this node's count leads
+        if (n > 0) return n;
+    }
+    return std::max(1, launch.local_size);
+}
+
+// OpenMP threads per rank: OMP_NUM_THREADS wins; otherwise the machine's cores shared out among
+// the ranks on it (at least 1, at most the cores this rank may run on), so several ranks on one
+// machine do not each start a thread per core and fight over them. Returns how the count was chosen.
+inline std::string set_threads_per_rank(const Launch& launch) {
+    if (getenv("OMP_NUM_THREADS")) return "OMP_NUM_THREADS";
+    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    const int ranks = ranks_on_this_node(launch);
+    omp_set_num_threads(std::max(1, std::min(omp_get_num_procs(), cores / ranks)));
+    return strformat("%d core(s) / %d rank(s) on this node; OMP_NUM_THREADS overrides", cores, ranks);
+}
+
 struct CpuBackend {
     // The ZeRO stage that runs (the one asked for: the CPU model shards on any world size).
     static int effective_zero_stage(const RunConfig& cfg) { return cfg.zero_stage; }
 
     // This rank's model, sharded over the data-parallel group by the config's ZeRO stage and cut over
     // the tensor-parallel group.
-    static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch&) {
+    static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
+        const std::string threads_why = set_threads_per_rank(launch);
         if (groups.world().rank() == 0)
-            printf("device: CPU, %d OpenMP threads per rank (OMP_NUM_THREADS sets them)\n", omp_get_max_threads());
+            printf("device: CPU, %d OpenMP thread(s) per rank (%s)\n", omp_get_max_threads(), threads_why.c_str());
         BuiltModel built;
         try {
             built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
@@ -38,6 +64,7 @@ struct CpuBackend {
                            "logits with B*T*vocab): reduce -b or -t, or shard more with -z",
                            cfg.batch_size, cfg.seq_len));
         }
+        built.peak_tflops = cfg.peak_tflops;  // MFU on the CPU only when asked for
         return built;
     }
 

@@ -12,6 +12,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/staged_comm.cuh"
+#include "llmc/mfu.h"
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
@@ -37,8 +38,9 @@ struct CudaBackend {
         Communicator& host = groups.dp();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
-        if (host.rank() == 0) print_device(cfg, host, device, nccl);
         BuiltModel built;
+        built.peak_tflops = peak_tflops(cfg, device);
+        if (host.rank() == 0) print_device(cfg, host, device, nccl, built.peak_tflops);
         built.device_comm = make_device_comm(cfg, host, device, nccl);
         DataParallel dp;
         dp.comm = built.device_comm.get();
@@ -92,12 +94,22 @@ private:
         return device;
     }
 
-    static void print_device(const RunConfig& cfg, Communicator& host, int device, bool nccl) {
+    // --peak-tflops, else the device's from mfu.h's table (0: unknown, no MFU).
+    static double peak_tflops(const RunConfig& cfg, int device) {
+        if (cfg.peak_tflops > 0) return cfg.peak_tflops;
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s\n", prop.name,
+        return gpu_peak_bf16_tflops(prop.name);
+    }
+
+    static void print_device(const RunConfig& cfg, Communicator& host, int device, bool nccl, double peak) {
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        printf("device: %s, %.1f GiB, bf16 with fp32 master weights, recompute %d%s, %s\n", prop.name,
                prop.totalGlobalMem / 1073741824.0, cfg.recompute,
-               nccl ? ", collectives over NCCL" : host.world_size() > 1 ? ", collectives over MPI via host memory" : "");
+               nccl ? ", collectives over NCCL" : host.world_size() > 1 ? ", collectives over MPI via host memory" : "",
+               peak > 0 ? strformat("MFU against %g TFLOP/s dense bf16", peak).c_str()
+                        : "no MFU (GPU not in llmc/mfu.h's table; pass --peak-tflops)");
     }
 
     static std::unique_ptr<Communicator> make_device_comm(const RunConfig& cfg, Communicator& host, int device,

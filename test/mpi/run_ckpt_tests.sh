@@ -26,7 +26,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # 24 steps of a 2-layer model; 12 windows per step, so 1, 2, 3 and 4 ranks all keep the same batch.
-common=(-i "$train_glob" -j "" -k "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
+common=(-i "$train_glob" -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
         -b 2 -t 32 -d 768 -x 24 -l 3e-3 -u 4 -v 0 -s 0 -n 4)
 
 fail() { echo "FAILED: $*" >&2; exit 1; }
@@ -185,7 +185,7 @@ echo "== model files: llm.c's bf16 (version 5) written with --model-dtype bf16 a
 run 1 "$dir/bf16" -x 2 -n 0 --model-dtype bf16
 version=$(od -An -t d4 -j 4 -N 4 "$dir/bf16/model.bin" | tr -d ' ')
 [ "$version" = 5 ] || fail "--model-dtype bf16 wrote a version $version model file"
-"$trainer" -i "$train_glob" -j "" -k "" -e "$dir/bf16/model.bin" -b 2 -t 32 -x 1 -v 0 -s 0 -o "$dir/from_bf16" >"$dir/from_bf16.log" 2>&1 ||
+"$trainer" -i "$train_glob" -j "" --tokenizer "" -e "$dir/bf16/model.bin" -b 2 -t 32 -x 1 -v 0 -s 0 -o "$dir/from_bf16" >"$dir/from_bf16.log" 2>&1 ||
     { cat "$dir/from_bf16.log"; fail "-e of a bf16 model file"; }
 rc=0
 "$trainer" "${common[@]}" -o "$dir/bad" --model-dtype f16 >"$dir/bad.log" 2>&1 || rc=$?

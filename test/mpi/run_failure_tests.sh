@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=1
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-tiny=(-i 'data/default/default_train_*.bin' -j "" -k "" --num-layers 2 --channels 64 --num-heads 2
+tiny=(-i 'data/default/default_train_*.bin' -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2
       --max-seq-len 64 -b 2 -t 32 -x 40 -v 0 -s 0)
 
 failures=0

@@ -28,7 +28,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # 10 steps of a 2-layer model; 12 windows per step, so 2 and 3 ranks keep the same batch.
-common=(-i "$train_glob" -j "" -k "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
+common=(-i "$train_glob" -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
         -b 2 -t 32 -d 768 -x 10 -l 3e-3 -u 4 -v 0 -s 0)
 
 fail() { echo "FAILED: $*" >&2; exit 1; }

@@ -25,7 +25,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # 12 steps of a 2-layer model, a checkpoint every 4 (run_ckpt_tests.sh's configuration, shorter).
-common=(-i "$train_glob" -j "" -k "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
+common=(-i "$train_glob" -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
         -b 2 -t 32 -d 768 -x 12 -l 3e-3 -u 4 -v 0 -s 0 -n 4)
 
 fail() { echo "FAILED: $*" >&2; exit 1; }

@@ -20,7 +20,7 @@ for mesh in "2 2" "4 4" "4 2"; do
 done
 
 shard="$dir/tp_train_000000.bin"  # 60000 tokens of a 250-token vocabulary, written by test_tp
-common=(-i "$shard" -j "" -k "" --vocab-size 250 --num-layers 2 --channels 32 --num-heads 4 --max-seq-len 32
+common=(-i "$shard" -j "" --tokenizer "" --vocab-size 250 --num-layers 2 --channels 32 --num-heads 4 --max-seq-len 32
         -b 2 -t 32 -d 256 -l 1e-2 -u 2 --heartbeat-s 0 --straggler-factor 0)
 
 # Each bad mesh must fail (non-zero exit) with a message naming the problem.

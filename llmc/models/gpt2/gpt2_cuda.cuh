@@ -50,6 +50,7 @@
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/models/gpt2/params.h"
@@ -282,6 +283,7 @@ public:
     }
 
     double grad_norm_squared() override {
+        NvtxRange range("grad norm");
         PhaseScope phase(timer_, "grad norm", stream_.get());
         return engine_.grad_norm_squared();
     }
@@ -289,6 +291,7 @@ public:
     // parameters all-gathered. The stochastic rounding bits depend on (seed, step, element) only.
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
         if (step < 1) fail(strformat("adamw_step: step must be >= 1 (1-based for bias correction), got %d", step));
+        NvtxRange range("adamw");
         PhaseScope phase(timer_, "adamw", stream_.get());
         engine_.adamw_step(opt, step, grad_multiplier);
     }
@@ -376,6 +379,7 @@ private:
             encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
         }
         for (int l = 0; l < L; l++) {
+            NvtxRange range("forward", l);
             buckets_.enter_layer(l, Walk::Forward);
             layer_forward(a, l, B, T, false);
             buckets_.leave_layer(l, Walk::Forward);
@@ -519,6 +523,7 @@ private:
         }
         buckets_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
+            NvtxRange range("backward", l);
             buckets_.enter_layer(l, Walk::Backward);
             recompute_layer(a, l, B, T);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
