@@ -118,7 +118,8 @@ static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     // One sequence, with the model's whole context: the latest max_seq_len tokens condition each one.
     cfg.batch_size = 1;
     cfg.seq_len = cfg.model_config.max_seq_len;
-    BuiltModel built = Backend::make_model(cfg, comm, launch);
+    ProcessGroups groups(comm, cfg.dims);  // one rank: every group is the world
+    BuiltModel built = Backend::make_model(cfg, groups, launch);
     if (cfg.model_is_file) built.model->load(cfg.model);
     else built.model->init_random(cfg.seed);
     Rng rng(sampling_seed(cfg.seed));
