@@ -28,11 +28,14 @@ namespace cpu {
 
 // exp(x) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-7 Taylor
 // polynomial, 2^n built in the exponent bits. Clamped to the normal float range; libm's expf
-// would be called one element at a time and dominate the softmax over 50k-wide rows.
+// would be called one element at a time and dominate the softmax over 50k-wide rows. A NaN stays
+// NaN (the guards must see it), through r; n, which becomes an integer, is taken from a copy with
+// NaN clamped away (std::max(-87, NaN) is -87), since converting NaN to int is undefined.
 inline float fast_exp(float x) {
+    const float x_for_n = std::min(std::max(-87.0f, x), 88.0f);
     x = std::min(std::max(x, -87.0f), 88.0f);
     const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+    const float n = (x_for_n * 1.44269504088896341f + round_magic) - round_magic;
     const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln2 = hi + lo
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
