@@ -535,3 +535,12 @@ TEST_CASE("the packed GEMM matches a float64 product for every layout and edge",
         }
     }
 }
+
+TEST_CASE("fast_exp passes a NaN on as NaN, without converting it to an integer", "[gpt2]") {
+    // A NaN logit or attention score must reach the guards as NaN; converting it to int on the
+    // way would be undefined behaviour (make test-sanitize runs this under UBSan).
+    CHECK(std::isnan(cpu::fast_exp(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(cpu::fast_exp(0.0f) == 1.0f);
+    CHECK(cpu::fast_exp(-1000.0f) == cpu::fast_exp(-87.0f));  // clamped to the normal range, as before
+    CHECK(std::fabs(cpu::fast_exp(1.0f) - 2.7182817f) < 1e-6f);
+}
