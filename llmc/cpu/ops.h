@@ -29,13 +29,13 @@ namespace cpu {
 // exp(x) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-7 Taylor
 // polynomial, 2^n built in the exponent bits. Clamped to the normal float range; libm's expf
 // would be called one element at a time and dominate the softmax over 50k-wide rows. A NaN stays
-// NaN (the guards must see it), through r; n, which becomes an integer, is taken from a copy with
-// NaN clamped away (std::max(-87, NaN) is -87), since converting NaN to int is undefined.
+// NaN (the guards must see it), through r and p; only n's conversion to int, undefined for NaN,
+// takes 0 instead. (Computing n from a NaN-free copy of x instead changed how the compiler fused
+// x * log2(e) + magic, and with it 88 results on non-NaN inputs; this form is bitwise the same.)
 inline float fast_exp(float x) {
-    const float x_for_n = std::min(std::max(-87.0f, x), 88.0f);
     x = std::min(std::max(x, -87.0f), 88.0f);
     const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    const float n = (x_for_n * 1.44269504088896341f + round_magic) - round_magic;
+    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
     const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln2 = hi + lo
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -45,7 +45,8 @@ inline float fast_exp(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    return p * std::bit_cast<float>(((int32_t)n + 127) << 23);
+    const float n_or_zero = n == n ? n : 0.0f;
+    return p * std::bit_cast<float>(((int32_t)n_or_zero + 127) << 23);
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3). Since
