@@ -148,7 +148,7 @@ run "tokenizer vocab smaller than its table" "$k': " -k "$k"
 k=$(variant "$tmp/tok.bin" tok_vocab0.bin); put_i32 "$k" 8 0
 run "tokenizer vocab 0" "$k': vocab size is 0" -k "$k"
 k=$(variant "$tmp/tok.bin" tok_vocab_huge.bin); put_i32 "$k" 8 2147483647
-run "tokenizer vocab 2^31-1" "$k': the header declares 2147483647 tokens" -k "$k"
+run "tokenizer vocab 2^31-1" "$k' is truncated: the header declares 2147483647 tokens" -k "$k"
 k=$(variant "$tmp/tok.bin" tok_len0.bin); printf '\000' | put_bytes "$k" 1024
 run "tokenizer token of length 0" "$k': token 0 has length 0" -k "$k"
 k=$(variant "$tmp/tok.bin" tok_eot.bin); put_i32 "$k" 4 2; put_i32 "$k" 12 -1
