@@ -3,7 +3,11 @@
 #   make train        prepare the default corpus, train the default model on the CPU, plot out/curves.png
 #   make test         prepare test data, build and run the Catch2 tests and the plot check (test/check_plot.sh), check that every .h compiles
 #                     without nvcc (test/check_headers.sh) and that every preset run script's flags
-#                     plan (test/check_scripts.sh), then test-mpi
+#                     plan (test/check_scripts.sh), feed the trainer bad inputs
+#                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi
+#   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
+#                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests and the
+#                     bad-input suite (not part of make test: the build alone takes minutes)
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
@@ -48,7 +52,7 @@ MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2
 MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
 
-.PHONY: all deps train test test-mpi test-gpu bench cuda-workbench data default-data clean
+.PHONY: all deps train test test-sanitize test-mpi test-gpu bench cuda-workbench data default-data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -122,7 +126,27 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(PYTHON) test/test_export_hf.py
 	test/check_prompt.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
+	test/bad_inputs/run_bad_input_tests.sh ./train_gpt_cpu
 	$(MAKE) --no-print-directory test-mpi
+
+# ---- sanitizers: the same sources at -O1 with ASan and UBSan; any report fails the run ----
+SAN_DIR   := $(BUILD)/sanitize
+SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# Open MPI's own allocations live until exit by design; only llmc's leaks are of interest.
+SAN_ENV   := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=test/bad_inputs/lsan.supp \
+             UBSAN_OPTIONS=print_stacktrace=1
+$(SAN_DIR)/train_gpt_cpu: train_gpt.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SAN_FLAGS) $(MPI_INC) -x c++ -DLLMC_CPU_ONLY $< -o $@ $(LDFLAGS) $(SAN_FLAGS) $(MPI_LIBS)
+$(SAN_DIR)/%.o: %.cpp | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SAN_FLAGS) -MMD -MP -c $< -o $@
+$(SAN_DIR)/test/catch_impl.o: SAN_FLAGS := -O1
+$(SAN_DIR)/test_llmc: $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.o)
+	$(CXX) $^ -o $@ $(LDFLAGS) -fsanitize=address,undefined
+test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc data
+	$(SAN_ENV) $(SAN_DIR)/test_llmc
+	$(SAN_ENV) test/bad_inputs/run_bad_input_tests.sh $(SAN_DIR)/train_gpt_cpu
 
 # The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
 $(BUILD)/headers.ok: $(HEADERS) test/check_headers.sh | deps
@@ -164,7 +188,7 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp train_gpt_cpu d
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt dev/cuda/build
 
--include $(TEST_OBJS:.o=.d)
+-include $(TEST_OBJS:.o=.d) $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.d)
 
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 # The GPU tests have their own main (it skips without a GPU); they link Catch2's implementation.

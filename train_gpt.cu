@@ -12,6 +12,7 @@
 #include "llmc/bpe_encoder.h"
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
+#include "llmc/dist/config_check.h"
 #include "llmc/dist/flight_recorder.h"
 #ifndef LLMC_NO_MPI
 #include "llmc/dist/heartbeat.h"
@@ -63,13 +64,16 @@ static void print_plan(RunConfig cfg) {
 // configuration error (exit_codes.h).
 static bool g_training_started = false;
 
+// Every input (flags, model file, data, tokenizer, checkpoint) is checked before the output
+// directory is touched: a run that fails on a bad input leaves an earlier run's files as they were.
+// Rank 0 then makes the directory, clears temporaries a killed run left there, and writes
+// config.json once the first step starts.
 static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
+    check_ranks_agree(cfg, comm);  // dist/config_check.h: one config, one binary
     if (cfg.ranks_per_node == 0) cfg.ranks_per_node = launch.local_size;
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
-        make_dirs(cfg.output_dir);
-        write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
         const ModelConfig& m = cfg.model_config;
         printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters\n",
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
@@ -91,7 +95,15 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
     trainer.set_peak_tflops(built.peak_tflops);
-    TrainSummary summary = trainer.run([] { g_training_started = true; });
+    if (is_rank0) {
+        make_dirs(cfg.output_dir);
+        for (const std::string& line : remove_stale_temporaries(cfg.output_dir)) printf("output: %s\n", line.c_str());
+    }
+    all_ranks(groups.world(), true);  // the directory exists before any rank looks into it
+    TrainSummary summary = trainer.run([&] {
+        if (is_rank0) write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
+        g_training_started = true;
+    });
 
     std::string model_path = cfg.output_dir + "/model.bin";
     model->save(model_path, cfg.model_dtype == "bf16");  // a collective: rank 0 writes

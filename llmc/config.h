@@ -9,13 +9,17 @@
 // something else here.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -248,7 +252,8 @@ inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::strin
             else bad("0 or 1");
         } else if constexpr (std::is_same_v<T, float>) {
             float v = strtof(text.c_str(), &end);
-            if (text.empty() || *end || errno) bad("a number");
+            // inf passes here (a timeout may be "never"); resolve_run_config says which flags take it.
+            if (text.empty() || *end || errno || std::isnan(v)) bad("a number");
             cfg.*member = v;
         } else if constexpr (std::is_same_v<T, int>) {
             long v = strtol(text.c_str(), &end, 10);
@@ -263,17 +268,23 @@ inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::strin
     }, o.field);
 }
 
+// JSON types are strict: a string option takes a string, a number option a number (an integer one
+// an integer), a boolean option true/false (or 0/1, as on the command line). `true` is not a batch
+// size and "8" is not a number. The value is then range-checked exactly as the command line's.
 inline void set_from_json(RunConfig& cfg, const RunOption& o, const std::string& where, const nlohmann::json& value) {
-    std::string text;
-    if (value.is_string()) text = value.get<std::string>();
-    else if (value.is_boolean()) text = value.get<bool>() ? "1" : "0";
-    else if (value.is_number()) text = value.dump();
-    else fail(strformat("%s must be a string, number or boolean, got %s", where.c_str(), value.dump().c_str()));
-    // A JSON number for a string field (or a string for a number) is converted and then validated
-    // exactly as the command line would be.
-    if (value.is_number_float() && std::holds_alternative<int RunConfig::*>(o.field)) {
-        fail(strformat("%s expects an integer, got %s", where.c_str(), text.c_str()));
-    }
+    const char* expected = std::visit([&](auto member) -> const char* {
+        using T = std::remove_reference_t<decltype(cfg.*member)>;
+        if constexpr (std::is_same_v<T, std::string>) return value.is_string() ? nullptr : "a string";
+        else if constexpr (std::is_same_v<T, bool>)
+            return value.is_boolean() || (value.is_number_integer() && (value == 0 || value == 1)) ? nullptr
+                                                                                                 : "true, false, 0 or 1";
+        else if constexpr (std::is_same_v<T, float>) return value.is_number() ? nullptr : "a number";
+        else return value.is_number_integer() ? nullptr : "an integer";
+    }, o.field);
+    if (expected) fail(strformat("%s expects %s, got %s", where.c_str(), expected, value.dump().c_str()));
+    std::string text = value.is_string() ? value.get<std::string>()
+                     : value.is_boolean() ? (value.get<bool>() ? "1" : "0")
+                     : value.dump();
     set_from_string(cfg, o, where, text);
 }
 
@@ -292,15 +303,38 @@ inline const RunOption* find_option(const std::string& spelled) {
 
 }  // namespace detail
 
+// Reads a JSON config file: an object of long option names to values. A key given twice is an
+// error (JSON parsers silently keep one of them), and so is any key but the options' and
+// "resolved", the derived values a run's own config.json holds: they are recomputed, not read.
 inline void apply_config_file(RunConfig& cfg, const std::string& path) {
     nlohmann::json j;
+    std::vector<std::set<std::string>> keys_per_object;  // of the objects being parsed, innermost last
+    std::string duplicate;
+    auto find_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using E = nlohmann::json::parse_event_t;
+        if (event == E::object_start) keys_per_object.emplace_back();
+        if (event == E::object_end) keys_per_object.pop_back();
+        if (event == E::key && !keys_per_object.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+            duplicate = parsed.get<std::string>();
+        return true;
+    };
+    std::string text;
     try {
-        j = nlohmann::json::parse(read_text_file(path));
+        text = read_text_file(path);
+    } catch (const Error& e) {
+        fail(strformat("--config: %s", e.what()));
+    }
+    try {
+        j = nlohmann::json::parse(text, find_duplicates);
     } catch (const nlohmann::json::exception& e) {
         fail(strformat("config file '%s' is not valid JSON: %s", path.c_str(), e.what()));
     }
+    if (!duplicate.empty())
+        fail(strformat("config file '%s': key '%s' appears more than once (which one was meant?)", path.c_str(),
+                       duplicate.c_str()));
     if (!j.is_object()) fail(strformat("config file '%s' must hold a JSON object of option names to values", path.c_str()));
     for (auto& [key, value] : j.items()) {
+        if (key == "resolved") continue;
         const RunOption* o = detail::find_option("--" + key);
         if (!o) fail(strformat("config file '%s': unknown option '%s' (see --help for the names)", path.c_str(), key.c_str()));
         detail::set_from_json(cfg, *o, strformat("config file '%s': option '%s'", path.c_str(), key.c_str()), value);
@@ -390,6 +424,8 @@ inline void check_tensor_parallel_shape(const ModelConfig& m, int tp) {
 // model_from_file is the header of the -e model file when -e names a file, else nullptr.
 inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
     auto require = [](bool ok, const std::string& message) { if (!ok) fail(message); };
+    require(cfg.expected_world_size >= 0,
+            strformat("--world-size must be a rank count >= 1 (or 0: any), got %d", cfg.expected_world_size));
     if (cfg.expected_world_size > 0 && cfg.expected_world_size != world_size)
         fail(strformat("--world-size is %d but the job was launched with %d rank(s)", cfg.expected_world_size,
                        world_size));
@@ -408,7 +444,11 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
         require(!cfg.num_layers && !cfg.num_heads && !cfg.channels && !cfg.max_seq_len,
                 "--num-layers/--num-heads/--channels/--max-seq-len override presets only, but -e names a model file");
     } else {
-        require(cfg.vocab_size > 0, strformat("--vocab-size must be positive, got %d", cfg.vocab_size));
+        require(cfg.vocab_size > 0 && cfg.vocab_size <= ModelConfig::kMaxVocab,
+                strformat("--vocab-size must be in [1, %d], got %d", ModelConfig::kMaxVocab, cfg.vocab_size));
+        require(cfg.num_layers >= 0 && cfg.num_heads >= 0 && cfg.channels >= 0 && cfg.max_seq_len >= 0,
+                strformat("--num-layers/--num-heads/--channels/--max-seq-len must be positive (or 0: the preset's), "
+                          "got %d/%d/%d/%d", cfg.num_layers, cfg.num_heads, cfg.channels, cfg.max_seq_len));
         ModelConfig m = model_preset(cfg.model, 1024, cfg.vocab_size);
         if (cfg.num_layers) m.num_layers = cfg.num_layers;
         if (cfg.num_heads) m.num_heads = cfg.num_heads;
@@ -425,6 +465,19 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
             strformat("-t (seq_len) %d exceeds the model's max_seq_len %d", cfg.seq_len, cfg.model_config.max_seq_len));
     // Each data-parallel rank reads its own micro-batches; the other dimensions share theirs.
     long long micro_tokens = (long long)cfg.batch_size * cfg.seq_len * cfg.dims.dp;
+    require(micro_tokens <= INT32_MAX,
+            strformat("-b x -t x ranks = %d x %d x %d = %lld tokens per micro-batch over all ranks, more than the "
+                      "limit of %d: reduce -b or -t", cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens, INT32_MAX));
+    // The largest activation buffers hold B*T rows of the vocabulary, of 4C, or of T (attention,
+    // per head): their element counts must stay far from 64-bit overflow. Beyond this limit no
+    // machine holds them anyway; within it, the memory plan says whether this one does.
+    const ModelConfig& mc = cfg.model_config;
+    const double widest_row = std::max({(double)mc.padded_vocab_size, 4.0 * mc.channels,
+                                        (double)mc.num_heads * cfg.seq_len});
+    require((double)cfg.batch_size * cfg.seq_len * widest_row * (mc.num_layers + 1) < 0x1p50,
+            strformat("-b %d x -t %d with this model (L %d, C %d, heads %d, padded vocab %d) needs activation "
+                      "buffers of more than 2^50 elements: reduce -b or -t", cfg.batch_size, cfg.seq_len,
+                      mc.num_layers, mc.channels, mc.num_heads, mc.padded_vocab_size));
     if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = (int)micro_tokens;
     require(cfg.total_batch_tokens > 0 && cfg.total_batch_tokens % micro_tokens == 0,
             strformat("-d (total_batch_tokens) %d must be a positive multiple of B*T*ranks = %d*%d*%d = %lld (ranks: "
@@ -440,7 +493,9 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
 
     require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d%s", cfg.steps,
                                      cfg.steps == -1 ? " (llm.c's -x -1, one epoch, is not offered: give the step count)" : ""));
-    require(cfg.lr > 0, strformat("-l (lr) must be positive, got %g", cfg.lr));
+    // Float options are finite and in range (a NaN fails every comparison, so each check is written
+    // as "ok if"); only the timeouts take inf, for "never".
+    require(cfg.lr > 0 && cfg.lr <= 1, strformat("-l (lr) must be in (0, 1], got %g", cfg.lr));
     require(cfg.lr_schedule.find('/') == std::string::npos && cfg.lr_schedule.find(".bin") == std::string::npos,
             strformat("-k (lr_schedule) '%s' looks like a file: -k is llm.c's learning-rate schedule; the tokenizer "
                       "file is --tokenizer", cfg.lr_schedule.c_str()));
@@ -450,23 +505,28 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
             strformat("-q (final_lr_frac) must be in [0, 1], got %g", cfg.final_lr_frac));
     require(cfg.wsd_decay_frac > 0 && cfg.wsd_decay_frac <= 1,
             strformat("--wsd-decay-frac must be in (0, 1], got %g", cfg.wsd_decay_frac));
-    require(cfg.weight_decay >= 0, strformat("-c (weight_decay) must be >= 0, got %g", cfg.weight_decay));
+    require(cfg.weight_decay >= 0 && cfg.lr * cfg.weight_decay < 1,
+            strformat("-c (weight_decay) must be >= 0 and below 1/lr = %g (each update multiplies the matrices by "
+                      "1 - lr * weight_decay), got %g", 1 / cfg.lr, cfg.weight_decay));
     require(cfg.beta1 >= 0 && cfg.beta1 < 1, strformat("--beta1 must be in [0, 1), got %g", cfg.beta1));
     require(cfg.beta2 >= 0 && cfg.beta2 < 1, strformat("--beta2 must be in [0, 1), got %g", cfg.beta2));
-    require(cfg.eps > 0, strformat("--eps must be positive, got %g", cfg.eps));
-    require(cfg.grad_clip >= 0, strformat("--grad-clip must be >= 0, got %g", cfg.grad_clip));
+    require(cfg.eps > 0 && cfg.eps < 1, strformat("--eps must be in (0, 1), got %g", cfg.eps));
+    require(cfg.grad_clip >= 0 && std::isfinite(cfg.grad_clip),
+            strformat("--grad-clip must be finite and >= 0 (0: off), got %g", cfg.grad_clip));
     require(cfg.val_every >= 0, strformat("-v (val_every) must be >= 0, got %d", cfg.val_every));
     require(cfg.val_steps > 0, strformat("-m (val_steps) must be positive, got %d", cfg.val_steps));
     require(cfg.sample_every >= 0, strformat("-s (sample_every) must be >= 0, got %d", cfg.sample_every));
     require(cfg.sample_tokens > 0, strformat("-g (sample_tokens) must be positive, got %d", cfg.sample_tokens));
-    require(cfg.temperature > 0, strformat("--temperature must be positive, got %g", cfg.temperature));
+    require(cfg.temperature > 0 && std::isfinite(cfg.temperature),
+            strformat("--temperature must be finite and positive, got %g", cfg.temperature));
     require(!cfg.output_dir.empty(), "-o (output_dir) must not be empty");
     require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));
     require(cfg.comm_timeout_s > 0, strformat("--comm-timeout-s must be positive, got %g", cfg.comm_timeout_s));
-    require(cfg.heartbeat_s >= 0, strformat("--heartbeat-s must be >= 0, got %g", cfg.heartbeat_s));
+    require(cfg.heartbeat_s >= 0 && std::isfinite(cfg.heartbeat_s),
+            strformat("--heartbeat-s must be finite and >= 0, got %g", cfg.heartbeat_s));
     require(cfg.heartbeat_s == 0 || cfg.peer_dead_s > 2 * cfg.heartbeat_s,
             strformat("--peer-dead-s (%g) must exceed two heartbeats (--heartbeat-s %g)", cfg.peer_dead_s, cfg.heartbeat_s));
     require(cfg.recompute >= 0 && cfg.recompute <= 3,
@@ -477,8 +537,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.checkpoint_major >= 0, strformat("-nm (checkpoint_major) must be >= 0, got %d", cfg.checkpoint_major));
     require(cfg.model_dtype == "fp32" || cfg.model_dtype == "bf16",
             strformat("--model-dtype must be fp32 or bf16, got '%s'", cfg.model_dtype.c_str()));
-    require(cfg.skip_update_lossz >= 0, strformat("-sl (skip_update_lossz) must be >= 0, got %g", cfg.skip_update_lossz));
-    require(cfg.skip_update_gradz >= 0, strformat("-sg (skip_update_gradz) must be >= 0, got %g", cfg.skip_update_gradz));
+    require(cfg.skip_update_lossz >= 0 && std::isfinite(cfg.skip_update_lossz),
+            strformat("-sl (skip_update_lossz) must be finite and >= 0, got %g", cfg.skip_update_lossz));
+    require(cfg.skip_update_gradz >= 0 && std::isfinite(cfg.skip_update_gradz),
+            strformat("-sg (skip_update_gradz) must be finite and >= 0, got %g", cfg.skip_update_gradz));
     require(cfg.max_skips >= 0, strformat("--max-skips must be >= 0, got %d", cfg.max_skips));
     require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
     require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
@@ -492,8 +554,8 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
             strformat("--ranks-per-node %d does not divide the %d rank(s) into whole nodes", cfg.ranks_per_node,
                       world_size));
     require(cfg.resume == 0 || cfg.resume == 1, strformat("-y (resume) must be 0 or 1, got %d", cfg.resume));
-    require(cfg.straggler_factor == 0 || cfg.straggler_factor >= 1,
-            strformat("--straggler-factor must be 0 (no check) or >= 1, got %g", cfg.straggler_factor));
+    require(cfg.straggler_factor == 0 || (cfg.straggler_factor >= 1 && std::isfinite(cfg.straggler_factor)),
+            strformat("--straggler-factor must be 0 (no check) or a finite number >= 1, got %g", cfg.straggler_factor));
     require(cfg.straggler_action == "warn" || cfg.straggler_action == "refuse",
             strformat("--straggler-action must be warn or refuse, got '%s'", cfg.straggler_action.c_str()));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));

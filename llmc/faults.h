@@ -12,6 +12,8 @@
 //   slow@MS:R       rank R sleeps MS milliseconds in every step (a straggler)
 //   ckpt_fail@S:R   rank R's write of the step-S checkpoint fails half-way with ENOSPC
 //   ckpt_pause@S    the writers stop for an hour before the step-S checkpoint's marker
+//   nan_val@S       the validation loss after S steps is NaN (as a diverged model's would be)
+//   slow_init@MS:R  rank R sleeps MS milliseconds before MPI_Init (a rank that starts late or never)
 // Steps are 1-based, as the log prints them. A fault fires once per process (a relaunched job
 // fires it again unless its step is behind the resume point). nan_grad and flip_bit, whose steps an
 // in-process rollback replays, fire once per entry: list one twice to have it strike the replay too.
@@ -38,7 +40,8 @@ struct Fault {
 
 class FaultPlan {
 public:
-    static constexpr const char* KINDS[] = {"kill", "hang", "nan_grad", "flip_bit", "slow", "ckpt_fail", "ckpt_pause"};
+    static constexpr const char* KINDS[] = {"kill",      "hang",       "nan_grad", "flip_bit", "slow",
+                                             "ckpt_fail", "ckpt_pause", "nan_val",  "slow_init"};
 
     // Adds the faults of a list ("" adds none); `where` names the source in errors.
     void add(const std::string& list, const std::string& where) {
@@ -91,7 +94,7 @@ private:
     static Fault parse(const std::string& item, const std::string& where) {
         auto bad = [&](const char* why) {
             fail(strformat("%s: fault '%s' %s; expected KIND@STEP or KIND@STEP:RANK with KIND one of kill, hang, "
-                           "nan_grad, flip_bit, slow, ckpt_fail, ckpt_pause",
+                           "nan_grad, flip_bit, slow, ckpt_fail, ckpt_pause, nan_val, slow_init",
                            where.c_str(), item.c_str(), why));
         };
         const size_t at = item.find('@');

@@ -47,10 +47,20 @@ public:
 
     // Starts the file (path "" for a silent log). A run resumed after `resumed_step` steps keeps
     // the records of the steps before it (and that step's own training record) and appends; the
-    // records of the steps it will run again are dropped, so the file reads as one run.
+    // records of the steps it will run again are dropped, so the file reads as one run. A fresh
+    // run that finds a file there (an earlier run into the same directory) keeps it under the
+    // first free name <path>.<n>: a rerun never destroys another run's metrics.
     void open(const std::string& path, int resumed_step = -1) {
         file_.reset();
         if (path.empty()) return;
+        std::error_code ec;
+        if (resumed_step < 0 && std::filesystem::file_size(path, ec) > 0 && !ec) {
+            std::string kept_as;
+            for (int n = 1; kept_as.empty() || std::filesystem::exists(kept_as); n++) kept_as = strformat("%s.%d", path.c_str(), n);
+            if (rename(path.c_str(), kept_as.c_str()) != 0)
+                fail(strformat("cannot rename '%s' to '%s': %s", path.c_str(), kept_as.c_str(), strerror(errno)));
+            printf("metrics: an earlier run's %s is kept as %s\n", path.c_str(), kept_as.c_str());
+        }
         std::string kept;
         if (resumed_step >= 0 && std::filesystem::exists(path)) {
             std::istringstream lines(read_text_file(path));

@@ -5,6 +5,8 @@
 // require plan == allocation for every stage.
 #pragma once
 
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -108,6 +110,45 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
         out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                          plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
     return out;
+}
+
+// Bytes of the machine's memory (MemTotal) and of what is available now (MemAvailable), from
+// /proc/meminfo; 0 where it cannot be read.
+inline void host_memory_bytes(double* total, double* available) {
+    *total = *available = 0;
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char name[64];
+    double kib = 0;
+    while (fscanf(f, "%63s %lf kB", name, &kib) == 2) {
+        if (!strcmp(name, "MemTotal:")) *total = kib * 1024;
+        if (!strcmp(name, "MemAvailable:")) *available = kib * 1024;
+    }
+    fclose(f);
+}
+
+// Before a model allocates host memory: refuses a plan that the node cannot hold even empty (the
+// plan per rank x the ranks on the node, against MemTotal), naming the largest part and --plan's
+// full figure; warns (returns the warning) when it exceeds what is available right now.
+inline std::string check_plan_fits_host(const RunConfig& cfg, const MemoryPlan& plan, int ranks_on_node) {
+    double total = 0, available = 0;
+    host_memory_bytes(&total, &available);
+    const double need = (double)plan.total_bytes() * ranks_on_node;
+    int largest = 0;
+    for (int k = 1; k < (int)MemoryKind::Count; k++)
+        if (plan.bytes[k] > plan.bytes[largest]) largest = k;
+    const std::string what = strformat(
+        "the memory plan needs %s per rank (largest part: %s %s) x %d rank(s) on this node = %s",
+        format_bytes((double)plan.total_bytes()).c_str(), memory_kind_name((MemoryKind)largest),
+        format_bytes((double)plan.bytes[largest]).c_str(), ranks_on_node, format_bytes(need).c_str());
+    if (total > 0 && need > total)
+        fail(strformat("%s, more than this machine's %s of memory (see --plan %d for every buffer): reduce -b or -t, "
+                       "use a smaller model, or shard more with -z", what.c_str(), format_bytes(total).c_str(),
+                       cfg.dims.dp));
+    if (available > 0 && need > available)
+        return strformat("warning: %s, more than the %s available now; the run may be slow or killed",
+                         what.c_str(), format_bytes(available).c_str());
+    return "";
 }
 
 }  // namespace llmc

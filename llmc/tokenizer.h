@@ -29,6 +29,11 @@ public:
         int vocab_size = header[2];
         if (vocab_size <= 0)
             fail(strformat("'%s': vocab size is %d, expected a positive number", path.c_str(), vocab_size));
+        // Each token takes at least its length byte: check before sizing the table by the header.
+        const int64_t room = f.size() - LLMC_HEADER_BYTES;
+        if (vocab_size > room)
+            fail(strformat("'%s' is truncated: the header declares %d tokens, but only %lld bytes follow it (at least "
+                           "one per token)", path.c_str(), vocab_size, (long long)room));
         eot_token_ = version == 1 ? kGpt2EotToken : header[3];
         if (eot_token_ < 0 || eot_token_ >= vocab_size)
             fail(strformat("'%s': eot token %d is outside the vocabulary [0, %d)", path.c_str(), eot_token_,

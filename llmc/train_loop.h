@@ -133,7 +133,11 @@ public:
             bool last = step == cfg_.steps;
             if (val_ && (step % cfg_.val_every == 0 || last)) {
                 float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
+                if (faults().fire("nan_val", step, -1)) loss = NAN;
                 log_.log_val(step, loss);
+                if (!std::isfinite(loss))  // the same on every rank (summed over them)
+                    fail_with(EXIT_DIVERGED, strformat("validation loss is %g after step %d: the model's outputs are "
+                                                       "not finite (training diverged: try a lower -l)", loss, step));
                 if (std::isnan(summary.first_val_loss)) summary.first_val_loss = loss;
                 summary.last_val_loss = loss;
             }
@@ -177,6 +181,13 @@ public:
                 skip_reason.empty())
                 skip_reason = "another data-parallel group skips this step";
             const bool skip = !skip_reason.empty();
+            // --max-skips 0 turns the rollback off: a non-finite value then ends the run instead of
+            // being skipped for ever (and the run ending with exit 0).
+            if (skip && cfg_.max_skips == 0 && (!std::isfinite(step_loss) || !std::isfinite(agreed_norm)))
+                fail_with(EXIT_DIVERGED, strformat("training diverged: step %d has a non-finite %s (loss %g, gradient "
+                                                   "norm %g) and --max-skips 0 allows no rollback (try a lower -l)",
+                                                   step + 1, !std::isfinite(step_loss) ? "loss" : "gradient norm",
+                                                   step_loss, agreed_norm));
             // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
             float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
             float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;

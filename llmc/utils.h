@@ -5,18 +5,24 @@
 // keeps the library testable (a test can assert on the message) and lets RAII clean up on the way.
 //
 // Files are written whole or not at all: AtomicFile writes to "<path>.tmp.<pid>" and renames onto
-// the final path only when commit() succeeds, so a crash or an error never leaves a half file.
+// the final path only when commit() succeeds, so a crash or an error never leaves a half file; the
+// file is fsynced before the rename and its directory after, so a power loss cannot either.
 #pragma once
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,6 +57,14 @@ inline std::string strformat(const char* fmt, ...) {
 inline double ms_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
+// The steady-clock time `seconds` from now. Timeouts may be given as 1e10 or inf ("never"); they are
+// clamped to a century, which the clock's 64-bit nanoseconds still hold, instead of overflowing it.
+inline std::chrono::steady_clock::time_point deadline_after(double seconds) {
+    const double clamped = std::min(seconds, 100.0 * 365 * 24 * 3600);
+    return std::chrono::steady_clock::now() +
+           std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(clamped));
+}
+
 // An error whose exit code (exit_codes.h) is decided here.
 [[noreturn]] inline void fail_with(int exit_code, const std::string& message) { throw Error(message, exit_code); }
 
@@ -60,6 +74,13 @@ public:
     File(const std::string& path, const char* mode) : path_(path) {
         f_ = fopen(path.c_str(), mode);
         if (!f_) fail(strformat("cannot open '%s' (mode %s): %s", path.c_str(), mode, strerror(errno)));
+        // fopen opens a directory for reading; its "size" would then be read as a file's.
+        struct stat st;
+        if (fstat(fileno(f_), &st) == 0 && S_ISDIR(st.st_mode)) {
+            fclose(f_);
+            f_ = nullptr;
+            fail(strformat("'%s' is a directory, expected a file", path.c_str()));
+        }
     }
     ~File() { if (f_) fclose(f_); }
     File(const File&) = delete;
@@ -96,6 +117,11 @@ public:
     void flush() {
         if (fflush(f_) != 0) fail(strformat("cannot write to '%s': %s", path_.c_str(), strerror(errno)));
     }
+    // Flushes and asks the disk to keep what was written (fsync).
+    void sync() {
+        flush();
+        if (fsync(fileno(f_)) != 0) fail(strformat("cannot sync '%s': %s", path_.c_str(), strerror(errno)));
+    }
     void close() {
         FILE* f = f_;
         f_ = nullptr;
@@ -106,6 +132,21 @@ private:
     std::string path_;
     FILE* f_ = nullptr;
 };
+
+// fsyncs a directory, so that a rename or a new file in it survives a power loss.
+inline void fsync_dir(const std::string& dir) {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd < 0) fail(strformat("cannot open directory '%s' to sync it: %s", dir.c_str(), strerror(errno)));
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) fail(strformat("cannot sync directory '%s': %s", dir.c_str(), strerror(err)));
+}
+// The directory a path is in ("." for a bare name).
+inline std::string parent_dir(const std::string& path) {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
 
 // Writes a file whole or not at all. Write through file(), then commit(); if the object is destroyed
 // without commit() (an exception on the way), the temporary is removed and the target is untouched.
@@ -118,10 +159,12 @@ public:
     }
     File& file() { return file_; }
     void commit() {
+        file_.sync();
         file_.close();
         if (rename(tmp_path_.c_str(), path_.c_str()) != 0)
             fail(strformat("cannot rename '%s' to '%s': %s", tmp_path_.c_str(), path_.c_str(), strerror(errno)));
         committed_ = true;
+        fsync_dir(parent_dir(path_));
     }
 
 private:
@@ -129,6 +172,34 @@ private:
     File file_;
     bool committed_ = false;
 };
+
+// The temporaries that AtomicFile writers killed before commit() left in `dir` ("<name>.tmp.<pid>"
+// whose process is gone) are removed; one whose process still runs (another run writing into the
+// same directory) is left alone. Returns a line for each, for the log.
+inline std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+    std::vector<std::string> report;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        const size_t at = name.rfind(".tmp.");
+        if (at == std::string::npos || at + 5 == name.size() ||
+            name.find_first_not_of("0123456789", at + 5) != std::string::npos || !entry.is_regular_file(ec))
+            continue;
+        const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+        const std::string path = entry.path().string();
+        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM)) {
+            report.push_back(strformat("'%s' belongs to process %ld, which still runs: left alone", path.c_str(), pid));
+            continue;
+        }
+        const double mb = (double)entry.file_size(ec) / 1e6;
+        if (std::filesystem::remove(entry.path(), ec))
+            report.push_back(strformat("removed '%s' (%.1f MB), left by process %ld, which was killed while writing it",
+                                       path.c_str(), mb, pid));
+        else
+            report.push_back(strformat("cannot remove the stale temporary '%s': %s", path.c_str(), ec.message().c_str()));
+    }
+    return report;
+}
 
 inline void write_text_file_atomic(const std::string& path, const std::string& text) {
     AtomicFile out(path);

@@ -2,6 +2,8 @@
 // config.json feeding back into the same run.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <set>
@@ -281,5 +283,62 @@ TEST_CASE("the resolved config.json feeds back into an identical run", "[config]
     nlohmann::json rewritten = run_config_json(second);
     rewritten.erase("resolved");
     CHECK(rewritten == written);
+    remove(path.c_str());
+}
+
+TEST_CASE("float options must be finite and in range; only the timeouts take inf", "[config]") {
+    REQUIRE_THROWS_WITH(parse({"-l", "inf"}), Contains("-l (lr) must be in (0, 1], got inf"));
+    REQUIRE_THROWS_WITH(parse({"-l", "1e30"}), Contains("-l (lr) must be in (0, 1]"));
+    REQUIRE_THROWS_WITH(parse({"-l", "nan"}), Contains("flag -l expects a number, got 'nan'"));
+    REQUIRE_THROWS_WITH(parse({"-c", "inf"}), Contains("-c (weight_decay) must be >= 0 and below 1/lr"));
+    REQUIRE_THROWS_WITH(parse({"--eps", "inf"}), Contains("--eps must be in (0, 1)"));
+    REQUIRE_THROWS_WITH(parse({"--grad-clip", "inf"}), Contains("--grad-clip must be finite"));
+    REQUIRE_THROWS_WITH(parse({"--temperature", "inf"}), Contains("--temperature must be finite"));
+    REQUIRE_THROWS_WITH(parse({"-sg", "inf"}), Contains("-sg (skip_update_gradz) must be finite"));
+    CHECK(std::isinf(parse({"--comm-timeout-s", "inf"}).comm_timeout_s));
+    CHECK(parse({"--comm-timeout-s", "1e10"}).comm_timeout_s == 1e10f);
+    // an infinite timeout is a deadline far away, not an overflow into the past
+    CHECK(deadline_after(INFINITY) > std::chrono::steady_clock::now() + std::chrono::hours(24 * 365 * 50));
+    CHECK(deadline_after(1e10) > std::chrono::steady_clock::now());
+}
+
+TEST_CASE("integer limits are checked in 64 bits and blamed on the right flag", "[config]") {
+    REQUIRE_THROWS_WITH(parse({"--world-size", "-3"}), Contains("--world-size must be a rank count >= 1 (or 0: any)"));
+    REQUIRE_THROWS_WITH(parse({"--vocab-size", "2147483647"}), Contains("--vocab-size must be in [1, 16777216]"));
+    CHECK(pad_vocab(INT32_MAX) > 0);  // no signed overflow, even before validation refuses it
+    REQUIRE_THROWS_WITH(parse({"-b", "70000", "-t", "32768", "--max-seq-len", "32768"}),
+                        Contains("-b x -t x ranks = 70000 x 32768 x 1 = 2293760000"));
+    REQUIRE_THROWS_WITH(parse({"-b", "40000", "-t", "32768", "--max-seq-len", "32768"}, 2),
+                        Contains("x 2 = 2621440000 tokens per micro-batch"));
+    REQUIRE_THROWS_WITH(parse({"--channels", "-64"}), Contains("--channels/--max-seq-len must be positive"));
+    ModelConfig huge = model_preset("d12");
+    huge.num_layers = 1000000000;
+    REQUIRE_THROWS_WITH(huge.validate(), Contains("num_layers must be in [1, 4096]"));
+}
+
+TEST_CASE("--config types are strict: no bool for an integer, no string for a number, no duplicate key", "[config]") {
+    std::string boolean = temp_json(R"({"batch_size": true})");
+    REQUIRE_THROWS_WITH(parse({"--config", boolean.c_str()}), Contains("'batch_size' expects an integer, got true"));
+    std::string text = temp_json(R"({"lr": "0.1"})");
+    REQUIRE_THROWS_WITH(parse({"--config", text.c_str()}), Contains("'lr' expects a number, got \"0.1\""));
+    std::string number = temp_json(R"({"model": 12})");
+    REQUIRE_THROWS_WITH(parse({"--config", number.c_str()}), Contains("'model' expects a string, got 12"));
+    std::string duplicate = temp_json(R"({"batch_size": 2, "seed": 1, "batch_size": 4})");
+    REQUIRE_THROWS_WITH(parse({"--config", duplicate.c_str()}),
+                        Contains(duplicate) && Contains("key 'batch_size' appears more than once"));
+    std::string flags = temp_json(R"({"shuffle": 0, "ckpt_sync": true})");  // booleans: true/false or 0/1
+    CHECK_FALSE(parse({"--config", flags.c_str()}).shuffle);
+    REQUIRE_THROWS_WITH(parse({"--config", "/tmp"}), Contains("--config: '/tmp' is a directory"));
+    for (auto& p : {boolean, text, number, duplicate, flags}) remove(p.c_str());
+}
+
+TEST_CASE("a run's own config.json, \"resolved\" included, is accepted back by --config", "[config]") {
+    RunConfig first = parse({"-b", "4", "-t", "32", "--seed", "7", "--comm-timeout-s", "1e10"});
+    std::string path = temp_json(run_config_json(first).dump(2));
+    RunConfig second = parse({"--config", path.c_str()});
+    nlohmann::json a = run_config_json(first), b = run_config_json(second);
+    a["resolved"].erase("config_file");
+    b["resolved"].erase("config_file");
+    CHECK(a == b);
     remove(path.c_str());
 }

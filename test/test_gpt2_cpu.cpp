@@ -385,6 +385,39 @@ TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
         write_bytes(path, with_header_int(5, 5));  // 64 channels over 5 heads
         REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("num_heads"));
     }
+    SECTION("a header of a billion layers fails at once, before any layout is built") {
+        write_bytes(path, with_header_int(4, 1000000000));
+        REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("num_layers must be in"));
+        write_bytes(path, with_header_int(4, 4000));  // within the limits: the file's size refutes it
+        REQUIRE_THROWS_WITH(read_model_header(path), Catch::Contains(path) && Catch::Contains("is truncated") &&
+                                                         Catch::Contains("L 4000"));
+    }
+    SECTION("a NaN anywhere, a padding row of the vocabulary included, is named with its byte offset") {
+        // wte is [Vp, C] at byte 1024; its rows >= vocab_size are padding that training never touches
+        const size_t C = fx.config.channels, row = fx.config.padded_vocab_size - 1;
+        std::vector<char> bytes = good;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        const size_t at = LLMC_HEADER_BYTES + (row * C + 3) * sizeof(float);
+        std::memcpy(bytes.data() + at, &nan, sizeof nan);
+        write_bytes(path, bytes);
+        REQUIRE_THROWS_WITH(read_model_file(path, fx.config, params.data()),
+                            Catch::Contains(path) &&
+                                Catch::Contains(strformat("wte row %zu column 3 (a padding row", row)) &&
+                                Catch::Contains(strformat("byte offset %zu", at)));
+    }
+    SECTION("non-finite parameters are not saved") {
+        read_model_file(MODEL_PATH, fx.config, params.data());
+        params.back() = std::numeric_limits<float>::infinity();  // lnfb's last element
+        std::remove(path.c_str());
+        try {
+            write_model_file(path, fx.config, params.data());
+            FAIL("a model with an inf parameter was written");
+        } catch (const Error& e) {
+            CHECK(e.exit_code == EXIT_DIVERGED);
+            CHECK_THAT(e.what(), Catch::Contains("lnfb element") && Catch::Contains("is inf"));
+        }
+        CHECK_FALSE(std::filesystem::exists(path));
+    }
     std::remove(path.c_str());
 }
 
@@ -501,4 +534,13 @@ TEST_CASE("the packed GEMM matches a float64 product for every layout and edge",
             CHECK(rel_error(c.data(), expected.data(), c.size()) <= 1e-6);
         }
     }
+}
+
+TEST_CASE("fast_exp passes a NaN on as NaN, without converting it to an integer", "[gpt2]") {
+    // A NaN logit or attention score must reach the guards as NaN; converting it to int on the
+    // way would be undefined behaviour (make test-sanitize runs this under UBSan).
+    CHECK(std::isnan(cpu::fast_exp(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(cpu::fast_exp(0.0f) == 1.0f);
+    CHECK(cpu::fast_exp(-1000.0f) == cpu::fast_exp(-87.0f));  // clamped to the normal range, as before
+    CHECK(std::fabs(cpu::fast_exp(1.0f) - 2.7182817f) < 1e-6f);
 }

@@ -71,15 +71,6 @@ inline int checkpoint_step_of(const std::string& name) {
 
 namespace detail {
 
-inline void fsync_dir(const std::string& dir) {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (fd < 0) fail(strformat("cannot open directory '%s' to sync it: %s", dir.c_str(), strerror(errno)));
-    int rc = ::fsync(fd);
-    int err = errno;
-    ::close(fd);
-    if (rc != 0) fail(strformat("cannot sync directory '%s': %s", dir.c_str(), strerror(err)));
-}
-
 // Writes n bytes to dir/name durably: a temporary file, written and checksummed chunk by chunk,
 // fsynced, renamed over the name, the directory fsynced. Returns the CRC32C. On an error the
 // temporary is removed and the error names the path and the system's reason. A large buffer that

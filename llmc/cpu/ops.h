@@ -28,7 +28,10 @@ namespace cpu {
 
 // exp(x) to about 2 ulp: x = n ln2 + r with |r| <= ln2/2, exp(r) by its degree-7 Taylor
 // polynomial, 2^n built in the exponent bits. Clamped to the normal float range; libm's expf
-// would be called one element at a time and dominate the softmax over 50k-wide rows.
+// would be called one element at a time and dominate the softmax over 50k-wide rows. A NaN stays
+// NaN (the guards must see it), through r and p; only n's conversion to int, undefined for NaN,
+// takes 0 instead. (Computing n from a NaN-free copy of x instead changed how the compiler fused
+// x * log2(e) + magic, and with it 88 results on non-NaN inputs; this form is bitwise the same.)
 inline float fast_exp(float x) {
     x = std::min(std::max(x, -87.0f), 88.0f);
     const float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -42,7 +45,8 @@ inline float fast_exp(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    return p * std::bit_cast<float>(((int32_t)n + 127) << 23);
+    const float n_or_zero = n == n ? n : 0.0f;
+    return p * std::bit_cast<float>(((int32_t)n_or_zero + 127) << 23);
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3). Since

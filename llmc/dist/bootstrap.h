@@ -12,21 +12,76 @@
 // main() calls bootstrap_launch first, make_host_communicator next, and on a fatal error
 // abort_launch (so the other ranks do not wait out their timeouts); on success it destroys every
 // communicator and then calls finalize_launch.
+//
+// MPI_Init and MPI_Finalize have no timeout: a rank that never starts, or one that stops before
+// MPI_Finalize, holds the others there for ever. Each is watched by a Watchdog thread; past
+// LLMC_BOOTSTRAP_TIMEOUT_S seconds (default 600) it names the step and ends this process with
+// exit code 3 (EXIT_COMM_TIMEOUT). It cannot make the MPI call return, only end the process in it.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 
 #include "llmc/dist/comm.h"
 #ifndef LLMC_NO_MPI
 #include "llmc/dist/comm_mpi.h"  // and <mpi.h>, without its C++ bindings
 #endif
+#include "llmc/exit_codes.h"
+#include "llmc/faults.h"
 #include "llmc/utils.h"
 
 namespace llmc {
+
+// Ends the process with `code` after printing `message`, unless destroyed (disarmed) within
+// `seconds`.
+class Watchdog {
+public:
+    Watchdog(double seconds, std::string message, int code) {
+        thread_ = std::thread([this, seconds, message = std::move(message), code] {
+            std::unique_lock<std::mutex> lock(mutex_);
+            if (cv_.wait_until(lock, deadline_after(seconds), [&] { return disarmed_; })) return;
+            fprintf(stderr, "error: %s\n", message.c_str());
+            fflush(stdout);
+            fflush(stderr);
+            _exit(code);
+        });
+    }
+    ~Watchdog() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            disarmed_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    Watchdog(const Watchdog&) = delete;
+    Watchdog& operator=(const Watchdog&) = delete;
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool disarmed_ = false;
+    std::thread thread_;
+};
+
+// LLMC_BOOTSTRAP_TIMEOUT_S: how long MPI_Init and MPI_Finalize may take (seconds; default 600).
+inline double bootstrap_timeout_s() {
+    const char* text = getenv("LLMC_BOOTSTRAP_TIMEOUT_S");
+    if (!text) return 600;
+    char* end = nullptr;
+    const double v = strtod(text, &end);
+    if (!*text || *end || !(v > 0))
+        fail(strformat("LLMC_BOOTSTRAP_TIMEOUT_S must be a positive number of seconds, got '%s'", text));
+    return v;
+}
 
 struct Launch {
     int rank = 0, world_size = 1;
@@ -68,6 +123,21 @@ inline Launch bootstrap_launch(int* argc, char*** argv) {
                    launcher.name));
 #else
     // The comm thread and the main thread both call MPI, one at a time (mpi_mutex).
+    const double timeout_s = bootstrap_timeout_s();
+    const char* env_rank = getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK")
+                         : getenv("PMIX_RANK")            ? getenv("PMIX_RANK")
+                         : getenv("PMI_RANK")             ? getenv("PMI_RANK")
+                                                          : "?";
+    Watchdog watchdog(timeout_s,
+                      strformat("(rank %s) MPI start-up (MPI_Init, then the node split) did not finish within %g s "
+                                "(LLMC_BOOTSTRAP_TIMEOUT_S): a rank of the %d %s started did not start or cannot "
+                                "reach the others",
+                                env_rank, timeout_s, launcher.declared_ranks, launcher.name),
+                      EXIT_COMM_TIMEOUT);
+    if (int ms = faults().value("slow_init", atoi(env_rank))) {
+        fprintf(stderr, "fault injection: rank %s sleeps %d ms before MPI_Init\n", env_rank, ms);
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
     int provided = 0;
     LLMC_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     launch.under_launcher = true;
@@ -124,6 +194,12 @@ inline std::unique_ptr<Communicator> make_host_communicator(const Launch& launch
 inline void finalize_launch(const Launch& launch) {
 #ifndef LLMC_NO_MPI
     if (!launch.under_launcher) return;
+    const double timeout_s = bootstrap_timeout_s();
+    Watchdog watchdog(timeout_s,
+                      strformat("(rank %d) MPI_Finalize did not return within %g s (LLMC_BOOTSTRAP_TIMEOUT_S): another "
+                                "rank stopped before it; this rank's work is done",
+                                launch.rank, timeout_s),
+                      EXIT_COMM_TIMEOUT);
     std::lock_guard<std::mutex> lock(mpi_mutex());
     LLMC_MPI_CHECK(MPI_Finalize());
 #else

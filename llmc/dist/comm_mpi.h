@@ -302,7 +302,7 @@ private:
         op->start = std::move(start);
         op->after = std::move(after);
         op->timeout_s = timeout_s;
-        op->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+        op->deadline = deadline_after(timeout_s);  // utils.h: inf or 1e10 s is clamped, not overflowed
         {
             std::lock_guard<std::mutex> lock(queue_mutex_);
             queue_.push_back(op);

@@ -200,9 +200,6 @@ private:
         state_->register_in_flight_recorder();
     }
 
-    static Clock::time_point deadline_after(double seconds) {
-        return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-    }
     static ncclDataType_t nccl_type(CommDtype dtype) { return dtype == CommDtype::F32 ? ncclFloat32 : ncclBfloat16; }
 
     // The communicator's resources, shared with the handles so that either may outlive the other.

@@ -53,8 +53,13 @@ struct CpuBackend {
     // the tensor-parallel group.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         const std::string threads_why = set_threads_per_rank(launch);
-        if (groups.world().rank() == 0)
+        const bool is_rank0 = groups.world().rank() == 0;
+        if (is_rank0)
             printf("device: CPU, %d OpenMP thread(s) per rank (%s)\n", omp_get_max_threads(), threads_why.c_str());
+        // Nothing is allocated before the plan is known to fit (planner.h).
+        const std::string warning = check_plan_fits_host(
+            cfg, memory_plan(cfg, groups.dp().rank(), groups.tp().rank()), launch.local_size);
+        if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
             built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
@@ -71,11 +76,18 @@ struct CpuBackend {
     // --plan: the memory of rank 0 of the dims.dp x dims.tp mesh, computed without allocating anything
     // (every tensor rank holds an equal piece, so rank 0 speaks for all).
     static std::string plan_report(const RunConfig& cfg) {
-        const TensorParallel tp{cfg.dims.tp, 0, cfg.dims.tp > 1 && cfg.sequence_parallel};
         ZeroPlan zero(GPT2Params::layout(cfg.model_config, {0, cfg.dims.tp}), cfg.zero_stage, 0, cfg.dims.dp);
-        std::vector<BufferSpec> buffers =
-            GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp);
-        return memory_plan_report(cfg, zero, plan_memory(cfg, zero, buffers, HostMemory::precision), "fp32 CPU model");
+        return memory_plan_report(cfg, zero, memory_plan(cfg, 0, 0), "fp32 CPU model");
+    }
+
+    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` allocates (every tensor rank holds
+    // an equal piece).
+    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank) {
+        const TensorParallel tp{cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel};
+        ZeroPlan zero(GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp}), cfg.zero_stage, dp_rank,
+                      cfg.dims.dp);
+        std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp);
+        return plan_memory(cfg, zero, buffers, HostMemory::precision);
     }
 };
 

@@ -2,7 +2,9 @@
 // implies are listed in models/gpt2/params.h.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string>
 
 #include "llmc/utils.h"
@@ -17,18 +19,28 @@ struct ModelConfig {
     int num_heads = 12;             // NH
     int channels = 768;             // C
 
+    // Upper bounds, far above any GPT-2 (and any machine's memory), that keep every size computed
+    // from a shape (parameters: at most 12 L C^2 + Vp C + ... < 2^60) inside 64 bits, and a corrupt
+    // model-file header from building a layout of a billion layers before its size is checked.
+    static constexpr int kMaxSeqLen = 1 << 20;
+    static constexpr int kMaxVocab = 1 << 24;  // a multiple of 128, so padding stays within it
+    static constexpr int kMaxLayers = 1 << 12;
+    static constexpr int kMaxChannels = 1 << 16;
+
     int head_size() const { return channels / num_heads; }
 
     // Throws naming the offending field unless the shape is usable.
     void validate() const {
-        auto positive = [](const char* name, int v) {
-            if (v <= 0) fail(strformat("model config: %s must be positive, got %d", name, v));
+        auto in_range = [](const char* name, int v, int max_value) {
+            if (v <= 0 || v > max_value)
+                fail(strformat("model config: %s must be in [1, %d], got %d", name, max_value, v));
         };
-        positive("max_seq_len", max_seq_len);
-        positive("vocab_size", vocab_size);
-        positive("num_layers", num_layers);
-        positive("num_heads", num_heads);
-        positive("channels", channels);
+        in_range("max_seq_len", max_seq_len, kMaxSeqLen);
+        in_range("vocab_size", vocab_size, kMaxVocab);
+        in_range("num_layers", num_layers, kMaxLayers);
+        in_range("num_heads", num_heads, kMaxChannels);
+        in_range("channels", channels, kMaxChannels);
+        in_range("padded_vocab_size", padded_vocab_size, kMaxVocab);
         if (channels % num_heads != 0)
             fail(strformat("model config: channels (%d) must be divisible by num_heads (%d)", channels, num_heads));
         if (padded_vocab_size < vocab_size)
@@ -37,8 +49,9 @@ struct ModelConfig {
     }
 };
 
-// V rounded up to a multiple of 128, as llm.c pads it.
-inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+// V rounded up to a multiple of 128, as llm.c pads it (in 64 bits: V near 2^31 must not wrap to a
+// negative size before validate() refuses it).
+inline int pad_vocab(int vocab_size) { return (int)std::min<int64_t>(((int64_t)vocab_size + 127) / 128 * 128, INT32_MAX); }
 
 inline constexpr std::array<const char*, 6> MODEL_PRESET_NAMES = {"d4", "d6", "d12", "d24", "d36", "d48"};
 inline bool is_model_preset(const std::string& name) {

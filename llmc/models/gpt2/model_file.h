@@ -7,16 +7,21 @@
 // reading and writing stream the file sequentially, slice by slice, each slice landing at (or coming
 // from) its flat offset; no full-size temporary. Because the header carries the whole shape, a reader
 // can compute the exact expected file size up front, so truncation and trailing garbage are both
-// caught, and reported with the byte offset, before any parameter is read.
+// caught, and reported with the byte offset, before any parameter is read (and before anything is
+// sized by a header that may be corrupt). Every parameter read or written must be finite: a NaN is
+// reported by tensor, row and byte offset (padding rows of the vocabulary included, which training
+// never touches but a NaN there still poisons the tied lm head's logits).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "llmc/bf16.h"
+#include "llmc/exit_codes.h"
 #include "llmc/llmc_header.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
@@ -48,7 +53,50 @@ inline ModelConfig read_model_header(File& f, int* version = nullptr) {
     } catch (const Error& e) {
         fail(strformat("'%s' has an invalid header: %s", path.c_str(), e.what()));
     }
+    // The shape fixes the file's size: check it now, before anyone sizes buffers by this header.
+    const bool bf16 = header[1] == MODEL_FILE_VERSION_BF16;
+    const char* dtype = bf16 ? "bf16" : "fp32";
+    const int64_t param_bytes = (int64_t)num_params(c) * (bf16 ? 2 : 4);
+    const int64_t expected_bytes = LLMC_HEADER_BYTES + param_bytes;
+    const int64_t actual_bytes = f.size();
+    if (actual_bytes < expected_bytes)
+        fail(strformat("'%s' is truncated: expected %lld bytes of %s parameters at byte offset %lld, found %lld "
+                       "(header: L %d, C %d, heads %d, vocab %d padded %d, max T %d)",
+                       path.c_str(), (long long)param_bytes, dtype, (long long)LLMC_HEADER_BYTES,
+                       (long long)(actual_bytes - LLMC_HEADER_BYTES), c.num_layers, c.channels, c.num_heads,
+                       c.vocab_size, c.padded_vocab_size, c.max_seq_len));
+    if (actual_bytes > expected_bytes)
+        fail(strformat("'%s' has %lld trailing bytes after the %s parameters of version %d (expected size %lld "
+                       "bytes, found %lld)", path.c_str(), (long long)(actual_bytes - expected_bytes), dtype, header[1],
+                       (long long)expected_bytes, (long long)actual_bytes));
     return c;
+}
+
+// Where element i of slice `s` is: its tensor (and layer), row and column, and what a padding row is.
+inline std::string describe_parameter(const ParamLayout& layout, const ModelConfig& c, const ParamLayout::Segment& s,
+                                      size_t i) {
+    const TensorSpec& spec = layout.table().tensors[s.tensor];
+    std::string where = spec.name;
+    if (layout.is_per_layer(s.tensor)) where += strformat(" of layer %d", s.layer);
+    if (spec.shape.size() != 2) return where + strformat(" element %zu", i);
+    const size_t row = i / spec.shape[1];
+    where += strformat(" row %zu column %zu", row, i % spec.shape[1]);
+    if (s.tensor == GPT2Params::WTE && row >= (size_t)c.vocab_size)
+        where += strformat(" (a padding row of the vocabulary: ids >= vocab_size %d)", c.vocab_size);
+    return where;
+}
+
+// The first element of slice `s` (its values at `values`) that is NaN or infinite, described, or "".
+inline std::string first_non_finite(const ParamLayout& layout, const ModelConfig& c, const ParamLayout::Segment& s,
+                                    const float* values, int64_t* file_byte = nullptr, int param_bytes = 4) {
+    const size_t n = s.end - s.begin;
+    for (size_t i = 0; i < n; i++) {
+        if (std::isfinite(values[i])) continue;
+        if (file_byte)
+            *file_byte = LLMC_HEADER_BYTES + (int64_t)(layout.file_offset(s.tensor, s.layer) + i) * param_bytes;
+        return strformat("%s is %g", describe_parameter(layout, c, s, i).c_str(), values[i]);
+    }
+    return "";
 }
 
 }  // namespace detail
@@ -78,29 +126,22 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
 
     const ParamLayout layout = GPT2Params::layout(expected);
-    const bool bf16 = version == MODEL_FILE_VERSION_BF16;
-    const char* dtype = bf16 ? "bf16" : "fp32";
-    const int64_t param_bytes = (int64_t)layout.num_params * (bf16 ? 2 : 4);
-    const int64_t expected_bytes = LLMC_HEADER_BYTES + param_bytes;
-    const int64_t actual_bytes = f.size();
-    if (actual_bytes < expected_bytes)
-        fail(strformat("'%s' is truncated: expected %lld bytes of %s parameters at byte offset %lld, found %lld",
-                       path.c_str(), (long long)param_bytes, dtype, (long long)LLMC_HEADER_BYTES,
-                       (long long)(actual_bytes - LLMC_HEADER_BYTES)));
-    if (actual_bytes > expected_bytes)
-        fail(strformat("'%s' has %lld trailing bytes after the %s parameters of version %d (expected size %lld "
-                       "bytes, found %lld)", path.c_str(), (long long)(actual_bytes - expected_bytes), dtype, version,
-                       (long long)expected_bytes, (long long)actual_bytes));
+    const bool bf16 = version == MODEL_FILE_VERSION_BF16;  // the header read checked the file's size
     std::vector<uint16_t> bits;
     for (const ParamLayout::Segment& s : layout.file_order_segments()) {
         const size_t n = s.end - s.begin;
         if (!bf16) {
             f.read(params + s.begin, n, "fp32 parameters");
-            continue;
+        } else {
+            bits.resize(n);
+            f.read(bits.data(), n, "bf16 parameters");
+            for (size_t i = 0; i < n; i++) params[s.begin + i] = bf16_bits_to_float(bits[i]);
         }
-        bits.resize(n);
-        f.read(bits.data(), n, "bf16 parameters");
-        for (size_t i = 0; i < n; i++) params[s.begin + i] = bf16_bits_to_float(bits[i]);
+        int64_t byte = 0;
+        const std::string bad = detail::first_non_finite(layout, expected, s, params + s.begin, &byte, bf16 ? 2 : 4);
+        if (!bad.empty())
+            fail(strformat("'%s': parameter %s (byte offset %lld); a model file must hold finite values", path.c_str(),
+                           bad.c_str(), (long long)byte));
     }
 }
 
@@ -111,6 +152,13 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     config.validate();
     if (version != MODEL_FILE_VERSION_FP32 && version != MODEL_FILE_VERSION_BF16)
         fail(strformat("write_model_file '%s': version %d is not 3 (fp32) or 5 (bf16)", path.c_str(), version));
+    const ParamLayout layout = GPT2Params::layout(config);
+    for (const ParamLayout::Segment& s : layout.segments()) {
+        const std::string bad = detail::first_non_finite(layout, config, s, params + s.begin);
+        if (!bad.empty())
+            fail_with(EXIT_DIVERGED, strformat("not writing '%s': parameter %s; the model's parameters are not finite "
+                                               "(training diverged: try a lower -l)", path.c_str(), bad.c_str()));
+    }
     LlmcHeader header = {};
     header[0] = MODEL_FILE_MAGIC;
     header[1] = version;
@@ -123,7 +171,7 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     AtomicFile out(path);
     out.file().write(header.data(), LLMC_HEADER_INTS);
     std::vector<uint16_t> bits;
-    for (const ParamLayout::Segment& s : GPT2Params::layout(config).file_order_segments()) {
+    for (const ParamLayout::Segment& s : layout.file_order_segments()) {
         const size_t n = s.end - s.begin;
         if (version == MODEL_FILE_VERSION_FP32) {
             out.file().write(params + s.begin, n);
