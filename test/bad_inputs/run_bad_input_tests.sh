@@ -54,7 +54,7 @@ make_shard() {
 make_shard "$tmp/train.bin" 4000
 make_shard "$tmp/val.bin" 1000
 cp "$src_tokenizer" "$tmp/tok.bin"
-data=(-i "$tmp/train.bin" -j "$tmp/val.bin" -k "$tmp/tok.bin" -b 2 -t 16 -x 2 -v 1 -m 1 -s 2 -g 4)
+data=(-i "$tmp/train.bin" -j "$tmp/val.bin" --tokenizer "$tmp/tok.bin" -b 2 -t 16 -x 2 -v 1 -m 1 -s 2 -g 4)
 shape=(--num-layers 1 --channels 32 --num-heads 2 --max-seq-len 32)
 "$bin" "${data[@]}" "${shape[@]}" -o "$tmp/good" >"$tmp/good.log" 2>&1 || { cat "$tmp/good.log"; problem "the good fixtures do not train"; exit 1; }
 model="$tmp/good/model.bin"  # L 1, C 32, 2 heads, max T 32, V 50257 (Vp 50304), fp32
@@ -138,22 +138,22 @@ run "validation shard truncated" "$s' is truncated" -j "$s"
 
 # ---- tokenizer ----
 k=$(variant "$tmp/tok.bin" tok_trunc.bin); truncate -s -100 "$k"
-run "tokenizer truncated" "$k' is truncated" -k "$k"
+run "tokenizer truncated" "$k' is truncated" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_magic.bin); flip_bit "$k" 1 0
-run "tokenizer magic bit flip" "$k' is not a tokenizer file" -k "$k"
+run "tokenizer magic bit flip" "$k' is not a tokenizer file" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_version.bin); put_i32 "$k" 4 9
-run "tokenizer version 9" "$k': unsupported tokenizer file version 9" -k "$k"
+run "tokenizer version 9" "$k': unsupported tokenizer file version 9" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_vocab.bin); put_i32 "$k" 8 1000
-run "tokenizer vocab smaller than its table" "$k': " -k "$k"
+run "tokenizer vocab smaller than its table" "$k': " --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_vocab0.bin); put_i32 "$k" 8 0
-run "tokenizer vocab 0" "$k': vocab size is 0" -k "$k"
+run "tokenizer vocab 0" "$k': vocab size is 0" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_vocab_huge.bin); put_i32 "$k" 8 2147483647
-run "tokenizer vocab 2^31-1" "$k' is truncated: the header declares 2147483647 tokens" -k "$k"
+run "tokenizer vocab 2^31-1" "$k' is truncated: the header declares 2147483647 tokens" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_len0.bin); printf '\000' | put_bytes "$k" 1024
-run "tokenizer token of length 0" "$k': token 0 has length 0" -k "$k"
+run "tokenizer token of length 0" "$k': token 0 has length 0" --tokenizer "$k"
 k=$(variant "$tmp/tok.bin" tok_eot.bin); put_i32 "$k" 4 2; put_i32 "$k" 12 -1
-run "tokenizer eot -1" "$k': eot token -1" -k "$k"
-run "model file as tokenizer" "(a GPT-2 model file's)" -k "$model"
+run "tokenizer eot -1" "$k': eot token -1" --tokenizer "$k"
+run "model file as tokenizer" "(a GPT-2 model file's)" --tokenizer "$model"
 
 # ---- model files (-e) ----
 m=$(variant "$model" m_trunc.bin); truncate -s -4 "$m"
