@@ -1,5 +1,6 @@
 // What the standalone MPI test programs (test_zero.cpp, test_tp.cpp) share: failing the launch from
-// any rank, a learnable token shard, comparing parameters and loss curves, and printing on rank 0.
+// any rank, a learnable token shard, a training run, comparing parameters and loss curves, and
+// printing on rank 0.
 #pragma once
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "llmc/dist/bootstrap.h"
+#include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/rng.h"
+#include "llmc/train_loop.h"
 #include "llmc/utils.h"
 
 namespace llmc::mpi_test {
@@ -61,6 +64,23 @@ inline double worst_loss_difference(const std::vector<float>& a, const std::vect
         worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
     }
     return worst;
+}
+
+// A run's per-step losses and its final parameters, whole (the model.bin a run would save).
+struct RunResult {
+    std::vector<float> losses;
+    std::vector<float> params;  // in the whole-model layout
+};
+
+// Trains `model` from its seed with `cfg` (dp: the data-parallel group; world: every rank, or null
+// when dp is the world) and gathers the result on every rank.
+inline RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CPU& model) {
+    model.init_random(cfg.seed);
+    RunResult r;
+    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
+    r.params.resize(num_params(cfg.model_config));
+    model.get_whole_params(r.params.data());
+    return r;
 }
 
 // One "ok" line, printed by rank 0.

@@ -57,20 +57,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
     return cfg;
 }
 
-struct RunResult {
-    std::vector<float> losses;
-    std::vector<float> params;  // the whole model, in the whole-model layout
-};
-
-RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CPU& model) {
-    model.init_random(cfg.seed);
-    RunResult r;
-    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
-    r.params.resize(num_params(cfg.model_config));
-    model.get_whole_params(r.params.data());
-    return r;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -52,20 +52,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int b
     return cfg;
 }
 
-struct RunResult {
-    std::vector<float> losses;
-    std::vector<float> params;  // ParamLayout order
-};
-
-RunResult train(const RunConfig& cfg, Communicator& comm, GPT2CPU& model) {
-    model.init_random(cfg.seed);
-    RunResult r;
-    r.losses = Trainer(cfg, model, comm, "").run().train_losses;
-    r.params.resize(model.num_params());
-    model.get_params(r.params.data());
-    return r;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,7 +69,7 @@ int main(int argc, char** argv) {
         LocalComm local;
         RunConfig reference_cfg = make_config(shard, 0, 1, 2 * W);
         GPT2CPU reference_model(reference_cfg.model_config, 2 * W, 16, local, 0);
-        const RunResult reference = train(reference_cfg, local, reference_model);
+        const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
         const size_t num_params = reference.params.size();
         check(num_params % 2 && num_params % 3 && num_params % 4,
               strformat("the test model has %zu parameters; it must not divide by 2, 3 or 4", num_params));
@@ -105,7 +91,7 @@ int main(int argc, char** argv) {
                                 memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
             say(what + ": allocated bytes equal the plan for every kind of memory");
 
-            const RunResult run = train(cfg, *comm, model);
+            const RunResult run = train(cfg, *comm, nullptr, model);
             check(run.losses.size() == reference.losses.size(), what + ": wrong number of steps");
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-6, strformat("%s: loss differs from 1 rank by %.3g relative (limit 1e-6)", what.c_str(), worst));
