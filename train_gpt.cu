@@ -81,9 +81,18 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
         printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
-        if (cfg.dims.tp > 1)
-            printf("mesh: %d rank(s) = dp %d x tp %d; tensor parallel with%s sequence parallelism\n", cfg.world_size,
-                   cfg.dims.dp, cfg.dims.tp, cfg.sequence_parallel ? "" : "out");
+        if (cfg.dims.tp > 1 || cfg.dims.pp > 1)
+            printf("mesh: %d rank(s) = dp %d x pp %d x tp %d; tensor parallel with%s sequence parallelism\n",
+                   cfg.world_size, cfg.dims.dp, cfg.dims.pp, cfg.dims.tp, cfg.sequence_parallel ? "" : "out");
+        if (cfg.dims.pp > 1) {
+            const PipelineSplit split = pipeline_split(cfg);
+            printf("pipeline: %d stages, %s schedule, layers per virtual stage %s, %d micro-batches, bubble %.1f%%\n",
+                   cfg.dims.pp, cfg.pp_schedule.c_str(), split.describe().c_str(), cfg.grad_accum_steps,
+                   100 * pipeline_bubble_fraction(cfg.dims.pp, cfg.grad_accum_steps, split.chunks));
+            if (cfg.pp_print_schedule)
+                fputs(pipeline_schedule_text(make_pipeline_schedule(cfg.dims.pp, cfg.grad_accum_steps, split.chunks))
+                          .c_str(), stdout);
+        }
     }
     // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
     ProcessGroups groups(comm, cfg.dims);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/dist/parallel_dims.h"
+#include "llmc/dist/pipeline_schedule.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/schedule.h"
 #include "llmc/utils.h"
@@ -75,6 +76,12 @@ struct RunConfig {
     // tensor parallelism (gpt2_cpu.h)
     int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
+    // pipeline parallelism (pipeline_schedule.h, gpt2_cpu.h)
+    int pp = 1;                           // pipeline stages: world = dp x pp x tp
+    std::string pp_schedule = "1f1b";     // 1f1b | interleaved
+    int pp_virtual = 1;                   // chunks of layers per rank (interleaved: at least 2)
+    std::string pp_layers;                // layers per virtual stage, "5,7" ("": as even as it goes)
+    int pp_print_schedule = 0;            // 1: print the pipeline schedule (every rank's actions)
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
@@ -158,6 +165,11 @@ inline const std::vector<RunOption>& run_options() {
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
         {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x tp, ZeRO shards over dp"},
         {"", "sp", &RunConfig::sequence_parallel, "with --tp > 1: 1 runs LayerNorms and residual adds on 1/tp of the tokens per rank (sequence parallelism), 0 on all of them"},
+        {"", "pp", &RunConfig::pp, "pipeline stages: the layers cut into pp consecutive stages on different ranks, the step's micro-batches (-d / (B*T*dp)) flowing through them; world = dp x pp x tp"},
+        {"", "pp_schedule", &RunConfig::pp_schedule, "pipeline schedule: 1f1b (one forward, one backward) or interleaved (--pp-virtual chunks per rank, a bubble --pp-virtual times smaller)"},
+        {"", "pp_virtual", &RunConfig::pp_virtual, "chunks of layers per pipeline rank for --pp-schedule interleaved (at least 2)"},
+        {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
+        {"", "pp_print_schedule", &RunConfig::pp_print_schedule, "1: print every pipeline rank's schedule of forwards and backwards (with --plan N: and exit)"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
@@ -420,6 +432,11 @@ inline void check_tensor_parallel_shape(const ModelConfig& m, int tp) {
     divides("padded vocabulary", m.padded_vocab_size);
 }
 
+// How the resolved config cuts the model's layers into pipeline stages (one stage without --pp).
+inline PipelineSplit pipeline_split(const RunConfig& cfg) {
+    return make_pipeline_split(cfg.model_config.num_layers, cfg.pp, cfg.pp_virtual, cfg.pp_layers);
+}
+
 // Validates the options and derives the model shape and batch arithmetic for world_size ranks.
 // model_from_file is the header of the -e model file when -e names a file, else nullptr.
 inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
@@ -431,12 +448,27 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
                        world_size));
     cfg.world_size = world_size;
     require(cfg.tp >= 1, strformat("--tp must be >= 1, got %d", cfg.tp));
-    require(world_size % cfg.tp == 0,
-            strformat("--tp %d does not divide the %d rank(s): the world is dp x tp ranks", cfg.tp, world_size));
+    require(cfg.pp >= 1, strformat("--pp must be >= 1, got %d", cfg.pp));
+    require(world_size % ((long long)cfg.tp * cfg.pp) == 0,
+            strformat("--pp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x tp ranks", cfg.pp,
+                      cfg.tp, world_size));
     require(cfg.sequence_parallel == 0 || cfg.sequence_parallel == 1,
             strformat("--sp must be 0 or 1, got %d", cfg.sequence_parallel));
-    cfg.dims = ParallelDims::data_parallel(world_size / cfg.tp);
+    require(cfg.pp_schedule == "1f1b" || cfg.pp_schedule == "interleaved",
+            strformat("--pp-schedule must be 1f1b or interleaved, got '%s'", cfg.pp_schedule.c_str()));
+    require(cfg.pp_schedule == "interleaved" ? cfg.pp_virtual >= 2 : cfg.pp_virtual == 1,
+            cfg.pp_schedule == "interleaved"
+                ? strformat("--pp-schedule interleaved needs --pp-virtual >= 2 chunks per rank, got %d", cfg.pp_virtual)
+                : strformat("--pp-virtual %d needs --pp-schedule interleaved (1f1b runs one chunk per rank)",
+                            cfg.pp_virtual));
+    require(cfg.pp_virtual == 1 || cfg.pp > 1,
+            strformat("--pp-schedule interleaved needs --pp >= 2 (got --pp %d): it interleaves the stages' chunks", cfg.pp));
+    require(cfg.pp_print_schedule == 0 || cfg.pp_print_schedule == 1,
+            strformat("--pp-print-schedule must be 0 or 1, got %d", cfg.pp_print_schedule));
+    require(cfg.pp > 1 || cfg.pp_layers.empty(), "--pp-layers needs --pp > 1 (it says how the layers are cut into stages)");
+    cfg.dims = ParallelDims::data_parallel(world_size / (cfg.tp * cfg.pp));
     cfg.dims.tp = cfg.tp;
+    cfg.dims.pp = cfg.pp;
     cfg.dims.validate(world_size);
     cfg.model_is_file = model_from_file != nullptr;
     if (model_from_file) {
@@ -484,6 +516,12 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
                       "the data-parallel ones)",
                       cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens));
     cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
+    // The pipeline: the layers cut into stages (fails naming --pp-layers or the stage count), and the
+    // step's micro-batches, which the interleaved schedule sends through the stages in groups of pp.
+    pipeline_split(cfg);
+    require(cfg.pp_virtual == 1 || cfg.grad_accum_steps % cfg.pp == 0,
+            strformat("--pp-schedule interleaved needs the step's micro-batch count (-d / (B*T*dp) = %d) to be a "
+                      "multiple of --pp %d: change -d, -b or -t", cfg.grad_accum_steps, cfg.pp));
     // Sequence parallelism cuts each micro-batch's B*T token rows into tp blocks; with T divisible,
     // any sequence (sampling pads to a multiple of tp) can be cut too.
     require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len % cfg.tp == 0,
@@ -545,9 +583,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
     require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
     require(cfg.local_ckpt_every == 0 || !cfg.local_ckpt_dir.empty(), "--local-ckpt-every needs a --local-ckpt-dir");
-    require(cfg.tp == 1 || cfg.local_ckpt_every == 0,
-            strformat("--local-ckpt-every with --tp %d: the local tier restores each rank from its own file, which "
-                      "does not yet work for tensor-parallel pieces; use the shared checkpoints (-n)", cfg.tp));
+    require((cfg.tp == 1 && cfg.pp == 1) || cfg.local_ckpt_every == 0,
+            strformat("--local-ckpt-every with --tp %d --pp %d: the local tier restores each rank from its own file, "
+                      "which does not yet work for tensor- or pipeline-parallel pieces; use the shared checkpoints "
+                      "(-n)", cfg.tp, cfg.pp));
     require(cfg.local_ckpt_keep >= 1, strformat("--local-ckpt-keep must be >= 1, got %d", cfg.local_ckpt_keep));
     require(cfg.ranks_per_node >= 0, strformat("--ranks-per-node must be >= 0, got %d", cfg.ranks_per_node));
     require(cfg.ranks_per_node == 0 || world_size % cfg.ranks_per_node == 0,
@@ -588,6 +627,8 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"world_size", cfg.world_size},
         {"dp_size", cfg.dims.dp},
         {"tp_size", cfg.dims.tp},
+        {"pp_size", cfg.dims.pp},
+        {"pp_layers", pipeline_split(cfg).describe()},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},
         {"config_file", cfg.config_file},

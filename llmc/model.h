@@ -54,6 +54,19 @@ public:
     // Returns this rank's micro-batch mean cross-entropy loss.
     virtual float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                                    bool last_micro_batch) = 0;
+    // One optimizer step's gradient: forward and backward of `micro_batches` micro-batches of B x T
+    // tokens each (inputs and targets hold them back to back), gradients accumulated and scaled as
+    // forward_backward's. Returns the sum of the micro-batches' mean losses, the same on every rank
+    // of a model cut over ranks. A pipeline-parallel model runs them by its schedule; any other
+    // runs them one after another.
+    virtual double forward_backward_step(const int* inputs, const int* targets, int micro_batches, int B, int T,
+                                         float grad_scale) {
+        double loss_sum = 0.0;
+        const size_t BT = (size_t)B * T;
+        for (int m = 0; m < micro_batches; m++)
+            loss_sum += forward_backward(inputs + m * BT, targets + m * BT, B, T, grad_scale, m == micro_batches - 1);
+        return loss_sum;
+    }
     // Mean loss on a micro-batch, gradients untouched.
     virtual float evaluate(const int* inputs, const int* targets, int B, int T) = 0;
     // Logits (padded_vocab_size floats; only the first vocab_size mean anything) for the token that

@@ -21,6 +21,7 @@ struct MemoryPlan {
     double flops_per_step = 0;                       // forward + backward, all ranks together
     double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step in its data-parallel group (ring algorithms)
     double tp_comm_bytes_per_rank = 0;               // and in its tensor-parallel group
+    double pp_comm_bytes_per_rank = 0;               // and to its pipeline neighbours
     size_t snapshot_bytes = 0;                       // host memory for checkpoint snapshots (with -n), per rank
     size_t total_bytes() const {
         size_t total = 0;
@@ -48,10 +49,30 @@ inline double tensor_parallel_comm_bytes(const RunConfig& cfg) {
     return (gathers + scatters) * share * activation + layernorm_grads + stats;
 }
 
+// Bytes one rank of pipeline stage `rank` sends to its neighbours per optimizer step: each of its
+// chunks sends every micro-batch's output forward (but the last virtual stage) and the gradient of
+// its input back (but the first), this rank's rows of B x T x C floats each; the first and the last
+// stage also swap their part of the tied embedding's gradient.
+inline double pipeline_comm_bytes(const RunConfig& cfg, const PipelineSplit& split, int rank,
+                                  size_t embedding_grad_floats) {
+    const int S = split.virtual_stages();
+    const double rows = cfg.dims.tp > 1 && cfg.sequence_parallel ? (double)cfg.batch_size * cfg.seq_len / cfg.dims.tp
+                                                                  : (double)cfg.batch_size * cfg.seq_len;
+    const double message = rows * cfg.model_config.channels * sizeof(float);
+    double bytes = 0;
+    for (int c = 0; c < split.chunks; c++) {
+        const int v = c * split.stages + rank;
+        bytes += (v < S - 1) * message * cfg.grad_accum_steps + (v > 0) * message * cfg.grad_accum_steps;
+    }
+    if (split.holds_first(rank) != split.holds_last(rank)) bytes += embedding_grad_floats * sizeof(float);
+    return bytes;
+}
+
 // buffers: everything the model allocates per rank (its own size function's list); precision: how
-// its parameters travel in the all-gathers (gradients are reduced in fp32 by both models).
+// its parameters travel in the all-gathers (gradients are reduced in fp32 by both models); pp_rank:
+// the rank's pipeline stage.
 inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::vector<BufferSpec> buffers,
-                              ParamPrecision precision = FP32_PARAMETERS) {
+                              ParamPrecision precision = FP32_PARAMETERS, int pp_rank = 0) {
     MemoryPlan plan;
     plan.buffers = std::move(buffers);
     for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
@@ -71,6 +92,13 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
     }
     plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg) * accum;
+    if (cfg.dims.pp > 1) {
+        const PipelineSplit split = pipeline_split(cfg);
+        size_t embedding = 0;  // the tied embedding's gradient floats this rank updates (and swaps)
+        for (const ZeroPlan::Bucket& k : zero.buckets)
+            if (k.name == "embeddings") embedding = zero.shards_optimizer() ? k.owned_end - k.owned_begin : k.size;
+        plan.pp_comm_bytes_per_rank = pipeline_comm_bytes(cfg, split, pp_rank, embedding);
+    }
     return plan;
 }
 
@@ -83,9 +111,15 @@ inline std::string format_bytes(double bytes) {
 inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero, const MemoryPlan& plan,
                                       const char* model_kind) {
     const ModelConfig& m = cfg.model_config;
-    const std::string mesh = cfg.dims.tp > 1 ? strformat("dp %d x tp %d ranks (sequence parallel %s)", cfg.dims.dp,
-                                                         cfg.dims.tp, cfg.sequence_parallel ? "on" : "off")
-                                             : strformat("%d rank(s)", zero.world_size);
+    std::string mesh = strformat("%d rank(s)", zero.world_size);
+    if (cfg.dims.tp > 1 || cfg.dims.pp > 1) {
+        mesh = strformat("dp %d", cfg.dims.dp);
+        if (cfg.dims.pp > 1) mesh += strformat(" x pp %d", cfg.dims.pp);
+        if (cfg.dims.tp > 1)
+            mesh += strformat(" x tp %d (sequence parallel %s)", cfg.dims.tp, cfg.sequence_parallel ? "on" : "off");
+        mesh += " ranks";
+        if (cfg.dims.pp > 1) mesh += "; pipeline rank 0 (every stage below)";
+    }
     std::string out = strformat(
         "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %s, ZeRO-%d, %s\n",
         cfg.model.c_str(), num_params(m) / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps, mesh.c_str(),
@@ -109,6 +143,45 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     else
         out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                          plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
+    return out;
+}
+
+// --plan with --pp: one line per stage (its layers, memory, messages) and the schedule's bubble.
+inline std::string pipeline_plan_report(const RunConfig& cfg, const PipelineSplit& split,
+                                        const std::vector<MemoryPlan>& stages) {
+    const int P = split.stages, m = cfg.grad_accum_steps;
+    std::string out = strformat("pipeline: %d stage(s), %s schedule%s, %d micro-batch(es) per step; layers per "
+                                "virtual stage %s\n",
+                                P, cfg.pp_schedule.c_str(),
+                                split.chunks > 1 ? strformat(" (%d chunks per rank)", split.chunks).c_str() : "", m,
+                                split.describe().c_str());
+    out += strformat("  %-5s %-12s %12s %12s %12s %12s %12s %12s\n", "stage", "layers", "parameters", "gradients",
+                     "optimizer", "activations", "total", "p2p sent");
+    for (int r = 0; r < P; r++) {
+        const MemoryPlan& plan = stages.at(r);
+        std::string layers;
+        const std::vector<int> held = split.rank_layers(r);
+        for (size_t i = 0; i < held.size(); i++) {
+            size_t j = i;
+            while (j + 1 < held.size() && held[j + 1] == held[j] + 1) j++;
+            layers += strformat("%s%d-%d", layers.empty() ? "" : ",", held[i], held[j]);
+            i = j;
+        }
+        if (split.holds_first(r)) layers += "+emb";
+        if (split.holds_last(r)) layers += "+head";
+        using K = MemoryKind;
+        out += strformat("  %-5d %-12s %12s %12s %12s %12s %12s %12s\n", r, layers.c_str(),
+                         format_bytes(plan.bytes[(int)K::Parameters] + plan.bytes[(int)K::MasterWeights]).c_str(),
+                         format_bytes(plan.bytes[(int)K::Gradients]).c_str(),
+                         format_bytes(plan.bytes[(int)K::OptimizerState]).c_str(),
+                         format_bytes(plan.bytes[(int)K::Activations]).c_str(),
+                         format_bytes((double)plan.total_bytes()).c_str(),
+                         format_bytes(plan.pp_comm_bytes_per_rank).c_str());
+    }
+    out += strformat("  bubble: (P - 1) / (m + P - 1)%s = %.1f%% of the step idle per stage (P %d, m %d%s)\n",
+                     split.chunks > 1 ? " / V" : "", 100 * pipeline_bubble_fraction(P, m, split.chunks), P, m,
+                     split.chunks > 1 ? strformat(", V %d", split.chunks).c_str() : "");
+    if (cfg.pp_print_schedule) out += pipeline_schedule_text(make_pipeline_schedule(P, m, split.chunks));
     return out;
 }
 

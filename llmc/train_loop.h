@@ -148,12 +148,17 @@ public:
             flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
             const DataLoaderState data_at = train_.state();  // where this step's batches come from
             model_.zero_grad();
-            double loss_sum = 0.0;
+            // The step's micro-batches, read first: a pipeline runs them in its own order.
+            const size_t BT = (size_t)B * T;
+            step_inputs_.resize(BT * cfg_.grad_accum_steps);
+            step_targets_.resize(BT * cfg_.grad_accum_steps);
             for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
                 train_.next_batch();
-                loss_sum += model_.forward_backward(train_.inputs(), train_.targets(), B, T, grad_scale,
-                                                    micro == cfg_.grad_accum_steps - 1);
+                std::copy(train_.inputs(), train_.inputs() + BT, step_inputs_.begin() + micro * BT);
+                std::copy(train_.targets(), train_.targets() + BT, step_targets_.begin() + micro * BT);
             }
+            const double loss_sum = model_.forward_backward_step(step_inputs_.data(), step_targets_.data(),
+                                                                 cfg_.grad_accum_steps, B, T, grad_scale);
             inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
             if (faults().fire("nan_grad", step + 1, world_.rank())) {
                 fprintf(stderr, "fault injection: rank %d puts a NaN into its gradient in step %d\n", world_.rank(),
@@ -528,6 +533,7 @@ private:
     Communicator& dp_;
     Communicator& world_;
     DataLoader train_;
+    std::vector<int> step_inputs_, step_targets_;  // one step's micro-batches, back to back
     std::unique_ptr<DataLoader> val_;
     std::unique_ptr<Tokenizer> tokenizer_;
     std::string metrics_path_;

@@ -88,7 +88,7 @@ inline std::vector<ManifestTensor> manifest_tensors(const ParamLayout& layout) {
     std::vector<ManifestTensor> out;
     for (int t = 0; t < layout.num_tensors(); t++) {
         ManifestTensor mt{layout.name(t), {}};
-        if (layout.is_per_layer(t)) mt.shape.push_back(layout.num_layers());
+        if (layout.is_per_layer(t)) mt.shape.push_back(layout.table().num_layers);
         for (size_t d : layout.table().tensors[t].shape) mt.shape.push_back(d);
         out.push_back(mt);
     }
@@ -115,7 +115,7 @@ inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRan
                                [](size_t x, const ParamLayout::Segment& s) { return x < s.end; });
     for (; it != segs.end() && it->begin < r.end; ++it) {
         const size_t lo = std::max(r.begin, it->begin), hi = std::min(r.end, it->end);
-        const size_t layer_base = (size_t)it->layer * layout.global_tensor_size(it->tensor);
+        const size_t layer_base = (size_t)layout.global_layer(*it) * layout.global_tensor_size(it->tensor);
         for (const SplitRun& run : layout.split_runs(it->tensor, lo - it->begin, hi - it->begin)) {
             const size_t begin = layer_base + run.global;
             TensorPiece p{it->tensor, begin, begin + (run.count - 1) * run.stride + run.run, it->begin + run.local};
@@ -142,10 +142,11 @@ inline ManifestFile describe_rank_file(const ParamLayout& layout, const std::vec
         for (const FlatRange& r : owned)
             for (const TensorPiece& p : tensor_pieces(layout, r)) {
                 // Every rank of a tensor-parallel group holds the replicated tensors (LayerNorms,
-                // wpe, some biases) whole and equal; the file keeps this rank's copy where its
-                // snapshot put it, but only tensor rank 0's copy is listed, so each element is
+                // wpe, some biases) whole and equal, and the last pipeline stage a copy of the tied
+                // embedding; the file keeps this rank's copy where its snapshot put it, but only
+                // the primary copy is listed (ParamLayout::is_primary), so each element is
                 // described once.
-                if (layout.tp().rank == 0 || layout.is_split(p.tensor))
+                if (layout.is_primary(p.tensor))
                     mb.slices.push_back({p.tensor, p.begin, p.end, at, p.run, p.stride});
                 at += p.size() * state_dtype_bytes(b.dtype);
             }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,92 @@ struct PipeSchedule {
     int virtual_stages() const { return stages * chunks; }
     int virtual_stage(int rank, int chunk) const { return chunk * stages + rank; }
 };
+
+// How a model's L layers are cut into the P x V virtual stages of a pipeline (stage v on rank v % P,
+// as its chunk v / P): `layers[v]` consecutive layers each, in order. The first virtual stage also
+// runs the embedding, the last the final norm and the head.
+struct PipelineSplit {
+    int stages = 1;           // P
+    int chunks = 1;           // V
+    std::vector<int> layers;  // per virtual stage
+
+    int virtual_stages() const { return stages * chunks; }
+    int first_layer(int vstage) const {
+        int first = 0;
+        for (int v = 0; v < vstage; v++) first += layers.at(v);
+        return first;
+    }
+    int rank_of(int vstage) const { return vstage % stages; }
+    // The global layers rank `rank` holds, ascending (its chunks' layers, chunk after chunk).
+    std::vector<int> rank_layers(int rank) const {
+        std::vector<int> out;
+        for (int c = 0; c < chunks; c++) {
+            const int v = c * stages + rank;
+            for (int l = first_layer(v); l < first_layer(v) + layers.at(v); l++) out.push_back(l);
+        }
+        return out;
+    }
+    bool holds_first(int rank) const { return rank_of(0) == rank; }
+    bool holds_last(int rank) const { return rank_of(virtual_stages() - 1) == rank; }
+    std::string describe() const {
+        std::string out;
+        for (int v = 0; v < virtual_stages(); v++) out += strformat("%s%d", v ? "," : "", layers[v]);
+        return out;
+    }
+};
+
+// The split of num_layers layers over stages x chunks virtual stages: `spec` ("4,4,3,1": layers per
+// virtual stage), or, when spec is empty, as even as it goes, the layers left over going to the
+// virtual stages after the first (which also runs the embedding) from the second on.
+inline PipelineSplit make_pipeline_split(int num_layers, int stages, int chunks, const std::string& spec = "") {
+    PipelineSplit split;
+    split.stages = stages;
+    split.chunks = chunks;
+    const int S = stages * chunks;
+    if (stages < 1 || chunks < 1) fail(strformat("--pp %d and --pp-virtual %d must be at least 1", stages, chunks));
+    if (spec.empty()) {
+        if (num_layers < S)
+            fail(strformat("--pp %d x --pp-virtual %d makes %d virtual stages, more than the model's %d layers (each "
+                           "stage needs at least one)", stages, chunks, S, num_layers));
+        split.layers.assign(S, num_layers / S);
+        for (int v = 0; v < num_layers % S; v++) split.layers[(v + 1) % S]++;
+        return split;
+    }
+    int total = 0;
+    for (size_t at = 0; at <= spec.size();) {
+        size_t end = spec.find(',', at);
+        if (end == std::string::npos) end = spec.size();
+        const std::string item = spec.substr(at, end - at);
+        char* rest = nullptr;
+        const long n = strtol(item.c_str(), &rest, 10);
+        if (item.empty() || *rest != '\0' || n < 1 || n > num_layers)
+            fail(strformat("--pp-layers '%s': '%s' is not a layer count in [1, %d] (expected one count per virtual "
+                           "stage, comma-separated, e.g. 5,7)", spec.c_str(), item.c_str(), num_layers));
+        split.layers.push_back((int)n);
+        total += (int)n;
+        at = end + 1;
+    }
+    if ((int)split.layers.size() != S)
+        fail(strformat("--pp-layers '%s' names %zu stage(s) but --pp %d x --pp-virtual %d makes %d virtual stages",
+                       spec.c_str(), split.layers.size(), stages, chunks, S));
+    if (total != num_layers)
+        fail(strformat("--pp-layers '%s' adds up to %d layers but the model has %d", spec.c_str(), total, num_layers));
+    return split;
+}
+
+// How many micro-batches rank `rank` holds the activations of at once when it runs schedule s: a
+// micro-batch's are kept from its first forward on the rank until its last backward there.
+inline int pipeline_activation_slots(const PipeSchedule& s, int rank) {
+    std::vector<int> pending(s.micro_batches, 0);  // per micro-batch: chunks forwarded, not yet backwarded
+    int held = 0, peak = 0;
+    for (const PipeAction& a : s.ranks.at(rank)) {
+        int& p = pending[a.micro_batch];
+        if (a.op == PipeOp::Forward && p++ == 0) held++;
+        if (a.op == PipeOp::Backward && --p == 0) held--;
+        peak = std::max(peak, held);
+    }
+    return peak;
+}
 
 // The bubble fraction of the step the schedule idles in, with forward and backward of one
 // micro-batch taking the same time on every stage: (P - 1) / (m + P - 1) for 1F1B, divided by V

@@ -333,17 +333,27 @@ public:
             fail("ZeroEngine: the tensor-parallel group's communicator must work on host buffers");
         tp_ = &tp;
     }
+    // Pipeline parallelism: the layout is one stage's part of the model, so the gradient norm sums
+    // the stages (over `pp`, a host communicator) and leaves out a stage's copies (the tied embedding
+    // on the last stage, counted by the first).
+    void set_pipeline_parallel(Communicator& pp) {
+        if (pp.uses_device_buffers())
+            fail("ZeroEngine: the pipeline group's communicator must work on host buffers");
+        pp_ = &pp;
+    }
 
     // The squared global gradient norm (identical on every rank; a collective under stages 1-3 and
     // under tensor parallelism).
     double grad_norm_squared() {
-        if (!tp_ || tp_->world_size() == 1) {
+        const bool split = tp_ && tp_->world_size() > 1, staged = pp_ && pp_->world_size() > 1;
+        if (!split && !staged) {
             if (!plan_.shards_optimizer()) return mem_.sum_squares(grads_full_, plan_.padded_num_params);
             const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
             return llmc::sum_over_ranks(host_comm(), local);
         }
         std::vector<double> sums = {0.0, 0.0};  // cut tensors, replicated tensors
         for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
+            if (layout_.is_stage_copy(seg.tensor)) return;
             sums[layout_.is_split(seg.tensor) ? 0 : 1] += mem_.sum_squares(grad_for_update(k, lo), hi - lo);
         });
         if (plan_.shards_optimizer()) {
@@ -351,7 +361,17 @@ public:
             sums = {0.0, 0.0};
             for (size_t i = 0; i < all.size(); i++) sums[i % 2] += all[i];
         }
-        return llmc::sum_over_ranks(*tp_, sums[0]) + sums[1];
+        const double stage = (split ? llmc::sum_over_ranks(*tp_, sums[0]) : sums[0]) + sums[1];
+        return staged ? llmc::sum_over_ranks(*pp_, stage) : stage;
+    }
+
+    // The step's gradient of a bucket as AdamW will read it (after finish_backward): this rank's
+    // shard of it, or all of it; count is set to its length. For summing a gradient that two
+    // pipeline stages each hold a part of (the tied embedding), before the norm.
+    float* update_grads(int bucket, size_t* count) {
+        const auto& k = plan_.buckets.at(bucket);
+        *count = plan_.shards_optimizer() ? k.owned_end - k.owned_begin : k.size;
+        return grad_for_update(k, plan_.shards_optimizer() ? k.owned_begin : 0);
     }
 
     // AdamW on this rank's shard; then, under stages 1-2, every bucket's parameters are all-gathered.
@@ -643,6 +663,7 @@ private:
     ZeroPlan plan_;
     Communicator& comm_;
     Communicator* tp_ = nullptr;  // the tensor-parallel group, when the layout is a piece of the model
+    Communicator* pp_ = nullptr;  // the pipeline group, when the layout is a stage's part of it
     Memory& mem_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};
     Param *params_full_ = nullptr, *params_shard_ = nullptr;
@@ -692,10 +713,12 @@ public:
             if (layout_.is_resident(b)) params_[b] = engine_.acquire_params(b);
     }
     // Layer l's parameters for its forward or backward, with the gather of the layer that comes next
-    // in that direction started; going backward, also the buffer its gradient accumulates into.
-    void enter_layer(int layer, Direction d) {
+    // in that direction started (within the pass's layers [first, end): a pipeline chunk's, or all);
+    // going backward, also the buffer its gradient accumulates into.
+    void enter_layer(int layer, Direction d, int first = 0, int end = -1) {
+        if (end < 0) end = layout_.num_layers();
         const int next = d == Direction::Forward ? layer + 1 : layer - 1;
-        acquire(layout_.layer_bucket(layer), next >= 0 && next < layout_.num_layers() ? layout_.layer_bucket(next) : -1);
+        acquire(layout_.layer_bucket(layer), next >= first && next < end ? layout_.layer_bucket(next) : -1);
         if (d == Direction::Backward) take_grads(layout_.layer_bucket(layer));
     }
     // Done with layer l; going backward its gradient is complete and its collective starts.

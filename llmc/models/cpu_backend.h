@@ -49,8 +49,8 @@ struct CpuBackend {
     // The ZeRO stage that runs (the one asked for: the CPU model shards on any world size).
     static int effective_zero_stage(const RunConfig& cfg) { return cfg.zero_stage; }
 
-    // This rank's model, sharded over the data-parallel group by the config's ZeRO stage and cut over
-    // the tensor-parallel group.
+    // This rank's model, sharded over the data-parallel group by the config's ZeRO stage, cut over
+    // the tensor-parallel group, and one stage of the pipeline.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         const std::string threads_why = set_threads_per_rank(launch);
         const bool is_rank0 = groups.world().rank() == 0;
@@ -58,12 +58,13 @@ struct CpuBackend {
             printf("device: CPU, %d OpenMP thread(s) per rank (%s)\n", omp_get_max_threads(), threads_why.c_str());
         // Nothing is allocated before the plan is known to fit (planner.h).
         const std::string warning = check_plan_fits_host(
-            cfg, memory_plan(cfg, groups.dp().rank(), groups.tp().rank()), launch.local_size);
+            cfg, memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank()), launch.local_size);
         if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
             built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
-                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel);
+                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
+                                                    pipeline_of(cfg));
         } catch (const std::bad_alloc&) {
             fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "
                            "logits with B*T*vocab): reduce -b or -t, or shard more with -z",
@@ -73,21 +74,37 @@ struct CpuBackend {
         return built;
     }
 
-    // --plan: the memory of rank 0 of the dims.dp x dims.tp mesh, computed without allocating anything
-    // (every tensor rank holds an equal piece, so rank 0 speaks for all).
+    // --plan: the memory of rank 0 of the dp x pp x tp mesh, computed without allocating anything
+    // (every tensor rank holds an equal piece, so rank 0 speaks for all), and under pipeline
+    // parallelism the first rank of every stage (each holds different layers).
     static std::string plan_report(const RunConfig& cfg) {
-        ZeroPlan zero(GPT2Params::layout(cfg.model_config, {0, cfg.dims.tp}), cfg.zero_stage, 0, cfg.dims.dp);
-        return memory_plan_report(cfg, zero, memory_plan(cfg, 0, 0), "fp32 CPU model");
+        auto zero_of = [&](int pp_rank) {
+            return ZeroPlan(stage_layout(cfg, 0, pp_rank), cfg.zero_stage, 0, cfg.dims.dp);
+        };
+        std::string out = memory_plan_report(cfg, zero_of(0), memory_plan(cfg, 0, 0, 0), "fp32 CPU model");
+        if (cfg.dims.pp > 1) {
+            std::vector<MemoryPlan> stages;
+            for (int s = 0; s < cfg.dims.pp; s++) stages.push_back(memory_plan(cfg, 0, 0, s));
+            out += pipeline_plan_report(cfg, pipeline_split(cfg), stages);
+        }
+        return out;
     }
 
-    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` allocates (every tensor rank holds
-    // an equal piece).
-    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank) {
+    // The pipeline a config asks for (one stage without --pp).
+    static PipelineParallel pipeline_of(const RunConfig& cfg) { return {pipeline_split(cfg), cfg.grad_accum_steps}; }
+    static ParamLayout stage_layout(const RunConfig& cfg, int tp_rank, int pp_rank) {
+        return GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp},
+                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
+    }
+    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` in pipeline stage `pp_rank` allocates
+    // (every tensor rank holds an equal piece).
+    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank, int pp_rank) {
         const TensorParallel tp{cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel};
-        ZeroPlan zero(GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp}), cfg.zero_stage, dp_rank,
-                      cfg.dims.dp);
-        std::vector<BufferSpec> buffers = GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp);
-        return plan_memory(cfg, zero, buffers, HostMemory::precision);
+        ZeroPlan zero(stage_layout(cfg, tp_rank, pp_rank), cfg.zero_stage, dp_rank, cfg.dims.dp);
+        std::vector<BufferSpec> buffers =
+            GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
+                                  GPT2CPU::stage_shape(cfg.model_config, pipeline_of(cfg), pp_rank));
+        return plan_memory(cfg, zero, buffers, HostMemory::precision, pp_rank);
     }
 };
 

@@ -35,6 +35,8 @@ struct CudaBackend {
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         if (groups.dims().tp > 1)
             fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu has it)", groups.dims().tp));
+        if (groups.dims().pp > 1)
+            fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu has it)", groups.dims().pp));
         Communicator& host = groups.dp();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -55,6 +57,9 @@ struct CudaBackend {
         if (cfg.dims.tp > 1)
             fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu --plan shows it)",
                            cfg.dims.tp));
+        if (cfg.dims.pp > 1)
+            fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu --plan shows it)",
+                           cfg.dims.pp));
         ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp);
         std::vector<BufferSpec> buffers =
             GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero);

@@ -20,6 +20,11 @@
 // 1/n of those tensors and whole copies of the others; split_runs() says where each local element
 // sits in the global tensor, and copy_between_layouts() moves values between a whole-model layout
 // and a rank's.
+//
+// Pipeline parallelism: a layout made for a pipeline stage (StageSlice) holds only some layers of
+// the per-layer group (numbered 0.. locally, global_layer() maps them back) and only some of the
+// other groups; a group it holds as a copy of another stage's (GPT-2's tied embedding on the last
+// stage, which the lm head reads) is marked so, and counts once in norms and checkpoints.
 #pragma once
 
 #include <algorithm>
@@ -57,6 +62,16 @@ struct TensorSplit {
 struct TpShard {
     int rank = 0;
     int size = 1;
+};
+
+// Which part of the model a pipeline stage's layout holds: the per-layer group's layers `layers`
+// (global indices, ascending; empty: all of them) and, per bucket group, whether it is held at all
+// (`groups`; empty: every group) and whether it is a copy of the group another stage holds too
+// (`copies`; empty: none is).
+struct StageSlice {
+    std::vector<int> layers;
+    std::vector<bool> groups;
+    std::vector<bool> copies;
 };
 
 // One parameter tensor as the model declares it.
@@ -103,9 +118,12 @@ public:
 
     size_t num_params = 0;
 
-    // The whole model's layout, or (tp.size > 1) rank tp.rank's piece of it.
-    explicit ParamLayout(ParamTable table, TpShard tp = {}) : table_(std::move(table)), tp_(tp) {
+    // The whole model's layout, or (tp.size > 1) rank tp.rank's piece of it, of the layers and groups
+    // a pipeline stage holds (stage).
+    explicit ParamLayout(ParamTable table, TpShard tp = {}, StageSlice stage = {})
+        : table_(std::move(table)), tp_(tp), stage_(std::move(stage)) {
         validate_table();
+        validate_stage();
         const int num_tensors = (int)table_.tensors.size();
         sizes_.resize(num_tensors);
         global_sizes_.resize(num_tensors);
@@ -121,12 +139,16 @@ public:
             offset_in_bucket_[t] = group_size[spec.group];
             group_size[spec.group] += sizes_[t];
             file_begin_[t] = file_at;
-            file_at += layers_of(t) * sizes_[t];
+            file_at += (is_per_layer(t) ? (size_t)table_.num_layers : 1) * sizes_[t];
         }
         for (int g = 0; g < (int)table_.groups.size(); g++) {
+            if (!holds_group(g)) {
+                group_first_bucket_.push_back(-1);
+                continue;
+            }
             group_first_bucket_.push_back((int)buckets_.size());
             if (table_.groups[g].per_layer) first_layer_bucket_ = (int)buckets_.size();
-            const int copies = table_.groups[g].per_layer ? table_.num_layers : 1;
+            const int copies = table_.groups[g].per_layer ? num_layers() : 1;
             for (int l = 0; l < copies; l++) {
                 buckets_.push_back({num_params, group_size[g], g});
                 for (int t = 0; t < num_tensors; t++)
@@ -140,8 +162,26 @@ public:
     }
 
     const ParamTable& table() const { return table_; }
-    int num_layers() const { return table_.num_layers; }
+    // The layers of the per-layer group this layout holds (all of the table's but for a pipeline
+    // stage), numbered 0..num_layers()-1 here; global_layer() is the table's number of one.
+    int num_layers() const { return stage_.layers.empty() ? table_.num_layers : (int)stage_.layers.size(); }
+    int global_layer(int layer) const { return stage_.layers.empty() ? layer : stage_.layers.at(layer); }
+    // The table's layer number of a slice (0 for a tensor that is not per-layer).
+    int global_layer(const Segment& s) const { return is_per_layer(s.tensor) ? global_layer(s.layer) : 0; }
     const TpShard& tp() const { return tp_; }
+    const StageSlice& stage() const { return stage_; }
+    // Whether this layout holds the bucket group, or the tensor; and whether it holds it as a copy of
+    // another pipeline stage's (the copy is kept equal to it, and counted once, by the other stage).
+    bool holds_group(int group) const { return stage_.groups.empty() || stage_.groups.at(group); }
+    bool holds(int tensor) const { return holds_group(spec(tensor).group); }
+    bool is_stage_copy(int tensor) const {
+        return !stage_.copies.empty() && stage_.copies.at(spec(tensor).group);
+    }
+    // Whether this rank's copy of the tensor is the one that counts: its tensor-parallel piece, or a
+    // replica held on tensor rank 0, and not a pipeline stage's copy.
+    bool is_primary(int tensor) const { return (tp_.rank == 0 || is_split(tensor)) && !is_stage_copy(tensor); }
+    // Whether the layout is the whole model's (no tensor or pipeline cut).
+    bool is_whole() const { return tp_.size == 1 && stage_.layers.empty() && stage_.groups.empty(); }
 
     // ---- tensors ----
     int num_tensors() const { return (int)table_.tensors.size(); }
@@ -204,13 +244,15 @@ public:
     int num_buckets() const { return (int)buckets_.size(); }
     int layer_bucket(int layer) const {
         if (first_layer_bucket_ < 0) fail("ParamLayout: the table has no per-layer bucket group");
-        if (layer < 0 || layer >= table_.num_layers)
-            fail(strformat("ParamLayout: layer %d is not in [0, %d)", layer, table_.num_layers));
+        if (layer < 0 || layer >= num_layers())
+            fail(strformat("ParamLayout: layer %d is not in [0, %d)", layer, num_layers()));
         return first_layer_bucket_ + layer;
     }
     int final_bucket() const { return num_buckets() - 1; }  // the last bucket in flat order
     int bucket_of(int tensor, int layer = 0) const {
         check(tensor, layer);
+        if (!holds(tensor))
+            fail(strformat("ParamLayout: this pipeline stage does not hold %s", name(tensor).c_str()));
         // a tensor of a one-bucket group has layer 0 (check() made sure)
         return group_first_bucket_[spec(tensor).group] + layer;
     }
@@ -227,7 +269,7 @@ public:
     // whole-model layout: a tensor-parallel rank's piece is not a model file.
     size_t file_offset(int tensor, int layer = 0) const {
         check(tensor, layer);
-        if (tp_.size > 1) fail("ParamLayout: file offsets are for a whole-model layout, not a tensor-parallel piece");
+        if (!is_whole()) fail("ParamLayout: file offsets are for a whole-model layout, not a tensor or pipeline piece");
         return file_begin_[tensor] + (size_t)layer * sizes_[tensor];
     }
     // The segments in the order a model file stores them (ascending file_offset).
@@ -245,7 +287,7 @@ private:
         int group;
     };
 
-    size_t layers_of(int tensor) const { return is_per_layer(tensor) ? (size_t)table_.num_layers : 1; }
+    size_t layers_of(int tensor) const { return is_per_layer(tensor) ? (size_t)num_layers() : 1; }
     const TensorSpec& spec(int tensor) const { return table_.tensors[check_tensor(tensor)]; }
     int check_tensor(int tensor) const {
         if (tensor < 0 || tensor >= num_tensors())
@@ -290,8 +332,23 @@ private:
         }
     }
 
+    void validate_stage() const {
+        const int groups = (int)table_.groups.size();
+        if ((!stage_.groups.empty() && (int)stage_.groups.size() != groups) ||
+            (!stage_.copies.empty() && (int)stage_.copies.size() != groups))
+            fail(strformat("StageSlice: groups and copies must name each of the table's %d bucket groups", groups));
+        for (size_t i = 0; i < stage_.layers.size(); i++)
+            if (stage_.layers[i] < 0 || stage_.layers[i] >= table_.num_layers || (i && stage_.layers[i] <= stage_.layers[i - 1]))
+                fail(strformat("StageSlice: layer %d (entry %zu) is not an ascending layer in [0, %d)", stage_.layers[i],
+                               i, table_.num_layers));
+        for (int g = 0; g < groups; g++)
+            if (table_.groups[g].per_layer && !holds_group(g))
+                fail("StageSlice: a stage holds the per-layer group (at least one of its layers)");
+    }
+
     ParamTable table_;
     TpShard tp_;
+    StageSlice stage_;
     std::vector<size_t> sizes_;             // one slice, the piece this layout holds
     std::vector<size_t> global_sizes_;      // one slice, whole
     std::vector<size_t> offset_in_bucket_;  // within its bucket
@@ -305,11 +362,15 @@ private:
 // Copies every parameter between a whole-model layout's flat buffer and a tensor-parallel rank's
 // (both of the same table): to_piece fills the piece from the whole, otherwise the whole's elements
 // that the piece holds are set from it. Replicated tensors are copied whole.
+// `primary_only` (to the whole): only what the piece holds first-hand, not the replicas that tensor
+// ranks other than 0 hold, nor a pipeline stage's copies; every element of the whole then comes
+// from exactly one rank.
 inline void copy_between_layouts(const ParamLayout& whole, float* whole_buf, const ParamLayout& piece,
-                                 float* piece_buf, bool to_piece) {
-    if (whole.tp().size != 1) fail("copy_between_layouts: the first layout must be a whole-model one");
+                                 float* piece_buf, bool to_piece, bool primary_only = false) {
+    if (!whole.is_whole()) fail("copy_between_layouts: the first layout must be a whole-model one");
     for (const ParamLayout::Segment& s : piece.segments()) {
-        float* global = whole_buf + whole.offset(s.tensor, s.layer);
+        if (primary_only && !piece.is_primary(s.tensor)) continue;
+        float* global = whole_buf + whole.offset(s.tensor, piece.global_layer(s));
         float* local = piece_buf + s.begin;
         for (const SplitRun& run : piece.split_runs(s.tensor, 0, s.end - s.begin))
             for (size_t k = 0; k < run.count; k++) {

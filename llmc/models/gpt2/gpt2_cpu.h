@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "llmc/cpu/ops.h"
 #include "llmc/dist/host_memory.h"
+#include "llmc/dist/pipeline_schedule.h"
 #include "llmc/dist/zero.h"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/model_file.h"
@@ -35,77 +37,130 @@ struct TensorParallel {
     int rows(int BT) const { return sequence_parallel ? BT / size : BT; }
 };
 
+// What part of the model a rank runs under pipeline parallelism, for sizing its activations: its
+// `layers` layers in `chunks` chunks, the embedding and the head where it runs the first and the last
+// virtual stage, and `slots` micro-batches' activations held at once (its schedule's peak; see
+// pipeline_schedule.h). The default is the whole model, one micro-batch at a time.
+struct StageShape {
+    int layers = -1;  // -1: all of the model's
+    int chunks = 1;
+    bool embedding = true, head = true;
+    bool pipelined = false;  // activations and their gradients travel between ranks
+    int slots = 1;
+};
+
 // Where each activation lives in the flat activation buffer for a call with B x T tokens. Per-layer
-// tensors hold all L layers back to back. Sizes grow with B and T, so the layout for any B <= max_B,
-// T <= max_T fits in a buffer of size_for(max_B, max_T). Under tensor parallelism the attention and
-// MLP activations hold this rank's heads and hidden units (1/tp), the logits its vocabulary columns,
-// and with sequence parallelism the residual stream and LayerNorm outputs its n = BT/tp token rows.
+// tensors hold all of the rank's layers back to back. Sizes grow with B and T, so the layout for any
+// B <= max_B, T <= max_T fits in a buffer of size_for(max_B, max_T). Under tensor parallelism the
+// attention and MLP activations hold this rank's heads and hidden units (1/tp), the logits its
+// vocabulary columns, and with sequence parallelism the residual stream and LayerNorm outputs its
+// n = BT/tp token rows. Under pipeline parallelism the buffer holds `slots` micro-batches'
+// activations (one slot each; `slot` picks the one this layout points into) and one set of the
+// backward's scratch, which every slot shares.
 struct ActivationLayout {
-    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+    // per slot: each chunk's input (the embedding's output, or the activation received from the
+    // previous stage), the layers' activations, and with the head the final norm, logits and losses
+    float *inputs, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss;
-    // backward scratch: gradients of the residual stream and of one layer's intermediates
+    // shared backward scratch: gradients of the residual stream and of one layer's intermediates
     float *dresidual, *dC, *d3C, *d4C;
     // tensor parallelism only (empty otherwise): a LayerNorm output gathered to all B x T rows, a
     // row-parallel product's partial sum, the gathered residual gradient, the reduced gradient of a
     // LayerNorm output (sequence parallel), every rank's cross-entropy statistics, and the LayerNorm
     // weight gradients of one layer before they are summed over the group (sequence parallel)
     float *full, *partial, *dfull, *dln, *ce_stats, *dln_weights;
+    // pipeline parallelism only: where a message from a neighbouring stage lands, and two buffers the
+    // input gradients leave from
+    float *recv, *send_grad;
 
-    size_t total_floats = 0;  // the buffer size this layout needs
+    size_t slot_floats = 0, scratch_floats = 0;
+    size_t total_floats = 0;  // the buffer size this layout needs (every slot and the scratch)
 
-    static size_t size_for(const ModelConfig& c, int B, int T, const TensorParallel& tp = {}) {
-        return ActivationLayout(c, B, T, nullptr, tp).total_floats;
+    static size_t size_for(const ModelConfig& c, int B, int T, const TensorParallel& tp = {},
+                           const StageShape& stage = {}) {
+        return ActivationLayout(c, B, T, nullptr, tp, stage).total_floats;
     }
 
-    // Assigns consecutive slices of `base`; with base == nullptr only total_floats is computed.
-    ActivationLayout(const ModelConfig& c, int B, int T, float* base, const TensorParallel& tp = {}) {
-        const size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads / tp.size;
+    // Assigns slices of `base`; with base == nullptr only the sizes are computed.
+    ActivationLayout(const ModelConfig& c, int B, int T, float* base, const TensorParallel& tp = {},
+                     const StageShape& stage = {}, int slot = 0) {
+        const size_t BT = (size_t)B * T, C = c.channels, NH = c.num_heads / tp.size;
+        const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT), Cl = C / tp.size;
-        const bool split = tp.size > 1, sp = tp.sequence_parallel;
-        auto take = [&](float*& p, size_t count) {
-            p = base && count ? base + total_floats : nullptr;
-            total_floats += (count + 15) / 16 * 16;  // keep every tensor 64-byte aligned
+        const bool split = tp.size > 1, sp = tp.sequence_parallel, head = stage.head, pipe = stage.pipelined;
+        struct Take {
+            float** p;
+            size_t offset, count;
+            bool per_slot;
         };
-        take(encoded, n * C);
-        take(ln1, L * n * C);
-        take(ln1_mean, L * n);
-        take(ln1_rstd, L * n);
-        take(qkv, L * BT * 3 * Cl);
-        take(atty, L * BT * Cl);
-        take(att, L * B * NH * T * T);
-        take(residual2, L * n * C);
-        take(ln2, L * n * C);
-        take(ln2_mean, L * n);
-        take(ln2_rstd, L * n);
-        take(fch, L * BT * 4 * Cl);
-        take(fch_gelu, L * BT * 4 * Cl);
-        take(residual3, L * n * C);
-        take(lnf, n * C);
-        take(lnf_mean, n);
-        take(lnf_rstd, n);
-        take(logits, BT * Vp);
-        take(row_loss, BT);
-        take(dresidual, n * C);
-        take(dC, BT * C);
-        take(d3C, BT * 3 * Cl);
-        take(d4C, BT * 4 * Cl);
-        take(full, sp ? BT * C : 0);
-        take(partial, split ? BT * C : 0);
-        take(dfull, sp ? BT * C : 0);
-        take(dln, sp ? n * C : 0);
-        take(ce_stats, split ? BT * 3 * tp.size : 0);
-        take(dln_weights, sp ? 4 * C : 0);
+        std::vector<Take> takes;
+        auto take = [&](float*& p, size_t count, bool per_slot) {
+            size_t& at = per_slot ? slot_floats : scratch_floats;
+            takes.push_back({&p, at, count, per_slot});
+            at += (count + 15) / 16 * 16;  // keep every tensor 64-byte aligned
+        };
+        auto keep = [&](float*& p, size_t count) { take(p, count, true); };
+        auto share = [&](float*& p, size_t count) { take(p, count, false); };
+        keep(inputs, stage.chunks * n * C);
+        keep(ln1, L * n * C);
+        keep(ln1_mean, L * n);
+        keep(ln1_rstd, L * n);
+        keep(qkv, L * BT * 3 * Cl);
+        keep(atty, L * BT * Cl);
+        keep(att, L * B * NH * T * T);
+        keep(residual2, L * n * C);
+        keep(ln2, L * n * C);
+        keep(ln2_mean, L * n);
+        keep(ln2_rstd, L * n);
+        keep(fch, L * BT * 4 * Cl);
+        keep(fch_gelu, L * BT * 4 * Cl);
+        keep(residual3, L * n * C);
+        keep(lnf, head ? n * C : 0);
+        keep(lnf_mean, head ? n : 0);
+        keep(lnf_rstd, head ? n : 0);
+        keep(logits, head ? BT * Vp : 0);
+        keep(row_loss, head ? BT : 0);
+        share(dresidual, n * C);
+        share(dC, BT * C);
+        share(d3C, BT * 3 * Cl);
+        share(d4C, BT * 4 * Cl);
+        share(full, sp ? BT * C : 0);
+        share(partial, split ? BT * C : 0);
+        share(dfull, sp ? BT * C : 0);
+        share(dln, sp ? n * C : 0);
+        share(ce_stats, split && head ? BT * 3 * tp.size : 0);
+        share(dln_weights, sp ? 4 * C : 0);
+        share(recv, pipe ? n * C : 0);
+        share(send_grad, pipe ? 2 * n * C : 0);
+        total_floats = stage.slots * slot_floats + scratch_floats;
+        for (const Take& t : takes) {
+            const size_t at = t.per_slot ? slot * slot_floats + t.offset : stage.slots * slot_floats + t.offset;
+            *t.p = base && t.count ? base + at : nullptr;
+        }
     }
+};
+
+// How a model is cut over its pipeline group (pipeline_schedule.h): which layers each virtual stage
+// runs, and how many micro-batches a step's schedule has (which sets the activations held at once).
+struct PipelineParallel {
+    PipelineSplit split;      // empty: one stage, the whole model
+    int micro_batches = 1;
 };
 
 class GPT2CPU : public Model {
 public:
-    // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h) and, when `tp` has more than
-    // one rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel).
+    // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
+    // rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel); when
+    // `pp` has more than one rank, cut into pipeline stages over it (see PipelineParallel).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
-            Communicator& tp = local_communicator(), bool sequence_parallel = false)
-        : config_(validated(config)), tp_comm_(tp), tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1},
-          layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()})), max_B_(max_B), max_T_(max_T),
+            Communicator& tp = local_communicator(), bool sequence_parallel = false,
+            Communicator& pp = local_communicator(), const PipelineParallel& pipe = {})
+        : config_(validated(config)), tp_comm_(tp),
+          tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
+          pipe_(checked_pipeline(config, pp, pipe)),
+          layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
+                                     GPT2Params::stage_slice(pipe_.split, pp.rank()))),
+          stage_(stage_shape(config, pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
           engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -114,20 +169,47 @@ public:
         if (tp_.sequence_parallel && max_T % tp_.size != 0)
             fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T (%d) divisible by them", tp_.size, max_T));
         engine_.set_tensor_parallel(tp);
-        acts_.assign(activation_floats(config_, max_B, max_T, tp_), 0.0f);
+        engine_.set_pipeline_parallel(pp);
+        // This rank's chunks: consecutive local layers, chunk after chunk (PipelineSplit::rank_layers).
+        const PipelineSplit& split = pipe_.split;
+        for (int c = 0, begin = 0; c < split.chunks; c++) {
+            const int v = c * split.stages + pp.rank();
+            chunks_.push_back({begin, begin + split.layers[v], v, v == 0, v == split.virtual_stages() - 1});
+            begin += split.layers[v];
+        }
+        // Activations and gradients travel on two communicators of the pipeline group, one per
+        // direction, so each carries messages between two ranks in the same order as both post them.
+        if (stage_.pipelined) pp_grads_ = pp.split(0, pp.rank());
+        acts_.assign(activation_floats(config_, max_B, max_T, tp_, stage_), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
+    // What pipeline rank `rank` runs and holds (the whole model without a pipeline).
+    static StageShape stage_shape(const ModelConfig& c, const PipelineParallel& pipe, int rank) {
+        const PipelineSplit& split = pipe.split.layers.empty() ? whole_split(c) : pipe.split;
+        if (split.virtual_stages() == 1) return {};
+        StageShape shape;
+        shape.layers = (int)split.rank_layers(rank).size();
+        shape.chunks = split.chunks;
+        shape.embedding = split.holds_first(rank);
+        shape.head = split.holds_last(rank);
+        shape.pipelined = true;
+        shape.slots = pipeline_activation_slots(
+            make_pipeline_schedule(split.stages, pipe.micro_batches, split.chunks), rank);
+        return shape;
+    }
     // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
-    static size_t activation_floats(const ModelConfig& c, int max_B, int max_T, const TensorParallel& tp = {}) {
-        return ActivationLayout::size_for(c, max_B, max_T, tp) + 16;  // + slack for 64-byte alignment
+    static size_t activation_floats(const ModelConfig& c, int max_B, int max_T, const TensorParallel& tp = {},
+                                    const StageShape& stage = {}) {
+        return ActivationLayout::size_for(c, max_B, max_T, tp, stage) + 16;  // + slack for 64-byte alignment
     }
     // Everything one rank allocates: the engine's buffers and the activations (what --plan prints).
     static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T,
-                                                const TensorParallel& tp = {}) {
+                                                const TensorParallel& tp = {}, const StageShape& stage = {}) {
         std::vector<BufferSpec> specs = buffer_specs(zero);
-        specs.push_back({"activations", MemoryKind::Activations, activation_floats(c, max_B, max_T, tp)});
+        specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
+                         MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage)});
         return specs;
     }
 
@@ -137,7 +219,8 @@ public:
     int max_seq_len() const override { return max_T_; }
 
     // Both start a fresh model: gradients and AdamW moments are reset. Every rank passes the same
-    // seed or file and keeps its own shard (its tensor-parallel piece, cut from the whole model).
+    // seed or file and keeps its own shard (its tensor-parallel piece of its stage, cut from the
+    // whole model).
     void init_random(uint64_t seed) override {
         std::vector<float> whole(whole_layout().num_params);
         init_params(whole_layout(), whole.data(), seed);
@@ -148,28 +231,30 @@ public:
         read_model_file(path, config_, whole.data());
         reset(piece_of(whole));
     }
-    // A collective: every rank calls it, rank 0 of both groups writes the whole model.
+    // A collective: every rank calls it, rank 0 of every group writes the whole model.
     void save(const std::string& path, bool bf16 = false) override {
         std::vector<float> whole(whole_layout().num_params);
         get_whole_params(whole.data());
-        if (engine_.plan().rank == 0 && tp_.rank == 0)
+        if (engine_.plan().rank == 0 && tp_.rank == 0 && pp_comm_.rank() == 0)
             write_model_file(path, config_, whole.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
     // This rank's parameters in its own layout (layout()), whatever the ZeRO stage; a collective.
     void get_params(float* local) { engine_.get_params(local); }
-    // The whole model's parameters in the whole-model layout, on every rank; a collective over both groups.
+    // The whole model's parameters in the whole-model layout, on every rank; a collective over every
+    // group. Each rank puts the elements it holds first-hand into a zeroed whole (ParamLayout::
+    // is_primary: every element comes from one rank) and the sums over the tensor and pipeline
+    // groups fill in the rest, exactly (x + 0 is x).
     void get_whole_params(float* whole) {
         std::vector<float> local(layout_.num_params);
         engine_.get_params(local.data());
-        if (tp_.size == 1) {
+        if (layout_.is_whole()) {
             std::copy(local.begin(), local.end(), whole);
             return;
         }
-        std::vector<float> pieces(local.size() * tp_.size);
-        tp_comm_.all_gather(local.data(), pieces.data(), local.size(), CommDtype::F32).wait();
-        for (int r = 0; r < tp_.size; r++)
-            copy_between_layouts(whole_layout(), whole, GPT2Params::layout(config_, {r, tp_.size}),
-                                 pieces.data() + local.size() * r, false);
+        std::fill(whole, whole + whole_layout().num_params, 0.0f);
+        copy_between_layouts(whole_layout(), whole, layout_, local.data(), false, /*primary_only=*/true);
+        for (Communicator* group : {&tp_comm_, &pp_comm_})
+            if (group->world_size() > 1) group->all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
     }
 
     void zero_grad() override { engine_.zero_grad(); }
@@ -177,15 +262,25 @@ public:
     float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                            bool last_micro_batch) override {
         check_batch(inputs, targets, B, T, "forward_backward");
-        const float loss = forward(inputs, targets, B, T, Pass::Train, grad_scale);
-        backward(inputs, B, T, last_micro_batch);
+        if (stage_.pipelined)
+            fail("GPT2CPU: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
+        const ActivationLayout a = activations(B, T, 0);
+        const float loss = forward_chunk(a, 0, inputs, targets, B, T, Pass::Train, grad_scale);
+        backward_chunk(a, 0, inputs, B, T, last_micro_batch);
         return loss;
+    }
+    double forward_backward_step(const int* inputs, const int* targets, int micro_batches, int B, int T,
+                                 float grad_scale) override {
+        if (!stage_.pipelined) return Model::forward_backward_step(inputs, targets, micro_batches, B, T, grad_scale);
+        for (int m = 0; m < micro_batches; m++)
+            check_batch(inputs + (size_t)m * B * T, targets + (size_t)m * B * T, B, T, "forward_backward_step");
+        return run_schedule(inputs, targets, micro_batches, B, T, grad_scale);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(inputs, targets, B, T, "evaluate");
-        return forward(inputs, targets, B, T, Pass::Evaluate, 0.0f);
+        return forward_through_stages(inputs, targets, B, T, Pass::Evaluate);
     }
-    // Every rank of a tensor-parallel group calls it with the same tokens and gets the whole row.
+    // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
         // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
@@ -193,11 +288,15 @@ public:
         const int padded_T = (T + tp_.size - 1) / tp_.size * tp_.size;
         std::vector<int> padded(tokens, tokens + T);
         if (tp_.sequence_parallel) padded.resize(padded_T, 0);
-        forward(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, 0.0f, T - 1);
-        const ActivationLayout a = activations(1, (int)padded.size());
+        forward_through_stages(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, T - 1);
+        const ActivationLayout a = activations(1, (int)padded.size(), 0);
         const size_t cols = config_.padded_vocab_size / tp_.size;
-        if (tp_.size == 1) std::copy(a.logits, a.logits + cols, logits_out);
-        else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
+        if (stage_.head) {
+            if (tp_.size == 1) std::copy(a.logits, a.logits + cols, logits_out);
+            else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
+        }
+        if (stage_.pipelined)
+            pp_wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
     }
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
@@ -205,6 +304,9 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms() + take(tp_exposed_ms_); }
+    // Milliseconds this rank waited on the other pipeline stages since the last call (its share of
+    // the pipeline's bubble, and the messages' time), also counted in take_exposed_comm_ms.
+    double take_pipeline_wait_ms() { return take(pp_wait_ms_); }
     ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
         if (kind == MemoryKind::Activations) return acts_.size() * sizeof(float);
@@ -216,7 +318,7 @@ public:
     // logits of the most recent evaluate() (after forward_backward the buffer holds dlogits).
     float* params() { return unsharded(engine_.full_params()); }
     const float* grads() { return unsharded(engine_.full_grads()); }
-    const float* logits() const { return activations(last_B_, last_T_).logits; }
+    const float* logits() const { return activations(last_B_, last_T_, 0).logits; }
 
 private:
     static const ModelConfig& validated(const ModelConfig& c) {
@@ -233,18 +335,39 @@ private:
         const uintptr_t p = reinterpret_cast<uintptr_t>(acts_.data());
         return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
     }
-    ActivationLayout activations(int B, int T) const { return ActivationLayout(config_, B, T, activation_base(), tp_); }
+    ActivationLayout activations(int B, int T, int slot) const {
+        return ActivationLayout(config_, B, T, activation_base(), tp_, stage_, slot);
+    }
     template <typename T>
     T* unsharded(T* p) {
-        if (engine_.plan().world_size != 1 || engine_.plan().stage != 0 || tp_.size != 1)
-            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor parallelism)");
+        if (engine_.plan().world_size != 1 || engine_.plan().stage != 0 || !layout_.is_whole())
+            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor or "
+                 "pipeline parallelism)");
         return p;
     }
 
+    // One stage: the model's layers in one chunk, with the embedding and the head.
+    static PipelineSplit whole_split(const ModelConfig& c) { return make_pipeline_split(c.num_layers, 1, 1); }
+    static PipelineParallel checked_pipeline(const ModelConfig& c, Communicator& pp, PipelineParallel pipe) {
+        if (pipe.split.layers.empty()) pipe.split = make_pipeline_split(c.num_layers, pp.world_size(), 1);
+        const PipelineSplit& s = pipe.split;
+        int layers = 0;
+        for (int n : s.layers) layers += n;
+        if (s.stages != pp.world_size() || (int)s.layers.size() != s.virtual_stages() || layers != c.num_layers)
+            fail(strformat("GPT2CPU: the pipeline split (%d stage(s) x %d chunk(s), layers %s) does not fit a "
+                           "pipeline group of %d rank(s) and a model of %d layers",
+                           s.stages, s.chunks, s.describe().c_str(), pp.world_size(), c.num_layers));
+        if (s.chunks > 1 && s.stages == 1)
+            fail("GPT2CPU: an interleaved pipeline needs at least 2 stages (--pp-virtual > 1 with --pp 1)");
+        if (pipe.micro_batches < 1)
+            fail(strformat("GPT2CPU: a pipeline step needs at least 1 micro-batch, got %d", pipe.micro_batches));
+        return pipe;
+    }
+
     // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
-    const ParamLayout& whole_layout() const { return tp_.size == 1 ? layout_ : whole_layout_; }
+    const ParamLayout& whole_layout() const { return layout_.is_whole() ? layout_ : whole_layout_; }
     std::vector<float> piece_of(std::vector<float>& whole) const {
-        if (tp_.size == 1) return std::move(whole);
+        if (layout_.is_whole()) return std::move(whole);
         std::vector<float> piece(layout_.num_params);
         copy_between_layouts(whole_layout(), whole.data(), layout_, piece.data(), true);
         return piece;
@@ -336,30 +459,183 @@ private:
     }
 
     // What a forward pass leaves behind: the loss and logits (Evaluate), the loss and dlogits
-    // scaled by grad_scale, ready for backward() (Train), or only row logits_row's logits.
+    // scaled by grad_scale, ready for backward (Train), or only row logits_row's logits.
     enum class Pass { Evaluate, Train, LastLogits };
 
-    // Runs the forward pass on a checked batch; returns the mean loss (0 for LastLogits).
-    float forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale,
-                  int logits_row = 0) {
+    // ---- pipeline parallelism: the stages' messages ----
+
+    // One of this rank's chunks: local layers [begin, end), run as virtual stage `vstage`, which is
+    // the first (runs the embedding) or the last (runs the final norm and the head) or neither.
+    struct Chunk {
+        int begin, end, vstage;
+        bool embedding, head;
+    };
+    int last_stage_rank() const { return pipe_.split.rank_of(pipe_.split.virtual_stages() - 1); }
+    void pp_wait(CommHandle h) {
+        h.wait();
+        pp_wait_ms_ += h.wait_ms();
+        tp_exposed_ms_ += h.wait_ms();
+    }
+    // The chunk's output: the residual stream after its last layer (this rank's rows of it).
+    float* chunk_output(const ActivationLayout& a, const Chunk& ch, int BT) const {
+        return a.residual3 + (size_t)(ch.end - 1) * tp_.rows(BT) * config_.channels;
+    }
+    float* chunk_input(const ActivationLayout& a, int chunk, int BT) const {
+        return a.inputs + (size_t)chunk * tp_.rows(BT) * config_.channels;
+    }
+
+    // A forward pass through every virtual stage in order, one micro-batch, stage after stage: what
+    // evaluation and sampling run (Pass::Evaluate or LastLogits). Returns the mean loss on every rank.
+    float forward_through_stages(const int* inputs, const int* targets, int B, int T, Pass pass, int logits_row = 0) {
+        const ActivationLayout a = activations(B, T, 0);
+        if (!stage_.pipelined) return forward_chunk(a, 0, inputs, targets, B, T, pass, 0.0f, logits_row);
+        const PipelineSplit& split = pipe_.split;
+        const int BT = B * T;
+        const size_t bytes = (size_t)tp_.rows(BT) * config_.channels * sizeof(float);
+        float loss = 0.0f;
+        for (const Chunk& ch : chunks_) {  // this rank's, in virtual-stage order
+            const int c = (int)(&ch - chunks_.data());
+            if (!ch.embedding) pp_wait(pp_comm_.recv(chunk_input(a, c, BT), bytes, split.rank_of(ch.vstage - 1)));
+            loss = forward_chunk(a, c, inputs, targets, B, T, pass, 0.0f, logits_row);
+            if (!ch.head) pp_wait(pp_comm_.send(chunk_output(a, ch, BT), bytes, split.rank_of(ch.vstage + 1)));
+        }
+        pp_wait(pp_comm_.broadcast(&loss, sizeof(loss), last_stage_rank()));
+        return loss;
+    }
+
+    // One step of a pipeline-parallel model: this rank's actions of the step's schedule (1F1B or
+    // interleaved, pipeline_schedule.h), each the forward or backward of one micro-batch through one
+    // chunk. A chunk's input arrives from the previous virtual stage and its output leaves for the
+    // next; going backward, the output's gradient arrives and the input's leaves. The receive an
+    // action needs is posted as soon as the one before it has landed, so it travels while this rank
+    // computes; sends go out as soon as their data is ready and are waited for only before their
+    // buffer is reused. A micro-batch's activations stay in one slot of the activation buffer from
+    // its first forward on this rank to its last backward. Returns the sum of the micro-batch
+    // losses, computed by the last stage and broadcast to the others.
+    double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
+        const PipelineSplit& split = pipe_.split;
+        const PipeSchedule schedule = make_pipeline_schedule(split.stages, m, split.chunks);
+        const std::vector<PipeAction>& actions = schedule.ranks[pp_comm_.rank()];
+        if (pipeline_activation_slots(schedule, pp_comm_.rank()) > stage_.slots)
+            fail(strformat("GPT2CPU: a step of %d micro-batches holds %d micro-batches' activations on pipeline rank "
+                           "%d, but the model was sized for %d (PipelineParallel::micro_batches)",
+                           m, pipeline_activation_slots(schedule, pp_comm_.rank()), pp_comm_.rank(), stage_.slots));
+        const int BT = B * T, S = split.virtual_stages();
+        const size_t floats = (size_t)tp_.rows(BT) * config_.channels, bytes = floats * sizeof(float);
+        const ActivationLayout scratch = activations(B, T, 0);
+
+        std::vector<int> slot_of(m, -1), pending(m, 0), free_slots;
+        for (int s = stage_.slots - 1; s >= 0; s--) free_slots.push_back(s);
+        std::vector<CommHandle> slot_send(stage_.slots);  // each slot's output, on its way forward
+        CommHandle grad_send[2];                          // input gradients, from scratch.send_grad
+        int grad_sends = 0;
+
+        auto vstage = [&](const PipeAction& a) { return chunks_[a.chunk].vstage; };
+        auto needs_recv = [&](const PipeAction& a) {
+            return a.op == PipeOp::Forward ? vstage(a) > 0 : vstage(a) < S - 1;
+        };
+        CommHandle recv;
+        size_t recv_for = actions.size();  // the action whose receive is in flight (none)
+        auto post_recv_after = [&](size_t i) {
+            recv_for = actions.size();
+            for (size_t j = i; j < actions.size(); j++)
+                if (needs_recv(actions[j])) {
+                    const bool fwd = actions[j].op == PipeOp::Forward;
+                    Communicator& comm = fwd ? pp_comm_ : *pp_grads_;
+                    recv = comm.recv(scratch.recv, bytes, split.rank_of(vstage(actions[j]) + (fwd ? -1 : 1)));
+                    recv_for = j;
+                    return;
+                }
+        };
+        post_recv_after(0);
+
+        double loss_sum = 0.0;
+        for (size_t i = 0; i < actions.size(); i++) {
+            const PipeAction& act = actions[i];
+            const Chunk& ch = chunks_[act.chunk];
+            const int mb = act.micro_batch;
+            if (act.op == PipeOp::Forward && pending[mb]++ == 0) {
+                slot_of[mb] = free_slots.back();
+                free_slots.pop_back();
+                pp_wait(slot_send[slot_of[mb]]);  // the slot's previous output has left
+            }
+            const ActivationLayout a = activations(B, T, slot_of[mb]);
+            if (recv_for == i) {
+                pp_wait(recv);
+                float* to = act.op == PipeOp::Forward ? chunk_input(a, act.chunk, BT) : a.dresidual;
+                std::copy(scratch.recv, scratch.recv + floats, to);
+                post_recv_after(i + 1);
+            }
+            const int* in = inputs + (size_t)mb * BT;
+            const int* tg = targets + (size_t)mb * BT;
+            if (act.op == PipeOp::Forward) {
+                const float loss = forward_chunk(a, act.chunk, in, tg, B, T, Pass::Train, grad_scale);
+                if (ch.head) loss_sum += loss;
+                else slot_send[slot_of[mb]] = pp_comm_.send(chunk_output(a, ch, BT), bytes, split.rank_of(ch.vstage + 1));
+            } else {
+                backward_chunk(a, act.chunk, in, B, T, mb == m - 1);
+                if (!ch.embedding) {  // the gradient of the chunk's input goes back to the previous stage
+                    const int k = grad_sends++ % 2;
+                    pp_wait(grad_send[k]);
+                    float* buf = scratch.send_grad + k * floats;
+                    std::copy(a.dresidual, a.dresidual + floats, buf);
+                    grad_send[k] = pp_grads_->send(buf, bytes, split.rank_of(ch.vstage - 1));
+                }
+                if (--pending[mb] == 0) free_slots.push_back(slot_of[mb]);
+            }
+        }
+        for (CommHandle& h : slot_send) pp_wait(h);
+        for (CommHandle& h : grad_send) pp_wait(h);
+        pp_wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
+        sum_tied_embedding_grads();
+        return loss_sum;
+    }
+
+    // The embedding is tied: the first stage's encoder and the last stage's head each hold a copy of
+    // wte and each computed a part of its gradient. After the step's backward both copies get the
+    // sum (first + last, the same bits on both), so both take the same AdamW update and stay equal.
+    void sum_tied_embedding_grads() {
+        const PipelineSplit& split = pipe_.split;
+        const int rank = pp_comm_.rank();
+        const bool first = split.holds_first(rank), last = split.holds_last(rank);
+        if (first == last) return;  // neither (a middle stage), or both (one stage)
+        size_t count = 0;
+        float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
+        std::vector<float> theirs(count);
+        const int peer = first ? last_stage_rank() : split.rank_of(0);
+        CommHandle r = pp_comm_.recv(theirs.data(), count * sizeof(float), peer);
+        CommHandle s = pp_comm_.send(mine, count * sizeof(float), peer);
+        pp_wait(s);
+        pp_wait(r);
+        for (size_t i = 0; i < count; i++) mine[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
+    }
+
+    // The forward pass of one chunk of this rank's layers on a checked batch, in the activation slot
+    // `a`: from the embedding, or from the input received into the slot; to the loss (returned; 0 for
+    // LastLogits) where the chunk ends the model, else to its output in the slot.
+    float forward_chunk(const ActivationLayout& a, int chunk, const int* inputs, const int* targets, int B, int T,
+                        Pass pass, float grad_scale, int logits_row = 0) {
         last_B_ = B;
         last_T_ = T;
-        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads / tp_.size;
+        const Chunk& ch = chunks_[chunk];
+        const int C = config_.channels, NH = config_.num_heads / tp_.size;
         const int Cl = C / tp_.size, V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T;
         const int n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's token rows
-        const ActivationLayout a = activations(B, T);
+        float* x = chunk_input(a, chunk, BT);
         using P = GPT2Params;
         buckets_.acquire_resident();
-        if (tp_.size == 1) {
-            cpu::encoder_forward(a.encoded, inputs, param(P::WTE), param(P::WPE), B, T, C);
-        } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
-            cpu::embedding_forward_range(a.partial, inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C);
-            cpu::add_positions(a.encoded, reduce_rows(a.partial, a.encoded, BT, C), param(P::WPE), row0, n, T, C);
+        if (ch.embedding) {
+            if (tp_.size == 1) {
+                cpu::encoder_forward(x, inputs, param(P::WTE), param(P::WPE), B, T, C);
+            } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
+                cpu::embedding_forward_range(a.partial, inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C);
+                cpu::add_positions(x, reduce_rows(a.partial, x, BT, C), param(P::WPE), row0, n, T, C);
+            }
         }
-        for (int l = 0; l < L; l++) {
-            buckets_.enter_layer(l, Walk::Forward);
+        for (int l = ch.begin; l < ch.end; l++) {
+            buckets_.enter_layer(l, Walk::Forward, ch.begin, ch.end);
             const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;  // this layer's slices
-            const float* residual = l == 0 ? a.encoded : a.residual3 + nc - (size_t)n * C;
+            const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
             cpu::layernorm_forward(a.ln1 + nc, a.ln1_mean + l * n, a.ln1_rstd + l * n, residual, param(P::LN1W, l),
                                    param(P::LN1B, l), n, C);
             cpu::matmul_forward(a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
@@ -376,8 +652,12 @@ private:
                                  param(P::FCPROJB, l), a.residual2 + nc, BT, 4 * Cl, C);
             buckets_.leave_layer(l, Walk::Forward);
         }
-        cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (size_t)(L - 1) * n * C,
-                               param(P::LNFW), param(P::LNFB), n, C);
+        if (!ch.head) {
+            if (pass != Pass::Train) release_all();
+            return 0.0f;
+        }
+        cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), param(P::LNFW), param(P::LNFB),
+                               n, C);
         const float* lnf = gather_rows(a.lnf, a.full, BT, C);
         if (pass == Pass::LastLogits) {
             cpu::matmul_forward(a.logits, lnf + (size_t)logits_row * C, param(P::WTE), nullptr, nullptr, 1, C, Vl);
@@ -403,34 +683,41 @@ private:
         return (float)(total / BT);
     }
 
-    // Backward of the Pass::Train forward that just ran on the same batch, starting from the
-    // dlogits it left in the logits buffer; parameter gradients accumulate. Each bucket is handed to
-    // the engine (grads_ready) as soon as its gradient is complete, so its communication overlaps
-    // the rest of backward. Under tensor parallelism each column-parallel product's input gradient
-    // is a partial sum, reduced over the group (reduce_rows), and each row-parallel product's output
-    // gradient is gathered to all rows first (gather_rows), the mirror of the forward.
-    void backward(const int* inputs, int B, int T, bool last_micro_batch) {
-        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads / tp_.size;
+    // Backward of the Pass::Train forward of the same chunk and batch in slot `a`: from the dlogits
+    // that forward left in the logits buffer where the chunk ends the model, else from the gradient
+    // of its output, which the caller put into a.dresidual; parameter gradients accumulate, and
+    // a.dresidual ends as the gradient of the chunk's input. Each bucket is handed to the engine
+    // (grads_ready) as soon as its gradient is complete, so its communication overlaps the rest of
+    // backward. Under tensor parallelism each column-parallel product's input gradient is a partial
+    // sum, reduced over the group (reduce_rows), and each row-parallel product's output gradient is
+    // gathered to all rows first (gather_rows), the mirror of the forward.
+    void backward_chunk(const ActivationLayout& a, int chunk, const int* inputs, int B, int T, bool last_micro_batch) {
+        const Chunk& ch = chunks_[chunk];
+        const int C = config_.channels, NH = config_.num_heads / tp_.size;
         const int Cl = C / tp_.size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
-        const ActivationLayout a = activations(B, T);
+        const float* x = chunk_input(a, chunk, BT);
         using P = GPT2Params;
-        const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
-        buckets_.take_grads(embedding);
-        buckets_.take_grads(final_norm);
-        float* dlogits = a.logits;
-        cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, gather_rows(a.lnf, a.full, BT, C), param(P::WTE),
-                             BT, C, Vl);
-        std::fill(a.dresidual, a.dresidual + (size_t)n * C, 0.0f);
-        start_layernorm_grads(a);
-        cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
-                                reduce_rows(a.dC, a.dln, BT, C), a.residual3 + (size_t)(L - 1) * n * C, param(P::LNFW),
-                                a.lnf_mean, a.lnf_rstd, n, C);
-        finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
-        buckets_.grads_ready(final_norm, last_micro_batch);
-        for (int l = L - 1; l >= 0; l--) {
-            buckets_.enter_layer(l, Walk::Backward);
+        buckets_.acquire_resident();  // a pipeline may have run other passes since this chunk's forward
+        if (ch.head) {
+            const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
+            buckets_.take_grads(embedding);
+            buckets_.take_grads(final_norm);
+            float* dlogits = a.logits;
+            cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, gather_rows(a.lnf, a.full, BT, C),
+                                 param(P::WTE), BT, C, Vl);
+            if (!ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);  // the head's part of wte
+            std::fill(a.dresidual, a.dresidual + (size_t)n * C, 0.0f);
+            start_layernorm_grads(a);
+            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
+                                    reduce_rows(a.dC, a.dln, BT, C), chunk_output(a, ch, BT), param(P::LNFW),
+                                    a.lnf_mean, a.lnf_rstd, n, C);
+            finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
+            buckets_.grads_ready(final_norm, last_micro_batch);
+        }
+        for (int l = ch.end - 1; l >= ch.begin; l--) {
+            buckets_.enter_layer(l, Walk::Backward, ch.begin, ch.end);
             const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
-            const float* residual = l == 0 ? a.encoded : a.residual3 + nc - (size_t)n * C;
+            const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
             start_layernorm_grads(a);
             // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
             cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
@@ -455,23 +742,31 @@ private:
             finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
-        // The embedding: this rank's vocabulary rows of wte; wpe whole (from all rows, the same on every rank).
-        cpu::encoder_backward(grad(P::WTE), grad(P::WPE), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T, C,
-                              vocab_begin(), vocab_begin() + Vl);
-        buckets_.grads_ready(embedding, last_micro_batch);
+        if (ch.embedding) {
+            // This rank's vocabulary rows of wte; wpe whole (from all rows, the same on every rank).
+            const int embedding = layout_.bucket_of(P::WTE);
+            if (!ch.head) buckets_.take_grads(embedding);
+            cpu::encoder_backward(grad(P::WTE), grad(P::WPE), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T,
+                                  C, vocab_begin(), vocab_begin() + Vl);
+            buckets_.grads_ready(embedding, last_micro_batch);
+        }
         engine_.finish_backward();
         release_all();
     }
 
-
     ModelConfig config_;
     Communicator& tp_comm_;
     TensorParallel tp_;
-    ParamLayout layout_;  // this rank's piece (the whole model without tensor parallelism)
+    Communicator& pp_comm_;                     // the pipeline group; activations travel forward on it
+    PipelineParallel pipe_;
+    ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
     ParamLayout whole_layout_{GPT2Params::table(config_)};
+    StageShape stage_;
+    std::vector<Chunk> chunks_;                 // this rank's chunks of layers, in virtual-stage order
+    std::unique_ptr<Communicator> pp_grads_;    // the pipeline group again: gradients travel back on it
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;
-    double tp_exposed_ms_ = 0;
+    double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "llmc/dist/pipeline_schedule.h"
 #include "llmc/models/gpt2/config.h"
 #include "llmc/params/init.h"
 #include "llmc/params/layout.h"
@@ -67,8 +68,23 @@ struct GPT2Params {
         };
         return t;
     }
-    // The whole model's layout, or tensor-parallel rank tp.rank's piece of it.
-    static ParamLayout layout(const ModelConfig& c, TpShard tp = {}) { return ParamLayout(table(c), tp); }
+    // The whole model's layout, or tensor-parallel rank tp.rank's piece of it, of the part of the
+    // model one pipeline stage holds (stage_slice).
+    static ParamLayout layout(const ModelConfig& c, TpShard tp = {}, StageSlice stage = {}) {
+        return ParamLayout(table(c), tp, std::move(stage));
+    }
+    // What pipeline rank `rank` holds: its chunks' layers; the embeddings where it runs the first
+    // virtual stage (the encoder) or the last (the lm head reads the tied wte), as a copy on the last
+    // when that is another rank; the final norm with the last. The whole model without a pipeline.
+    static StageSlice stage_slice(const PipelineSplit& split, int rank) {
+        if (split.virtual_stages() == 1) return {};
+        const bool first = split.holds_first(rank), last = split.holds_last(rank);
+        StageSlice s;
+        s.layers = split.rank_layers(rank);
+        s.groups = {first || last, true, last};
+        s.copies = {last && !first, false, false};
+        return s;
+    }
 };
 
 inline size_t num_params(const ModelConfig& c) { return GPT2Params::layout(c).num_params; }
