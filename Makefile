@@ -122,7 +122,7 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 # test_comm, test_zero and test_tp are listed here as well as under test-mpi so that under -j they compile
 # alongside everything else, not after the Catch2 suite has run.
-test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/headers.ok $(BUILD)/scripts.ok
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/headers.ok $(BUILD)/scripts.ok
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
@@ -174,14 +174,18 @@ $(BUILD)/test_zero: test/mpi/test_zero.cpp test/mpi/mpi_test_util.h $(HEADERS) |
 $(BUILD)/test_tp: test/mpi/test_tp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+$(BUILD)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The checkpoint benchmark (dev/bench/ckpt_bench.sh): host only, single process, not part of make test.
 $(BUILD)/ckpt_bench: dev/bench/ckpt_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDFLAGS) -pthread
-test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp train_gpt_cpu data
+test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp train_gpt_cpu data
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_tp_tests.sh $(BUILD)/test_tp ./train_gpt_cpu
+	test/mpi/run_pp_tests.sh $(BUILD)/test_pp ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu
