@@ -471,11 +471,11 @@ private:
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
-        log_.log_event(strformat("resumed from %s%s: step %d, written by %d rank(s) (tp %d) at ZeRO-%d",
+        log_.log_event(strformat("resumed from %s%s: step %d, written by %d rank(s) (pp %d, tp %d) at ZeRO-%d",
                                  point->dir.c_str(), point->tier.local() ? " (local tier)" : "", m.step, m.world_size,
-                                 m.tp, m.zero_stage),
+                                 m.pp, m.tp, m.zero_stage),
                        {{"step", m.step}, {"resumed_from", point->dir}, {"tier", point->tier.local() ? "local" : "shared"},
-                        {"written_by_ranks", m.world_size}, {"written_at_tp", m.tp},
+                        {"written_by_ranks", m.world_size}, {"written_at_tp", m.tp}, {"written_at_pp", m.pp},
                         {"written_at_zero_stage", m.zero_stage}});
         return m.step;
     }

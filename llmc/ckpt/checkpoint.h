@@ -492,6 +492,7 @@ private:
             m.step = t.step;
             m.world_size = (int)outcomes.size();
             m.tp = cfg_.dims.tp;
+            m.pp = cfg_.dims.pp;
             m.zero_stage = cfg_.zero_stage;
             m.model = cfg_.model_config;
             m.run_config = run_config_;

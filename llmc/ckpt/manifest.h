@@ -72,7 +72,8 @@ struct Manifest {
     int format_version = CHECKPOINT_FORMAT_VERSION;
     int step = 0;             // optimizer steps done
     int world_size = 1;       // of the run that wrote it
-    int tp = 1;               // its tensor-parallel ranks (its data-parallel ones: world_size / tp)
+    int tp = 1;               // its tensor-parallel ranks
+    int pp = 1;               // its pipeline stages (its data-parallel ranks: world_size / (tp pp))
     int zero_stage = 0;
     ModelConfig model;
     nlohmann::json run_config;  // the writing run's config.json
@@ -188,6 +189,7 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"step", m.step},
             {"world_size", m.world_size},
             {"tp", m.tp},
+            {"pp", m.pp},
             {"zero_stage", m.zero_stage},
             {"model", model_config_json(m.model)},
             {"run_config", m.run_config},
@@ -284,6 +286,7 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
     m.step = rd.int_at(j, "step", "manifest");
     m.world_size = rd.int_at(j, "world_size", "manifest");
     m.tp = j.contains("tp") ? rd.int_at(j, "tp", "manifest") : 1;  // version 1 had no tensor parallelism
+    m.pp = j.contains("pp") ? rd.int_at(j, "pp", "manifest") : 1;  // nor did it have pipelines
     m.zero_stage = rd.int_at(j, "zero_stage", "manifest");
     const nlohmann::json& model = rd.at(j, "model", "manifest");
     m.model.max_seq_len = rd.int_at(model, "max_seq_len", "model");
