@@ -3,7 +3,9 @@
 // hold as few micro-batches as planned, and idle as little as the bubble formula says.
 #include <catch2/catch.hpp>
 
+#include "llmc/ckpt/manifest.h"
 #include "llmc/dist/pipeline_schedule.h"
+#include "llmc/models/gpt2/params.h"
 
 using namespace llmc;
 using Catch::Matchers::Contains;
@@ -54,4 +56,87 @@ TEST_CASE("the simulation catches a schedule that would hang or skip work", "[pi
     PipeSchedule missing = make_pipeline_schedule(2, 2);
     missing.ranks[0].pop_back();  // the first stage's last backward: nobody waits for it
     REQUIRE_THROWS_WITH(simulate_pipeline(missing), Contains("never runs"));
+}
+
+TEST_CASE("the layer split: even by default, --pp-layers, and its errors", "[pipeline]") {
+    PipelineSplit even = make_pipeline_split(12, 4, 1);
+    CHECK(even.layers == std::vector<int>{3, 3, 3, 3});
+    // The spare layers go to the stages after the first, which also runs the embedding.
+    PipelineSplit spare = make_pipeline_split(10, 4, 1);
+    CHECK(spare.layers == std::vector<int>{2, 3, 3, 2});
+    CHECK(spare.first_layer(2) == 5);
+    // Interleaved: rank r holds virtual stages r, r + P, ...
+    PipelineSplit inter = make_pipeline_split(8, 2, 2, "1,3,2,2");
+    CHECK(inter.rank_layers(0) == std::vector<int>{0, 4, 5});
+    CHECK(inter.rank_layers(1) == std::vector<int>{1, 2, 3, 6, 7});
+    CHECK(inter.holds_first(0));
+    CHECK(inter.holds_last(1));
+    CHECK(!inter.holds_last(0));
+    CHECK(inter.describe() == "1,3,2,2");
+    CHECK_THROWS_WITH(make_pipeline_split(4, 4, 2), Catch::Contains("8 virtual stages, more than the model's 4 layers"));
+    CHECK_THROWS_WITH(make_pipeline_split(8, 2, 1, "3,4"), Catch::Contains("adds up to 7 layers but the model has 8"));
+    CHECK_THROWS_WITH(make_pipeline_split(8, 2, 1, "4,3,1"), Catch::Contains("names 3 stage(s)"));
+    CHECK_THROWS_WITH(make_pipeline_split(8, 2, 1, "4,x"), Catch::Contains("'x' is not a layer count"));
+    CHECK_THROWS_WITH(make_pipeline_split(8, 2, 1, "8,0"), Catch::Contains("'0' is not a layer count"));
+}
+
+TEST_CASE("activation slots: 1F1B holds P - r micro-batches, interleaved more", "[pipeline]") {
+    for (int P : {2, 4})
+        for (int m : {1, 2, 8}) {
+            const PipeSchedule s = make_pipeline_schedule(P, m);
+            for (int r = 0; r < P; r++) CHECK(pipeline_activation_slots(s, r) == std::min(P - r, m));
+        }
+    // Interleaved: a micro-batch's slot is held from its chunk-0 forward to its chunk-0 backward.
+    const PipeSchedule s = make_pipeline_schedule(2, 4, 2);
+    CHECK(pipeline_activation_slots(s, 0) == 4);
+    CHECK(pipeline_activation_slots(s, 1) == 3);
+}
+
+TEST_CASE("stage layouts: each stage's layers, the tied embedding's copy, whole <-> pieces", "[pipeline]") {
+    ModelConfig c;
+    c.num_layers = 6;
+    c.num_heads = 2;
+    c.channels = 8;
+    c.vocab_size = 30;
+    c.padded_vocab_size = 32;
+    c.max_seq_len = 8;
+    using P = GPT2Params;
+    const ParamLayout whole = P::layout(c);
+    std::vector<float> w(whole.num_params);
+    for (size_t i = 0; i < w.size(); i++) w[i] = 1.0f + (float)i;
+    for (int tp : {1, 2}) {
+        const PipelineSplit split = make_pipeline_split(6, 2, 2);  // virtual stages of 2,1,2,1... as even as it goes
+        std::vector<float> rebuilt(w.size(), 0.0f);
+        std::vector<int> primaries(w.size(), 0);
+        for (int r = 0; r < 2; r++)
+            for (int t = 0; t < tp; t++) {
+                const ParamLayout piece = P::layout(c, {t, tp}, P::stage_slice(split, r));
+                CHECK(piece.num_layers() == (int)split.rank_layers(r).size());
+                CHECK(piece.global_layer(piece.num_layers() - 1) == split.rank_layers(r).back());
+                CHECK(piece.holds(P::WTE));  // rank 0 embeds, rank 1 (the last virtual stage) runs the head
+                CHECK(piece.holds(P::LNFW) == (r == 1));
+                CHECK(piece.is_stage_copy(P::WTE) == (r == 1));
+                std::vector<float> local(piece.num_params);
+                copy_between_layouts(whole, w.data(), piece, local.data(), true);
+                std::vector<float> mine(w.size(), 0.0f);
+                copy_between_layouts(whole, mine.data(), piece, local.data(), false, /*primary_only=*/true);
+                for (size_t i = 0; i < w.size(); i++)
+                    if (mine[i] != 0.0f) {
+                        rebuilt[i] += mine[i];
+                        primaries[i]++;
+                    }
+                // The checkpoint's description of the pieces names global positions: layer l of a
+                // per-layer tensor sits at l x its size in the tensor.
+                for (const TensorPiece& tp_piece : tensor_pieces(piece, {0, piece.num_params}))
+                    if (piece.is_per_layer(tp_piece.tensor) && !piece.is_split(tp_piece.tensor))
+                        CHECK(w[whole.offset(tp_piece.tensor, (int)(tp_piece.begin / piece.global_tensor_size(tp_piece.tensor)))] ==
+                              local[tp_piece.flat_begin - tp_piece.begin % piece.global_tensor_size(tp_piece.tensor)]);
+            }
+        CHECK(rebuilt == w);  // every element from exactly one (stage, tensor rank)
+        CHECK(std::all_of(primaries.begin(), primaries.end(), [](int n) { return n == 1; }));
+    }
+    CHECK_THROWS_WITH(P::layout(c, {}, P::stage_slice(make_pipeline_split(6, 2, 1), 0)).file_offset(P::WTE),
+                      Catch::Contains("file offsets are for a whole-model layout"));
+    CHECK_THROWS_WITH(P::layout(c, {}, P::stage_slice(make_pipeline_split(6, 3, 1), 1)).bucket_of(P::WTE),
+                      Catch::Contains("does not hold wte"));
 }
