@@ -5,6 +5,13 @@
 // exp(x - max)) per thread, an online softmax, so the row's normaliser needs a single pass; the
 // second read turns each logit into (softmax - onehot(target)) * dloss while the row is still in L2.
 // The full B x T x V probabilities therefore never exist, and the model can run it on row chunks.
+//
+// Vocabulary-parallel form (tensor parallelism, Megatron-LM): each rank holds a slice of every row's
+// columns and no rank ever sees a whole row. classifier_local_stats reduces the rank's slice of each
+// row to three floats (max, sum of exp(x - max), the target's logit where the slice holds it); the
+// model all-gathers them over the group; classifier_from_stats combines every rank's three into the
+// row's loss and writes the slice's dlogits in place. The same math as cpu::crossentropy_local_stats
+// and cpu::crossentropy_from_stats (cpu/ops.h), bf16 logits with fp32 statistics.
 #pragma once
 
 #include <cmath>
@@ -85,6 +92,120 @@ inline void fused_classifier(floatX* logits, float* row_loss, const int* targets
     if ((uintptr_t)logits % 16 != 0) fail("fused_classifier: logits must be 16-byte aligned");
     fused_classifier_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(logits, row_loss, targets, dloss, V, Vp,
                                                                         write_dlogits);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel classifier.
+
+// One block per row. The slice has `cols` columns (a multiple of 8), the first `real` of them real
+// tokens (real may be <= 0: a slice of padding only, which reports max -inf and sum 0); vocab_begin
+// is the slice's first global column.
+__global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
+    classifier_local_stats_kernel(float* stats, const floatX* logits, const int* targets, int vocab_begin, int real,
+                                  int cols) {
+    __shared__ float shared[WARP_SIZE];
+    const int row = blockIdx.x;
+    const floatX* x = logits + (size_t)row * cols;
+    const int num_vecs = cols / x128::size;
+    float thread_max = -INFINITY, thread_sum = 0.0f;  // the online softmax of fused_classifier_kernel
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+        const x128 packed = load128(x + (size_t)i * x128::size);
+        float chunk_max = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++)
+            if (i * x128::size + k < real) chunk_max = fmaxf(chunk_max, (float)packed[k]);
+        if (chunk_max > thread_max) {
+            thread_sum *= expf(thread_max - chunk_max);
+            thread_max = chunk_max;
+        }
+#pragma unroll
+        for (int k = 0; k < x128::size; k++)
+            if (i * x128::size + k < real) thread_sum += expf((float)packed[k] - thread_max);
+    }
+    const float row_max = block_reduce_max(thread_max, shared);
+    // A thread (or a whole slice) without real columns has thread_sum 0; exp(-inf - -inf) is NaN,
+    // so it adds nothing rather than 0 * NaN.
+    const float share = thread_sum > 0.0f ? thread_sum * expf(thread_max - row_max) : 0.0f;
+    const float row_sum = block_reduce_sum(share, shared);
+    if (threadIdx.x != 0) return;
+    const int t = targets[row] - vocab_begin;
+    stats[3 * (size_t)row + 0] = row_max;
+    stats[3 * (size_t)row + 1] = row_sum;
+    stats[3 * (size_t)row + 2] = t >= 0 && t < real ? (float)x[t] : 0.0f;
+}
+
+// One block per row: all_stats holds `ranks` blocks of 3 * rows floats (every rank's stats, rank
+// order), the same on every rank, so every rank computes the same loss bits.
+__global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
+    classifier_from_stats_kernel(floatX* logits, float* row_loss, const int* targets, const float* all_stats,
+                                 int ranks, int rows, float dloss, int V, int vocab_begin, int real, int cols,
+                                 bool write_dlogits) {
+    const int row = blockIdx.x;
+    // Every thread combines the few ranks' stats itself: cheaper than sharing them.
+    float row_max = -INFINITY, target_logit = 0.0f, row_sum = 0.0f;
+    for (int k = 0; k < ranks; k++) row_max = fmaxf(row_max, all_stats[((size_t)k * rows + row) * 3]);
+    for (int k = 0; k < ranks; k++) {
+        const float* st = all_stats + ((size_t)k * rows + row) * 3;
+        if (st[1] > 0.0f) row_sum += st[1] * expf(st[0] - row_max);
+        target_logit += st[2];
+    }
+    const int target = targets[row];
+    // A target outside [0, V) gives the row a NaN loss (loud in the log), as fused_classifier does.
+    if (threadIdx.x == 0) row_loss[row] = target >= 0 && target < V ? row_max + logf(row_sum) - target_logit : NAN;
+    if (!write_dlogits) return;
+
+    floatX* x = logits + (size_t)row * cols;
+    const int t = target - vocab_begin;
+    const float scale = dloss / row_sum;
+    const int num_vecs = cols / x128::size;
+    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
+        const x128 packed = load128(x + (size_t)i * x128::size);
+        x128 grad;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            const int col = i * x128::size + k;
+            float g = 0.0f;
+            if (col < real) {
+                g = __fmul_rn(expf((float)packed[k] - row_max), scale);
+                if (col == t) g -= dloss;
+            }
+            grad[k] = __float2bfloat16_rn(g);
+        }
+        store128cs(x + (size_t)i * x128::size, grad);
+    }
+}
+
+inline void check_vocab_slice(const char* who, const floatX* logits, int rows, int vocab_begin, int real, int cols) {
+    if (rows < 1) fail(strformat("%s: rows must be >= 1, got %d", who, rows));
+    if (cols < x128::size || cols % x128::size != 0)
+        fail(strformat("%s: the slice's columns must be a positive multiple of %d, got %d", who, x128::size, cols));
+    if (real > cols) fail(strformat("%s: real columns (%d) exceed the slice's %d", who, real, cols));
+    if (vocab_begin < 0) fail(strformat("%s: vocab_begin must be >= 0, got %d", who, vocab_begin));
+    if ((uintptr_t)logits % 16 != 0) fail(strformat("%s: logits must be 16-byte aligned", who));
+}
+
+// stats (rows x 3 fp32): each row's (max, sum of exp(x - max), target logit or 0) over the real
+// columns of this rank's slice of the logits (rows x cols bf16, global columns [vocab_begin,
+// vocab_begin + cols), the first `real` real tokens).
+inline void classifier_local_stats(float* stats, const floatX* logits, const int* targets, int rows, int vocab_begin,
+                                   int real, int cols, cudaStream_t stream) {
+    check_vocab_slice("classifier_local_stats", logits, rows, vocab_begin, real, cols);
+    classifier_local_stats_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(stats, logits, targets, vocab_begin,
+                                                                              real, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+// row_loss[r] = M + log S - target logit from every rank's stats (all_stats: `ranks` blocks of rows x 3,
+// rank order); with write_dlogits the slice becomes (softmax - onehot) * dloss on its real columns
+// and 0 on its padding, in place. V: the real vocabulary (a target outside [0, V) gives a NaN loss).
+inline void classifier_from_stats(floatX* logits, float* row_loss, const int* targets, const float* all_stats,
+                                  int ranks, float dloss, int rows, int V, int vocab_begin, int real, int cols,
+                                  bool write_dlogits, cudaStream_t stream) {
+    check_vocab_slice("classifier_from_stats", logits, rows, vocab_begin, real, cols);
+    if (ranks < 1) fail(strformat("classifier_from_stats: ranks must be >= 1, got %d", ranks));
+    classifier_from_stats_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(
+        logits, row_loss, targets, all_stats, ranks, rows, dloss, V, vocab_begin, real, cols, write_dlogits);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,12 @@
 // groups the positions by token (a counting sort) and uploads the groups; on the device each token's
 // row is then the private sum of one block, taken in a fixed order. Position gradients need no
 // grouping: dwpe[t] adds the B rows dout[b, t] in order of b.
+//
+// Vocabulary-parallel form (tensor parallelism): a rank holds wte rows [vocab_begin, vocab_end) only.
+// Forward, embedding_forward_range writes the token rows it holds and zeros elsewhere; summed over
+// the group (each token's row is held by exactly one rank, so the sum is exact) that is the token
+// embedding, and add_positions adds wpe to the rank's rows of it. Backward, prepare() takes the
+// range and groups only the positions whose token the rank holds.
 #pragma once
 
 #include <algorithm>
@@ -51,6 +57,77 @@ inline void encoder_forward(floatX* out, const int* tokens, const floatX* wte, c
     const size_t blocks = ceil_div((size_t)B * T * (C / x128::size), (size_t)threads);
     if (blocks > (size_t)INT_MAX) fail(strformat("encoder_forward: B = %d x T = %d x C = %d is too large", B, T, C));
     encoder_forward_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, tokens, wte, wpe, B, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel forward: out[r] = wte[tokens[r] - vocab_begin] where the token lies in
+// [vocab_begin, vocab_end) (wte holding those rows), else 0; then out[r] = inp[r] + wpe[position of
+// row row0 + r] for the rank's rows. One thread per 8 channels each.
+
+__global__ void embedding_forward_range_kernel(floatX* out, const int* tokens, const floatX* wte, int vocab_begin,
+                                               int vocab_end, int rows, int C) {
+    const int chunks = C / x128::size;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * chunks) return;
+    const size_t r = index / chunks;
+    const int channel = (int)(index % chunks) * x128::size;
+    const int token = tokens[r];
+    x128 result;
+    if (token >= vocab_begin && token < vocab_end) {
+        result = load128(wte + (size_t)(token - vocab_begin) * C + channel);
+    } else {
+#pragma unroll
+        for (int i = 0; i < x128::size; i++) result[i] = __float2bfloat16_rn(0.0f);
+    }
+    store128(out + r * C + channel, result);
+}
+
+__global__ void add_positions_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T,
+                                     int C) {
+    const int chunks = C / x128::size;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * chunks) return;
+    const size_t r = index / chunks;
+    const int channel = (int)(index % chunks) * x128::size;
+    const int t = (int)((row0 + r) % T);
+    const x128 x = load128(inp + r * C + channel);
+    const x128 position_row = load128(wpe + (size_t)t * C + channel);
+    x128 result;
+#pragma unroll
+    for (int i = 0; i < x128::size; i++)
+        result[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(position_row[i]));
+    store128(out + r * C + channel, result);
+}
+
+inline size_t embedding_blocks(int rows, int C, int threads, const char* what) {
+    if (rows < 1) fail(strformat("%s: rows must be >= 1, got %d", what, rows));
+    if (C < 8 || C % 8 != 0) fail(strformat("%s: C = %d channels, expected a positive multiple of 8", what, C));
+    const size_t blocks = ceil_div((size_t)rows * (C / x128::size), (size_t)threads);
+    if (blocks > (size_t)INT_MAX) fail(strformat("%s: %d rows x C = %d is too large", what, rows, C));
+    return blocks;
+}
+
+// tokens: `rows` ids on the device; wte: rows [vocab_begin, vocab_end) of the embedding.
+inline void embedding_forward_range(floatX* out, const int* tokens, const floatX* wte, int vocab_begin, int vocab_end,
+                                    int rows, int C, cudaStream_t stream) {
+    if (vocab_begin < 0 || vocab_end < vocab_begin)
+        fail(strformat("embedding_forward_range: vocabulary range [%d, %d) is empty or negative", vocab_begin,
+                       vocab_end));
+    const int threads = 256;
+    const size_t blocks = embedding_blocks(rows, C, threads, "embedding_forward_range");
+    embedding_forward_range_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, tokens, wte, vocab_begin, vocab_end,
+                                                                             rows, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// `rows` rows of a B x T batch starting at row row0 (positions restart every T rows); out may be inp.
+inline void add_positions(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C,
+                          cudaStream_t stream) {
+    if (T < 1 || row0 < 0) fail(strformat("add_positions: T = %d, row0 = %d; expected T >= 1, row0 >= 0", T, row0));
+    const int threads = 256;
+    const size_t blocks = embedding_blocks(rows, C, threads, "add_positions");
+    add_positions_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, inp, wpe, row0, rows, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -171,7 +248,10 @@ public:
 
     // Groups the B * T positions by token on the host and uploads the groups on `stream`. Blocks the host
     // only until the previous upload has left the pinned buffer. host_tokens: ids in [0, vocabulary).
-    void prepare(const int* host_tokens, int B, int T, cudaStream_t stream);
+    // Under vocabulary parallelism dwte holds rows [vocab_begin, vocab_end) only: the other tokens'
+    // positions are left out, and token ids become rows of that slice.
+    void prepare(const int* host_tokens, int B, int T, cudaStream_t stream, int vocab_begin = 0,
+                 int vocab_end = INT_MAX);
 
     // For the tokens of the last prepare() (same B and T): dwte (Vp x C) += ..., dwpe (maxT x C) += ...
     void backward(float* dwte, float* dwpe, const floatX* dout, int B, int T, int C, cudaStream_t stream);
@@ -228,11 +308,15 @@ inline EncoderBackward::EncoderBackward(int max_B, int max_T) {
     consumed_ = make_event();
 }
 
-inline void EncoderBackward::prepare(const int* host_tokens, int B, int T, cudaStream_t stream) {
+inline void EncoderBackward::prepare(const int* host_tokens, int B, int T, cudaStream_t stream, int vocab_begin,
+                                     int vocab_end) {
     if (B < 1 || T < 1 || (size_t)B * T > max_positions_) {
         fail(strformat("EncoderBackward::prepare: B = %d, T = %d; expected 1 <= B * T <= %zu (max_B * max_T)", B, T,
                        max_positions_));
     }
+    if (vocab_begin < 0 || vocab_end <= vocab_begin)
+        fail(strformat("EncoderBackward::prepare: vocabulary range [%d, %d) is empty or negative", vocab_begin,
+                       vocab_end));
     const int n = B * T;
     int max_token = 0;
     for (int i = 0; i < n; i++) {
@@ -243,17 +327,23 @@ inline void EncoderBackward::prepare(const int* host_tokens, int B, int T, cudaS
         }
         max_token = std::max(max_token, token);
     }
+    auto held = [&](int token) { return token >= vocab_begin && token < vocab_end; };
 
-    // Counting sort: count each token, give each present token a group and a range of slots in token
-    // order, then drop the positions into their slots in increasing order.
+    // Counting sort: count each held token, give each present token a group and a range of slots in
+    // token order, then drop the positions into their slots in increasing order.
     token_slots_.assign((size_t)max_token + 1, 0);
-    for (int i = 0; i < n; i++) token_slots_[host_tokens[i]]++;
+    int held_positions = 0;
+    for (int i = 0; i < n; i++)
+        if (held(host_tokens[i])) {
+            token_slots_[host_tokens[i]]++;
+            held_positions++;
+        }
     groups_.clear();
     int next_slot = 0;
     for (int token = 0; token <= max_token; token++) {
         const int count = token_slots_[token];
         if (count == 0) continue;
-        groups_.push_back({token, next_slot, count});
+        groups_.push_back({token - vocab_begin, next_slot, count});
         token_slots_[token] = next_slot;
         next_slot += count;
     }
@@ -271,11 +361,13 @@ inline void EncoderBackward::prepare(const int* host_tokens, int B, int T, cudaS
         pinned[2 * num_groups + g] = groups_[g].count;
     }
     int* positions = pinned + 3 * num_groups;
-    for (int i = 0; i < n; i++) positions[token_slots_[host_tokens[i]]++] = i;
+    for (int i = 0; i < n; i++)
+        if (held(host_tokens[i])) positions[token_slots_[host_tokens[i]]++] = i;
 
     CUDA_CHECK(cudaStreamWaitEvent(stream, consumed_.get(), 0));  // the previous backward has read the groups
-    CUDA_CHECK(cudaMemcpyAsync(groups_device_.get(), pinned, (3 * (size_t)num_groups + n) * sizeof(int),
-                               cudaMemcpyHostToDevice, stream));
+    const size_t upload = 3 * (size_t)num_groups + held_positions;
+    if (upload > 0)
+        CUDA_CHECK(cudaMemcpyAsync(groups_device_.get(), pinned, upload * sizeof(int), cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaEventRecord(uploaded_.get(), stream));
     prepared_B_ = B;
     prepared_T_ = T;
@@ -293,10 +385,13 @@ inline void EncoderBackward::backward(float* dwte, float* dwpe, const floatX* do
 
     const int num_groups = (int)groups_.size();
     const int* groups = groups_device_.get();
-    const dim3 wte_blocks(num_groups, ceil_div(C, ENCODER_TILE_CHANNELS));
-    encoder_backward_wte_kernel<<<wte_blocks, ENCODER_BACKWARD_WARPS * WARP_SIZE, 0, stream>>>(
-        dwte, dout, groups, groups + num_groups, groups + 2 * num_groups, groups + 3 * num_groups, C);
-    CUDA_CHECK_LAUNCH();
+    // A vocabulary slice may hold none of the batch's tokens: then there is no wte block to launch.
+    if (num_groups > 0) {
+        const dim3 wte_blocks(num_groups, ceil_div(C, ENCODER_TILE_CHANNELS));
+        encoder_backward_wte_kernel<<<wte_blocks, ENCODER_BACKWARD_WARPS * WARP_SIZE, 0, stream>>>(
+            dwte, dout, groups, groups + num_groups, groups + 2 * num_groups, groups + 3 * num_groups, C);
+        CUDA_CHECK_LAUNCH();
+    }
 
     const int threads = 256;
     const int wpe_blocks = (int)ceil_div((size_t)T * (C / x128::size), (size_t)threads);

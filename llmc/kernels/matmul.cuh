@@ -24,6 +24,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <climits>
 #include <map>
 #include <string>
 
@@ -401,7 +402,9 @@ inline void matmul_forward(MatmulContext& ctx, floatX* out, floatX* pre_gelu, co
 //     (BT x C, the input of the GELU whose output was `inp`), dinp is also multiplied elementwise by
 //     GELU'(pre_gelu) in the product's DGELU epilogue: it becomes the pre-activation's gradient.
 //   dweight (OC x C, fp32) += dout^T @ inp: bf16 operands, fp32 C = D with beta = 1, so gradients
-//     accumulate in fp32 across micro-batches.
+//     accumulate in fp32 across micro-batches; skipped if dweight is null (inp is then unused). A
+//     tensor-parallel model calls this twice, dinp first and the weight gradient second, so that the
+//     reduction of dinp over the group travels while the weight gradient is computed.
 //   dbias (OC, fp32) += column sums of dout, by bias_backward in `scratch`
 //     (matmul_backward_scratch_floats(BT, OC) floats); skipped if dbias is null.
 inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, float* dbias, float* scratch,
@@ -411,11 +414,11 @@ inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, fl
     const char* op = "matmul_backward";
     check_shape(op, BT, C, OC);
     check_pointer(op, "dinp", dinp, false);
-    check_pointer(op, "dweight", dweight, true);
+    check_pointer(op, "dweight", dweight, false);
     check_pointer(op, "dbias", dbias, false);
     check_pointer(op, "scratch", scratch, dbias != nullptr);
     check_pointer(op, "dout", dout, true);
-    check_pointer(op, "inp", inp, true);
+    check_pointer(op, "inp", inp, dweight != nullptr);
     check_pointer(op, "weight", weight, dinp != nullptr);
     check_pointer(op, "pre_gelu", pre_gelu, false);
     const size_t dinp_bytes = (size_t)BT * C * sizeof(floatX);
@@ -439,6 +442,7 @@ inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, fl
         g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
         ctx.run(g, stream);
     }
+    if (!dweight) return;
 
     Gemm g;
     g.op = "matmul_backward dweight";
@@ -452,6 +456,39 @@ inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, fl
     g.beta = 1.0f;
     g.cd_type = CUDA_R_32F;
     ctx.run(g, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The epilogue of a row-parallel product (tensor parallelism), whose sum over the group arrives only
+// after the product: out (rows x C) = base + sum + bias in fp32, rounded once to bf16. out may be sum
+// (in place); bias (C) is broadcast over the rows. One thread per 8 channels.
+
+__global__ void bias_residual_add_kernel(floatX* out, const floatX* sum, const floatX* bias, const floatX* base,
+                                         int rows, int C) {
+    const int chunks = C / x128::size;
+    const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (index >= (size_t)rows * chunks) return;
+    const size_t offset = index / chunks * C + (index % chunks) * x128::size;
+    const int channel = (int)(index % chunks) * x128::size;
+    const x128 s = load128(sum + offset), r = load128(base + offset), b = load128(bias + channel);
+    x128 result;
+#pragma unroll
+    for (int i = 0; i < x128::size; i++)
+        result[i] = __float2bfloat16_rn(__bfloat162float(r[i]) + __bfloat162float(s[i]) + __bfloat162float(b[i]));
+    store128(out + offset, result);
+}
+
+inline void bias_residual_add(floatX* out, const floatX* sum, const floatX* bias, const floatX* base, int rows, int C,
+                              cudaStream_t stream) {
+    if (rows < 1 || C < 8 || C % 8 != 0)
+        fail(strformat("bias_residual_add: rows = %d, C = %d; expected rows >= 1 and C a positive multiple of 8", rows,
+                       C));
+    if (!out || !sum || !bias || !base) fail("bias_residual_add: out, sum, bias and base must all be given");
+    const int threads = 256;
+    const size_t blocks = ceil_div((size_t)rows * (C / x128::size), (size_t)threads);
+    if (blocks > (size_t)INT_MAX) fail(strformat("bias_residual_add: rows = %d x C = %d is too large", rows, C));
+    bias_residual_add_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, sum, bias, base, rows, C);
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace llmc
