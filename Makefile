@@ -204,6 +204,8 @@ $(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) 
 # The CUDA model's host-side logic (memory plan, activation layout, validation): runs without a GPU.
 # It launches no kernel, so one portable architecture is enough (the others build the full list).
 $(BUILD)/test_cuda_host: CUDA_ARCH := -gencode arch=compute_80,code=compute_80
+# It plans the CUDA backend's memory (--plan) too, which needs neither MPI nor NCCL.
+$(BUILD)/test_cuda_host: NVCCFLAGS += -DLLMC_NO_MPI -DLLMC_NO_NCCL
 $(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "llmc/dist/comm.h"
 #include "llmc/model.h"
@@ -19,6 +20,8 @@ namespace llmc {
 // the model keeps a reference to outlives it.
 struct BuiltModel {
     std::unique_ptr<Communicator> device_comm;  // collectives on device buffers (CUDA backend), or null
+    // the mesh's groups split from device_comm (CUDA backend; those that are not the world's itself)
+    std::vector<std::unique_ptr<Communicator>> device_groups;
     std::unique_ptr<Model> model;
     double peak_tflops = 0;  // the device's dense bf16 peak, for MFU (mfu.h); 0: unknown
 };

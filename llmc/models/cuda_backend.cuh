@@ -1,6 +1,12 @@
 // models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
-// (ranks may share a GPU).
+// (ranks may share a GPU), data parallel (ZeRO) and tensor parallel (--tp, --sp).
+//
+// The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
+// into the data-parallel and tensor-parallel groups with the same colours and keys (the group's id
+// and the rank's coordinate along it, parallel_dims.h), so each device group has exactly the ranks,
+// in the same order, of its host group. A group that spans the world is the world's communicator
+// itself, and a group of one needs none (the model uses its local one).
 #pragma once
 
 #include <cstdio>
@@ -29,40 +35,41 @@ struct CudaBackend {
         return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.dims.dp);
     }
 
-    // This rank's model on its GPU (local rank modulo the node's GPUs), sharded over a device
-    // communicator made here for the data-parallel group `host`: NCCL, or `host` staged through pinned
-    // memory. The mesh's other groups are size 1 (checked).
+    // This rank's model on its GPU (local rank modulo the node's GPUs), sharded by ZeRO over the
+    // data-parallel group and cut over the tensor-parallel group, on device communicators made here:
+    // NCCL, or the host groups staged through pinned memory. The pipeline group is size 1 (checked).
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
-        if (groups.dims().tp > 1)
-            fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu has it)", groups.dims().tp));
         if (groups.dims().pp > 1)
             fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu has it)", groups.dims().pp));
-        Communicator& host = groups.dp();
+        Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
         BuiltModel built;
         built.peak_tflops = peak_tflops(cfg, device);
-        if (host.rank() == 0) print_device(cfg, host, device, nccl, built.peak_tflops);
-        built.device_comm = make_device_comm(cfg, host, device, nccl);
+        if (world.rank() == 0) print_device(cfg, world, device, nccl, built.peak_tflops);
+        built.device_comm = make_device_comm(cfg, world, device, nccl);
         DataParallel dp;
-        dp.comm = built.device_comm.get();
-        dp.host = &host;
+        dp.comm = device_group(built, groups, MeshDim::DP);
+        dp.host = &groups.dp();
         dp.zero_stage = cfg.zero_stage;
-        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp);
+        TensorParallelGroup tp;
+        tp.comm = device_group(built, groups, MeshDim::TP);
+        tp.host = &groups.tp();
+        tp.sequence_parallel = cfg.sequence_parallel != 0;
+        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp);
         return built;
     }
 
-    // --plan: rank 0's device memory, and a line with the activations of every -r setting.
+    // --plan: rank 0's device memory (every tensor-parallel rank holds an equal piece, so rank 0
+    // speaks for all), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        if (cfg.dims.tp > 1)
-            fail(strformat("--tp %d: the CUDA model has no tensor parallelism yet (train_gpt_cpu --plan shows it)",
-                           cfg.dims.tp));
         if (cfg.dims.pp > 1)
             fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu --plan shows it)",
                            cfg.dims.pp));
-        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp);
+        const TpShape tp = tp_shape(cfg, 0);
+        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp);
         std::vector<BufferSpec> buffers =
-            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero);
+            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero, tp);
         std::string out = memory_plan_report(
             cfg, zero, plan_memory(cfg, zero, buffers, DeviceMemory::precision),
             "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)");
@@ -70,13 +77,38 @@ struct CudaBackend {
         for (int r = 0; r <= 3; r++) {
             RunConfig alt = cfg;
             alt.recompute = r;
-            const size_t bytes = CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len, options(alt));
+            const size_t bytes =
+                CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len, options(alt), tp);
             out += strformat(" %d: %s%s", r, format_bytes((double)bytes).c_str(), r < 3 ? "," : "\n");
         }
         return out;
     }
 
+    // Tensor rank tp_rank's shape of the config's mesh.
+    static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
+        return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};
+    }
+
 private:
+    // The device communicator of this rank's group along `dim`: the world's where the group spans
+    // it, none (nullptr: the model's local one) for a group of one, else split from the world's with
+    // ProcessGroups' colour and key. Every rank makes the same splits in the same order (the mesh is
+    // the same everywhere), as a split is collective over the world.
+    static Communicator* device_group(BuiltModel& built, const ProcessGroups& groups, MeshDim dim) {
+        const ParallelDims& dims = groups.dims();
+        const int rank = groups.world().rank();
+        if (dims.size(dim) == groups.world().world_size()) return built.device_comm.get();
+        if (dims.size(dim) == 1) return nullptr;
+        built.device_groups.push_back(built.device_comm->split(dims.group_id(dim, rank), dims.coord_of(rank)[dim]));
+        Communicator& group = *built.device_groups.back();
+        Communicator& host = groups.group(dim);
+        if (group.world_size() != host.world_size() || group.rank() != host.rank())
+            fail(strformat("the device %s group of rank %d has %d ranks with this one at %d; its host group %d ranks "
+                           "with it at %d", mesh_dim_name(dim), rank, group.world_size(), group.rank(),
+                           host.world_size(), host.rank()));
+        return &group;
+    }
+
     static GPT2CUDAOptions options(const RunConfig& cfg) {
         GPT2CUDAOptions o;
         o.recompute = (Recompute)cfg.recompute;

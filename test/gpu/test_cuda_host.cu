@@ -4,7 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 
 using namespace llmc;
@@ -161,4 +164,58 @@ TEST_CASE("the CUDA memory plan shards master weights and moments from ZeRO-1, g
     CHECK(bytes[3][(int)K::Parameters] < bytes[2][(int)K::Parameters] * 2 / 3);
     CHECK(bytes[0][(int)K::Parameters] >= 2 * n);  // bf16
     CHECK(bytes[0][(int)K::Parameters] < 4 * n);
+}
+
+TEST_CASE("under tensor parallelism each rank's activations, layers and vocabulary slice fit its piece") {
+    const ModelConfig c = model_preset("d12");
+    const int B = 4, T = 1024, BT = B * T, C = c.channels;
+    for (int tp : {2, 4})
+        for (bool sp : {true, false}) {
+            INFO("tp " << tp << (sp ? ", sequence parallel" : ""));
+            const TpShape shape{tp, tp - 1, sp};
+            const GPT2CUDAOptions o = with(Recompute::None);
+            std::vector<char> buffer(CudaActivationLayout::bytes_for(c, B, T, o, shape) + 256);
+            char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(buffer.data()) + 255) / 256 * 256);
+            const CudaActivationLayout a(c, B, T, o, base, shape);
+            const size_t n = sp ? BT / tp : BT;
+            // The residual stream and the LayerNorms hold n rows of C; qkv 3C/tp columns of all rows.
+            CHECK((size_t)((char*)a.residual3.at(1) - (char*)a.residual3.at(0)) == n * C * sizeof(floatX));
+            CHECK((size_t)((char*)a.qkv.at(1) - (char*)a.qkv.at(0)) == (size_t)BT * 3 * C / tp * sizeof(floatX));
+            CHECK((size_t)((char*)a.fch.at(1) - (char*)a.fch.at(0)) == (size_t)BT * 4 * C / tp * sizeof(floatX));
+            for (const void* p : {(const void*)a.full, (const void*)a.partial, (const void*)a.dfull,
+                                  (const void*)a.dln, (const void*)a.ce_stats, (const void*)a.dln_weights})
+                CHECK(aligned_256(p));
+            // Less than the whole model's activations, more than a 1/tp share of them (the gathered
+            // LayerNorm outputs and the partial sums are whole).
+            const size_t whole = CudaActivationLayout::bytes_for(c, B, T, o);
+            CHECK(CudaActivationLayout::bytes_for(c, B, T, o, shape) < whole);
+            // Each rank's ZeRO plan covers exactly its piece of the parameters.
+            const ZeroPlan plan = GPT2CUDA::zero_plan(c, 0, 0, 1, shape);
+            size_t planned = 0;
+            for (const ZeroPlan::Bucket& k : plan.buckets) planned += k.size;
+            CHECK(planned == GPT2Params::layout(c, {tp - 1, tp}).num_params);
+            CHECK(planned < num_params(c));
+        }
+}
+
+TEST_CASE("the CUDA model's --plan accepts --tp (every rank's piece) and still refuses --pp") {
+    RunConfig cfg;
+    cfg.model = "d12";
+    cfg.batch_size = 4;
+    cfg.seq_len = 1024;
+    cfg.total_batch_tokens = 4 * 1024 * 2;
+    cfg.tp = 2;
+    resolve_run_config(cfg, 4, nullptr);
+    const std::string plan = CudaBackend::plan_report(cfg);
+    CHECK_THAT(plan, Catch::Contains("tp 2"));
+    RunConfig whole = cfg;
+    whole.tp = 1;
+    resolve_run_config(whole, 2, nullptr);
+    CHECK(CudaActivationLayout::bytes_for(cfg.model_config, 4, 1024, {}, CudaBackend::tp_shape(cfg, 0)) <
+          CudaActivationLayout::bytes_for(whole.model_config, 4, 1024, {}));
+    RunConfig pipelined = cfg;
+    pipelined.tp = 1;
+    pipelined.pp = 2;
+    resolve_run_config(pipelined, 4, nullptr);
+    CHECK_THROWS_WITH(CudaBackend::plan_report(pipelined), Catch::Contains("--pp 2"));
 }

@@ -31,14 +31,35 @@
 // memory (StagedComm), which lets several ranks share one GPU. One rank without a launcher uses a
 // StagedComm over the local communicator, where every collective is a copy or nothing.
 //
+// Tensor parallelism (Megatron-LM, with Korthikanti et al.'s sequence parallelism): the same cut and
+// the same math as GPT2CPU's (gpt2_cpu.h), on a device communicator of the tensor-parallel group.
+// Each rank holds its piece of the model (GPT2Params::layout with its TpShard): its heads of qkv and
+// the attention projection, its 4C/tp hidden units of the MLP, its Vp/tp rows of wte. Column-
+// parallel products (qkv, fc) read all B x T rows of a LayerNorm output, gathered from every rank's
+// n = BT/tp rows under sequence parallelism; row-parallel products (attproj, fcproj) and the
+// vocabulary-parallel embedding produce partial sums, reduce-scattered to each rank's rows (or
+// all-reduced without sequence parallelism) before the bias and the residual are added. The
+// classifier is vocabulary-parallel: each row's (max, sum of exp, target logit) over the rank's
+// columns are all-gathered, never the logits. Backward mirrors it; LayerNorm weight gradients, each
+// rank's from its own rows, are summed over the group. Collectives start after the compute stream's
+// earlier work (an event and order_after) and the host waits on their handles before issuing the
+// kernels that read their results. What overlaps (NCCL; StagedComm runs every collective inside its
+// call): in each layer's backward, the gather of ln2's rows with the MLP projection's backward, the
+// gather of ln1's rows with the attention projection's and the attention's backward, and each
+// column-parallel product's input-gradient reduction with its weight gradient. The forward's
+// gathers and reductions, the classifier's statistics and the LayerNorm weight-gradient sums are
+// exposed (each is needed by the very next kernel), and counted in take_exposed_comm_ms.
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llmc/kernels/adamw.cuh"
@@ -77,31 +98,54 @@ struct LayerTensor {
     T* at(int layer) const { return base + (size_t)layer * layer_stride; }
 };
 
+// How a GPT2CUDA is cut over its tensor-parallel group: `size` ranks, this one `rank`; with
+// `sequence_parallel` the LayerNorms, the residual stream and the embedding hold n = BT/size of a
+// batch's token rows (contiguous blocks in rank order). What the activation layout and the memory
+// plan need to know, without a communicator.
+struct TpShape {
+    int size = 1, rank = 0;
+    bool sequence_parallel = false;
+    int rows(int BT) const { return sequence_parallel ? BT / size : BT; }
+};
+
 // Where each activation lives in the activation allocation for a call with B x T tokens. Sizes
 // grow with B and T, so any B <= max_B, T <= max_T fits in the allocation made for max_B x max_T.
+// Under tensor parallelism (tp) the attention and MLP activations hold this rank's heads and hidden
+// units, the logits its vocabulary columns, and under sequence parallelism the residual stream and
+// the LayerNorms its n rows; below, C_l = C/tp and n = BT/tp with sequence parallelism, else BT.
 struct CudaActivationLayout {
-    floatX* encoded;                                     // (BT, C): layer 0's input
-    LayerTensor<floatX> residual2, residual3;            // (BT, C) after attention, after the MLP
+    floatX* encoded;                                     // (n, C): layer 0's input
+    LayerTensor<floatX> residual2, residual3;            // (n, C) after attention, after the MLP
     LayerTensor<floatX> ln1, qkv, atty, ln2, fch, fch_gelu;
     LayerTensor<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
     floatX* lnf;
     float *lnf_mean, *lnf_rstd;
-    floatX* logits;                                      // (chunk rows, Vp); dlogits in place
+    floatX* logits;                                      // (chunk rows, Vp/tp); dlogits in place
     float* row_loss;                                     // (BT)
     int *inputs, *targets;                               // (BT) token ids on the device
     floatX *dresidual, *dC, *d3C, *d4C;                  // backward: residual-stream and layer gradients
     float* scratch;                                      // kernel scratch (bias/LN partials, attention D)
+    // Tensor parallelism only (no bytes otherwise): a LayerNorm output gathered to all BT rows (full),
+    // a row-parallel product's partial sum (partial), the gathered residual gradient (dfull), a
+    // reduced LayerNorm-output gradient (dln, sequence parallel), every rank's classifier statistics
+    // of one chunk (ce_stats), and one layer's LayerNorm weight gradients before they are summed
+    // over the group (dln_weights, sequence parallel).
+    floatX *full, *partial, *dfull, *dln;
+    float *ce_stats, *dln_weights;
 
     size_t total_bytes = 0;
 
-    static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o) {
-        return CudaActivationLayout(c, B, T, o, nullptr).total_bytes;
+    static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const TpShape& tp = {}) {
+        return CudaActivationLayout(c, B, T, o, nullptr, tp).total_bytes;
     }
 
     // Assigns consecutive 256-byte aligned slices of `base`; with nullptr only total_bytes is set.
-    CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base) {
-        const size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads;
-        const size_t Vp = c.padded_vocab_size;
+    CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base,
+                         const TpShape& tp = {}) {
+        const size_t BT = (size_t)B * T, C = c.channels / tp.size, L = c.num_layers, NH = c.num_heads / tp.size;
+        const size_t Vp = c.padded_vocab_size / tp.size, CW = c.channels, n = tp.rows((int)BT);
+        const bool split = tp.size > 1, sp = tp.sequence_parallel;
+        const size_t chunk_rows = std::min(BT, (size_t)o.classifier_chunk_rows);
         const int r = (int)o.recompute;
         auto take = [&](auto*& p, size_t count) {
             using T_ = std::remove_reference_t<decltype(*p)>;
@@ -117,37 +161,44 @@ struct CudaActivationLayout {
             take(t.base, kept ? L * stride : stride);
             t.layer_stride = kept ? stride : 0;
         };
-        take(encoded, BT * C);
-        layered(residual3, BT * C, true);
-        layered(residual2, BT * C, r < 3);
-        layered(ln1, BT * C, r < 2);
-        layered(ln1_mean, BT, r < 3);
-        layered(ln1_rstd, BT, r < 3);
+        // (C here is this rank's C_l, CW the model's whole width; they differ only under tp.)
+        take(encoded, n * CW);
+        layered(residual3, n * CW, true);
+        layered(residual2, n * CW, r < 3);
+        layered(ln1, n * CW, r < 2);
+        layered(ln1_mean, n, r < 3);
+        layered(ln1_rstd, n, r < 3);
         layered(qkv, BT * 3 * C, r < 3);
         layered(atty, BT * C, r < 3);
         layered(lse, NH * BT, r < 3);
-        layered(ln2, BT * C, r < 2);
-        layered(ln2_mean, BT, r < 3);
-        layered(ln2_rstd, BT, r < 3);
+        layered(ln2, n * CW, r < 2);
+        layered(ln2_mean, n, r < 3);
+        layered(ln2_rstd, n, r < 3);
         layered(fch, BT * 4 * C, r < 3);
         layered(fch_gelu, BT * 4 * C, r < 1);
-        take(lnf, BT * C);
-        take(lnf_mean, BT);
-        take(lnf_rstd, BT);
-        take(logits, std::min(BT, (size_t)o.classifier_chunk_rows) * Vp);
+        take(lnf, n * CW);
+        take(lnf_mean, n);
+        take(lnf_rstd, n);
+        take(logits, chunk_rows * Vp);
         take(row_loss, BT);
         take(inputs, BT);
         take(targets, BT);
-        take(dresidual, BT * C);
-        take(dC, BT * C);
+        take(dresidual, n * CW);
+        take(dC, BT * CW);
         take(d3C, BT * 3 * C);
         take(d4C, BT * 4 * C);
         size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)C),
                                           matmul_backward_scratch_floats((int)BT, 3 * (int)C),
-                                          matmul_backward_scratch_floats((int)BT, (int)C),
-                                          layernorm_backward_scratch_floats((int)BT, (int)C),
+                                          matmul_backward_scratch_floats((int)BT, (int)CW),
+                                          layernorm_backward_scratch_floats((int)BT, (int)CW),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
         take(scratch, scratch_floats);
+        take(full, sp ? BT * CW : 0);
+        take(partial, split ? BT * CW : 0);
+        take(dfull, sp ? BT * CW : 0);
+        take(dln, sp ? n * CW : 0);
+        take(ce_stats, split ? chunk_rows * 3 * tp.size : 0);
+        take(dln_weights, sp ? 4 * CW : 0);
     }
 };
 
@@ -158,6 +209,19 @@ struct DataParallel {
     int zero_stage = 0;
 };
 
+// The tensor-parallel group of a GPT2CUDA (see TpShape): the activations' collectives run on `comm`,
+// the gradient norm's scalars and the whole-model gathers (save, get_master_weights) on `host`,
+// which must span the same ranks in the same order.
+struct TensorParallelGroup {
+    Communicator* comm = nullptr;  // device buffers; nullptr: no tensor parallelism
+    Communicator* host = nullptr;  // host buffers over the same ranks
+    bool sequence_parallel = true;
+    TpShape shape() const {
+        const int size = comm ? comm->world_size() : 1;
+        return {size, comm ? comm->rank() : 0, sequence_parallel && size > 1};
+    }
+};
+
 class GPT2CUDA : public Model {
 public:
     // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
@@ -165,17 +229,21 @@ public:
     // copies a sharded stage would make between its full and shard buffers.
     static constexpr size_t SHARD_ALIGN = 8;
     static int effective_stage(int stage, int world_size) { return world_size == 1 ? 0 : stage; }
-    static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size) {
-        return ZeroPlan(GPT2Params::layout(c), effective_stage(stage, world_size), rank, world_size, SHARD_ALIGN);
+    // ZeRO over the data-parallel group (rank of world_size) of tensor rank tp.rank's piece.
+    static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size, const TpShape& tp = {}) {
+        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}), effective_stage(stage, world_size), rank,
+                        world_size, SHARD_ALIGN);
     }
 
-    // The communicators in `dp` must outlive the model.
+    // The communicators in `dp` and `tp` must outlive the model.
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
-             const DataParallel& dp = {})
-        : config_(validated(config)), layout_(GPT2Params::layout(config)), max_B_(max_B), max_T_(max_T), options_(options),
+             const DataParallel& dp = {}, const TensorParallelGroup& tp = {})
+        : config_(validated(config, tp.shape().size)), tp_(tp.shape()),
+          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size})), max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
+          tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
           memory_(stream_.get(), host_),
-          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size()), comm_, memory_),
+          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size(), tp_), comm_, memory_),
           encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -190,7 +258,17 @@ public:
         if (host_.world_size() != comm_.world_size() || host_.rank() != comm_.rank())
             fail(strformat("GPT2CUDA: the host communicator is rank %d of %d but the device one rank %d of %d",
                            host_.rank(), host_.world_size(), comm_.rank(), comm_.world_size()));
-        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_), "activations");
+        if (!tp_comm_.uses_device_buffers())
+            fail(strformat("GPT2CUDA: the tensor-parallel %s communicator works on host buffers; wrap it in a "
+                           "StagedComm", tp_comm_.backend()));
+        if (tp_host_.world_size() != tp_comm_.world_size() || tp_host_.rank() != tp_comm_.rank())
+            fail(strformat("GPT2CUDA: the tensor-parallel host communicator is rank %d of %d but the device one rank "
+                           "%d of %d", tp_host_.rank(), tp_host_.world_size(), tp_comm_.rank(), tp_comm_.world_size()));
+        if (tp_.sequence_parallel && max_T % tp_.size != 0)
+            fail(strformat("GPT2CUDA: sequence parallelism over %d tensor-parallel ranks needs max_T (%d) divisible "
+                           "by them", tp_.size, max_T));
+        engine_.set_tensor_parallel(tp_host_);
+        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_, tp_), "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T, "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
@@ -201,10 +279,10 @@ public:
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
     // constructor's allocations add up to the same bytes).
     static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
-                                                const ZeroPlan& plan) {
+                                                const ZeroPlan& plan, const TpShape& tp = {}) {
         using K = MemoryKind;
         std::vector<BufferSpec> specs = buffer_specs(plan, DeviceMemory::precision);
-        specs.push_back({"activations", K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o), 1});
+        specs.push_back({"activations", K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o, tp), 1});
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
@@ -217,37 +295,53 @@ public:
     int max_seq_len() const override { return max_T_; }
 
     // Both start a fresh model: gradients and AdamW moments are zeroed, the bf16 weights are the
-    // master weights rounded to nearest. Every rank passes the same seed or file and keeps its shard.
+    // master weights rounded to nearest. Every rank passes the same seed or file and keeps its shard
+    // (of its tensor-parallel piece, cut from the whole model).
     void init_random(uint64_t seed) override {
-        std::vector<float> full(layout_.num_params);
-        init_params(layout_, full.data(), seed);
-        reset(full, (uint32_t)(seed ^ (seed >> 32)));
+        std::vector<float> whole(whole_layout().num_params);
+        init_params(whole_layout(), whole.data(), seed);
+        reset(piece_of(whole), (uint32_t)(seed ^ (seed >> 32)));
     }
     void load(const std::string& path) override {
-        std::vector<float> full(layout_.num_params);
-        read_model_file(path, config_, full.data());
-        reset(full, 0x5eed1234u);
+        std::vector<float> whole(whole_layout().num_params);
+        read_model_file(path, config_, whole.data());
+        reset(piece_of(whole), 0x5eed1234u);
     }
     // Writes the fp32 master weights: they are the model; the bf16 weights are derived from them.
-    // A collective (sharded master weights are gathered); rank 0 writes.
+    // A collective (sharded master weights and tensor-parallel pieces are gathered); rank 0 writes.
     void save(const std::string& path, bool bf16 = false) override {
-        std::vector<float> full(layout_.num_params);
-        get_master_weights(full.data());
-        if (comm_.rank() == 0)
-            write_model_file(path, config_, full.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
+        std::vector<float> whole(whole_layout().num_params);
+        get_master_weights(whole.data());
+        if (comm_.rank() == 0 && tp_.rank == 0)
+            write_model_file(path, config_, whole.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
-    // Sets the master weights from a full fp32 buffer (ParamLayout order) and resets the optimizer;
-    // bf16 weights rounded to nearest. For tests that give this model and the CPU reference the same
-    // weights.
-    void set_master_weights(const float* full) {
-        reset(std::vector<float>(full, full + layout_.num_params), memory_.sr_seed);
+    // Sets the master weights from a whole-model fp32 buffer (the whole model's ParamLayout order;
+    // each tensor-parallel rank keeps its piece) and resets the optimizer; bf16 weights rounded to
+    // nearest. For tests that give this model and the CPU reference the same weights.
+    void set_master_weights(const float* whole) {
+        std::vector<float> copy(whole, whole + whole_layout().num_params);
+        reset(piece_of(copy), memory_.sr_seed);
     }
-    // The fp32 master weights in ParamLayout order (a collective where they are sharded).
-    void get_master_weights(float* full) {
-        engine_.get_params(full);
+    // The whole model's fp32 master weights in its ParamLayout order (whole_num_params() floats), on
+    // every rank; a collective where they are sharded or cut. Each rank puts the elements it holds
+    // first-hand (ParamLayout::is_primary) into a zeroed whole and a sum over the tensor-parallel
+    // group fills in the rest exactly (x + 0 is x), as GPT2CPU::get_whole_params does.
+    void get_master_weights(float* whole) {
+        if (layout_.is_whole()) {
+            engine_.get_params(whole);
+            memory_.release_transient();
+            return;
+        }
+        std::vector<float> local(layout_.num_params);
+        engine_.get_params(local.data());
         memory_.release_transient();
+        std::fill(whole, whole + whole_layout().num_params, 0.0f);
+        copy_between_layouts(whole_layout(), whole, layout_, local.data(), false, /*primary_only=*/true);
+        tp_host_.all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
     }
-    // The fp32 gradients in ParamLayout order, for tests of an unsharded model (ZeRO-0).
+    size_t whole_num_params() const { return whole_layout().num_params; }
+    // The fp32 gradients of this rank's piece in its ParamLayout order (layout(); the whole model
+    // without tensor parallelism), for tests of an unsharded model (ZeRO-0).
     void get_grads(float* full) {
         const float* grads = engine_.full_grads();
         if (!grads || engine_.plan().shards_optimizer())
@@ -260,26 +354,36 @@ public:
 
     float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                            bool last_micro_batch) override {
-        check_batch(config_, max_B_, max_T_, inputs, targets, B, T, "forward_backward");
-        encoder_backward_.prepare(inputs, B, T, stream_.get());
+        check_batch(inputs, targets, B, T, "forward_backward");
+        encoder_backward_.prepare(inputs, B, T, stream_.get(), vocab_begin(), vocab_begin() + vocab_cols());
         forward(inputs, targets, B, T, Pass::Train, grad_scale);
         backward(B, T, last_micro_batch);
         return mean_loss(B * T);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
-        check_batch(config_, max_B_, max_T_, inputs, targets, B, T, "evaluate");
+        check_batch(inputs, targets, B, T, "evaluate");
         forward(inputs, targets, B, T, Pass::Evaluate, 0.0f);
         return mean_loss(B * T);
     }
+    // Every rank of the tensor-parallel group calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
-        check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
-        forward(tokens, nullptr, 1, T, Pass::LastLogits, 0.0f);
-        const CudaActivationLayout a = activations(1, T);
-        const int Vp = config_.padded_vocab_size;
-        CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), a.logits, Vp * sizeof(floatX), cudaMemcpyDeviceToHost,
+        llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
+        // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
+        // tp. Attention is causal, so the padding cannot change the logits at position T - 1.
+        std::vector<int> padded(tokens, tokens + T);
+        if (tp_.sequence_parallel) padded.resize((T + tp_.size - 1) / tp_.size * tp_.size, 0);
+        if ((int)padded.size() > max_T_)
+            fail(strformat("next_token_logits: %d tokens padded to %d (a multiple of --tp %d) exceed max_T %d", T,
+                           (int)padded.size(), tp_.size, max_T_));
+        forward(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, 0.0f, T - 1);
+        const CudaActivationLayout a = activations(1, (int)padded.size());
+        const int cols = vocab_cols();
+        CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), a.logits, cols * sizeof(floatX), cudaMemcpyDeviceToHost,
                                    stream_.get()));
         stream_.synchronize();
-        for (int i = 0; i < Vp; i++) logits_out[i] = __bfloat162float(pinned_logits_.get()[i]);
+        float* mine = logits_out + (size_t)tp_.rank * cols;
+        for (int i = 0; i < cols; i++) mine[i] = __bfloat162float(pinned_logits_.get()[i]);
+        if (tp_.size > 1) tp_host_.all_gather(mine, logits_out, cols, CommDtype::F32).wait();
     }
 
     double grad_norm_squared() override {
@@ -296,7 +400,11 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
 
-    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms(); }
+    double take_exposed_comm_ms() override {
+        const double tp_ms = tp_exposed_ms_;
+        tp_exposed_ms_ = 0;
+        return engine_.take_exposed_comm_ms() + tp_ms;
+    }
     ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
         return engine_.allocated_bytes(kind) + (kind == MemoryKind::Activations ? own_activation_bytes_ : 0);
@@ -311,7 +419,8 @@ public:
     cudaStream_t stream() const { return stream_.get(); }
 
 private:
-    static const ModelConfig& validated(const ModelConfig& c) {
+    // Every tensor-parallel rank's piece keeps the kernels' alignment: C/tp and Vp/tp multiples of 8.
+    static const ModelConfig& validated(const ModelConfig& c, int tp) {
         c.validate();
         if (c.channels % 8 != 0)
             fail(strformat("GPT2CUDA: channels (%d) must be a multiple of 8 (16-byte vector loads)", c.channels));
@@ -321,16 +430,40 @@ private:
             fail(strformat("GPT2CUDA: head size channels / num_heads = %d must be 32, 64 or 128 (the attention "
                            "kernels' instantiations)",
                            c.head_size()));
+        if (tp == 1) return c;
+        if (tp < 1 || c.num_heads % tp != 0)
+            fail(strformat("GPT2CUDA: --tp %d must be a positive divisor of num_heads (%d)", tp, c.num_heads));
+        if ((c.channels / tp) % 8 != 0)
+            fail(strformat("GPT2CUDA: channels / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
+                           c.channels, tp));
+        if (c.padded_vocab_size % (8 * tp) != 0)
+            fail(strformat("GPT2CUDA: padded_vocab_size (%d) must be a multiple of 8 x --tp %d (each rank's "
+                           "vocabulary slice a multiple of 8)", c.padded_vocab_size, tp));
         return c;
     }
 
-
     CudaActivationLayout activations(int B, int T) const {
-        CudaActivationLayout a(config_, B, T, options_, acts_.get());
+        CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_);
         if (a.total_bytes > acts_.bytes())
             fail(strformat("GPT2CUDA: activations for B %d x T %d need %zu bytes, %zu allocated", B, T, a.total_bytes,
                            acts_.bytes()));
         return a;
+    }
+
+    void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
+        llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
+        if (tp_.sequence_parallel && (B * T) % tp_.size != 0)
+            fail(strformat("%s: sequence parallelism needs B*T = %d*%d divisible by the %d tensor-parallel ranks", who,
+                           B, T, tp_.size));
+    }
+
+    // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
+    const ParamLayout& whole_layout() const { return layout_.is_whole() ? layout_ : whole_layout_; }
+    std::vector<float> piece_of(std::vector<float>& whole) const {
+        if (layout_.is_whole()) return std::move(whole);
+        std::vector<float> piece(layout_.num_params);
+        copy_between_layouts(whole_layout(), whole.data(), layout_, piece.data(), true);
+        return piece;
     }
 
     void reset(const std::vector<float>& full, uint32_t sr_seed) {
@@ -361,22 +494,33 @@ private:
     }
 
     // What a forward pass leaves behind: per-row losses (Evaluate), losses plus dlnf and the lm head's
-    // share of dwte, ready for backward() (Train), or only the last position's logits.
+    // share of dwte, ready for backward() (Train), or only row logits_row's logits (LastLogits; -1:
+    // the last row). Under tensor parallelism dlnf is this rank's partial sum over its vocabulary
+    // columns, which backward() reduces over the group.
     enum class Pass { Evaluate, Train, LastLogits };
 
-    void forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale) {
+    void forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale,
+                 int logits_row = -1) {
         last_B_ = B;
         last_T_ = T;
         const CudaActivationLayout a = activations(B, T);
         const int C = config_.channels, L = config_.num_layers, V = config_.vocab_size;
-        const int Vp = config_.padded_vocab_size, BT = B * T;
+        const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         upload_tokens(a, inputs, targets, BT);
         buckets_.acquire_resident();
         {
             PhaseScope phase(timer_, "encoder", s);
-            encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
+            if (tp_.size == 1) {
+                encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
+            } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
+                embedding_forward_range(a.partial, a.inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,
+                                        s);
+                tp_wait(reduce_rows(a.partial, a.encoded, BT, C));
+                const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
+                add_positions(a.encoded, reduced(a.partial, a.encoded), param(P::WPE), row0, n, T, C, s);
+            }
         }
         for (int l = 0; l < L; l++) {
             NvtxRange range("forward", l);
@@ -387,13 +531,15 @@ private:
         const floatX* last_residual = a.residual3.at(L - 1);
         {
             PhaseScope phase(timer_, "layernorm", s);
-            layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last_residual, param(P::LNFW), param(P::LNFB), BT, C, s);
+            layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last_residual, param(P::LNFW), param(P::LNFB), n, C, s);
         }
+        const floatX* lnf = gather_rows(a.lnf, a.full, BT, C);  // all BT rows
         if (pass == Pass::LastLogits) {
             {
                 PhaseScope phase(timer_, "matmul", s);
-                matmul_forward(matmul_, a.logits, nullptr, a.lnf + (size_t)(BT - 1) * C, param(P::WTE), nullptr,
-                               nullptr, 1, C, Vp, s);
+                const int row = logits_row < 0 ? BT - 1 : logits_row;
+                matmul_forward(matmul_, a.logits, nullptr, lnf + (size_t)row * C, param(P::WTE), nullptr, nullptr, 1,
+                               C, Vl, s);
             }
             release_all();
             return;
@@ -407,20 +553,32 @@ private:
         const int chunk = std::min(BT, options_.classifier_chunk_rows);
         for (int r0 = 0; r0 < BT; r0 += chunk) {
             const int rows = std::min(chunk, BT - r0);
-            const floatX* lnf_rows = a.lnf + (size_t)r0 * C;
+            const floatX* lnf_rows = lnf + (size_t)r0 * C;
             {
                 PhaseScope phase(timer_, "matmul", s);
-                matmul_forward(matmul_, a.logits, nullptr, lnf_rows, param(P::WTE), nullptr, nullptr, rows, C, Vp, s);
+                matmul_forward(matmul_, a.logits, nullptr, lnf_rows, param(P::WTE), nullptr, nullptr, rows, C, Vl, s);
             }
-            {
+            if (tp_.size == 1) {
                 PhaseScope phase(timer_, "classifier", s);
                 fused_classifier(a.logits, a.row_loss + r0, a.targets + r0, dloss, rows, V, Vp, train, s);
+            } else {  // vocabulary-parallel: only each row's max, sum of exponentials and target logit travel
+                float* mine = a.ce_stats + (size_t)tp_.rank * rows * 3;
+                {
+                    PhaseScope phase(timer_, "classifier", s);
+                    classifier_local_stats(mine, a.logits, a.targets + r0, rows, vocab_begin(), vocab_real(), Vl, s);
+                }
+                tp_wait(after_compute([&] {
+                    return tp_comm_.all_gather(mine, a.ce_stats, (size_t)rows * 3, CommDtype::F32);
+                }));
+                PhaseScope phase(timer_, "classifier", s);
+                classifier_from_stats(a.logits, a.row_loss + r0, a.targets + r0, a.ce_stats, tp_.size, dloss, rows, V,
+                                      vocab_begin(), vocab_real(), Vl, train, s);
             }
             if (train) {
                 PhaseScope phase(timer_, "matmul", s);
                 // the lm head has no bias, so no bias-gradient scratch
                 matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P::WTE), nullptr, nullptr, a.logits, lnf_rows,
-                                param(P::WTE), nullptr, rows, C, Vp, s);
+                                param(P::WTE), nullptr, rows, C, Vl, s);
             }
         }
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
@@ -429,58 +587,76 @@ private:
 
     // One transformer block's forward. `for_backward`: a whole-block recomputation, which stops
     // before the MLP projection (its output, the next residual, is kept and not needed again).
+    // Under tensor parallelism the LayerNorms run on this rank's n rows, qkv and fc (column-parallel)
+    // on all BT rows gathered, and the two projections (row-parallel) are reduced over the group.
     void layer_forward(const CudaActivationLayout& a, int l, int B, int T, bool for_backward) {
-        const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
+        const int C = config_.channels, NH = config_.num_heads / tp_.size, HS = config_.head_size();
+        const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.ln1.at(l), a.ln1_mean.at(l), a.ln1_rstd.at(l), residual, param(P::LN1W, l),
-                              param(P::LN1B, l), BT, C, s);
+                              param(P::LN1B, l), n, C, s);
         }
+        const floatX* ln1 = gather_rows(a.ln1.at(l), a.full, BT, C);
         {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.qkv.at(l), nullptr, a.ln1.at(l), param(P::QKVW, l), param(P::QKVB, l), nullptr,
-                           BT, C, 3 * C, s);
+            matmul_forward(matmul_, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr, BT, C,
+                           3 * Cl, s);
         }
         {
             PhaseScope phase(timer_, "attention", s);
             attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, s);
         }
-        {
-            PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.residual2.at(l), nullptr, a.atty.at(l), param(P::ATTPROJW, l),
-                           param(P::ATTPROJB, l), residual, BT, C, C, s);
-        }
+        row_parallel_forward(a, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l), param(P::ATTPROJB, l),
+                             residual, BT, Cl, C);
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
-                              param(P::LN2B, l), BT, C, s);
+                              param(P::LN2B, l), n, C, s);
         }
+        const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
         if (options_.recompute == Recompute::None) {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.fch_gelu.at(l), a.fch.at(l), a.ln2.at(l), param(P::FCW, l), param(P::FCB, l),
-                           nullptr, BT, C, 4 * C, s);
+            matmul_forward(matmul_, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
+                           BT, C, 4 * Cl, s);
         } else {
             // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
                 PhaseScope phase(timer_, "matmul", s);
-                matmul_forward(matmul_, a.fch.at(l), nullptr, a.ln2.at(l), param(P::FCW, l), param(P::FCB, l), nullptr,
-                               BT, C, 4 * C, s);
+                matmul_forward(matmul_, a.fch.at(l), nullptr, ln2, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C,
+                               4 * Cl, s);
             }
             PhaseScope phase(timer_, "gelu", s);
-            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * C, s);
+            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
         if (for_backward) return;
+        row_parallel_forward(a, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l), param(P::FCPROJB, l),
+                             a.residual2.at(l), BT, 4 * Cl, C);
+    }
+
+    // out = base + inp W^T + bias. One rank: one product with the bias and the residual in its
+    // epilogue. Tensor parallel (W cut by input columns, inp this rank's columns of all BT rows): each
+    // rank's product is a partial sum, reduced over the group (to this rank's rows under sequence
+    // parallelism) before the bias and the residual (this rank's rows) are added.
+    void row_parallel_forward(const CudaActivationLayout& a, floatX* out, const floatX* inp, const floatX* weight,
+                              const floatX* bias, const floatX* base, int BT, int IC, int C) {
+        cudaStream_t s = stream_.get();
         PhaseScope phase(timer_, "matmul", s);
-        matmul_forward(matmul_, a.residual3.at(l), nullptr, a.fch_gelu.at(l), param(P::FCPROJW, l),
-                       param(P::FCPROJB, l), a.residual2.at(l), BT, 4 * C, C, s);
+        if (tp_.size == 1) {
+            matmul_forward(matmul_, out, nullptr, inp, weight, bias, base, BT, IC, C, s);
+            return;
+        }
+        matmul_forward(matmul_, a.partial, nullptr, inp, weight, nullptr, nullptr, BT, IC, C, s);
+        tp_wait(reduce_rows(a.partial, out, BT, C));
+        bias_residual_add(out, reduced(a.partial, out), bias, base, tp_.rows(BT), C, s);
     }
 
     // Rebuilds what layer l's backward needs and the forward did not keep.
     void recompute_layer(const CudaActivationLayout& a, int l, int B, int T) {
-        const int C = config_.channels, BT = B * T;
+        const int C = config_.channels, BT = B * T, n = tp_.rows(BT), Cl = C / tp_.size;
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         switch (options_.recompute) {
@@ -493,14 +669,14 @@ private:
             PhaseScope phase(timer_, "layernorm", s);
             const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
             layernorm_recompute(a.ln1.at(l), residual, a.ln1_mean.at(l), a.ln1_rstd.at(l), param(P::LN1W, l),
-                                param(P::LN1B, l), BT, C, s);
+                                param(P::LN1B, l), n, C, s);
             layernorm_recompute(a.ln2.at(l), a.residual2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), param(P::LN2W, l),
-                                param(P::LN2B, l), BT, C, s);
+                                param(P::LN2B, l), n, C, s);
         }
             [[fallthrough]];
         case Recompute::Gelu: {
             PhaseScope phase(timer_, "gelu", s);
-            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * C, s);
+            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
         }
     }
@@ -510,61 +686,39 @@ private:
     // soon as its gradient is complete, so its communication overlaps the rest of backward.
     void backward(int B, int T, bool last_micro_batch) {
         const CudaActivationLayout a = activations(B, T);
-        const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads, HS = C / NH, BT = B * T;
+        const int C = config_.channels, L = config_.num_layers, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
         buckets_.take_grads(final_norm);
-        CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)BT * C * sizeof(floatX), s));
+        CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)n * C * sizeof(floatX), s));
+        const floatX* dlnf = a.dC;
+        if (tp_.size > 1) {  // each rank's dlnf is a partial sum over its vocabulary columns
+            tp_wait(reduce_rows(a.dC, a.dln, BT, C));
+            dlnf = reduced(a.dC, a.dln);
+        }
+        start_layernorm_grads(a);
         {
             PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, grad(P::LNFW), grad(P::LNFB), a.scratch, a.dC, a.residual3.at(L - 1),
-                               param(P::LNFW), a.lnf_mean, a.lnf_rstd, BT, C, s);
+            layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
+                               a.scratch, dlnf, a.residual3.at(L - 1), param(P::LNFW), a.lnf_mean, a.lnf_rstd, n, C, s);
         }
+        finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
         buckets_.grads_ready(final_norm, last_micro_batch);
         for (int l = L - 1; l >= 0; l--) {
             NvtxRange range("backward", l);
             buckets_.enter_layer(l, Walk::Backward);
             recompute_layer(a, l, B, T);
-            const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
-            // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
-            {
-                PhaseScope phase(timer_, "matmul", s);
-                matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, a.dresidual,
-                                a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C, s);
-                matmul_backward(matmul_, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C, a.ln2.at(l),
-                                param(P::FCW, l), nullptr, BT, C, 4 * C, s);
-            }
-            {
-                PhaseScope phase(timer_, "layernorm", s);
-                layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
-                                   param(P::LN2W, l), a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, C, s);
-            }
-            // dresidual is now d(residual2[l]); the attention projection read atty
-            {
-                PhaseScope phase(timer_, "matmul", s);
-                matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, a.dresidual,
-                                a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C, s);
-            }
-            {
-                PhaseScope phase(timer_, "attention", s);
-                attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
-            }
-            {
-                PhaseScope phase(timer_, "matmul", s);
-                matmul_backward(matmul_, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C, a.ln1.at(l),
-                                param(P::QKVW, l), nullptr, BT, C, 3 * C, s);
-            }
-            {
-                PhaseScope phase(timer_, "layernorm", s);
-                layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
-                                   param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
-            }
+            if (tp_.size == 1) layer_backward(a, l, B, T);
+            else layer_backward_tensor_parallel(a, l, B, T);
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
         {
+            // This rank's vocabulary rows of wte (prepare() kept only their positions); wpe whole,
+            // from all rows' gradients (the same on every tensor-parallel rank).
+            const floatX* dresidual = gather_rows(a.dresidual, a.dfull, BT, C);
             PhaseScope phase(timer_, "encoder", s);
-            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), a.dresidual, B, T, C, s);
+            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), dresidual, B, T, C, s);
         }
         buckets_.grads_ready(embedding, last_micro_batch);
         // Drain the compute stream first, so that what the engine then waits for is only the
@@ -572,6 +726,189 @@ private:
         stream_.synchronize();
         engine_.finish_backward();
         release_all();
+    }
+
+    // One layer's backward on one rank, from dresidual = d(residual3[l]).
+    void layer_backward(const CudaActivationLayout& a, int l, int B, int T) {
+        const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, a.dresidual,
+                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C, s);
+            matmul_backward(matmul_, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C, a.ln2.at(l),
+                            param(P::FCW, l), nullptr, BT, C, 4 * C, s);
+        }
+        {
+            PhaseScope phase(timer_, "layernorm", s);
+            layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
+                               param(P::LN2W, l), a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, C, s);
+        }
+        // dresidual is now d(residual2[l]); the attention projection read atty
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, a.dresidual,
+                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C, s);
+        }
+        {
+            PhaseScope phase(timer_, "attention", s);
+            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
+        }
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C, a.ln1.at(l),
+                            param(P::QKVW, l), nullptr, BT, C, 3 * C, s);
+        }
+        {
+            PhaseScope phase(timer_, "layernorm", s);
+            layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
+                               param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
+        }
+    }
+
+    // One layer's backward under tensor parallelism, the mirror of layer_forward: each row-parallel
+    // product's output gradient is gathered to all rows first (sequence parallel), each column-
+    // parallel product's input gradient is a partial sum, reduced over the group. Each collective is
+    // issued as early as its data allows and waited for as late as its reader allows:
+    //   - ln2's rows are gathered beside dresidual's and travel during the MLP projection's backward;
+    //   - fc's and qkv's input gradients are computed first, and reduced while their weight
+    //     gradients are computed;
+    //   - ln1's rows are gathered right after the LayerNorm's backward and travel during the
+    //     attention projection's backward, the attention's backward and qkv's input gradient.
+    // `full` holds ln2's rows, then ln1's: ln1's gather is issued after fc's weight gradient, the last
+    // reader of ln2's, and the collective starts only after the kernels issued before it.
+    void layer_backward_tensor_parallel(const CudaActivationLayout& a, int l, int B, int T) {
+        const int C = config_.channels, NH = config_.num_heads / tp_.size, HS = config_.head_size();
+        const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+        const floatX* dresidual = gathered(a.dresidual, a.dfull);  // all BT rows, once gathered
+        start_layernorm_grads(a);
+        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
+        CommHandle dresidual_rows = gather_rows_async(a.dresidual, a.dfull, BT, C);
+        CommHandle ln2_rows = gather_rows_async(a.ln2.at(l), a.full, BT, C);
+        tp_wait(dresidual_rows);
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, dresidual,
+                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * Cl, C, s);
+            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d4C, nullptr, param(P::FCW, l), nullptr, BT,
+                            C, 4 * Cl, s);
+        }
+        CommHandle dln2 = reduce_rows(a.dC, a.dln, BT, C);
+        tp_wait(ln2_rows);
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, nullptr, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C,
+                            gathered(a.ln2.at(l), a.full), nullptr, nullptr, BT, C, 4 * Cl, s);
+        }
+        tp_wait(dln2);
+        {
+            PhaseScope phase(timer_, "layernorm", s);
+            layernorm_backward(a.dresidual, layernorm_grad(a, P::LN2W, l, 0), layernorm_grad(a, P::LN2B, l, 1),
+                               a.scratch, reduced(a.dC, a.dln), a.residual2.at(l), param(P::LN2W, l),
+                               a.ln2_mean.at(l), a.ln2_rstd.at(l), n, C, s);
+        }
+        // dresidual is now d(residual2[l]); the attention projection read atty
+        dresidual_rows = gather_rows_async(a.dresidual, a.dfull, BT, C);
+        CommHandle ln1_rows = gather_rows_async(a.ln1.at(l), a.full, BT, C);
+        tp_wait(dresidual_rows);
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, dresidual,
+                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+        }
+        {
+            PhaseScope phase(timer_, "attention", s);
+            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
+        }
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d3C, nullptr, param(P::QKVW, l), nullptr, BT,
+                            C, 3 * Cl, s);
+        }
+        CommHandle dln1 = reduce_rows(a.dC, a.dln, BT, C);
+        tp_wait(ln1_rows);
+        {
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, nullptr, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C,
+                            gathered(a.ln1.at(l), a.full), nullptr, nullptr, BT, C, 3 * Cl, s);
+        }
+        tp_wait(dln1);
+        {
+            PhaseScope phase(timer_, "layernorm", s);
+            layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
+                               a.scratch, reduced(a.dC, a.dln), residual, param(P::LN1W, l), a.ln1_mean.at(l),
+                               a.ln1_rstd.at(l), n, C, s);
+        }
+        finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
+    }
+
+    // ---- tensor parallelism: the collectives of the tensor-parallel group ----
+    // Each starts once the compute stream's work issued before it is done (after_compute); the host
+    // waits on its handle (tp_wait) before issuing the kernels that read its result.
+
+    // This rank's vocabulary slice: its first row of wte, its width and how many of it are real tokens.
+    int vocab_cols() const { return config_.padded_vocab_size / tp_.size; }
+    int vocab_begin() const { return tp_.rank * vocab_cols(); }
+    int vocab_real() const { return std::clamp(config_.vocab_size - vocab_begin(), 0, vocab_cols()); }
+
+    template <typename Issue>
+    CommHandle after_compute(Issue issue) {
+        CUDA_CHECK(cudaEventRecord(tp_ready_.get(), stream_.get()));
+        tp_comm_.order_after(tp_ready_.get());
+        return issue();
+    }
+    void tp_wait(CommHandle h) {
+        h.wait();
+        tp_exposed_ms_ += h.wait_ms();
+    }
+    // All BT rows of a (rows x C) tensor this rank holds its n rows of, gathered into `full` under
+    // sequence parallelism (else there is nothing to gather: every rank holds all rows).
+    CommHandle gather_rows_async(const floatX* mine, floatX* full, int BT, int C) {
+        if (!tp_.sequence_parallel) return {};
+        return after_compute(
+            [&] { return tp_comm_.all_gather(mine, full, (size_t)tp_.rows(BT) * C, CommDtype::BF16); });
+    }
+    const floatX* gathered(const floatX* mine, const floatX* full) const {
+        return tp_.sequence_parallel ? full : mine;
+    }
+    const floatX* gather_rows(const floatX* mine, floatX* full, int BT, int C) {
+        tp_wait(gather_rows_async(mine, full, BT, C));
+        return gathered(mine, full);
+    }
+    // Sums the group's partial products (BT rows of C): reduce-scattered into this rank's rows `mine`
+    // under sequence parallelism, else all-reduced in place; reduced() says where the sum is.
+    CommHandle reduce_rows(floatX* partial, floatX* mine, int BT, int C) {
+        return after_compute([&] {
+            if (tp_.sequence_parallel)
+                return tp_comm_.reduce_scatter_sum(partial, mine, (size_t)tp_.rows(BT) * C, CommDtype::BF16);
+            return tp_comm_.all_reduce_sum(partial, (size_t)BT * C, CommDtype::BF16);
+        });
+    }
+    floatX* reduced(floatX* partial, floatX* mine) const { return tp_.sequence_parallel ? mine : partial; }
+
+    // Where a layer's LayerNorm weight gradients accumulate: straight into the gradient buffer, or,
+    // under sequence parallelism (each rank saw only its rows, so each holds a partial sum), into a
+    // scratch that finish_layernorm_grads sums over the group and adds in.
+    float* layernorm_grad(const CudaActivationLayout& a, int tensor, int layer, int slot) {
+        return tp_.sequence_parallel ? a.dln_weights + (size_t)slot * config_.channels : grad(tensor, layer);
+    }
+    void start_layernorm_grads(const CudaActivationLayout& a) {
+        if (tp_.sequence_parallel)
+            CUDA_CHECK(cudaMemsetAsync(a.dln_weights, 0, 4 * (size_t)config_.channels * sizeof(float), stream_.get()));
+    }
+    void finish_layernorm_grads(const CudaActivationLayout& a, std::initializer_list<std::pair<int, int>> tensors) {
+        if (!tp_.sequence_parallel) return;
+        const size_t C = config_.channels;
+        tp_wait(after_compute(
+            [&] { return tp_comm_.all_reduce_sum(a.dln_weights, tensors.size() * C, CommDtype::F32); }));
+        int slot = 0;
+        for (auto [tensor, layer] : tensors) add_into(grad(tensor, layer), a.dln_weights + slot++ * C, C, stream_.get());
     }
 
     // The mean of the per-row losses of the last forward, summed on the host in row order.
@@ -588,7 +925,9 @@ private:
     // Declaration order is construction order: the stream and communicators before the memory
     // and the engine that use them.
     ModelConfig config_;
-    ParamLayout layout_;
+    TpShape tp_;
+    ParamLayout layout_;  // this rank's piece (the whole model without tensor parallelism)
+    ParamLayout whole_layout_{GPT2Params::table(config_)};
     int max_B_, max_T_;
     GPT2CUDAOptions options_;
     int last_B_ = 1, last_T_ = 1;
@@ -596,6 +935,10 @@ private:
     Communicator& host_;
     StagedComm staged_local_{local_communicator()};  // the communicator of one rank without a launcher
     Communicator& comm_;
+    Communicator& tp_host_;  // the tensor-parallel group: host buffers
+    Communicator& tp_comm_;  // the tensor-parallel group: device buffers
+    CudaEvent tp_ready_;     // recorded before each tensor-parallel collective (after_compute)
+    double tp_exposed_ms_ = 0;
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
     BucketView<DeviceMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
