@@ -1,0 +1,204 @@
+// Tensor and sequence parallelism of the CUDA model end to end under mpirun (make test-gpu, through
+// test/gpu/run_gpu_tp_tests.sh): a dp x tp mesh with the same global batch reproduces the 1-rank
+// CUDA run and the fp32 CPU reference, for every ZeRO stage over the data-parallel group, with
+// sequence parallelism on and off.
+//
+//   mpirun --oversubscribe -np N build/test_tp_cuda DIR TP   (DIR: an empty directory shared by the ranks)
+//
+// The ranks share the node's GPUs (local rank modulo their count), so the collectives go through MPI
+// (--gpu-comm mpi: StagedComm); the device communicators and the model are made by
+// CudaBackend::make_model, exactly as train_gpt makes them. Every rank also trains the two 1-rank
+// references itself (a LocalComm model whose micro-batch is the dp groups' micro-batches side by side,
+// B = batch x dp, so it reads the very same tokens): the CUDA model and GPT2CPU. Then, for ZeRO
+// stages 0-3 and --sp 1 and 0, it checks:
+//   - the bytes allocated per memory kind: equal to the memory plan's for this rank's piece;
+//   - the 10 per-step losses: relative difference at most 1e-2 (bf16) from the 1-rank CUDA run and
+//     from the CPU run;
+//   - the final parameters, gathered whole (the model.bin a run would save): relative difference at
+//     most 2e-2 from the 1-rank CUDA run's, and bitwise identical on every rank;
+//   - sequence parallelism on and off: losses within 1e-2 of each other.
+// And once, with the 1-rank model's weights given to the tp model: evaluate() and next_token_logits
+// (7 tokens: not a multiple of tp, so sequence parallelism pads) agree within bf16 tolerance.
+// The model (2 layers, 2 heads of 32, vocabulary 250 padded to 256) divides by tp = 2; the last
+// vocabulary slice holds padding. Prints one "ok" line per property on rank 0; any failure exits
+// non-zero (MPI_Abort, exit 2). Without a GPU it skips (exit 0), or fails with exit 3 in a GPU
+// session (LLMC_GPU_SESSION=1).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
+#include "llmc/models/cuda_backend.cuh"
+#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/planner.h"
+#include "llmc/train_loop.h"
+#include "test/mpi/mpi_test_util.h"
+
+using namespace llmc;
+using namespace llmc::mpi_test;
+
+namespace {
+
+constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
+
+RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size) {
+    RunConfig cfg;
+    cfg.train_data = shard;
+    cfg.val_data = "";
+    cfg.tokenizer = "";
+    cfg.vocab_size = 250;
+    cfg.num_layers = 2;
+    cfg.num_heads = 2;
+    cfg.channels = 64;
+    cfg.max_seq_len = SEQ;
+    cfg.batch_size = batch_size;
+    cfg.seq_len = SEQ;
+    cfg.total_batch_tokens = 16 * SEQ;  // 16 sequences: dp = 1, 2 and 4 all divide it
+    cfg.steps = STEPS;
+    cfg.lr = 1e-3f;
+    cfg.warmup_steps = 2;
+    cfg.val_every = 0;
+    cfg.sample_every = 0;
+    cfg.zero_stage = stage;
+    cfg.tp = tp;
+    cfg.sequence_parallel = sp;
+    cfg.gpu_comm = "mpi";
+    resolve_run_config(cfg, world_size, nullptr);
+    return cfg;
+}
+
+// Trains `model` from the config's seed and gathers the whole model on every rank.
+RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model) {
+    model.init_random(cfg.seed);
+    RunResult r;
+    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
+    r.params.resize(model.whole_num_params());
+    model.get_master_weights(r.params.data());
+    return r;
+}
+
+std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
+    std::vector<int> t(n);
+    for (int i = 0; i < n; i++) t[i] = (i * 37 + seed * 11 + 5) % vocab;
+    return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    launch = bootstrap_launch(&argc, &argv);
+    std::string why;
+    if (!cuda_device_present(&why)) {
+        const int status = no_gpu_exit_status("test_tp_cuda", why);
+        finalize_launch(launch);
+        return status;
+    }
+    try {
+        if (argc != 3) fail("usage: test_tp_cuda DIR TP");
+        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
+        comm->timeout_s = 300;
+        const int W = comm->world_size(), tp = std::atoi(argv[2]);
+        if (tp < 2 || W % tp != 0) fail(strformat("test_tp_cuda: TP (%d) must be >= 2 and divide the %d ranks", tp, W));
+        const int dp = W / tp;
+        const std::string shard = std::string(argv[1]) + "/tp_cuda_train_000000.bin";
+        if (launch.rank == 0) write_shard(shard, 60000);
+        comm->barrier().wait();
+
+        // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
+        LocalComm local;
+        const RunConfig reference_cfg = make_config(shard, 0, 1, 1, 0, BATCH * dp);
+        const RunConfig& rc = reference_cfg;
+        int devices = 0;
+        CUDA_CHECK(cudaGetDeviceCount(&devices));
+        CUDA_CHECK(cudaSetDevice(launch.local_rank % devices));  // the GPU CudaBackend picks for this rank
+        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
+        const RunResult reference = train_cuda(rc, local, nullptr, reference_model);
+        GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
+        const RunResult cpu = train(rc, local, nullptr, cpu_model);
+        check(reference.losses.back() < reference.losses.front(),
+              strformat("the 1-rank CUDA reference does not learn: loss %.4f -> %.4f", reference.losses.front(),
+                        reference.losses.back()));
+        const double cuda_vs_cpu = worst_loss_difference(reference.losses, cpu.losses);
+        check(cuda_vs_cpu <= 1e-2, strformat("the 1-rank CUDA run differs from the CPU run by %.3g relative (limit "
+                                             "1e-2)", cuda_vs_cpu));
+        say(strformat("1-rank CUDA reference learns (%.4f -> %.4f) and matches the CPU model (worst %.2g)",
+                      reference.losses.front(), reference.losses.back(), cuda_vs_cpu));
+
+        for (int stage = 0; stage <= 3; stage++) {
+            std::vector<float> sp_losses;
+            for (int sp : {1, 0}) {
+                const RunConfig cfg = make_config(shard, stage, W, tp, sp, BATCH);
+                ProcessGroups groups(*comm, cfg.dims);
+                const std::string what =
+                    strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
+                BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
+                GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
+                check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+
+                const TpShape shape = CudaBackend::tp_shape(cfg, groups.tp().rank());
+                const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, stage, groups.dp().rank(), dp, shape);
+                const MemoryPlan plan = plan_memory(
+                    cfg, zero, GPT2CUDA::memory_specs(cfg.model_config, BATCH, SEQ, {}, zero, shape),
+                    DeviceMemory::precision);
+                for (int k = 0; k < (int)MemoryKind::Count; k++)
+                    check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
+                          strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
+                                    memory_kind_name((MemoryKind)k), model->allocated_bytes((MemoryKind)k)));
+
+                const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
+                const double worst = worst_loss_difference(run.losses, reference.losses);
+                check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit "
+                                               "1e-2)", what.c_str(), worst));
+                const double worst_cpu = worst_loss_difference(run.losses, cpu.losses);
+                check(worst_cpu <= 1e-2, strformat("%s: loss differs from the CPU run by %.3g relative (limit 1e-2)",
+                                                   what.c_str(), worst_cpu));
+                const double params_diff = relative_difference(run.params, reference.params);
+                check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
+                                                     "relative (limit 2e-2)", what.c_str(), params_diff));
+                std::vector<float> rank0 = run.params;
+                comm->broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
+                check(std::memcmp(rank0.data(), run.params.data(), rank0.size() * sizeof(float)) == 0,
+                      what + ": ranks gathered different whole models");
+                say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g) and the CPU "
+                              "(worst %.2g), final parameters too (%.2g), the same on every rank",
+                              what.c_str(), STEPS, worst, worst_cpu, params_diff));
+                if (sp) {
+                    sp_losses = run.losses;
+                } else {
+                    const double sp_diff = worst_loss_difference(run.losses, sp_losses);
+                    check(sp_diff <= 1e-2, strformat("%s: sequence parallelism on and off differ by %.3g relative "
+                                                     "(limit 1e-2)", what.c_str(), sp_diff));
+                    say(strformat("dp %d x tp %d, ZeRO-%d: sequence parallelism on and off agree (worst %.2g)", dp,
+                                  tp, stage, sp_diff));
+                }
+
+                // Once: the same weights give the same evaluation and next-token logits as 1 rank.
+                if (stage != 0) continue;
+                model->set_master_weights(reference.params.data());
+                reference_model.set_master_weights(reference.params.data());
+                const std::vector<int> inputs = pseudo_tokens(BATCH * SEQ, 250, 1), targets = pseudo_tokens(BATCH * SEQ, 250, 2);
+                const float loss_tp = model->evaluate(inputs.data(), targets.data(), BATCH, SEQ);
+                const float loss_one = reference_model.evaluate(inputs.data(), targets.data(), BATCH, SEQ);
+                check(std::fabs(loss_tp - loss_one) <= 1e-2 * std::fabs(loss_one),
+                      strformat("%s: evaluate() gives %.5f, 1 rank %.5f", what.c_str(), loss_tp, loss_one));
+                const int Vp = cfg.model_config.padded_vocab_size;
+                std::vector<float> logits_tp(Vp), logits_one(Vp);
+                model->next_token_logits(inputs.data(), 7, logits_tp.data());
+                reference_model.next_token_logits(inputs.data(), 7, logits_one.data());
+                const double logits_diff = relative_difference(logits_tp, logits_one);
+                check(logits_diff <= 2e-2, strformat("%s: next_token_logits of 7 tokens differ from 1 rank by %.3g "
+                                                     "relative (limit 2e-2)", what.c_str(), logits_diff));
+                say(strformat("%s: with the same weights, evaluate() (%.5f vs %.5f) and next_token_logits (%.2g) "
+                              "match 1 rank", what.c_str(), loss_tp, loss_one, logits_diff));
+            }
+        }
+    } catch (const std::exception& e) {
+        check(false, e.what());
+    }
+    finalize_launch(launch);
+    return 0;
+}
