@@ -25,6 +25,8 @@
 #   dev/bench/gpu_session.sh sanitize   memcheck and racecheck alone (when `test` ran out of budget)
 #   dev/bench/gpu_session.sh train      d4 default run against the CPU trainer, d12 at T = 1024
 #   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA
+#   dev/bench/gpu_session.sh tp         tensor parallelism: test_tp_cuda (tp 2, dp 2 x tp 2) and the
+#                                       trainer's --tp 2 against 1 rank (test/gpu/run_gpu_tp_tests.sh)
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48, PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget.
@@ -163,8 +165,8 @@ keep_run_files() {
 printf '# gpu_session.sh %s\n\n| step | result | s | log |\n| --- | --- | --- | --- |\n' "${STAGES[*]}" > "$SUMMARY"
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test | sanitize | train | kernels | bench) ;;
-    *) echo "unknown stage '$stage': expected prepare, test, sanitize, train, kernels or bench" >&2; exit 2 ;;
+    test | sanitize | train | kernels | bench | tp) ;;
+    *) echo "unknown stage '$stage': expected prepare, test, sanitize, train, kernels, bench or tp" >&2; exit 2 ;;
     esac
 done
 
@@ -240,6 +242,7 @@ for stage in "${STAGES[@]}"; do
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench) ;;
     bench) targets+=(build/bench_train_step) ;;
+    tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
@@ -268,6 +271,11 @@ for stage in "${STAGES[@]}"; do
         sanitize
         ;;
     sanitize) sanitize ;;
+    tp)
+        step test_cuda_host.log 30 build/test_cuda_host
+        step check_vocab_parallel.log 45 dev/cuda/build/vocab_parallel --check
+        step gpu_tp.log 420 test/gpu/run_gpu_tp_tests.sh build/test_tp_cuda ./train_gpt
+        ;;
     train)
         # the default run (d4) on the GPU and, for its first 20 steps, on the CPU: same seed and data,
         # and the same learning rates (20 steps are all warm-up, which does not depend on -x)

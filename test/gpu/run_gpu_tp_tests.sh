@@ -4,8 +4,8 @@
 #   1. build/test_tp_cuda with tp 2 (2 ranks) and dp 2 x tp 2 (4 ranks): ZeRO-0..3, sequence
 #      parallelism on and off, against the 1-rank CUDA model and the CPU model (test_tp_cuda.cu says
 #      what it checks);
-#   2. train_gpt through the trainer: --tp 2 with --sp 1 and --sp 0, and dp 2 x tp 2 at ZeRO-1 and
-#      ZeRO-3, reproduce the 1-rank loss curve on the same global batch within bf16 tolerance (2e-2
+#   2. train_gpt through the trainer: --tp 2 with --sp 1 and --sp 0 (and -r 3), and dp 2 x tp 2 at
+#      ZeRO-1 and ZeRO-3, reproduce the 1-rank loss curve on the same global batch within bf16 tolerance (2e-2
 #      relative per step, the data-parallel suite's limit); a tp run saves a model.bin of the 1-rank
 #      size; --plan accepts --tp;
 #   3. where the node has 2 GPUs, --tp 2 over NCCL reproduces it too (skipped, with a message, on one).
@@ -62,8 +62,9 @@ run tp2_sp1 2 16 --tp 2 --sp 1
 run tp2_sp0 2 16 --tp 2 --sp 0
 run dp2_tp2_z1 4 8 --tp 2 -z 1
 run dp2_tp2_z3 4 8 --tp 2 -z 3
+run tp2_r3 2 16 --tp 2 -r 3
 grep -q "mesh: 2 rank(s) = dp 1 x pp 1 x tp 2" "$dir/tp2_sp1.log" || { echo "FAIL the --tp 2 run did not print its mesh"; exit 1; }
-for name in tp2_sp1 tp2_sp0 dp2_tp2_z1 dp2_tp2_z3; do compare one "$name" 2e-2; done
+for name in tp2_sp1 tp2_sp0 dp2_tp2_z1 dp2_tp2_z3 tp2_r3; do compare one "$name" 2e-2; done
 compare tp2_sp1 tp2_sp0 2e-2
 size_one=$(stat -c %s "$dir/one/model.bin")
 size_tp=$(stat -c %s "$dir/tp2_sp1/model.bin")

@@ -16,7 +16,8 @@
 //     from the CPU run;
 //   - the final parameters, gathered whole (the model.bin a run would save): relative difference at
 //     most 2e-2 from the 1-rank CUDA run's, and bitwise identical on every rank;
-//   - sequence parallelism on and off: losses within 1e-2 of each other.
+//   - sequence parallelism on and off: losses within 1e-2 of each other;
+// and the losses of recomputation -r 2 and -r 3 (ZeRO-1, sequence parallel) within 1e-2 of 1 rank.
 // And once, with the 1-rank model's weights given to the tp model: evaluate() and next_token_logits
 // (7 tokens: not a multiple of tp, so sequence parallelism pads) agree within bf16 tolerance.
 // The model (2 layers, 2 heads of 32, vocabulary 250 padded to 256) divides by tp = 2; the last
@@ -45,7 +46,8 @@ namespace {
 
 constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
 
-RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size) {
+RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size,
+                      int recompute = 0) {
     RunConfig cfg;
     cfg.train_data = shard;
     cfg.val_data = "";
@@ -67,6 +69,7 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
     cfg.tp = tp;
     cfg.sequence_parallel = sp;
     cfg.gpu_comm = "mpi";
+    cfg.recompute = recompute;
     resolve_run_config(cfg, world_size, nullptr);
     return cfg;
 }
@@ -195,6 +198,21 @@ int main(int argc, char** argv) {
                 say(strformat("%s: with the same weights, evaluate() (%.5f vs %.5f) and next_token_logits (%.2g) "
                               "match 1 rank", what.c_str(), loss_tp, loss_one, logits_diff));
             }
+        }
+        // Recomputation under tensor parallelism: -r 2 recomputes the LayerNorms on the rank's rows,
+        // -r 3 re-runs whole blocks, with their gathers and reductions, inside backward.
+        for (int recompute : {2, 3}) {
+            const RunConfig cfg = make_config(shard, 1, W, tp, 1, BATCH, recompute);
+            ProcessGroups groups(*comm, cfg.dims);
+            const std::string what = strformat("dp %d x tp %d, ZeRO-1, sequence parallel on, -r %d", dp, tp, recompute);
+            BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
+            GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
+            check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+            const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
+            const double worst = worst_loss_difference(run.losses, reference.losses);
+            check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",
+                                           what.c_str(), worst));
+            say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
         }
     } catch (const std::exception& e) {
         check(false, e.what());
