@@ -142,8 +142,9 @@ struct CudaActivationLayout {
     // Assigns consecutive 256-byte aligned slices of `base`; with nullptr only total_bytes is set.
     CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base,
                          const TpShape& tp = {}) {
-        const size_t BT = (size_t)B * T, C = c.channels / tp.size, L = c.num_layers, NH = c.num_heads / tp.size;
-        const size_t Vp = c.padded_vocab_size / tp.size, CW = c.channels, n = tp.rows((int)BT);
+        const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size, L = c.num_layers;
+        const size_t NH = c.num_heads / tp.size;
+        const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT);
         const bool split = tp.size > 1, sp = tp.sequence_parallel;
         const size_t chunk_rows = std::min(BT, (size_t)o.classifier_chunk_rows);
         const int r = (int)o.recompute;
@@ -161,44 +162,43 @@ struct CudaActivationLayout {
             take(t.base, kept ? L * stride : stride);
             t.layer_stride = kept ? stride : 0;
         };
-        // (C here is this rank's C_l, CW the model's whole width; they differ only under tp.)
-        take(encoded, n * CW);
-        layered(residual3, n * CW, true);
-        layered(residual2, n * CW, r < 3);
-        layered(ln1, n * CW, r < 2);
+        take(encoded, n * C);
+        layered(residual3, n * C, true);
+        layered(residual2, n * C, r < 3);
+        layered(ln1, n * C, r < 2);
         layered(ln1_mean, n, r < 3);
         layered(ln1_rstd, n, r < 3);
-        layered(qkv, BT * 3 * C, r < 3);
-        layered(atty, BT * C, r < 3);
+        layered(qkv, BT * 3 * Cl, r < 3);
+        layered(atty, BT * Cl, r < 3);
         layered(lse, NH * BT, r < 3);
-        layered(ln2, n * CW, r < 2);
+        layered(ln2, n * C, r < 2);
         layered(ln2_mean, n, r < 3);
         layered(ln2_rstd, n, r < 3);
-        layered(fch, BT * 4 * C, r < 3);
-        layered(fch_gelu, BT * 4 * C, r < 1);
-        take(lnf, n * CW);
+        layered(fch, BT * 4 * Cl, r < 3);
+        layered(fch_gelu, BT * 4 * Cl, r < 1);
+        take(lnf, n * C);
         take(lnf_mean, n);
         take(lnf_rstd, n);
         take(logits, chunk_rows * Vp);
         take(row_loss, BT);
         take(inputs, BT);
         take(targets, BT);
-        take(dresidual, n * CW);
-        take(dC, BT * CW);
-        take(d3C, BT * 3 * C);
-        take(d4C, BT * 4 * C);
-        size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)C),
-                                          matmul_backward_scratch_floats((int)BT, 3 * (int)C),
-                                          matmul_backward_scratch_floats((int)BT, (int)CW),
-                                          layernorm_backward_scratch_floats((int)BT, (int)CW),
+        take(dresidual, n * C);
+        take(dC, BT * C);
+        take(d3C, BT * 3 * Cl);
+        take(d4C, BT * 4 * Cl);
+        size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)Cl),
+                                          matmul_backward_scratch_floats((int)BT, 3 * (int)Cl),
+                                          matmul_backward_scratch_floats((int)BT, (int)C),
+                                          layernorm_backward_scratch_floats((int)BT, (int)C),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
         take(scratch, scratch_floats);
-        take(full, sp ? BT * CW : 0);
-        take(partial, split ? BT * CW : 0);
-        take(dfull, sp ? BT * CW : 0);
-        take(dln, sp ? n * CW : 0);
+        take(full, sp ? BT * C : 0);
+        take(partial, split ? BT * C : 0);
+        take(dfull, sp ? BT * C : 0);
+        take(dln, sp ? n * C : 0);
         take(ce_stats, split ? chunk_rows * 3 * tp.size : 0);
-        take(dln_weights, sp ? 4 * CW : 0);
+        take(dln_weights, sp ? 4 * C : 0);
     }
 };
 
