@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -218,4 +219,41 @@ TEST_CASE("the CUDA model's --plan accepts --tp (every rank's piece) and still r
     pipelined.pp = 2;
     resolve_run_config(pipelined, 4, nullptr);
     CHECK_THROWS_WITH(CudaBackend::plan_report(pipelined), Catch::Contains("--pp 2"));
+}
+
+namespace {
+// A stand-in for a tensor-parallel group of `size` ranks on device buffers: enough for the model's
+// shape checks, which run before anything else (every collective fails).
+class ShapeOnlyComm : public Communicator {
+public:
+    explicit ShapeOnlyComm(int size) : size_(size) {}
+    int rank() const override { return 0; }
+    int world_size() const override { return size_; }
+    const char* backend() const override { return "shape-only"; }
+    bool uses_device_buffers() const override { return true; }
+    CommHandle all_reduce_sum(void*, size_t, CommDtype) override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle reduce_scatter_sum(const void*, void*, size_t, CommDtype) override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle all_gather(const void*, void*, size_t, CommDtype) override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle broadcast(void*, size_t, int) override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle barrier() override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle send(const void*, size_t, int) override { fail("ShapeOnlyComm: no collectives"); }
+    CommHandle recv(void*, size_t, int) override { fail("ShapeOnlyComm: no collectives"); }
+    std::unique_ptr<Communicator> split(int, int) override { fail("ShapeOnlyComm: no collectives"); }
+
+private:
+    int size_;
+};
+}  // namespace
+
+TEST_CASE("the CUDA model refuses a --tp its heads or its vocabulary slices cannot take, before touching the GPU") {
+    ModelConfig c = model_preset("d4");  // 4 heads of 64
+    ShapeOnlyComm three(3), two(2);
+    TensorParallelGroup tp;
+    tp.comm = &three;
+    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16, {}, {}, tp), Catch::Contains("--tp 3 must be a positive divisor of num_heads (4)"));
+    c.vocab_size = 500;
+    c.padded_vocab_size = 520;  // a multiple of 8, but 260 per rank is not
+    tp.comm = &two;
+    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16, {}, {}, tp),
+                      Catch::Contains("padded_vocab_size (520) must be a multiple of 8 x --tp 2"));
 }
