@@ -147,6 +147,7 @@ public:
             auto start = std::chrono::steady_clock::now();
             flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
             const DataLoaderState data_at = train_.state();  // where this step's batches come from
+            model_.take_exposed_comm_ms();  // the step's own: not validation's or sampling's waits
             model_.zero_grad();
             // The step's micro-batches, read first: a pipeline runs them in its own order.
             const size_t BT = (size_t)B * T;
