@@ -53,20 +53,6 @@ grep -q "pipeline: 2 stage(s), interleaved schedule (2 chunks per rank), 4 micro
     { echo "FAILED: --plan with --pp"; cat "$dir/plan.log"; exit 1; }
 echo "ok --plan 4 --pp 2 --pp-schedule interleaved: every stage's memory, the bubble (10.0%) and the schedule"
 
-# "step loss norm" for every training record of a metrics.jsonl (keys are written sorted).
-curve() { grep '"train_loss"' "$1" | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
-# same_curve A B WHAT: every step of B is in A with the loss within 1e-5 and the norm within 1e-4 relative.
-same_curve() {
-    local expected
-    expected=$(curve "$2" | wc -l)
-    if ! join <(curve "$1") <(curve "$2") | awk -v n="$expected" '
-        function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
-        { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
-        END { exit !(count == n && n > 0 && bad == 0) }'; then
-        echo "FAILED: $3: the curves differ"; exit 1
-    fi
-}
-
 # The same run on 1 rank and on a pp = 2 pipeline: the same curve.
 "${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 8 -n 4 -o "$dir/one" >"$dir/one.log"
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -x 8 -n 4 --pp 2 -o "$dir/pp2" >"$dir/pp2.log"
