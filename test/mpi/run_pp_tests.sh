@@ -7,7 +7,8 @@
 #      --pp-print-schedule print the stages and the schedule; a pp = 2 run prints the same losses as
 #      1 rank; checkpoints written at pp = 2 resume as 1 rank, dp 2 x pp 2, pp 2 x tp 2, pp 4 and
 #      dp 2 x pp 2 interleaved (and one written on 1 rank as pp 2) and continue the uninterrupted run;
-#   3. a stage that dies mid-schedule: the other ranks report it and exit, no hang.
+#   3. a NaN in the last stage's copy of the tied embedding's gradient skips the step everywhere;
+#   4. a stage that dies mid-schedule: the other ranks report it and exit, no hang.
 #   test/mpi/run_pp_tests.sh build/test_pp ./train_gpt_cpu
 set -euo pipefail
 
@@ -84,6 +85,16 @@ resume 4 2 2 3 pp2
 resume 4 4 1 0 pp2
 resume 4 2 1 2 pp2 --pp-schedule interleaved --pp-virtual 2
 resume 2 2 1 0 one
+
+# A NaN in the last stage's gradient (nan_grad@3:1 poisons the first element of its first bucket:
+# its copy of the tied embedding, which the norm counts on the first stage) still skips step 3 on
+# every rank, and the run goes on to a finite model.
+"${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -x 6 --pp 2 --faults nan_grad@3:1 -v 3 -j "$shard" -o "$dir/nan" \
+    >"$dir/nan.log" 2>&1 || { echo "FAILED: a NaN in a stage's copy"; cat "$dir/nan.log"; exit 1; }
+grep -q "guard: step 3 update skipped: non-finite gradient norm" "$dir/nan.log" &&
+    grep -q "val loss [0-9.]* (after 6 steps)" "$dir/nan.log" ||
+    { echo "FAILED: a NaN in the last stage's copy of wte was not skipped"; cat "$dir/nan.log"; exit 1; }
+echo "ok a NaN in the last stage's copy of the tied embedding: step 3 skipped on every rank, the run ends finite"
 
 # A stage that dies mid-schedule (rank 1 killed in step 3): the others see it through the heartbeat
 # or a timed-out message, report, and the launch ends non-zero well before mpirun's own timeout.
