@@ -7,8 +7,9 @@
 #      --pp-print-schedule print the stages and the schedule; a pp = 2 run prints the same losses as
 #      1 rank; checkpoints written at pp = 2 resume as 1 rank, dp 2 x pp 2, pp 2 x tp 2, pp 4 and
 #      dp 2 x pp 2 interleaved (and one written on 1 rank as pp 2) and continue the uninterrupted run;
-#   3. a NaN in the last stage's copy of the tied embedding's gradient skips the step everywhere;
-#   4. a stage that dies mid-schedule: the other ranks report it and exit, no hang.
+#   3. the local checkpoint tier on a pp 2 x tp 2 mesh, a node's directory lost;
+#   4. a NaN in the last stage's copy of the tied embedding's gradient skips the step everywhere;
+#   5. a stage that dies mid-schedule: the other ranks report it and exit, no hang.
 #   test/mpi/run_pp_tests.sh build/test_pp ./train_gpt_cpu
 set -euo pipefail
 
@@ -41,8 +42,6 @@ expect_failure "an interleaved schedule whose micro-batches pp does not divide" 
     -np 1 "$trainer" "${common[@]}" -x 1 --pp 2 --pp-schedule interleaved --pp-virtual 2 -d 192 --plan 2 -o "$dir/bad"
 expect_failure "--pp-virtual without the interleaved schedule" "\-\-pp-virtual 2 needs \-\-pp-schedule interleaved" \
     -np 1 "$trainer" "${common[@]}" -x 1 --pp 2 --pp-virtual 2 --plan 2 -o "$dir/bad"
-expect_failure "the local checkpoint tier, not yet for pipeline stages" "local-ckpt-every with \-\-tp 1 \-\-pp 2" \
-    -np 2 "$trainer" "${common[@]}" -x 1 --pp 2 --local-ckpt-every 1 -o "$dir/bad"
 
 # --plan prints one line per stage and the bubble; --pp-print-schedule every rank's actions.
 "$trainer" "${common[@]}" -x 1 --plan 4 --pp 2 --pp-schedule interleaved --pp-virtual 2 -d 512 --pp-print-schedule 1 \
@@ -85,6 +84,30 @@ resume 4 2 2 3 pp2
 resume 4 4 1 0 pp2
 resume 4 2 1 2 pp2 --pp-schedule interleaved --pp-virtual 2
 resume 2 2 1 0 one
+
+# The local checkpoint tier on a pp 2 x tp 2 mesh (2 ranks per node): killed in step 6, node 1's
+# directory lost, resumed from step 4's local checkpoint (its files from node 0's replicas), ZeRO-0
+# (each rank restores its owned part and its data-parallel group shares them): the uninterrupted curve.
+local_run() {  # local_run NAME [EXTRA...]
+    local name=$1
+    shift
+    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --pp 2 --tp 2 -z 0 --local-ckpt-every 4 --ranks-per-node 2 \
+        --local-ckpt-dir "$dir/local_$name" -o "$dir/local_$name.out" "$@"
+}
+local_run whole >"$dir/local_whole.log"
+local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
+rm -rf "$dir/local_killed/node_00001"
+local_run killed -y 1 >"$dir/local_resumed.log"
+grep -q "resumed from $dir/local_killed/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
+    { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
+same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at pp 2 x tp 2"
+echo "ok the local tier at pp 2 x tp 2: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
+# On another mesh the local files are not this run's pieces: skipped, named, and the run starts fresh.
+"${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 1 --pp 4 -z 0 --ranks-per-node 2 --local-ckpt-every 4 \
+    --local-ckpt-dir "$dir/local_killed" -o "$dir/local_other.out" -y 1 >"$dir/local_other.log"
+grep -q "skipping the local tier's ckpt_00000008: .*written at tp 2, pp 2 (layers 2,2) and this run is tp 1, pp 4" \
+    "$dir/local_other.log" || { echo "FAILED: the local tier on another mesh"; cat "$dir/local_other.log"; exit 1; }
+echo "ok the local tier on another mesh (pp 4): skipped with the reason, the run starts fresh"
 
 # A NaN in the last stage's gradient (nan_grad@3:1 poisons the first element of its first bucket:
 # its copy of the tied embedding, which the norm counts on the first stage) still skips step 3 on

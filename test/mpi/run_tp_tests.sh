@@ -32,8 +32,6 @@ expect_failure "a padded vocabulary that tp does not divide" "must divide the mo
     -np 1 "$trainer" "${common[@]}" -x 1 --num-heads 3 --channels 24 --plan 3 --tp 3 -o "$dir/bad"
 expect_failure "a sequence-parallel length that tp does not divide" "needs -t (seq_len) 31 divisible" \
     -np 2 "$trainer" "${common[@]}" -x 1 --tp 2 -b 1 -t 31 -d 62 -o "$dir/bad"
-expect_failure "the local checkpoint tier, not yet for tensor-parallel pieces" "local-ckpt-every with --tp 2" \
-    -np 2 "$trainer" "${common[@]}" -x 1 --tp 2 --local-ckpt-every 1 -o "$dir/bad"
 
 # The same run on 1 rank and on a tp = 2 group (sequence parallel): the same curve.
 "${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 8 -n 4 -o "$dir/one" >"$dir/one.log"
