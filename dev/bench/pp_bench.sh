@@ -10,6 +10,6 @@ make --no-print-directory build/pp_bench >/dev/null
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMP_NUM_THREADS=1
 for P in 2 4; do
-    echo "== $P stages ($(nproc) cores)"
+    echo "== $P stages ($(getconf _NPROCESSORS_ONLN) cores)"
     mpirun --oversubscribe -np "$P" build/pp_bench "${1:-3}"
 done
