@@ -6,8 +6,9 @@
 #                     plan (test/check_scripts.sh), feed the trainer bad inputs
 #                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
-#                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests and the
-#                     bad-input suite (not part of make test: the build alone takes minutes)
+#                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests, the
+#                     bad-input suite and the pipeline and tensor-parallel test under mpirun (not part
+#                     of make test: the build alone takes minutes)
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
@@ -147,9 +148,14 @@ $(SAN_DIR)/%.o: %.cpp | deps
 $(SAN_DIR)/test/catch_impl.o: SAN_FLAGS := -O1
 $(SAN_DIR)/test_llmc: $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.o)
 	$(CXX) $^ -o $@ $(LDFLAGS) -fsanitize=address,undefined
-test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc data
+# The pipeline and tensor-parallel paths run only with several ranks: test_pp under mpirun, sanitized.
+$(SAN_DIR)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SAN_FLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(SAN_FLAGS) $(MPI_LIBS)
+test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp data
 	$(SAN_ENV) $(SAN_DIR)/test_llmc
 	$(SAN_ENV) test/bad_inputs/run_bad_input_tests.sh $(SAN_DIR)/train_gpt_cpu
+	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp
 
 # The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
 $(BUILD)/headers.ok: $(HEADERS) test/check_headers.sh | deps
@@ -176,6 +182,10 @@ $(BUILD)/test_tp: test/mpi/test_tp.cpp test/mpi/mpi_test_util.h $(HEADERS) | dep
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 $(BUILD)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+# The pipeline bubble benchmark (dev/bench/pp_bench.sh): under mpirun, not part of make test.
+$(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The checkpoint benchmark (dev/bench/ckpt_bench.sh): host only, single process, not part of make test.

@@ -583,10 +583,6 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.fingerprint_every >= 0, strformat("--fingerprint-every must be >= 0, got %d", cfg.fingerprint_every));
     require(cfg.local_ckpt_every >= 0, strformat("--local-ckpt-every must be >= 0, got %d", cfg.local_ckpt_every));
     require(cfg.local_ckpt_every == 0 || !cfg.local_ckpt_dir.empty(), "--local-ckpt-every needs a --local-ckpt-dir");
-    require((cfg.tp == 1 && cfg.pp == 1) || cfg.local_ckpt_every == 0,
-            strformat("--local-ckpt-every with --tp %d --pp %d: the local tier restores each rank from its own file, "
-                      "which does not yet work for tensor- or pipeline-parallel pieces; use the shared checkpoints "
-                      "(-n)", cfg.tp, cfg.pp));
     require(cfg.local_ckpt_keep >= 1, strformat("--local-ckpt-keep must be >= 1, got %d", cfg.local_ckpt_keep));
     require(cfg.ranks_per_node >= 0, strformat("--ranks-per-node must be >= 0, got %d", cfg.ranks_per_node));
     require(cfg.ranks_per_node == 0 || world_size % cfg.ranks_per_node == 0,

@@ -147,6 +147,7 @@ public:
             auto start = std::chrono::steady_clock::now();
             flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
             const DataLoaderState data_at = train_.state();  // where this step's batches come from
+            model_.take_exposed_comm_ms();  // the step's own: not validation's or sampling's waits
             model_.zero_grad();
             // The step's micro-batches, read first: a pipeline runs them in its own order.
             const size_t BT = (size_t)B * T;
@@ -325,7 +326,7 @@ private:
         if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
         if (!point) return false;
         const Manifest& m = point->manifest;
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &dp_);
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
@@ -467,7 +468,7 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &dp_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);

@@ -412,7 +412,7 @@ private:
         try {
             for (const std::string& e : all_gather_strings(comm, error))
                 if (!e.empty() && error.empty()) error = "another rank could not prepare its checkpoint directory";
-            ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank));
+            ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank), tier.local());
             if (error.empty()) {
                 try {
                     const bool inject = faults().at("ckpt_fail", t.step, rank);  // faults.h: a full disk
@@ -493,6 +493,7 @@ private:
             m.world_size = (int)outcomes.size();
             m.tp = cfg_.dims.tp;
             m.pp = cfg_.dims.pp;
+            if (cfg_.dims.pp > 1) m.pp_layers = pipeline_split(cfg_).describe();
             m.zero_stage = cfg_.zero_stage;
             m.model = cfg_.model_config;
             m.run_config = run_config_;
@@ -757,9 +758,10 @@ inline std::optional<ResumePoint> check_shared_checkpoint(const std::string& dir
 
 // A local-tier checkpoint: every rank checks its node's directory: the marker and manifest, its
 // own file, and the replica it keeps of the previous node's rank. Usable when every rank's file
-// is somewhere: its own copy, or its replica on the next node. Collective.
+// is somewhere: its own copy, or its replica on the next node, and when it was written on the same
+// mesh: each rank restores from its own file, which holds its own piece of the model. Collective.
 inline std::optional<ResumePoint> check_local_checkpoint(int step, const CheckpointTier& tier, Communicator& world,
-                                                         std::string* problems) {
+                                                         const RunConfig& cfg, std::string* problems) {
     const int rank = world.rank(), W = world.world_size(), rpn = tier.ranks_per_node;
     const std::string dir = tier.dir(step, rank);
     Manifest m;
@@ -768,6 +770,12 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
     if (why.empty() && m.world_size != W)
         why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
                         "ranks; the shared tier on any)", dir.c_str(), m.world_size, W);
+    const std::string layers = cfg.dims.pp > 1 ? pipeline_split(cfg).describe() : "";
+    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers))
+        why = strformat("'%s' was written at tp %d, pp %d (layers %s) and this run is tp %d, pp %d (layers %s): the "
+                        "local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp, m.pp,
+                        m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), cfg.dims.tp, cfg.dims.pp,
+                        layers.empty() ? "-" : layers.c_str());
     if (why.empty()) {
         why = file_problem(dir, m.files[rank]);
         own = why.empty();
@@ -851,7 +859,7 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
     for (const auto& [step, is_local] : candidates) {
         std::string problems;
         std::optional<ResumePoint> point =
-            is_local ? detail::check_local_checkpoint(step, *local, world, &problems)
+            is_local ? detail::check_local_checkpoint(step, *local, world, cfg, &problems)
                      : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared, world, &problems);
         if (point) return point;
         if (world.rank() == 0)
@@ -936,8 +944,10 @@ inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
 // them. The shared tier is read by every rank from whichever files hold what it needs; the local
 // tier (collective over `world`, which it needs) by each rank from its own file only, the ranges
 // other ranks own arriving by all-gather.
+// dp: the ranks that hold the same layout (the data-parallel group; null: world), among which a
+// local-tier restore shares what each read from its own file.
 inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout,
-                            Communicator* world = nullptr) {
+                            Communicator* world = nullptr, Communicator* dp = nullptr) {
     const bool local = p.tier.local();
     if (local && !world) fail("load_checkpoint: the local tier needs the world communicator");
     Manifest own_only;
@@ -962,7 +972,8 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
             state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
             continue;
         }
-        // Every rank holds whole ranges here (the same ones on every rank): each sends its part.
+        // Every rank holds whole ranges here (the same ones on every rank of its data-parallel
+        // group, which holds the same layout): each sends its part.
         state.restore(i, [&](FlatRange r, float* out) {
             std::string part(2 * sizeof(uint64_t), '\0');
             for (const FlatRange& o : owned) {
@@ -974,7 +985,7 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
                 reader.read(source, {lo, hi}, reinterpret_cast<float*>(part.data() + 2 * sizeof(uint64_t)));
             }
             size_t covered = 0;
-            for (const std::string& q : all_gather_strings(*world, part)) {
+            for (const std::string& q : all_gather_strings(dp ? *dp : *world, part)) {
                 uint64_t lo, hi;
                 std::memcpy(&lo, q.data(), sizeof lo);
                 std::memcpy(&hi, q.data() + sizeof lo, sizeof hi);

@@ -74,6 +74,7 @@ struct Manifest {
     int world_size = 1;       // of the run that wrote it
     int tp = 1;               // its tensor-parallel ranks
     int pp = 1;               // its pipeline stages (its data-parallel ranks: world_size / (tp pp))
+    std::string pp_layers;    // layers per virtual pipeline stage, "2,2" ("": one stage)
     int zero_stage = 0;
     ModelConfig model;
     nlohmann::json run_config;  // the writing run's config.json
@@ -132,8 +133,11 @@ inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRan
 
 // What a rank's file holds, before its size and checksum are known: `buffers` in order, each the
 // rank's `owned` ranges back to back.
+// every_copy: list the replicas and stage copies too (the local tier, where each rank restores
+// from its own file alone), not only the primary copies (the shared tier, read as one whole).
 inline ManifestFile describe_rank_file(const ParamLayout& layout, const std::vector<StateBuffer>& buffers,
-                                       const std::vector<FlatRange>& owned, int rank, const std::string& path) {
+                                       const std::vector<FlatRange>& owned, int rank, const std::string& path,
+                                       bool every_copy = false) {
     ManifestFile f;
     f.rank = rank;
     f.path = path;
@@ -146,8 +150,8 @@ inline ManifestFile describe_rank_file(const ParamLayout& layout, const std::vec
                 // wpe, some biases) whole and equal, and the last pipeline stage a copy of the tied
                 // embedding; the file keeps this rank's copy where its snapshot put it, but only
                 // the primary copy is listed (ParamLayout::is_primary), so each element is
-                // described once.
-                if (layout.is_primary(p.tensor))
+                // described once (in the whole checkpoint; in a local-tier file, once in the file).
+                if (every_copy || layout.is_primary(p.tensor))
                     mb.slices.push_back({p.tensor, p.begin, p.end, at, p.run, p.stride});
                 at += p.size() * state_dtype_bytes(b.dtype);
             }
@@ -190,6 +194,7 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"world_size", m.world_size},
             {"tp", m.tp},
             {"pp", m.pp},
+            {"pp_layers", m.pp_layers},
             {"zero_stage", m.zero_stage},
             {"model", model_config_json(m.model)},
             {"run_config", m.run_config},
@@ -287,6 +292,7 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
     m.world_size = rd.int_at(j, "world_size", "manifest");
     m.tp = j.contains("tp") ? rd.int_at(j, "tp", "manifest") : 1;  // version 1 had no tensor parallelism
     m.pp = j.contains("pp") ? rd.int_at(j, "pp", "manifest") : 1;  // nor did it have pipelines
+    if (j.contains("pp_layers")) m.pp_layers = rd.string_at(j, "pp_layers", "manifest");
     m.zero_stage = rd.int_at(j, "zero_stage", "manifest");
     const nlohmann::json& model = rd.at(j, "model", "manifest");
     m.model.max_seq_len = rd.int_at(model, "max_seq_len", "model");

@@ -7,8 +7,7 @@
 // also each member's rank inside the group. Pure arithmetic: no communicator, no MPI, so it is
 // unit-tested alone; process_groups.h turns it into communicators.
 //
-// Only data parallelism exists today (tp = pp = cp = 1); the other sizes are room for tensor,
-// pipeline and context parallelism.
+// Data, pipeline and tensor parallelism run today (--tp, --pp); cp is room for context parallelism.
 #pragma once
 
 #include <array>
@@ -46,7 +45,7 @@ struct ParallelDims {
     int pp = 1;  // pipeline parallel: consecutive layers on different ranks
     int cp = 1;  // context parallel: one sequence split over ranks
 
-    // Every rank in data parallelism, the only kind there is today.
+    // Every rank in data parallelism (resolve_run_config then sets tp and pp).
     static ParallelDims data_parallel(int world_size) {
         ParallelDims dims;
         dims.dp = world_size;

@@ -1,10 +1,12 @@
-// pipeline_schedule.h: pipeline-parallel schedules as plain lists of actions, one list per rank.
+// pipeline_schedule.h: how a pipeline cuts the layers (PipelineSplit) and the order each rank runs
+// its passes in (PipeSchedule: plain lists of actions, one list per rank). GPT2CPU::run_schedule
+// executes them.
 //
 // The idea: with pipeline parallelism the model's layers are cut into stages on different ranks, and
 // the step's m micro-batches flow through them: forward from the first stage to the last, backward
 // back. A schedule says, for each rank, in which order it runs its (forward or backward, micro-batch,
-// chunk) actions. It is only data, so it is printed (--pp-print-schedule, once the trainer runs
-// pipelines) and checked here without a model: every micro-batch's forward on a stage comes after
+// chunk) actions. It is only data, so it is printed (--pp-print-schedule) and checked here without
+// a model: every micro-batch's forward on a stage comes after
 // the previous stage's, its backward after the next stage's and after its own forward, and a
 // simulation of the ranks exchanging activations and gradients finishes (no rank waits on a message
 // that is never sent).

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -353,8 +354,11 @@ public:
         }
         std::vector<double> sums = {0.0, 0.0};  // cut tensors, replicated tensors
         for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
-            if (layout_.is_stage_copy(seg.tensor)) return;
-            sums[layout_.is_split(seg.tensor) ? 0 : 1] += mem_.sum_squares(grad_for_update(k, lo), hi - lo);
+            const double squares = mem_.sum_squares(grad_for_update(k, lo), hi - lo);
+            // A stage's copy counts once, on the stage that holds the original; but a non-finite
+            // value in the copy (which AdamW would apply here alone) still makes the norm non-finite.
+            if (layout_.is_stage_copy(seg.tensor) && std::isfinite(squares)) return;
+            sums[layout_.is_split(seg.tensor) ? 0 : 1] += squares;
         });
         if (plan_.shards_optimizer()) {
             const std::vector<double> all = all_gather_doubles(host_comm(), sums);

@@ -2,6 +2,7 @@
 #   mpirun        an array: timeout 300 mpirun --oversubscribe (as root, with Open MPI's consent)
 #   dir           a scratch directory, removed on exit
 #   expect_failure WHAT PATTERN MPIRUN_ARGS...   the launch must exit non-zero with PATTERN on stderr
+#   curve METRICS / same_curve A B WHAT           a run's training curve, and two runs' compared
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMP_NUM_THREADS=1  # ranks share the cores
 mpirun=(timeout 300 mpirun --oversubscribe)
@@ -17,4 +18,18 @@ expect_failure() {
         echo "FAILED: $what: exit code $rc, stderr:"; cat "$dir/err"; exit 1
     fi
     echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
+}
+
+# "step loss norm" for every training record of a metrics.jsonl (keys are written sorted).
+curve() { grep '"train_loss"' "$1" | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
+# same_curve A B WHAT: every step of B is in A with the loss within 1e-5 and the norm within 1e-4 relative.
+same_curve() {
+    local expected
+    expected=$(curve "$2" | wc -l)
+    if ! join <(curve "$1") <(curve "$2") | awk -v n="$expected" '
+        function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
+        { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
+        END { exit !(count == n && n > 0 && bad == 0) }'; then
+        echo "FAILED: $3: the curves differ"; exit 1
+    fi
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,23 @@ inline RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* wor
     r.params.resize(num_params(cfg.model_config));
     model.get_whole_params(r.params.data());
     return r;
+}
+
+// Checks a run against the 1-rank reference: every loss within 1e-5 relative, the final whole
+// parameters within 1e-4, and the same whole parameters on every rank of `world`. Returns the
+// worst loss difference and the parameters' difference, for the "ok" line.
+inline std::pair<double, double> check_matches_reference(const RunResult& run, const RunResult& reference,
+                                                         Communicator& world, const std::string& what) {
+    const double worst = worst_loss_difference(run.losses, reference.losses);
+    check(worst <= 1e-5, strformat("%s: loss differs from 1 rank by %.3g relative (limit 1e-5)", what.c_str(), worst));
+    const double params_diff = relative_difference(run.params, reference.params);
+    check(params_diff <= 1e-4,
+          strformat("%s: final parameters differ from 1 rank by %.3g relative", what.c_str(), params_diff));
+    std::vector<float> rank0 = run.params;
+    world.broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
+    check(std::memcmp(rank0.data(), run.params.data(), rank0.size() * sizeof(float)) == 0,
+          what + ": ranks gathered different whole models");
+    return {worst, params_diff};
 }
 
 // One "ok" line, printed by rank 0.

@@ -123,7 +123,7 @@ for case in "4 1 2 1" "2 1 3 1" "1 0 4 0" "4 1 4 3" "4 3 2 1"; do
     cp -r "$dir/ref_${from_np}_${from_z}/ckpt_00000012" "$out/"
     echo "-- $from_np rank(s) ZeRO-$from_z -> $np rank(s) ZeRO-$z"
     run "$np" "$out" -z "$z" -y 1
-    grep -q "resumed from $out/ckpt_00000012: step 12, written by $from_np rank(s) (tp 1) at ZeRO-$from_z" "$out.log" ||
+    grep -q "resumed from $out/ckpt_00000012: step 12, written by $from_np rank(s) (pp 1, tp 1) at ZeRO-$from_z" "$out.log" ||
         { cat "$out.log"; fail "did not resume from ckpt_00000012"; }
     close_run "$dir/ref_${from_np}_${from_z}" "$out" 12 "$from_np/ZeRO-$from_z -> $np/ZeRO-$z"
 done

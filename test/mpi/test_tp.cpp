@@ -99,16 +99,7 @@ int main(int argc, char** argv) {
                                     memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
 
                 const RunResult run = train(cfg, groups.dp(), &groups.world(), model);
-                const double worst = worst_loss_difference(run.losses, reference.losses);
-                check(worst <= 1e-5,
-                      strformat("%s: loss differs from 1 rank by %.3g relative (limit 1e-5)", what.c_str(), worst));
-                const double params_diff = relative_difference(run.params, reference.params);
-                check(params_diff <= 1e-4, strformat("%s: final parameters differ from 1 rank by %.3g relative",
-                                                     what.c_str(), params_diff));
-                std::vector<float> rank0 = run.params;
-                comm->broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
-                check(std::memcmp(rank0.data(), run.params.data(), rank0.size() * sizeof(float)) == 0,
-                      what + ": ranks gathered different whole models");
+                const auto [worst, params_diff] = check_matches_reference(run, reference, *comm, what);
                 say(strformat("%s: planned bytes allocated; 20 losses match 1 rank (worst %.2g), final parameters "
                               "too (%.2g), the same on every rank",
                               what.c_str(), worst, params_diff));

@@ -7,6 +7,14 @@
 // are one flat buffer sized for max_B x max_T, cut per call by ActivationLayout. The lm-head logits
 // (B x T x Vp floats) stay readable after evaluate(); forward_backward turns them into dlogits in
 // place, inside the cross-entropy, while each row is still in cache.
+//
+// Parallelism, all of it optional and each a communicator the model is given: ZeRO over the
+// data-parallel group (zero.h), tensor and sequence parallelism over the tensor group (TensorParallel:
+// each layer's matrices cut, a few collectives per layer), and pipeline parallelism over the pipeline
+// group (PipelineParallel: this rank runs some chunks of consecutive layers, the first one with the
+// embedding, the last with the head). Forward and backward are written per chunk (forward_chunk,
+// backward_chunk); without a pipeline the model is one chunk of every layer, and with one,
+// run_schedule walks the step's schedule of chunk passes, messages between them.
 #pragma once
 
 #include <algorithm>
