@@ -90,13 +90,16 @@ struct CudaBackend {
     }
 
 private:
-    // The device communicator of this rank's group along `dim`: the world's where the group spans
-    // it, none (nullptr: the model's local one) for a group of one, else split from the world's with
-    // ProcessGroups' colour and key. Every rank makes the same splits in the same order (the mesh is
-    // the same everywhere), as a split is collective over the world.
+    // The device communicator of this rank's group along `dim`: none (nullptr: the model's local
+    // one) for a tensor-parallel group of one; the world's where the group spans it (so a one-rank
+    // launch with --gpu-comm nccl still runs its data-parallel collectives through NCCL, as a check
+    // of NCCL); none for another group of one; else split from the world's with ProcessGroups'
+    // colour and key. Every rank makes the same splits in the same order (the mesh is the same
+    // everywhere), as a split is collective over the world.
     static Communicator* device_group(BuiltModel& built, const ProcessGroups& groups, MeshDim dim) {
         const ParallelDims& dims = groups.dims();
         const int rank = groups.world().rank();
+        if (dims.size(dim) == 1 && dim != MeshDim::DP) return nullptr;
         if (dims.size(dim) == groups.world().world_size()) return built.device_comm.get();
         if (dims.size(dim) == 1) return nullptr;
         built.device_groups.push_back(built.device_comm->split(dims.group_id(dim, rank), dims.coord_of(rank)[dim]));
