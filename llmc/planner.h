@@ -36,11 +36,14 @@ struct MemoryPlan {
 // after the two projections; backward: the mirror, with the LayerNorm outputs gathered again) plus
 // the embedding's, the final norm's and the LayerNorm weight gradients' all-reduce; without it, 4
 // all-reduces per layer. Either way each row's cross-entropy statistics (3 floats) are all-gathered.
-inline double tensor_parallel_comm_bytes(const RunConfig& cfg) {
+// activation_bytes: the size of an activation element (4: the CPU model's fp32; 2: the CUDA model's
+// bf16); the statistics and the LayerNorm weight gradients travel in fp32 in both.
+inline double tensor_parallel_comm_bytes(const RunConfig& cfg, size_t activation_bytes = sizeof(float)) {
     const double tp = cfg.dims.tp;
     if (tp <= 1) return 0;
     const ModelConfig& m = cfg.model_config;
-    const double L = m.num_layers, C = m.channels, activation = (double)cfg.batch_size * cfg.seq_len * C * sizeof(float);
+    const double L = m.num_layers, C = m.channels;
+    const double activation = (double)cfg.batch_size * cfg.seq_len * C * activation_bytes;
     const double share = (tp - 1) / tp;  // of a gathered or scattered buffer, what one rank sends in a ring
     const double stats = (tp - 1) * (double)cfg.batch_size * cfg.seq_len * 3 * sizeof(float);
     if (!cfg.sequence_parallel) return (4 * L + 2) * 2 * share * activation + stats;
@@ -91,7 +94,8 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 2: plan.comm_bytes_per_rank = accum * grads + params; break;         // a reduce-scatter per micro-batch
     case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
     }
-    plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg) * accum;
+    // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
+    plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, precision.param_bytes) * accum;
     if (cfg.dims.pp > 1) {
         const PipelineSplit split = pipeline_split(cfg);
         size_t embedding = 0;  // the tied embedding's gradient floats this rank updates (and swaps)
