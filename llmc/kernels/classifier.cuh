@@ -22,6 +22,33 @@ namespace llmc {
 
 constexpr int CLASSIFIER_BLOCK_SIZE = 1024;
 
+// The block's online softmax over one row: the max of columns [0, real) of x (vectors 8-wide
+// vectors; the columns >= real inside them are masked) and the sum of exp(x - max) over them, both
+// returned to every thread. Each thread keeps a running (max, sum relative to it) and rescales once
+// per vector, not once per element; a row (or slice) without a real column gives -inf and 0.
+__device__ inline void row_softmax_stats(const floatX* x, int vectors, int real, float* shared, float* row_max,
+                                         float* row_sum) {
+    float thread_max = -INFINITY, thread_sum = 0.0f;  // thread_sum is relative to thread_max
+    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+        const x128 packed = load128(x + (size_t)i * x128::size);
+        float chunk_max = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++)
+            if (i * x128::size + k < real) chunk_max = fmaxf(chunk_max, (float)packed[k]);
+        if (chunk_max > thread_max) {
+            thread_sum *= expf(thread_max - chunk_max);
+            thread_max = chunk_max;
+        }
+#pragma unroll
+        for (int k = 0; k < x128::size; k++)
+            if (i * x128::size + k < real) thread_sum += expf((float)packed[k] - thread_max);
+    }
+    *row_max = block_reduce_max(thread_max, shared);
+    // A thread that saw no real column has thread_sum 0, and exp(-inf - -inf) would be NaN: it adds
+    // nothing rather than 0 * NaN.
+    *row_sum = block_reduce_sum(thread_sum > 0.0f ? thread_sum * expf(thread_max - *row_max) : 0.0f, shared);
+}
+
 
 // One block per row; Vp % 8 == 0, so every row starts 16-byte aligned and splits into whole 8-wide
 // vectors, and the columns >= V inside the last vectors are masked rather than handled by a tail.
@@ -38,25 +65,8 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
     if (threadIdx.x == 0 && target_valid) target_logit = (float)x[target];
 
     const int num_vecs = Vp / x128::size;
-    float thread_max = -INFINITY, thread_sum = 0.0f;  // thread_sum is relative to thread_max
-    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-        const x128 packed = load128(x + (size_t)i * x128::size);
-        float chunk_max = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < x128::size; k++)
-            if (i * x128::size + k < V) chunk_max = fmaxf(chunk_max, (float)packed[k]);
-        // Rescale once per vector, not once per element; a vector of padding never gets here.
-        if (chunk_max > thread_max) {
-            thread_sum *= expf(thread_max - chunk_max);
-            thread_max = chunk_max;
-        }
-#pragma unroll
-        for (int k = 0; k < x128::size; k++)
-            if (i * x128::size + k < V) thread_sum += expf((float)packed[k] - thread_max);
-    }
-    const float row_max = block_reduce_max(thread_max, shared);
-    // A thread that saw no column (V < 8 * blockDim.x) has thread_sum 0 and expf(-inf) = 0.
-    const float row_sum = block_reduce_sum(thread_sum * expf(thread_max - row_max), shared);
+    float row_max, row_sum;
+    row_softmax_stats(x, num_vecs, V, shared, &row_max, &row_sum);
     if (threadIdx.x == 0) row_loss[row] = row_max + logf(row_sum) - target_logit;
     if (!write_dlogits) return;
 
@@ -107,27 +117,8 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
     __shared__ float shared[WARP_SIZE];
     const int row = blockIdx.x;
     const floatX* x = logits + (size_t)row * cols;
-    const int num_vecs = cols / x128::size;
-    float thread_max = -INFINITY, thread_sum = 0.0f;  // the online softmax of fused_classifier_kernel
-    for (int i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-        const x128 packed = load128(x + (size_t)i * x128::size);
-        float chunk_max = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < x128::size; k++)
-            if (i * x128::size + k < real) chunk_max = fmaxf(chunk_max, (float)packed[k]);
-        if (chunk_max > thread_max) {
-            thread_sum *= expf(thread_max - chunk_max);
-            thread_max = chunk_max;
-        }
-#pragma unroll
-        for (int k = 0; k < x128::size; k++)
-            if (i * x128::size + k < real) thread_sum += expf((float)packed[k] - thread_max);
-    }
-    const float row_max = block_reduce_max(thread_max, shared);
-    // A thread (or a whole slice) without real columns has thread_sum 0; exp(-inf - -inf) is NaN,
-    // so it adds nothing rather than 0 * NaN.
-    const float share = thread_sum > 0.0f ? thread_sum * expf(thread_max - row_max) : 0.0f;
-    const float row_sum = block_reduce_sum(share, shared);
+    float row_max, row_sum;
+    row_softmax_stats(x, cols / x128::size, real, shared, &row_max, &row_sum);
     if (threadIdx.x != 0) return;
     const int t = targets[row] - vocab_begin;
     stats[3 * (size_t)row + 0] = row_max;
