@@ -48,11 +48,7 @@ constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size,
                       int recompute = 0) {
-    RunConfig cfg;
-    cfg.train_data = shard;
-    cfg.val_data = "";
-    cfg.tokenizer = "";
-    cfg.vocab_size = 250;
+    RunConfig cfg = base_config(shard);
     cfg.num_layers = 2;
     cfg.num_heads = 2;
     cfg.channels = 64;
@@ -62,9 +58,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
     cfg.total_batch_tokens = 16 * SEQ;  // 16 sequences: dp = 1, 2 and 4 all divide it
     cfg.steps = STEPS;
     cfg.lr = 1e-3f;
-    cfg.warmup_steps = 2;
-    cfg.val_every = 0;
-    cfg.sample_every = 0;
     cfg.zero_stage = stage;
     cfg.tp = tp;
     cfg.sequence_parallel = sp;

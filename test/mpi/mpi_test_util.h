@@ -48,6 +48,21 @@ inline void write_shard(const std::string& path, int num_tokens) {
     out.commit();
 }
 
+// What every MPI test's run shares: the pseudo-text shard (write_shard) and its 250-token vocabulary,
+// no validation, no samples, no tokenizer, 2 warm-up steps. The caller sets the model, the batch, the
+// steps and the learning rate, then resolves.
+inline RunConfig base_config(const std::string& shard) {
+    RunConfig cfg;
+    cfg.train_data = shard;
+    cfg.val_data = "";
+    cfg.tokenizer = "";
+    cfg.vocab_size = 250;
+    cfg.warmup_steps = 2;
+    cfg.val_every = 0;
+    cfg.sample_every = 0;
+    return cfg;
+}
+
 // Norm of the difference over the norm of b (infinite if anything is not finite).
 inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
     double diff = 0, norm = 0;

@@ -38,11 +38,7 @@ namespace {
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int pp, int tp, int virtual_chunks,
                       const std::string& layers, int batch_size) {
-    RunConfig cfg;
-    cfg.train_data = shard;
-    cfg.val_data = "";
-    cfg.tokenizer = "";
-    cfg.vocab_size = 250;
+    RunConfig cfg = base_config(shard);
     cfg.num_layers = 8;
     cfg.num_heads = 4;
     cfg.channels = 36;
@@ -56,9 +52,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int p
     // changes its last bits; at 1e-2 this 8-layer model is chaotic enough to grow that past 1e-5 in
     // 20 steps, at 3e-3 it is not (and it still learns).
     cfg.lr = 3e-3f;
-    cfg.warmup_steps = 2;
-    cfg.val_every = 0;
-    cfg.sample_every = 0;
     cfg.zero_stage = stage;
     cfg.tp = tp;
     cfg.pp = pp;

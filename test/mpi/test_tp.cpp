@@ -33,11 +33,7 @@ using namespace llmc::mpi_test;
 namespace {
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int tp, int sp, int batch_size) {
-    RunConfig cfg;
-    cfg.train_data = shard;
-    cfg.val_data = "";
-    cfg.tokenizer = "";
-    cfg.vocab_size = 250;
+    RunConfig cfg = base_config(shard);
     cfg.num_layers = 3;
     cfg.num_heads = 4;
     cfg.channels = 36;
@@ -47,9 +43,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
     cfg.total_batch_tokens = 12 * 2 * 16;  // 24 sequences: dp = 1, 2 and 4 all divide it
     cfg.steps = 20;
     cfg.lr = 1e-2f;
-    cfg.warmup_steps = 2;
-    cfg.val_every = 0;
-    cfg.sample_every = 0;
     cfg.zero_stage = stage;
     cfg.tp = tp;
     cfg.sequence_parallel = sp;

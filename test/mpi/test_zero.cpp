@@ -30,11 +30,7 @@ using namespace llmc::mpi_test;
 namespace {
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int batch_size) {
-    RunConfig cfg;
-    cfg.train_data = shard;
-    cfg.val_data = "";
-    cfg.tokenizer = "";
-    cfg.vocab_size = 250;
+    RunConfig cfg = base_config(shard);
     cfg.num_layers = 3;  // with 35 channels: 55055 parameters, odd and not a multiple of 3
     cfg.num_heads = 5;
     cfg.channels = 35;
@@ -44,9 +40,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int b
     cfg.total_batch_tokens = 12 * 2 * 16;  // 12 sequences: 1, 2, 3 and 4 ranks all divide it
     cfg.steps = 20;
     cfg.lr = 1e-2f;
-    cfg.warmup_steps = 2;
-    cfg.val_every = 0;
-    cfg.sample_every = 0;
     cfg.zero_stage = stage;
     resolve_run_config(cfg, world_size, nullptr);
     return cfg;
