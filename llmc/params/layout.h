@@ -382,4 +382,13 @@ inline void copy_between_layouts(const ParamLayout& whole, float* whole_buf, con
     }
 }
 
+// A rank's piece (`piece`) of a whole-model buffer `buf` (in `whole`'s layout): the buffer itself,
+// moved, when the piece is the whole model; else a new buffer in the piece's layout.
+inline std::vector<float> piece_of_whole(const ParamLayout& whole, std::vector<float>& buf, const ParamLayout& piece) {
+    if (piece.is_whole()) return std::move(buf);
+    std::vector<float> out(piece.num_params);
+    copy_between_layouts(whole, buf.data(), piece, out.data(), true);
+    return out;
+}
+
 }  // namespace llmc

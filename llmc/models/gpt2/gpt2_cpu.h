@@ -168,7 +168,7 @@ public:
           pipe_(checked_pipeline(config, pp, pipe)),
           layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
                                      GPT2Params::stage_slice(pipe_.split, pp.rank()))),
-          stage_(stage_shape(config, pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
+          stage_(stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
           engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -194,8 +194,8 @@ public:
     GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
     // What pipeline rank `rank` runs and holds (the whole model without a pipeline).
-    static StageShape stage_shape(const ModelConfig& c, const PipelineParallel& pipe, int rank) {
-        const PipelineSplit& split = pipe.split.layers.empty() ? whole_split(c) : pipe.split;
+    static StageShape stage_shape(const PipelineParallel& pipe, int rank) {
+        const PipelineSplit& split = pipe.split;  // empty (the default) is one stage too
         if (split.virtual_stages() == 1) return {};
         StageShape shape;
         shape.layers = (int)split.rank_layers(rank).size();
@@ -354,8 +354,6 @@ private:
         return p;
     }
 
-    // One stage: the model's layers in one chunk, with the embedding and the head.
-    static PipelineSplit whole_split(const ModelConfig& c) { return make_pipeline_split(c.num_layers, 1, 1); }
     static PipelineParallel checked_pipeline(const ModelConfig& c, Communicator& pp, PipelineParallel pipe) {
         if (pipe.split.layers.empty()) pipe.split = make_pipeline_split(c.num_layers, pp.world_size(), 1);
         const PipelineSplit& s = pipe.split;
@@ -374,12 +372,7 @@ private:
 
     // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
     const ParamLayout& whole_layout() const { return layout_.is_whole() ? layout_ : whole_layout_; }
-    std::vector<float> piece_of(std::vector<float>& whole) const {
-        if (layout_.is_whole()) return std::move(whole);
-        std::vector<float> piece(layout_.num_params);
-        copy_between_layouts(whole_layout(), whole.data(), layout_, piece.data(), true);
-        return piece;
-    }
+    std::vector<float> piece_of(std::vector<float>& whole) const { return piece_of_whole(whole_layout(), whole, layout_); }
 
     // Parameters and gradients are reached only through the bucket view (zero.h), so the model
     // never knows how they are sharded.

@@ -459,12 +459,7 @@ private:
 
     // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
     const ParamLayout& whole_layout() const { return layout_.is_whole() ? layout_ : whole_layout_; }
-    std::vector<float> piece_of(std::vector<float>& whole) const {
-        if (layout_.is_whole()) return std::move(whole);
-        std::vector<float> piece(layout_.num_params);
-        copy_between_layouts(whole_layout(), whole.data(), layout_, piece.data(), true);
-        return piece;
-    }
+    std::vector<float> piece_of(std::vector<float>& whole) const { return piece_of_whole(whole_layout(), whole, layout_); }
 
     void reset(const std::vector<float>& full, uint32_t sr_seed) {
         memory_.sr_seed = sr_seed;
