@@ -103,7 +103,7 @@ struct CpuBackend {
         ZeroPlan zero(stage_layout(cfg, tp_rank, pp_rank), cfg.zero_stage, dp_rank, cfg.dims.dp);
         std::vector<BufferSpec> buffers =
             GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
-                                  GPT2CPU::stage_shape(pipeline_of(cfg), pp_rank));
+                                  pipeline_stage_shape(pipeline_of(cfg), pp_rank));
         return plan_memory(cfg, zero, buffers, HostMemory::precision, pp_rank);
     }
 };

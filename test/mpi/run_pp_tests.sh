@@ -67,6 +67,13 @@ PY
     { echo "FAILED: the pp 2 run's model.bin is not the 1-rank run's"; exit 1; }
 echo "ok the trainer at pp 2 reproduces 1 rank's losses, gradient norms and model.bin for 8 steps"
 
+# GPT-2's vocabulary: the tied embedding's gradient (50304 x 32 floats) outgrows the first stage's
+# activation buffer, so its sum over the first and the last stage travels in pieces, as big as the
+# smaller of the two stages' buffers.
+"${mpirun[@]}" -np 1 "$trainer" "${common[@]}" --vocab-size 50257 -x 3 -o "$dir/one_gpt2_vocab" >"$dir/one_v.log"
+"${mpirun[@]}" -np 2 "$trainer" "${common[@]}" --vocab-size 50257 -x 3 --pp 2 -o "$dir/pp2_gpt2_vocab" >"$dir/pp2_v.log"
+same_curve "$dir/one_gpt2_vocab/metrics.jsonl" "$dir/pp2_gpt2_vocab/metrics.jsonl" "pp 2 with a 50257-token vocabulary"
+
 # Resume step 4's checkpoint onto other splits: steps 5-8 must continue the uninterrupted run.
 resume() {  # resume NP PP TP ZERO FROM [EXTRA...]
     local np=$1 pp=$2 tp=$3 zero=$4 from=$5 out="$dir/resume_$1_$2_$3_$4"

@@ -26,7 +26,7 @@
 
 #include "llmc/cpu/ops.h"
 #include "llmc/dist/host_memory.h"
-#include "llmc/dist/pipeline_schedule.h"
+#include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/model_file.h"
@@ -43,18 +43,6 @@ struct TensorParallel {
     bool sequence_parallel = false;
     // Token rows per rank of a batch of BT rows.
     int rows(int BT) const { return sequence_parallel ? BT / size : BT; }
-};
-
-// What part of the model a rank runs under pipeline parallelism, for sizing its activations: its
-// `layers` layers in `chunks` chunks, the embedding and the head where it runs the first and the last
-// virtual stage, and `slots` micro-batches' activations held at once (its schedule's peak; see
-// pipeline_schedule.h). The default is the whole model, one micro-batch at a time.
-struct StageShape {
-    int layers = -1;  // -1: all of the model's
-    int chunks = 1;
-    bool embedding = true, head = true;
-    bool pipelined = false;  // activations and their gradients travel between ranks
-    int slots = 1;
 };
 
 // Where each activation lives in the flat activation buffer for a call with B x T tokens. Per-layer
@@ -148,14 +136,7 @@ struct ActivationLayout {
     }
 };
 
-// How a model is cut over its pipeline group (pipeline_schedule.h): which layers each virtual stage
-// runs, and how many micro-batches a step's schedule has (which sets the activations held at once).
-struct PipelineParallel {
-    PipelineSplit split;      // empty: one stage, the whole model
-    int micro_batches = 1;
-};
-
-class GPT2CPU : public Model {
+class GPT2CPU : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
     // rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel); when
@@ -165,10 +146,10 @@ public:
             Communicator& pp = local_communicator(), const PipelineParallel& pipe = {})
         : config_(validated(config)), tp_comm_(tp),
           tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
-          pipe_(checked_pipeline(config, pp, pipe)),
+          pipe_(checked_pipeline("GPT2CPU", config.num_layers, pp, pipe)),
           layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
                                      GPT2Params::stage_slice(pipe_.split, pp.rank()))),
-          stage_(stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
+          stage_(pipeline_stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
           engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -178,13 +159,7 @@ public:
             fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T (%d) divisible by them", tp_.size, max_T));
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
-        // This rank's chunks: consecutive local layers, chunk after chunk (PipelineSplit::rank_layers).
-        const PipelineSplit& split = pipe_.split;
-        for (int c = 0, begin = 0; c < split.chunks; c++) {
-            const int v = c * split.stages + pp.rank();
-            chunks_.push_back({begin, begin + split.layers[v], v, v == 0, v == split.virtual_stages() - 1});
-            begin += split.layers[v];
-        }
+        chunks_ = pipeline_chunks(pipe_.split, pp.rank());
         // Activations and gradients travel on two communicators of the pipeline group, one per
         // direction, so each carries messages between two ranks in the same order as both post them.
         if (stage_.pipelined) pp_grads_ = pp.split(0, pp.rank());
@@ -193,20 +168,6 @@ public:
     // A single-rank model (stage 0, nothing to communicate).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
-    // What pipeline rank `rank` runs and holds (the whole model without a pipeline).
-    static StageShape stage_shape(const PipelineParallel& pipe, int rank) {
-        const PipelineSplit& split = pipe.split;  // empty (the default) is one stage too
-        if (split.virtual_stages() == 1) return {};
-        StageShape shape;
-        shape.layers = (int)split.rank_layers(rank).size();
-        shape.chunks = split.chunks;
-        shape.embedding = split.holds_first(rank);
-        shape.head = split.holds_last(rank);
-        shape.pipelined = true;
-        shape.slots = pipeline_activation_slots(
-            make_pipeline_schedule(split.stages, pipe.micro_batches, split.chunks), rank);
-        return shape;
-    }
     // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
     static size_t activation_floats(const ModelConfig& c, int max_B, int max_T, const TensorParallel& tp = {},
                                     const StageShape& stage = {}) {
@@ -304,7 +265,7 @@ public:
             else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
         }
         if (stage_.pipelined)
-            pp_wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
+            wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
     }
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
@@ -352,22 +313,6 @@ private:
             fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor or "
                  "pipeline parallelism)");
         return p;
-    }
-
-    static PipelineParallel checked_pipeline(const ModelConfig& c, Communicator& pp, PipelineParallel pipe) {
-        if (pipe.split.layers.empty()) pipe.split = make_pipeline_split(c.num_layers, pp.world_size(), 1);
-        const PipelineSplit& s = pipe.split;
-        int layers = 0;
-        for (int n : s.layers) layers += n;
-        if (s.stages != pp.world_size() || (int)s.layers.size() != s.virtual_stages() || layers != c.num_layers)
-            fail(strformat("GPT2CPU: the pipeline split (%d stage(s) x %d chunk(s), layers %s) does not fit a "
-                           "pipeline group of %d rank(s) and a model of %d layers",
-                           s.stages, s.chunks, s.describe().c_str(), pp.world_size(), c.num_layers));
-        if (s.chunks > 1 && s.stages == 1)
-            fail("GPT2CPU: an interleaved pipeline needs at least 2 stages (--pp-virtual > 1 with --pp 1)");
-        if (pipe.micro_batches < 1)
-            fail(strformat("GPT2CPU: a pipeline step needs at least 1 micro-batch, got %d", pipe.micro_batches));
-        return pipe;
     }
 
     // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
@@ -463,26 +408,54 @@ private:
     // scaled by grad_scale, ready for backward (Train), or only row logits_row's logits.
     enum class Pass { Evaluate, Train, LastLogits };
 
-    // ---- pipeline parallelism: the stages' messages ----
+    // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
 
-    // One of this rank's chunks: local layers [begin, end), run as virtual stage `vstage`, which is
-    // the first (runs the embedding) or the last (runs the final norm and the head) or neither.
-    struct Chunk {
-        int begin, end, vstage;
-        bool embedding, head;
-    };
     int last_stage_rank() const { return pipe_.split.rank_of(pipe_.split.virtual_stages() - 1); }
-    void pp_wait(CommHandle h) {
-        h.wait();
-        pp_wait_ms_ += h.wait_ms();
-        tp_exposed_ms_ += h.wait_ms();
-    }
     // The chunk's output: the residual stream after its last layer (this rank's rows of it).
-    float* chunk_output(const ActivationLayout& a, const Chunk& ch, int BT) const {
+    float* chunk_output(const ActivationLayout& a, const PipelineChunk& ch, int BT) const {
         return a.residual3 + (size_t)(ch.end - 1) * tp_.rows(BT) * config_.channels;
     }
     float* chunk_input(const ActivationLayout& a, int chunk, int BT) const {
         return a.inputs + (size_t)chunk * tp_.rows(BT) * config_.channels;
+    }
+    size_t message_bytes(int BT) const { return (size_t)tp_.rows(BT) * config_.channels * sizeof(float); }
+
+    // The step's micro-batches, for the PipelineStage calls below.
+    struct PipelineStep {
+        const int *inputs = nullptr, *targets = nullptr;
+        int B = 1, T = 1;
+        float grad_scale = 1.0f;
+    } step_;
+
+    // PipelineStage: the passes and buffers of the step under way (host memory, synchronous).
+    double pipeline_forward(int chunk, int mb, int slot) override {
+        const size_t at = (size_t)mb * step_.B * step_.T;
+        return forward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + at, step_.targets + at,
+                             step_.B, step_.T, Pass::Train, step_.grad_scale);
+    }
+    void pipeline_backward(int chunk, int mb, int slot, bool last_micro_batch) override {
+        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + (size_t)mb * step_.B * step_.T,
+                       step_.B, step_.T, last_micro_batch);
+    }
+    void* chunk_input(int chunk, int slot) override {
+        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.B * step_.T);
+    }
+    void* chunk_output(int chunk, int slot) override {
+        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.B * step_.T);
+    }
+    void* residual_grad() override { return activations(step_.B, step_.T, 0).dresidual; }
+    void* message_buffer(int which) override {
+        const ActivationLayout a = activations(step_.B, step_.T, 0);
+        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.B * step_.T) * config_.channels;
+    }
+    void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void add(float* into, const float* from, size_t count) override {
+        for (size_t i = 0; i < count; i++) into[i] += from[i];
+    }
+    void wait(CommHandle h) override {
+        h.wait();
+        pp_wait_ms_ += h.wait_ms();
+        tp_exposed_ms_ += h.wait_ms();
     }
 
     // A forward pass through every virtual stage in order, one micro-batch, stage after stage: what
@@ -490,125 +463,34 @@ private:
     float forward_through_stages(const int* inputs, const int* targets, int B, int T, Pass pass, int logits_row = 0) {
         const ActivationLayout a = activations(B, T, 0);
         if (!stage_.pipelined) return forward_chunk(a, 0, inputs, targets, B, T, pass, 0.0f, logits_row);
-        const PipelineSplit& split = pipe_.split;
-        const int BT = B * T;
-        const size_t bytes = (size_t)tp_.rows(BT) * config_.channels * sizeof(float);
-        float loss = 0.0f;
-        for (const Chunk& ch : chunks_) {  // this rank's, in virtual-stage order
-            const int c = (int)(&ch - chunks_.data());
-            if (!ch.embedding) pp_wait(pp_comm_.recv(chunk_input(a, c, BT), bytes, split.rank_of(ch.vstage - 1)));
-            loss = forward_chunk(a, c, inputs, targets, B, T, pass, 0.0f, logits_row);
-            if (!ch.head) pp_wait(pp_comm_.send(chunk_output(a, ch, BT), bytes, split.rank_of(ch.vstage + 1)));
-        }
-        pp_wait(pp_comm_.broadcast(&loss, sizeof(loss), last_stage_rank()));
+        step_ = {inputs, targets, B, T, 0.0f};
+        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_comm_.rank(), message_bytes(B * T), pp_comm_,
+                                                 [&](int chunk) {
+                                                     return forward_chunk(a, chunk, inputs, targets, B, T, pass, 0.0f,
+                                                                          logits_row);
+                                                 });
+        wait(pp_comm_.broadcast(&loss, sizeof(loss), last_stage_rank()));
         return loss;
     }
 
-    // One step of a pipeline-parallel model: this rank's actions of the step's schedule (1F1B or
-    // interleaved, pipeline_schedule.h), each the forward or backward of one micro-batch through one
-    // chunk. A chunk's input arrives from the previous virtual stage and its output leaves for the
-    // next; going backward, the output's gradient arrives and the input's leaves. The receive an
-    // action needs is posted as soon as the one before it has landed, so it travels while this rank
-    // computes; sends go out as soon as their data is ready and are waited for only before their
-    // buffer is reused. A micro-batch's activations stay in one slot of the activation buffer from
-    // its first forward on this rank to its last backward. Returns the sum of the micro-batch
-    // losses, computed by the last stage and broadcast to the others.
+    // One step of a pipeline-parallel model (run_pipeline_step): returns the sum of the micro-batch
+    // losses, computed by the last stage and broadcast to the others. Then the tied embedding's two
+    // copies, the first stage's and the last's, each holding a part of its gradient, both get the
+    // sum, so both take the same AdamW update and stay equal.
     double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
-        const PipelineSplit& split = pipe_.split;
-        const PipeSchedule schedule = make_pipeline_schedule(split.stages, m, split.chunks);
-        const std::vector<PipeAction>& actions = schedule.ranks[pp_comm_.rank()];
-        if (pipeline_activation_slots(schedule, pp_comm_.rank()) > stage_.slots)
-            fail(strformat("GPT2CPU: a step of %d micro-batches holds %d micro-batches' activations on pipeline rank "
-                           "%d, but the model was sized for %d (PipelineParallel::micro_batches)",
-                           m, pipeline_activation_slots(schedule, pp_comm_.rank()), pp_comm_.rank(), stage_.slots));
-        const int BT = B * T, S = split.virtual_stages();
-        const size_t floats = (size_t)tp_.rows(BT) * config_.channels, bytes = floats * sizeof(float);
-        const ActivationLayout scratch = activations(B, T, 0);
-
-        std::vector<int> slot_of(m, -1), pending(m, 0), free_slots;
-        for (int s = stage_.slots - 1; s >= 0; s--) free_slots.push_back(s);
-        std::vector<CommHandle> slot_send(stage_.slots);  // each slot's output, on its way forward
-        CommHandle grad_send[2];                          // input gradients, from scratch.send_grad
-        int grad_sends = 0;
-
-        auto vstage = [&](const PipeAction& a) { return chunks_[a.chunk].vstage; };
-        auto needs_recv = [&](const PipeAction& a) {
-            return a.op == PipeOp::Forward ? vstage(a) > 0 : vstage(a) < S - 1;
-        };
-        CommHandle recv;
-        size_t recv_for = actions.size();  // the action whose receive is in flight (none)
-        auto post_recv_after = [&](size_t i) {
-            recv_for = actions.size();
-            for (size_t j = i; j < actions.size(); j++)
-                if (needs_recv(actions[j])) {
-                    const bool fwd = actions[j].op == PipeOp::Forward;
-                    Communicator& comm = fwd ? pp_comm_ : *pp_grads_;
-                    recv = comm.recv(scratch.recv, bytes, split.rank_of(vstage(actions[j]) + (fwd ? -1 : 1)));
-                    recv_for = j;
-                    return;
-                }
-        };
-        post_recv_after(0);
-
-        double loss_sum = 0.0;
-        for (size_t i = 0; i < actions.size(); i++) {
-            const PipeAction& act = actions[i];
-            const Chunk& ch = chunks_[act.chunk];
-            const int mb = act.micro_batch;
-            if (act.op == PipeOp::Forward && pending[mb]++ == 0) {
-                slot_of[mb] = free_slots.back();
-                free_slots.pop_back();
-                pp_wait(slot_send[slot_of[mb]]);  // the slot's previous output has left
-            }
-            const ActivationLayout a = activations(B, T, slot_of[mb]);
-            if (recv_for == i) {
-                pp_wait(recv);
-                float* to = act.op == PipeOp::Forward ? chunk_input(a, act.chunk, BT) : a.dresidual;
-                std::copy(scratch.recv, scratch.recv + floats, to);
-                post_recv_after(i + 1);
-            }
-            const int* in = inputs + (size_t)mb * BT;
-            const int* tg = targets + (size_t)mb * BT;
-            if (act.op == PipeOp::Forward) {
-                const float loss = forward_chunk(a, act.chunk, in, tg, B, T, Pass::Train, grad_scale);
-                if (ch.head) loss_sum += loss;
-                else slot_send[slot_of[mb]] = pp_comm_.send(chunk_output(a, ch, BT), bytes, split.rank_of(ch.vstage + 1));
-            } else {
-                backward_chunk(a, act.chunk, in, B, T, mb == m - 1);
-                if (!ch.embedding) {  // the gradient of the chunk's input goes back to the previous stage
-                    const int k = grad_sends++ % 2;
-                    pp_wait(grad_send[k]);
-                    float* buf = scratch.send_grad + k * floats;
-                    std::copy(a.dresidual, a.dresidual + floats, buf);
-                    grad_send[k] = pp_grads_->send(buf, bytes, split.rank_of(ch.vstage - 1));
-                }
-                if (--pending[mb] == 0) free_slots.push_back(slot_of[mb]);
-            }
-        }
-        for (CommHandle& h : slot_send) pp_wait(h);
-        for (CommHandle& h : grad_send) pp_wait(h);
-        pp_wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
-        sum_tied_embedding_grads();
-        return loss_sum;
-    }
-
-    // The embedding is tied: the first stage's encoder and the last stage's head each hold a copy of
-    // wte and each computed a part of its gradient. After the step's backward both copies get the
-    // sum (first + last, the same bits on both), so both take the same AdamW update and stay equal.
-    void sum_tied_embedding_grads() {
-        const PipelineSplit& split = pipe_.split;
+        step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_comm_.rank();
-        const bool first = split.holds_first(rank), last = split.holds_last(rank);
-        if (first == last) return;  // neither (a middle stage), or both (one stage)
-        size_t count = 0;
-        float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
-        std::vector<float> theirs(count);
-        const int peer = first ? last_stage_rank() : split.rank_of(0);
-        CommHandle r = pp_comm_.recv(theirs.data(), count * sizeof(float), peer);
-        CommHandle s = pp_comm_.send(mine, count * sizeof(float), peer);
-        pp_wait(s);
-        pp_wait(r);
-        for (size_t i = 0; i < count; i++) mine[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
+        double loss_sum = run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(B * T), pp_comm_,
+                                            *pp_grads_);
+        wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
+        const PipelineSplit& split = pipe_.split;
+        if (split.holds_first(rank) != split.holds_last(rank)) {  // not a middle stage
+            size_t count = 0;
+            float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
+            sum_with_peer(*this, pp_comm_, mine, count, split.holds_first(rank) ? last_stage_rank() : split.rank_of(0),
+                          activation_base(), acts_.size() - 16, pp_comm_);
+        }
+        return loss_sum;
     }
 
     // The forward pass of one chunk of this rank's layers on a checked batch, in the activation slot
@@ -618,7 +500,7 @@ private:
                         Pass pass, float grad_scale, int logits_row = 0) {
         last_B_ = B;
         last_T_ = T;
-        const Chunk& ch = chunks_[chunk];
+        const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, NH = config_.num_heads / tp_.size;
         const int Cl = C / tp_.size, V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T;
         const int n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's token rows
@@ -693,7 +575,7 @@ private:
     // sum, reduced over the group (reduce_rows), and each row-parallel product's output gradient is
     // gathered to all rows first (gather_rows), the mirror of the forward.
     void backward_chunk(const ActivationLayout& a, int chunk, const int* inputs, int B, int T, bool last_micro_batch) {
-        const Chunk& ch = chunks_[chunk];
+        const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, NH = config_.num_heads / tp_.size;
         const int Cl = C / tp_.size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
         const float* x = chunk_input(a, chunk, BT);
@@ -763,7 +645,7 @@ private:
     ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
     ParamLayout whole_layout_{GPT2Params::table(config_)};
     StageShape stage_;
-    std::vector<Chunk> chunks_;                 // this rank's chunks of layers, in virtual-stage order
+    std::vector<PipelineChunk> chunks_;         // this rank's chunks of layers, in virtual-stage order
     std::unique_ptr<Communicator> pp_grads_;    // the pipeline group again: gradients travel back on it
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;

@@ -1,0 +1,269 @@
+// pipeline_stage.h: one rank's part of a pipeline step, written once for both models. The schedule
+// (pipeline_schedule.h) says which passes a rank runs in which order; this file runs them: which
+// chunks of layers the rank holds (PipelineChunk), how many micro-batches' activations it keeps at
+// once (StageShape), the step itself with its messages (run_pipeline_step), a forward pass through
+// every stage for evaluation and sampling (run_pipeline_forward), and the tied embedding's gradient
+// summed over the first and the last stage (sum_with_peer).
+//
+// A model takes part through PipelineStage: its forward and backward of one chunk, where a chunk's
+// input and output live in an activation slot, a buffer messages land in, and how its memory is
+// copied and ordered against communication. GPT2CPU's buffers are host memory and every call is
+// synchronous; GPT2CUDA's are device memory behind a stream, and before_messages() orders the
+// communicator after the work issued so far.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llmc/dist/comm.h"
+#include "llmc/dist/pipeline_schedule.h"
+#include "llmc/utils.h"
+
+namespace llmc {
+
+// How a model is cut over its pipeline group: which layers each virtual stage runs, and how many
+// micro-batches a step's schedule has (which sets the activations held at once).
+struct PipelineParallel {
+    PipelineSplit split;  // empty: one stage, the whole model
+    int micro_batches = 1;
+};
+
+// What part of the model a rank runs under pipeline parallelism, for sizing its activations: its
+// `layers` layers in `chunks` chunks, the embedding and the head where it runs the first and the last
+// virtual stage, and `slots` micro-batches' activations held at once (its schedule's peak). The
+// default is the whole model, one micro-batch at a time.
+struct StageShape {
+    int layers = -1;  // -1: all of the model's
+    int chunks = 1;
+    bool embedding = true, head = true;
+    bool pipelined = false;  // activations and their gradients travel between ranks
+    int slots = 1;
+};
+
+// What pipeline rank `rank` runs and holds (the whole model without a pipeline).
+inline StageShape pipeline_stage_shape(const PipelineParallel& pipe, int rank) {
+    const PipelineSplit& split = pipe.split;  // empty (the default) is one stage too
+    if (split.virtual_stages() == 1) return {};
+    StageShape shape;
+    shape.layers = (int)split.rank_layers(rank).size();
+    shape.chunks = split.chunks;
+    shape.embedding = split.holds_first(rank);
+    shape.head = split.holds_last(rank);
+    shape.pipelined = true;
+    shape.slots =
+        pipeline_activation_slots(make_pipeline_schedule(split.stages, pipe.micro_batches, split.chunks), rank);
+    return shape;
+}
+
+// `pipe` for a model of num_layers layers on the pipeline group `pp` (an empty split: the even one),
+// or a clear error naming `model`.
+inline PipelineParallel checked_pipeline(const char* model, int num_layers, const Communicator& pp,
+                                         PipelineParallel pipe) {
+    if (pipe.split.layers.empty()) pipe.split = make_pipeline_split(num_layers, pp.world_size(), 1);
+    const PipelineSplit& s = pipe.split;
+    int layers = 0;
+    for (int n : s.layers) layers += n;
+    if (s.stages != pp.world_size() || (int)s.layers.size() != s.virtual_stages() || layers != num_layers)
+        fail(strformat("%s: the pipeline split (%d stage(s) x %d chunk(s), layers %s) does not fit a pipeline group "
+                       "of %d rank(s) and a model of %d layers",
+                       model, s.stages, s.chunks, s.describe().c_str(), pp.world_size(), num_layers));
+    if (s.chunks > 1 && s.stages == 1)
+        fail(strformat("%s: an interleaved pipeline needs at least 2 stages (--pp-virtual > 1 with --pp 1)", model));
+    if (pipe.micro_batches < 1)
+        fail(strformat("%s: a pipeline step needs at least 1 micro-batch, got %d", model, pipe.micro_batches));
+    return pipe;
+}
+
+// One of a rank's chunks: its local layers [begin, end), run as virtual stage `vstage`, which is the
+// first (runs the embedding) or the last (runs the final norm and the head) or neither.
+struct PipelineChunk {
+    int begin, end, vstage;
+    bool embedding, head;
+};
+
+// Rank `rank`'s chunks in virtual-stage order, its local layers numbered chunk after chunk
+// (PipelineSplit::rank_layers).
+inline std::vector<PipelineChunk> pipeline_chunks(const PipelineSplit& split, int rank) {
+    std::vector<PipelineChunk> chunks;
+    for (int c = 0, begin = 0; c < split.chunks; c++) {
+        const int v = c * split.stages + rank;
+        chunks.push_back({begin, begin + split.layers.at(v), v, v == 0, v == split.virtual_stages() - 1});
+        begin += split.layers[v];
+    }
+    return chunks;
+}
+
+// What a model gives the pipeline step. Every buffer is in the model's memory (host or device) and
+// holds one message: this rank's rows of the residual stream after a chunk (message_bytes).
+class PipelineStage {
+public:
+    virtual ~PipelineStage() = default;
+    // The forward of micro-batch `micro_batch` through chunk `chunk` in activation slot `slot`, its
+    // input already in chunk_input (or the embedding's); returns the micro-batch's mean loss where
+    // the chunk ends the model (anything elsewhere).
+    virtual double pipeline_forward(int chunk, int micro_batch, int slot) = 0;
+    // Its backward: from residual_grad() (the gradient of the chunk's output, or the loss where the
+    // chunk ends the model) to residual_grad() holding the gradient of the chunk's input.
+    virtual void pipeline_backward(int chunk, int micro_batch, int slot, bool last_micro_batch) = 0;
+    virtual void* chunk_input(int chunk, int slot) = 0;
+    virtual void* chunk_output(int chunk, int slot) = 0;
+    virtual void* residual_grad() = 0;
+    // Message buffers, apart from the slots: 0 receives, 1 and 2 send input gradients (one may still
+    // be on its way while the other is filled).
+    virtual void* message_buffer(int which) = 0;
+    // Copies between the model's buffers, after the work issued before it.
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+    // into[i] += from[i], both in the model's memory (float addition commutes, so two ranks adding
+    // each other's parts get the same bits).
+    virtual void add(float* into, const float* from, size_t count) = 0;
+    // Messages on `comm` issued after this call see what the work issued before it wrote, and
+    // overwrite only what it has finished reading (nothing to do where every call is synchronous).
+    virtual void before_messages(Communicator& comm) { (void)comm; }
+    // Waits for a message; the model counts the time as the pipeline's.
+    virtual void wait(CommHandle h) { h.wait(); }
+};
+
+// One step of a pipelined model on pipeline rank `rank`: its actions of the step's schedule (1F1B or
+// interleaved), each the forward or backward of one micro-batch through one chunk. A chunk's input
+// arrives from the previous virtual stage and its output leaves for the next, on `activations`;
+// going backward, the output's gradient arrives and the input's leaves, on `grads` (the pipeline
+// group again: one communicator per direction, so each carries the messages between two ranks in
+// the order both post them). The receive an action needs is posted as soon as the one before it has
+// landed, so it travels while this rank computes; sends go out as soon as their data is ready and
+// are waited for only before their buffer is reused. A micro-batch's activations stay in one slot
+// from its first forward on this rank to its last backward there; `slots` must cover the schedule's
+// peak. Returns the sum of the micro-batches' losses on the rank of the last stage, 0 elsewhere.
+inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split, int rank, int micro_batches,
+                                int slots, size_t message_bytes, Communicator& activations, Communicator& grads) {
+    const int m = micro_batches, S = split.virtual_stages();
+    const PipeSchedule schedule = make_pipeline_schedule(split.stages, m, split.chunks);
+    const std::vector<PipeAction>& actions = schedule.ranks.at(rank);
+    if (pipeline_activation_slots(schedule, rank) > slots)
+        fail(strformat("pipeline step: %d micro-batches hold %d micro-batches' activations on pipeline rank %d, but "
+                       "the model was sized for %d (PipelineParallel::micro_batches)",
+                       m, pipeline_activation_slots(schedule, rank), rank, slots));
+    const std::vector<PipelineChunk> chunks = pipeline_chunks(split, rank);
+
+    std::vector<int> slot_of(m, -1), pending(m, 0), free_slots;
+    for (int s = slots - 1; s >= 0; s--) free_slots.push_back(s);
+    std::vector<CommHandle> slot_send(slots);  // each slot's output, on its way forward
+    CommHandle grad_send[2];                   // input gradients, from message buffers 1 and 2
+    int grad_sends = 0;
+
+    auto vstage = [&](const PipeAction& a) { return chunks[a.chunk].vstage; };
+    auto needs_recv = [&](const PipeAction& a) { return a.op == PipeOp::Forward ? vstage(a) > 0 : vstage(a) < S - 1; };
+    void* landing = stage.message_buffer(0);
+    CommHandle recv;
+    size_t recv_for = actions.size();  // the action whose receive is in flight (none)
+    auto post_recv_after = [&](size_t i) {
+        recv_for = actions.size();
+        for (size_t j = i; j < actions.size(); j++)
+            if (needs_recv(actions[j])) {
+                const bool fwd = actions[j].op == PipeOp::Forward;
+                Communicator& comm = fwd ? activations : grads;
+                stage.before_messages(comm);  // the previous message has been copied out of `landing`
+                recv = comm.recv(landing, message_bytes, split.rank_of(vstage(actions[j]) + (fwd ? -1 : 1)));
+                recv_for = j;
+                return;
+            }
+    };
+    post_recv_after(0);
+
+    double loss_sum = 0.0;
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PipeAction& act = actions[i];
+        const PipelineChunk& ch = chunks[act.chunk];
+        const int mb = act.micro_batch;
+        const bool forward = act.op == PipeOp::Forward;
+        if (forward && pending[mb]++ == 0) {
+            slot_of[mb] = free_slots.back();
+            free_slots.pop_back();
+            stage.wait(slot_send[slot_of[mb]]);  // the slot's previous output has left
+        }
+        const int slot = slot_of[mb];
+        if (recv_for == i) {
+            stage.wait(recv);
+            stage.copy(forward ? stage.chunk_input(act.chunk, slot) : stage.residual_grad(), landing, message_bytes);
+            post_recv_after(i + 1);
+        }
+        if (forward) {
+            const double loss = stage.pipeline_forward(act.chunk, mb, slot);
+            if (ch.head) {
+                loss_sum += loss;
+            } else {
+                stage.before_messages(activations);
+                slot_send[slot] =
+                    activations.send(stage.chunk_output(act.chunk, slot), message_bytes, split.rank_of(ch.vstage + 1));
+            }
+        } else {
+            stage.pipeline_backward(act.chunk, mb, slot, mb == m - 1);
+            if (!ch.embedding) {  // the gradient of the chunk's input goes back to the previous stage
+                const int k = grad_sends++ % 2;
+                stage.wait(grad_send[k]);
+                void* buf = stage.message_buffer(1 + k);
+                stage.copy(buf, stage.residual_grad(), message_bytes);
+                stage.before_messages(grads);
+                grad_send[k] = grads.send(buf, message_bytes, split.rank_of(ch.vstage - 1));
+            }
+            if (--pending[mb] == 0) free_slots.push_back(slot);
+        }
+    }
+    for (CommHandle& h : slot_send) stage.wait(h);
+    for (CommHandle& h : grad_send) stage.wait(h);
+    return loss_sum;
+}
+
+// A forward pass through every virtual stage in order, one micro-batch in slot 0, stage after stage:
+// what evaluation and sampling run. `forward(chunk)` runs the model's pass of one of this rank's
+// chunks (its input received into chunk_input) and returns its result; returns the last chunk's
+// result on the rank of the last stage (0 elsewhere).
+template <typename Forward>
+double run_pipeline_forward(PipelineStage& stage, const PipelineSplit& split, int rank, size_t message_bytes,
+                            Communicator& comm, Forward forward) {
+    double result = 0.0;
+    const std::vector<PipelineChunk> chunks = pipeline_chunks(split, rank);
+    for (int c = 0; c < (int)chunks.size(); c++) {
+        const PipelineChunk& ch = chunks[c];
+        if (!ch.embedding) {
+            stage.before_messages(comm);
+            stage.wait(comm.recv(stage.chunk_input(c, 0), message_bytes, split.rank_of(ch.vstage - 1)));
+        }
+        const double r = forward(c);
+        if (ch.head) result = r;
+        else {
+            stage.before_messages(comm);
+            stage.wait(comm.send(stage.chunk_output(c, 0), message_bytes, split.rank_of(ch.vstage + 1)));
+        }
+    }
+    return result;
+}
+
+// Sums a gradient that this rank and `peer` each hold a part of (the tied embedding: the first
+// stage's encoder part, the last stage's head part): both end with the sum, the same bits on both.
+// It travels in pieces through `scratch` (scratch_floats of the model's memory, which may differ
+// between the two ranks: the pieces are the smaller one's), so no buffer the size of the gradient
+// is needed.
+inline void sum_with_peer(PipelineStage& stage, Communicator& comm, float* mine, size_t count, int peer,
+                          float* scratch, size_t scratch_floats, Communicator& host) {
+    uint64_t sizes[2] = {scratch_floats, 0};  // mine, the peer's
+    CommHandle r = host.recv(&sizes[1], sizeof(uint64_t), peer);
+    CommHandle s = host.send(&sizes[0], sizeof(uint64_t), peer);
+    stage.wait(s);
+    stage.wait(r);
+    const size_t piece = (size_t)std::min(sizes[0], sizes[1]);
+    if (piece == 0) fail("sum_with_peer: no scratch memory");
+    for (size_t at = 0; at < count; at += piece) {
+        const size_t n = std::min(piece, count - at);
+        stage.before_messages(comm);  // `mine` is final and the previous piece has left `scratch`
+        r = comm.recv(scratch, n * sizeof(float), peer);
+        s = comm.send(mine + at, n * sizeof(float), peer);
+        stage.wait(s);
+        stage.wait(r);
+        stage.add(mine + at, scratch, n);
+    }
+}
+
+}  // namespace llmc
