@@ -73,6 +73,7 @@ echo "ok the trainer at pp 2 reproduces 1 rank's losses, gradient norms and mode
 "${mpirun[@]}" -np 1 "$trainer" "${common[@]}" --vocab-size 50257 -x 3 -o "$dir/one_gpt2_vocab" >"$dir/one_v.log"
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" --vocab-size 50257 -x 3 --pp 2 -o "$dir/pp2_gpt2_vocab" >"$dir/pp2_v.log"
 same_curve "$dir/one_gpt2_vocab/metrics.jsonl" "$dir/pp2_gpt2_vocab/metrics.jsonl" "pp 2 with a 50257-token vocabulary"
+echo "ok pp 2 with a 50257-token vocabulary: the tied embedding's gradient summed in pieces, 1 rank's curve"
 
 # Resume step 4's checkpoint onto other splits: steps 5-8 must continue the uninterrupted run.
 resume() {  # resume NP PP TP ZERO FROM [EXTRA...]
