@@ -12,9 +12,9 @@
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
-#                     data and tensor parallelism and checkpoints on the GPU (test/mpi/run_gpu_dp_tests.sh,
-#                     test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh); each skips without a GPU,
-#                     and fails instead in a GPU
+#                     data, tensor and pipeline parallelism and checkpoints on the GPU
+#                     (test/mpi/run_gpu_dp_tests.sh, test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_pp_tests.sh,
+#                     test/gpu/run_gpu_ckpt_tests.sh); each skips without a GPU, and fails instead in a GPU
 #                     session (LLMC_GPU_SESSION=1, dev/bench/gpu_session.sh)
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
@@ -39,7 +39,7 @@ NVCC_LIBS := -lcublasLt -lcublas $(if $(NO_NCCL),,$(NCCL_LIB))
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda \
-             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/bench_train_step cuda-workbench)
+             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
 # as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -225,6 +225,10 @@ $(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(BUILD)/test/cat
 $(BUILD)/test_tp_cuda: test/gpu/test_tp_cuda.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
+# Pipeline parallelism of the CUDA model: the same, run by test/gpu/run_gpu_pp_tests.sh.
+$(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 $(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< -o $@ $(CUDA_LIBS)
@@ -232,9 +236,10 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_tp_cuda cuda-workbench train_gpt train_gpt_cpu default-data
+test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_gpt2_cuda
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt
 	test/gpu/run_gpu_tp_tests.sh $(BUILD)/test_tp_cuda ./train_gpt
+	test/gpu/run_gpu_pp_tests.sh $(BUILD)/test_pp_cuda ./train_gpt
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu

@@ -27,6 +27,9 @@
 #   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA
 #   dev/bench/gpu_session.sh tp         tensor parallelism: test_tp_cuda (tp 2, dp 2 x tp 2) and the
 #                                       trainer's --tp 2 against 1 rank (test/gpu/run_gpu_tp_tests.sh)
+#   dev/bench/gpu_session.sh pp         pipeline parallelism: test_pp_cuda (pp 2 1F1B and interleaved,
+#                                       dp 2 x pp 2, pp 2 x tp 2) and the trainer's --pp 2 against 1 rank,
+#                                       checkpoints across meshes (test/gpu/run_gpu_pp_tests.sh)
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48, PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget.
@@ -165,8 +168,8 @@ keep_run_files() {
 printf '# gpu_session.sh %s\n\n| step | result | s | log |\n| --- | --- | --- | --- |\n' "${STAGES[*]}" > "$SUMMARY"
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test | sanitize | train | kernels | bench | tp) ;;
-    *) echo "unknown stage '$stage': expected prepare, test, sanitize, train, kernels, bench or tp" >&2; exit 2 ;;
+    test | sanitize | train | kernels | bench | tp | pp) ;;
+    *) echo "unknown stage '$stage': expected prepare, test, sanitize, train, kernels, bench, tp or pp" >&2; exit 2 ;;
     esac
 done
 
@@ -243,6 +246,7 @@ for stage in "${STAGES[@]}"; do
     kernels) targets+=(cuda-workbench) ;;
     bench) targets+=(build/bench_train_step) ;;
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
+    pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
@@ -275,6 +279,10 @@ for stage in "${STAGES[@]}"; do
         step test_cuda_host.log 30 build/test_cuda_host
         step check_vocab_parallel.log 45 dev/cuda/build/vocab_parallel --check
         step gpu_tp.log 420 test/gpu/run_gpu_tp_tests.sh build/test_tp_cuda ./train_gpt
+        ;;
+    pp)
+        step test_cuda_host.log 30 build/test_cuda_host
+        step gpu_pp.log 450 test/gpu/run_gpu_pp_tests.sh build/test_pp_cuda ./train_gpt
         ;;
     train)
         # the default run (d4) on the GPU and, for its first 20 steps, on the CPU: same seed and data,
