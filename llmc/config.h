@@ -436,6 +436,8 @@ inline void check_tensor_parallel_shape(const ModelConfig& m, int tp) {
 inline PipelineSplit pipeline_split(const RunConfig& cfg) {
     return make_pipeline_split(cfg.model_config.num_layers, cfg.pp, cfg.pp_virtual, cfg.pp_layers);
 }
+// The pipeline a config asks for (one stage without --pp): its split, and a step's micro-batches.
+inline PipelineParallel pipeline_of(const RunConfig& cfg) { return {pipeline_split(cfg), cfg.grad_accum_steps}; }
 
 // Validates the options and derives the model shape and batch arithmetic for world_size ranks.
 // model_from_file is the header of the -e model file when -e names a file, else nullptr.

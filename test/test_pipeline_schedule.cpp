@@ -48,6 +48,22 @@ TEST_CASE("interleaved 1F1B: dependencies, fewer idle slots, and its limits", "[
     REQUIRE_THROWS_WITH(make_pipeline_schedule(0, 4), Contains("--pp must be at least 1"));
 }
 
+TEST_CASE("the head's backward directly follows its forward on the last rank (the CUDA model relies on it)",
+          "[pipeline]") {
+    for (int P : {1, 2, 4})
+        for (int V : {1, 2, 3})
+            for (int m : {P, 2 * P, 3 * P}) {
+                if (V > 1 && P == 1) continue;
+                const PipeSchedule s = make_pipeline_schedule(P, m, V);
+                for (int r = 0; r < P; r++) REQUIRE(head_backward_follows_forward(s, r));
+            }
+    // a last rank that runs two heads' forwards before their backwards fails the check
+    PipeSchedule s = make_pipeline_schedule(2, 4);
+    std::swap(s.ranks[1][1], s.ranks[1][2]);  // F0 B0 F1 -> F0 F1 B0
+    REQUIRE_FALSE(head_backward_follows_forward(s, 1));
+    REQUIRE(head_backward_follows_forward(s, 0));  // no head on rank 0
+}
+
 TEST_CASE("the simulation catches a schedule that would hang or skip work", "[pipeline]") {
     PipeSchedule s = make_pipeline_schedule(2, 2);
     // rank 0 starting with a backward, whose gradient needs forwards it has not run

@@ -80,6 +80,13 @@ struct PipelineSplit {
     }
 };
 
+// How a model is cut over its pipeline group: which layers each virtual stage runs, and how many
+// micro-batches a step's schedule has (which sets the activations held at once).
+struct PipelineParallel {
+    PipelineSplit split;  // empty: one stage, the whole model
+    int micro_batches = 1;
+};
+
 // The split of num_layers layers over stages x chunks virtual stages: `spec` ("4,4,3,1": layers per
 // virtual stage), or, when spec is empty, as even as it goes, the layers left over going to the
 // virtual stages after the first (which also runs the embedding) from the second on.
@@ -131,6 +138,24 @@ inline int pipeline_activation_slots(const PipeSchedule& s, int rank) {
         peak = std::max(peak, held);
     }
     return peak;
+}
+
+// Whether every backward through the last virtual stage on rank `rank` directly follows the forward
+// of the same micro-batch there (true of both schedules here: the last stage has no warm-up). A
+// model may then keep what the head's forward leaves for its backward in scratch memory that the
+// rank's other passes also use.
+inline bool head_backward_follows_forward(const PipeSchedule& s, int rank) {
+    const std::vector<PipeAction>& a = s.ranks.at(rank);
+    const int head_chunk = s.chunks - 1;
+    if (rank != (s.virtual_stages() - 1) % s.stages) return true;  // no head here
+    for (size_t i = 0; i < a.size(); i++) {
+        if (a[i].chunk != head_chunk) continue;
+        const bool paired = a[i].op == PipeOp::Forward
+                                ? i + 1 < a.size() && a[i + 1] == PipeAction{PipeOp::Backward, a[i].micro_batch, head_chunk}
+                                : i > 0 && a[i - 1] == PipeAction{PipeOp::Forward, a[i].micro_batch, head_chunk};
+        if (!paired) return false;
+    }
+    return true;
 }
 
 // The bubble fraction of the step the schedule idles in, with forward and backward of one

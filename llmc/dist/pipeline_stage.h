@@ -24,13 +24,6 @@
 
 namespace llmc {
 
-// How a model is cut over its pipeline group: which layers each virtual stage runs, and how many
-// micro-batches a step's schedule has (which sets the activations held at once).
-struct PipelineParallel {
-    PipelineSplit split;  // empty: one stage, the whole model
-    int micro_batches = 1;
-};
-
 // What part of the model a rank runs under pipeline parallelism, for sizing its activations: its
 // `layers` layers in `chunks` chunks, the embedding and the head where it runs the first and the last
 // virtual stage, and `slots` micro-batches' activations held at once (its schedule's peak). The
@@ -136,6 +129,9 @@ public:
 // are waited for only before their buffer is reused. A micro-batch's activations stay in one slot
 // from its first forward on this rank to its last backward there; `slots` must cover the schedule's
 // peak. Returns the sum of the micro-batches' losses on the rank of the last stage, 0 elsewhere.
+// Every message is put on its way when it is issued (a look at its handle: NcclComm defers messages
+// until then, to group an exchange), because this rank may next block on another communicator
+// waiting for a message that the peer sends only after receiving this one.
 inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split, int rank, int micro_batches,
                                 int slots, size_t message_bytes, Communicator& activations, Communicator& grads) {
     const int m = micro_batches, S = split.virtual_stages();
@@ -166,6 +162,7 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
                 Communicator& comm = fwd ? activations : grads;
                 stage.before_messages(comm);  // the previous message has been copied out of `landing`
                 recv = comm.recv(landing, message_bytes, split.rank_of(vstage(actions[j]) + (fwd ? -1 : 1)));
+                recv.done();
                 recv_for = j;
                 return;
             }
@@ -197,6 +194,7 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
                 stage.before_messages(activations);
                 slot_send[slot] =
                     activations.send(stage.chunk_output(act.chunk, slot), message_bytes, split.rank_of(ch.vstage + 1));
+                slot_send[slot].done();  // a look sends a message NcclComm deferred (see comm_nccl.cuh)
             }
         } else {
             stage.pipeline_backward(act.chunk, mb, slot, mb == m - 1);
@@ -207,6 +205,7 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
                 stage.copy(buf, stage.residual_grad(), message_bytes);
                 stage.before_messages(grads);
                 grad_send[k] = grads.send(buf, message_bytes, split.rank_of(ch.vstage - 1));
+                grad_send[k].done();
             }
             if (--pending[mb] == 0) free_slots.push_back(slot);
         }

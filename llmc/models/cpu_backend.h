@@ -90,8 +90,6 @@ struct CpuBackend {
         return out;
     }
 
-    // The pipeline a config asks for (one stage without --pp).
-    static PipelineParallel pipeline_of(const RunConfig& cfg) { return {pipeline_split(cfg), cfg.grad_accum_steps}; }
     static ParamLayout stage_layout(const RunConfig& cfg, int tp_rank, int pp_rank) {
         return GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp},
                                   GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));

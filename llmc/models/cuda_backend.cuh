@@ -1,9 +1,9 @@
 // models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
-// (ranks may share a GPU), data parallel (ZeRO) and tensor parallel (--tp, --sp).
+// (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp) and pipelined (--pp).
 //
 // The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
-// into the data-parallel and tensor-parallel groups with the same colours and keys (the group's id
+// into the data-parallel, tensor-parallel and pipeline groups with the same colours and keys (the group's id
 // and the rank's coordinate along it, parallel_dims.h), so each device group has exactly the ranks,
 // in the same order, of its host group. A group that spans the world is the world's communicator
 // itself, and a group of one needs none (the model uses its local one).
@@ -36,11 +36,9 @@ struct CudaBackend {
     }
 
     // This rank's model on its GPU (local rank modulo the node's GPUs), sharded by ZeRO over the
-    // data-parallel group and cut over the tensor-parallel group, on device communicators made here:
-    // NCCL, or the host groups staged through pinned memory. The pipeline group is size 1 (checked).
+    // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
+    // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
-        if (groups.dims().pp > 1)
-            fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu has it)", groups.dims().pp));
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -56,33 +54,54 @@ struct CudaBackend {
         tp.comm = device_group(built, groups, MeshDim::TP);
         tp.host = &groups.tp();
         tp.sequence_parallel = cfg.sequence_parallel != 0;
-        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp);
+        PipelineGroup pp;
+        pp.comm = device_group(built, groups, MeshDim::PP);
+        pp.host = &groups.pp();
+        pp.pipe = pipeline_of(cfg);
+        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp, pp);
         return built;
     }
 
     // --plan: rank 0's device memory (every tensor-parallel rank holds an equal piece, so rank 0
-    // speaks for all), and a line with the activations of every -r setting.
+    // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
+    // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        if (cfg.dims.pp > 1)
-            fail(strformat("--pp %d: the CUDA model has no pipeline parallelism yet (train_gpt_cpu --plan shows it)",
-                           cfg.dims.pp));
-        const TpShape tp = tp_shape(cfg, 0);
-        ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp);
-        std::vector<BufferSpec> buffers =
-            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero, tp);
+        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp_shape(cfg, 0),
+                                                  GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
-            cfg, zero, plan_memory(cfg, zero, buffers, DeviceMemory::precision),
+            cfg, zero, memory_plan(cfg, 0, 0, 0),
             "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)");
-        out += "activations by recomputation setting (-r):";
+        if (cfg.dims.pp > 1) {
+            std::vector<MemoryPlan> stages;
+            for (int s = 0; s < cfg.dims.pp; s++) stages.push_back(memory_plan(cfg, 0, 0, s));
+            out += pipeline_plan_report(cfg, pipeline_split(cfg), stages);
+        }
+        out += "activations by recomputation setting (-r)";
+        if (cfg.dims.pp > 1) out += " on pipeline rank 0";
+        out += ":";
         for (int r = 0; r <= 3; r++) {
             RunConfig alt = cfg;
             alt.recompute = r;
-            const size_t bytes =
-                CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len, options(alt), tp);
+            const size_t bytes = CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len,
+                                                                 options(alt), tp_shape(cfg, 0),
+                                                                 pipeline_stage_shape(pipeline_of(cfg), 0));
             out += strformat(" %d: %s%s", r, format_bytes((double)bytes).c_str(), r < 3 ? "," : "\n");
         }
         return out;
     }
+
+    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` in pipeline stage `pp_rank` allocates
+    // on its GPU (the constructor's allocations add up to the same bytes).
+    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank, int pp_rank) {
+        const TpShape tp = tp_shape(cfg, tp_rank);
+        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, dp_rank, cfg.dims.dp, tp,
+                                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
+        return plan_memory(cfg, zero,
+                           GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
+                                                  tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank)),
+                           DeviceMemory::precision, pp_rank);
+    }
+
 
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {

@@ -199,7 +199,7 @@ TEST_CASE("under tensor parallelism each rank's activations, layers and vocabula
         }
 }
 
-TEST_CASE("the CUDA model's --plan accepts --tp (every rank's piece) and still refuses --pp") {
+TEST_CASE("the CUDA model's --plan accepts --tp (every rank's piece) and --pp (every stage)") {
     RunConfig cfg;
     cfg.model = "d12";
     cfg.batch_size = 4;
@@ -217,8 +217,59 @@ TEST_CASE("the CUDA model's --plan accepts --tp (every rank's piece) and still r
     RunConfig pipelined = cfg;
     pipelined.tp = 1;
     pipelined.pp = 2;
+    pipelined.total_batch_tokens = 4 * 1024 * 8;  // 4 micro-batches per step on 2 data-parallel ranks
     resolve_run_config(pipelined, 4, nullptr);
-    CHECK_THROWS_WITH(CudaBackend::plan_report(pipelined), Catch::Contains("--pp 2"));
+    const std::string pp_plan = CudaBackend::plan_report(pipelined);
+    CHECK_THAT(pp_plan, Catch::Contains("pipeline: 2 stage(s), 1f1b schedule, 4 micro-batch(es) per step"));
+    CHECK_THAT(pp_plan, Catch::Contains("0-5+emb"));
+    CHECK_THAT(pp_plan, Catch::Contains("6-11+head"));
+    // 1F1B: stage 0 holds 2 micro-batches' activations, stage 1 one; each stage half the layers
+    const MemoryPlan first = CudaBackend::memory_plan(pipelined, 0, 0, 0), last = CudaBackend::memory_plan(pipelined, 0, 0, 1);
+    const MemoryPlan one = CudaBackend::memory_plan(whole, 0, 0, 0);
+    const size_t params = (size_t)MemoryKind::Parameters;
+    CHECK(first.bytes[params] < one.bytes[params]);
+    CHECK(last.bytes[params] < one.bytes[params]);
+}
+
+TEST_CASE("pipeline activation slots: kept tensors per slot, scratch and recomputed tensors shared") {
+    const ModelConfig c = model_preset("d12");
+    const int B = 2, T = 64;
+    char* base = reinterpret_cast<char*>(uintptr_t(1) << 32);  // addresses only, never dereferenced
+    for (int r : {0, 1, 2, 3}) {
+        GPT2CUDAOptions o;
+        o.recompute = (Recompute)r;
+        StageShape stage;
+        stage.layers = 6;
+        stage.chunks = 2;
+        stage.embedding = true;
+        stage.head = false;
+        stage.pipelined = true;
+        stage.slots = 3;
+        const CudaActivationLayout a0(c, B, T, o, base, {}, stage, 0), a2(c, B, T, o, base, {}, stage, 2);
+        CHECK(a0.total_bytes == 3 * a0.slot_bytes + a0.scratch_bytes);
+        CHECK(a0.total_bytes == CudaActivationLayout::bytes_for(c, B, T, o, {}, stage));
+        // per slot: the chunks' inputs and the kept layers, one slot_bytes apart
+        CHECK((char*)a2.encoded - (char*)a0.encoded == (ptrdiff_t)(2 * a0.slot_bytes));
+        CHECK((char*)a2.residual3.base - (char*)a0.residual3.base == (ptrdiff_t)(2 * a0.slot_bytes));
+        CHECK(a0.residual3.layer_stride > 0);
+        // scratch: the same for every slot, past the last slot
+        CHECK(a2.dresidual == a0.dresidual);
+        CHECK(a2.recv == a0.recv);
+        CHECK((char*)a0.dresidual >= base + 3 * a0.slot_bytes);
+        CHECK((char*)a0.recv + 2 * 768 * B * T <= base + a0.total_bytes);  // n x C bf16
+        // no head on this stage: no logits, final norm or losses
+        CHECK(a0.logits == nullptr);
+        CHECK(a0.lnf == nullptr);
+        // what backward recomputes is scratch too (one slice, shared)
+        CHECK((a0.fch_gelu.layer_stride == 0) == (r >= 1));
+        CHECK((a0.ln1.layer_stride == 0) == (r >= 2));
+        CHECK((a0.qkv.layer_stride == 0) == (r >= 3));
+        if (r >= 1) CHECK(a0.fch_gelu.base == a2.fch_gelu.base);
+        if (r >= 3) CHECK(a0.qkv.base == a2.qkv.base);
+        // half the layers hold less than the whole model's one slot
+        const CudaActivationLayout whole(c, B, T, o, nullptr);
+        CHECK(a0.slot_bytes < whole.slot_bytes);
+    }
 }
 
 namespace {
@@ -256,4 +307,20 @@ TEST_CASE("the CUDA model refuses a --tp its heads or its vocabulary slices cann
     tp.comm = &two;
     CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16, {}, {}, tp),
                       Catch::Contains("padded_vocab_size (520) must be a multiple of 8 x --tp 2"));
+}
+
+TEST_CASE("the CUDA model refuses a pipeline split that does not fit its group or its layers, before touching the GPU") {
+    ShapeOnlyComm two(2);
+    PipelineGroup pp;
+    pp.comm = &two;
+    pp.host = &two;
+    pp.pipe.split = make_pipeline_split(4, 4, 1);  // 4 stages for a group of 2
+    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp),
+                      Catch::Contains("does not fit a pipeline group of 2 rank(s) and a model of 4 layers"));
+    pp.pipe.split = make_pipeline_split(6, 2, 1);  // a 6-layer split for a 4-layer model
+    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp),
+                      Catch::Contains("does not fit a pipeline group of 2 rank(s) and a model of 4 layers"));
+    pp.pipe.split = make_pipeline_split(4, 2, 1);
+    pp.pipe.micro_batches = 0;
+    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp), Catch::Contains("at least 1 micro-batch"));
 }

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
                                                pipeline_split(cfg).describe().c_str(), stage);
             GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), true,
-                          groups.pp(), CpuBackend::pipeline_of(cfg));
+                          groups.pp(), pipeline_of(cfg));
 
             const MemoryPlan plan =
                 CpuBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());

@@ -56,6 +56,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -76,6 +77,7 @@
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
+#include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
 #include "llmc/dist/device_memory.cuh"
 #include "llmc/dist/staged_comm.cuh"
@@ -113,13 +115,20 @@ struct TpShape {
 // Under tensor parallelism (tp) the attention and MLP activations hold this rank's heads and hidden
 // units, the logits its vocabulary columns, and under sequence parallelism the residual stream and
 // the LayerNorms its n rows; below, C_l = C/tp and n = BT/tp with sequence parallelism, else BT.
+// Under pipeline parallelism (StageShape, pipeline_stage.h) the per-layer tensors hold the rank's
+// layers only, and the allocation holds `slots` micro-batches' activations (one slot each; `slot`
+// picks the one this layout points into) beside one set of scratch that every slot shares: what
+// backward recomputes, the gradients, the logits and the messages' buffers.
 struct CudaActivationLayout {
-    floatX* encoded;                                     // (n, C): layer 0's input
+    // per slot: each chunk's input (the embedding's output, or what the previous stage sent), the
+    // layers' activations backward reads (those it recomputes are scratch), the final norm's
+    floatX* encoded;                                     // (chunks, n, C)
     LayerTensor<floatX> residual2, residual3;            // (n, C) after attention, after the MLP
     LayerTensor<floatX> ln1, qkv, atty, ln2, fch, fch_gelu;
     LayerTensor<float> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
     floatX* lnf;
     float *lnf_mean, *lnf_rstd;
+    // scratch
     floatX* logits;                                      // (chunk rows, Vp/tp); dlogits in place
     float* row_loss;                                     // (BT)
     int *inputs, *targets;                               // (BT) token ids on the device
@@ -132,37 +141,51 @@ struct CudaActivationLayout {
     // over the group (dln_weights, sequence parallel).
     floatX *full, *partial, *dfull, *dln;
     float *ce_stats, *dln_weights;
+    // Pipeline parallelism only: where a message from a neighbouring stage lands, and the two
+    // buffers input gradients leave from (n rows of C each).
+    floatX *recv, *send_grad;
 
-    size_t total_bytes = 0;
+    size_t slot_bytes = 0, scratch_bytes = 0;
+    size_t total_bytes = 0;  // every slot and the scratch
 
-    static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const TpShape& tp = {}) {
-        return CudaActivationLayout(c, B, T, o, nullptr, tp).total_bytes;
+    static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const TpShape& tp = {},
+                            const StageShape& stage = {}) {
+        return CudaActivationLayout(c, B, T, o, nullptr, tp, stage).total_bytes;
     }
 
-    // Assigns consecutive 256-byte aligned slices of `base`; with nullptr only total_bytes is set.
+    // Assigns 256-byte aligned slices of `base`; with nullptr only the sizes are set.
     CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base,
-                         const TpShape& tp = {}) {
-        const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size, L = c.num_layers;
+                         const TpShape& tp = {}, const StageShape& stage = {}, int slot = 0) {
+        const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size;
+        const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t NH = c.num_heads / tp.size;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT);
-        const bool split = tp.size > 1, sp = tp.sequence_parallel;
+        const bool split = tp.size > 1, sp = tp.sequence_parallel, head = stage.head, pipe = stage.pipelined;
         const size_t chunk_rows = std::min(BT, (size_t)o.classifier_chunk_rows);
         const int r = (int)o.recompute;
-        auto take = [&](auto*& p, size_t count) {
-            using T_ = std::remove_reference_t<decltype(*p)>;
-            p = base ? reinterpret_cast<T_*>(base + total_bytes) : nullptr;
-            total_bytes += (count * sizeof(T_) + 255) / 256 * 256;
+        struct Take {
+            std::function<void(char*)> set;
+            size_t offset;
+            bool per_slot;
         };
-        // kept: L slices; recomputed in backward: one. Every slice starts on a 256-byte boundary, so
-        // a layer's tensors are aligned alike whatever the setting (cuBLASLt picks its algorithm by
-        // alignment, and recomputation must not change which one runs).
+        std::vector<Take> takes;
+        auto take = [&](auto*& p, size_t count, bool per_slot) {
+            using T_ = std::remove_reference_t<decltype(*p)>;
+            size_t& at = per_slot ? slot_bytes : scratch_bytes;
+            p = nullptr;  // and stays so for a tensor of no elements
+            if (count > 0) takes.push_back({[&p](char* q) { p = reinterpret_cast<T_*>(q); }, at, per_slot});
+            at += (count * sizeof(T_) + 255) / 256 * 256;
+        };
+        // kept: L slices per slot; recomputed in backward: one slice of scratch. Every slice starts on
+        // a 256-byte boundary, so a layer's tensors are aligned alike whatever the setting (cuBLASLt
+        // picks its algorithm by alignment, and recomputation must not change which one runs).
         auto layered = [&](auto& t, size_t per_layer, bool kept) {
             constexpr size_t per_256_bytes = 256 / sizeof(*t.base);
             const size_t stride = (per_layer + per_256_bytes - 1) / per_256_bytes * per_256_bytes;
-            take(t.base, kept ? L * stride : stride);
+            take(t.base, kept ? L * stride : stride, kept);
             t.layer_stride = kept ? stride : 0;
         };
-        take(encoded, n * C);
+        take(encoded, stage.chunks * n * C, true);
         layered(residual3, n * C, true);
         layered(residual2, n * C, r < 3);
         layered(ln1, n * C, r < 2);
@@ -176,29 +199,34 @@ struct CudaActivationLayout {
         layered(ln2_rstd, n, r < 3);
         layered(fch, BT * 4 * Cl, r < 3);
         layered(fch_gelu, BT * 4 * Cl, r < 1);
-        take(lnf, n * C);
-        take(lnf_mean, n);
-        take(lnf_rstd, n);
-        take(logits, chunk_rows * Vp);
-        take(row_loss, BT);
-        take(inputs, BT);
-        take(targets, BT);
-        take(dresidual, n * C);
-        take(dC, BT * C);
-        take(d3C, BT * 3 * Cl);
-        take(d4C, BT * 4 * Cl);
+        take(lnf, head ? n * C : 0, true);
+        take(lnf_mean, head ? n : 0, true);
+        take(lnf_rstd, head ? n : 0, true);
+        take(logits, head ? chunk_rows * Vp : 0, false);
+        take(row_loss, head ? BT : 0, false);
+        take(inputs, BT, false);
+        take(targets, BT, false);
+        take(dresidual, n * C, false);
+        take(dC, BT * C, false);
+        take(d3C, BT * 3 * Cl, false);
+        take(d4C, BT * 4 * Cl, false);
         size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)Cl),
                                           matmul_backward_scratch_floats((int)BT, 3 * (int)Cl),
                                           matmul_backward_scratch_floats((int)BT, (int)C),
                                           layernorm_backward_scratch_floats((int)BT, (int)C),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
-        take(scratch, scratch_floats);
-        take(full, sp ? BT * C : 0);
-        take(partial, split ? BT * C : 0);
-        take(dfull, sp ? BT * C : 0);
-        take(dln, sp ? n * C : 0);
-        take(ce_stats, split ? chunk_rows * 3 * tp.size : 0);
-        take(dln_weights, sp ? 4 * C : 0);
+        take(scratch, scratch_floats, false);
+        take(full, sp ? BT * C : 0, false);
+        take(partial, split ? BT * C : 0, false);
+        take(dfull, sp ? BT * C : 0, false);
+        take(dln, sp ? n * C : 0, false);
+        take(ce_stats, split && head ? chunk_rows * 3 * tp.size : 0, false);
+        take(dln_weights, sp ? 4 * C : 0, false);
+        take(recv, pipe ? n * C : 0, false);
+        take(send_grad, pipe ? 2 * n * C : 0, false);
+        total_bytes = stage.slots * slot_bytes + scratch_bytes;
+        for (const Take& t : takes)
+            t.set(base ? base + (t.per_slot ? slot * slot_bytes : stage.slots * slot_bytes) + t.offset : nullptr);
     }
 };
 
@@ -222,28 +250,46 @@ struct TensorParallelGroup {
     }
 };
 
-class GPT2CUDA : public Model {
+// The pipeline group of a GPT2CUDA and its cut into stages (pipeline_stage.h): activations and
+// their gradients travel on `comm` (and on a second communicator split from it, one per direction);
+// the losses, the logits, the gradient norm's scalars and the whole-model gathers on `host`, which
+// must span the same ranks in the same order.
+struct PipelineGroup {
+    Communicator* comm = nullptr;  // device buffers; nullptr: no pipeline
+    Communicator* host = nullptr;  // host buffers over the same ranks
+    PipelineParallel pipe;         // the layers' split and a step's micro-batches
+};
+
+class GPT2CUDA : public Model, private PipelineStage {
 public:
     // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
     // One rank has nothing to shard: it runs ZeRO-0 whatever the stage asked for, which saves the
     // copies a sharded stage would make between its full and shard buffers.
     static constexpr size_t SHARD_ALIGN = 8;
     static int effective_stage(int stage, int world_size) { return world_size == 1 ? 0 : stage; }
-    // ZeRO over the data-parallel group (rank of world_size) of tensor rank tp.rank's piece.
-    static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size, const TpShape& tp = {}) {
-        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}), effective_stage(stage, world_size), rank,
+    // ZeRO over the data-parallel group (rank of world_size) of tensor rank tp.rank's piece of the
+    // pipeline stage `slice` (GPT2Params::stage_slice; the whole model by default).
+    static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size, const TpShape& tp = {},
+                              const StageSlice& slice = {}) {
+        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}, slice), effective_stage(stage, world_size), rank,
                         world_size, SHARD_ALIGN);
     }
 
-    // The communicators in `dp` and `tp` must outlive the model.
+    // The communicators in `dp`, `tp` and `pp` must outlive the model.
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
-             const DataParallel& dp = {}, const TensorParallelGroup& tp = {})
+             const DataParallel& dp = {}, const TensorParallelGroup& tp = {}, const PipelineGroup& pp = {})
         : config_(validated(config, tp.shape().size)), tp_(tp.shape()),
-          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size})), max_B_(max_B), max_T_(max_T), options_(options),
+          pp_host_(pp.host ? *pp.host : local_communicator()),
+          pipe_(checked_pipeline("GPT2CUDA", config.num_layers, pp_host_, pp.pipe)),
+          stage_(pipeline_stage_shape(pipe_, pp_host_.rank())),
+          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size}, GPT2Params::stage_slice(pipe_.split, pp_host_.rank()))),
+          max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
-          memory_(stream_.get(), host_),
-          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size(), tp_), comm_, memory_),
+          pp_comm_(pp.comm ? *pp.comm : staged_local_), memory_(stream_.get(), host_),
+          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size(), tp_,
+                                     GPT2Params::stage_slice(pipe_.split, pp_host_.rank())),
+                  comm_, memory_),
           encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -267,10 +313,29 @@ public:
         if (tp_.sequence_parallel && max_T % tp_.size != 0)
             fail(strformat("GPT2CUDA: sequence parallelism over %d tensor-parallel ranks needs max_T (%d) divisible "
                            "by them", tp_.size, max_T));
+        if (!pp_comm_.uses_device_buffers())
+            fail(strformat("GPT2CUDA: the pipeline %s communicator works on host buffers; wrap it in a StagedComm",
+                           pp_comm_.backend()));
+        if (pp_host_.world_size() != pp_comm_.world_size() || pp_host_.rank() != pp_comm_.rank())
+            fail(strformat("GPT2CUDA: the pipeline host communicator is rank %d of %d but the device one rank %d of %d",
+                           pp_host_.rank(), pp_host_.world_size(), pp_comm_.rank(), pp_comm_.world_size()));
         engine_.set_tensor_parallel(tp_host_);
-        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_, tp_), "activations");
+        engine_.set_pipeline_parallel(pp_host_);
+        chunks_ = pipeline_chunks(pipe_.split, pp_host_.rank());
+        if (stage_.pipelined) {
+            // The lm head's backward runs inside its forward (chunk by chunk, see forward_chunk) and
+            // leaves dlnf in scratch for backward_chunk: nothing may run between the two.
+            const PipeSchedule s = make_pipeline_schedule(pipe_.split.stages, pipe_.micro_batches, pipe_.split.chunks);
+            if (!head_backward_follows_forward(s, pp_host_.rank()))
+                fail("GPT2CUDA: the pipeline schedule runs other passes between the head's forward and backward");
+            // Activations and gradients travel on two communicators of the pipeline group, one per
+            // direction, so each carries messages between two ranks in the same order as both post them.
+            pp_grads_ = pp_comm_.split(0, pp_comm_.rank());
+        }
+        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_, tp_, stage_), "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
-        pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T, "loss download");
+        pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T * (stage_.pipelined ? pipe_.micro_batches : 1),
+                                             "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
         own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
                                 DeviceMemory::scratch_bytes();
@@ -279,10 +344,12 @@ public:
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
     // constructor's allocations add up to the same bytes).
     static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
-                                                const ZeroPlan& plan, const TpShape& tp = {}) {
+                                                const ZeroPlan& plan, const TpShape& tp = {},
+                                                const StageShape& stage = {}) {
         using K = MemoryKind;
         std::vector<BufferSpec> specs = buffer_specs(plan, DeviceMemory::precision);
-        specs.push_back({"activations", K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o, tp), 1});
+        specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
+                         K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o, tp, stage), 1});
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
@@ -312,7 +379,7 @@ public:
     void save(const std::string& path, bool bf16 = false) override {
         std::vector<float> whole(whole_layout().num_params);
         get_master_weights(whole.data());
-        if (comm_.rank() == 0 && tp_.rank == 0)
+        if (comm_.rank() == 0 && tp_.rank == 0 && pp_host_.rank() == 0)
             write_model_file(path, config_, whole.data(), bf16 ? MODEL_FILE_VERSION_BF16 : MODEL_FILE_VERSION_FP32);
     }
     // Sets the master weights from a whole-model fp32 buffer (the whole model's ParamLayout order;
@@ -324,8 +391,8 @@ public:
     }
     // The whole model's fp32 master weights in its ParamLayout order (whole_num_params() floats), on
     // every rank; a collective where they are sharded or cut. Each rank puts the elements it holds
-    // first-hand (ParamLayout::is_primary) into a zeroed whole and a sum over the tensor-parallel
-    // group fills in the rest exactly (x + 0 is x), as GPT2CPU::get_whole_params does.
+    // first-hand (ParamLayout::is_primary) into a zeroed whole and sums over the tensor-parallel and
+    // pipeline groups fill in the rest exactly (x + 0 is x), as GPT2CPU::get_whole_params does.
     void get_master_weights(float* whole) {
         if (layout_.is_whole()) {
             engine_.get_params(whole);
@@ -337,7 +404,8 @@ public:
         memory_.release_transient();
         std::fill(whole, whole + whole_layout().num_params, 0.0f);
         copy_between_layouts(whole_layout(), whole, layout_, local.data(), false, /*primary_only=*/true);
-        tp_host_.all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
+        for (Communicator* group : {&tp_host_, &pp_host_})
+            if (group->world_size() > 1) group->all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
     }
     size_t whole_num_params() const { return whole_layout().num_params; }
     // The fp32 gradients of this rank's piece in its ParamLayout order (layout(); the whole model
@@ -355,17 +423,25 @@ public:
     float forward_backward(const int* inputs, const int* targets, int B, int T, float grad_scale,
                            bool last_micro_batch) override {
         check_batch(inputs, targets, B, T, "forward_backward");
-        encoder_backward_.prepare(inputs, B, T, stream_.get(), vocab_begin(), vocab_begin() + vocab_cols());
-        forward(inputs, targets, B, T, Pass::Train, grad_scale);
-        backward(B, T, last_micro_batch);
+        if (stage_.pipelined)
+            fail("GPT2CUDA: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
+        const CudaActivationLayout a = activations(B, T, 0);
+        forward_chunk(a, 0, inputs, targets, B, T, Pass::Train, grad_scale);
+        backward_chunk(a, 0, inputs, B, T, last_micro_batch);
         return mean_loss(B * T);
+    }
+    double forward_backward_step(const int* inputs, const int* targets, int micro_batches, int B, int T,
+                                 float grad_scale) override {
+        if (!stage_.pipelined) return Model::forward_backward_step(inputs, targets, micro_batches, B, T, grad_scale);
+        for (int m = 0; m < micro_batches; m++)
+            check_batch(inputs + (size_t)m * B * T, targets + (size_t)m * B * T, B, T, "forward_backward_step");
+        return run_schedule(inputs, targets, micro_batches, B, T, grad_scale);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(inputs, targets, B, T, "evaluate");
-        forward(inputs, targets, B, T, Pass::Evaluate, 0.0f);
-        return mean_loss(B * T);
+        return forward_through_stages(inputs, targets, B, T, Pass::Evaluate);
     }
-    // Every rank of the tensor-parallel group calls it with the same tokens and gets the whole row.
+    // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
         // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
@@ -375,15 +451,19 @@ public:
         if ((int)padded.size() > max_T_)
             fail(strformat("next_token_logits: %d tokens padded to %d (a multiple of --tp %d) exceed max_T %d", T,
                            (int)padded.size(), tp_.size, max_T_));
-        forward(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, 0.0f, T - 1);
-        const CudaActivationLayout a = activations(1, (int)padded.size());
-        const int cols = vocab_cols();
-        CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), a.logits, cols * sizeof(floatX), cudaMemcpyDeviceToHost,
-                                   stream_.get()));
-        stream_.synchronize();
-        float* mine = logits_out + (size_t)tp_.rank * cols;
-        for (int i = 0; i < cols; i++) mine[i] = __bfloat162float(pinned_logits_.get()[i]);
-        if (tp_.size > 1) tp_host_.all_gather(mine, logits_out, cols, CommDtype::F32).wait();
+        forward_through_stages(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, T - 1);
+        if (stage_.head) {
+            const CudaActivationLayout a = activations(1, (int)padded.size(), 0);
+            const int cols = vocab_cols();
+            CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), a.logits, cols * sizeof(floatX), cudaMemcpyDeviceToHost,
+                                       stream_.get()));
+            stream_.synchronize();
+            float* mine = logits_out + (size_t)tp_.rank * cols;
+            for (int i = 0; i < cols; i++) mine[i] = __bfloat162float(pinned_logits_.get()[i]);
+            if (tp_.size > 1) tp_host_.all_gather(mine, logits_out, cols, CommDtype::F32).wait();
+        }
+        if (stage_.pipelined)
+            wait(pp_host_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
     }
 
     double grad_norm_squared() override {
@@ -442,8 +522,8 @@ private:
         return c;
     }
 
-    CudaActivationLayout activations(int B, int T) const {
-        CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_);
+    CudaActivationLayout activations(int B, int T, int slot) const {
+        CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_, stage_, slot);
         if (a.total_bytes > acts_.bytes())
             fail(strformat("GPT2CUDA: activations for B %d x T %d need %zu bytes, %zu allocated", B, T, a.total_bytes,
                            acts_.bytes()));
@@ -475,10 +555,10 @@ private:
     float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
     void release_all() { buckets_.release_all(); }
 
-    // Copies the batch to the device through pinned memory (the previous call has synchronised, so
-    // the pinned buffer is free).
+    // Copies the batch to the device through pinned memory, once the previous upload has left it.
     void upload_tokens(const CudaActivationLayout& a, const int* inputs, const int* targets, int BT) {
         int* staged = pinned_tokens_.get();
+        CUDA_CHECK(cudaEventSynchronize(tokens_uploaded_.get()));
         std::memcpy(staged, inputs, BT * sizeof(int));
         CUDA_CHECK(cudaMemcpyAsync(a.inputs, staged, BT * sizeof(int), cudaMemcpyHostToDevice, stream_.get()));
         if (targets) {
@@ -486,6 +566,7 @@ private:
             CUDA_CHECK(
                 cudaMemcpyAsync(a.targets, staged + BT, BT * sizeof(int), cudaMemcpyHostToDevice, stream_.get()));
         }
+        CUDA_CHECK(cudaEventRecord(tokens_uploaded_.get(), stream_.get()));
     }
 
     // What a forward pass leaves behind: per-row losses (Evaluate), losses plus dlnf and the lm head's
@@ -494,39 +575,48 @@ private:
     // columns, which backward() reduces over the group.
     enum class Pass { Evaluate, Train, LastLogits };
 
-    void forward(const int* inputs, const int* targets, int B, int T, Pass pass, float grad_scale,
-                 int logits_row = -1) {
+    // The forward pass of one chunk of this rank's layers (the whole model without a pipeline) on a
+    // checked batch, in the activation slot `a`: from the embedding, or from the input received into
+    // the slot; where the chunk ends the model, through the head. Host token ids; the device copies
+    // are uploaded here.
+    void forward_chunk(const CudaActivationLayout& a, int chunk, const int* inputs, const int* targets, int B, int T,
+                       Pass pass, float grad_scale, int logits_row = -1) {
         last_B_ = B;
         last_T_ = T;
-        const CudaActivationLayout a = activations(B, T);
-        const int C = config_.channels, L = config_.num_layers, V = config_.vocab_size;
+        const PipelineChunk& ch = chunks_[chunk];
+        const int C = config_.channels, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        upload_tokens(a, inputs, targets, BT);
+        if (ch.embedding || ch.head) upload_tokens(a, inputs, targets, BT);
         buckets_.acquire_resident();
-        {
+        if (ch.embedding) {
             PhaseScope phase(timer_, "encoder", s);
+            floatX* x = chunk_input(a, chunk, BT);
             if (tp_.size == 1) {
-                encoder_forward(a.encoded, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
+                encoder_forward(x, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
             } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
                 embedding_forward_range(a.partial, a.inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,
                                         s);
-                tp_wait(reduce_rows(a.partial, a.encoded, BT, C));
+                tp_wait(reduce_rows(a.partial, x, BT, C));
                 const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
-                add_positions(a.encoded, reduced(a.partial, a.encoded), param(P::WPE), row0, n, T, C, s);
+                add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s);
             }
         }
-        for (int l = 0; l < L; l++) {
+        for (int l = ch.begin; l < ch.end; l++) {
             NvtxRange range("forward", l);
-            buckets_.enter_layer(l, Walk::Forward);
+            buckets_.enter_layer(l, Walk::Forward, ch.begin, ch.end);
             layer_forward(a, l, B, T, false);
             buckets_.leave_layer(l, Walk::Forward);
         }
-        const floatX* last_residual = a.residual3.at(L - 1);
+        if (!ch.head) {
+            if (pass != Pass::Train) release_all();
+            return;
+        }
         {
             PhaseScope phase(timer_, "layernorm", s);
-            layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last_residual, param(P::LNFW), param(P::LNFB), n, C, s);
+            layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), param(P::LNFW), param(P::LNFB),
+                              n, C, s);
         }
         const floatX* lnf = gather_rows(a.lnf, a.full, BT, C);  // all BT rows
         if (pass == Pass::LastLogits) {
@@ -541,13 +631,13 @@ private:
         }
         const bool train = pass == Pass::Train;
         // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
-        // taken now (under ZeRO-2 this zeroes a fresh one) and backward() adds the encoder's share.
+        // taken now (under ZeRO-2 this zeroes a fresh one) and backward_chunk adds the encoder's share.
         if (train) buckets_.take_grads(layout_.bucket_of(P::WTE));
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
         const float dloss = grad_scale / BT;
-        const int chunk = std::min(BT, options_.classifier_chunk_rows);
-        for (int r0 = 0; r0 < BT; r0 += chunk) {
-            const int rows = std::min(chunk, BT - r0);
+        const int rows_at_once = std::min(BT, options_.classifier_chunk_rows);
+        for (int r0 = 0; r0 < BT; r0 += rows_at_once) {
+            const int rows = std::min(rows_at_once, BT - r0);
             const floatX* lnf_rows = lnf + (size_t)r0 * C;
             {
                 PhaseScope phase(timer_, "matmul", s);
@@ -589,7 +679,7 @@ private:
         const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+        const floatX* residual = layer_input(a, l, B * T);
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.ln1.at(l), a.ln1_mean.at(l), a.ln1_rstd.at(l), residual, param(P::LN1W, l),
@@ -662,7 +752,7 @@ private:
             return;
         case Recompute::GeluLayerNorm: {
             PhaseScope phase(timer_, "layernorm", s);
-            const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+            const floatX* residual = layer_input(a, l, B * T);
             layernorm_recompute(a.ln1.at(l), residual, a.ln1_mean.at(l), a.ln1_rstd.at(l), param(P::LN1W, l),
                                 param(P::LN1B, l), n, C, s);
             layernorm_recompute(a.ln2.at(l), a.residual2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), param(P::LN2W, l),
@@ -676,46 +766,60 @@ private:
         }
     }
 
-    // Backward of the Pass::Train forward that just ran on the same batch, from the dlnf it left in
-    // dC. Parameter gradients accumulate (+=). Each bucket is handed to the engine (grads_ready) as
-    // soon as its gradient is complete, so its communication overlaps the rest of backward.
-    void backward(int B, int T, bool last_micro_batch) {
-        const CudaActivationLayout a = activations(B, T);
-        const int C = config_.channels, L = config_.num_layers, BT = B * T, n = tp_.rows(BT);
+    // Backward of the Pass::Train forward of the same chunk and batch in slot `a`, which ran just
+    // before where the chunk ends the model (it left dlnf in dC), else from the gradient of the
+    // chunk's output, which the caller put into dresidual. Parameter gradients accumulate (+=), and
+    // dresidual ends as the gradient of the chunk's input. Each bucket is handed to the engine
+    // (grads_ready) as soon as its gradient is complete, so its communication overlaps the rest of
+    // backward.
+    void backward_chunk(const CudaActivationLayout& a, int chunk, const int* inputs, int B, int T,
+                        bool last_micro_batch) {
+        const PipelineChunk& ch = chunks_[chunk];
+        const int C = config_.channels, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
-        buckets_.take_grads(final_norm);
-        CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)n * C * sizeof(floatX), s));
-        const floatX* dlnf = a.dC;
-        if (tp_.size > 1) {  // each rank's dlnf is a partial sum over its vocabulary columns
-            tp_wait(reduce_rows(a.dC, a.dln, BT, C));
-            dlnf = reduced(a.dC, a.dln);
+        // The encoder's backward groups the batch's positions by token: on the host now, uploaded
+        // while the layers' backward runs.
+        if (ch.embedding)
+            encoder_backward_.prepare(inputs, B, T, s, vocab_begin(), vocab_begin() + vocab_cols());
+        buckets_.acquire_resident();  // a pipeline may have run other passes since this chunk's forward
+        if (ch.head) {
+            if (!ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);  // the head's part of wte
+            buckets_.take_grads(final_norm);
+            CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)n * C * sizeof(floatX), s));
+            const floatX* dlnf = a.dC;
+            if (tp_.size > 1) {  // each rank's dlnf is a partial sum over its vocabulary columns
+                tp_wait(reduce_rows(a.dC, a.dln, BT, C));
+                dlnf = reduced(a.dC, a.dln);
+            }
+            start_layernorm_grads(a);
+            {
+                PhaseScope phase(timer_, "layernorm", s);
+                layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
+                                   a.scratch, dlnf, chunk_output(a, ch, BT), param(P::LNFW), a.lnf_mean, a.lnf_rstd, n,
+                                   C, s);
+            }
+            finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
+            buckets_.grads_ready(final_norm, last_micro_batch);
         }
-        start_layernorm_grads(a);
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
-                               a.scratch, dlnf, a.residual3.at(L - 1), param(P::LNFW), a.lnf_mean, a.lnf_rstd, n, C, s);
-        }
-        finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
-        buckets_.grads_ready(final_norm, last_micro_batch);
-        for (int l = L - 1; l >= 0; l--) {
+        for (int l = ch.end - 1; l >= ch.begin; l--) {
             NvtxRange range("backward", l);
-            buckets_.enter_layer(l, Walk::Backward);
+            buckets_.enter_layer(l, Walk::Backward, ch.begin, ch.end);
             recompute_layer(a, l, B, T);
             if (tp_.size == 1) layer_backward(a, l, B, T);
             else layer_backward_tensor_parallel(a, l, B, T);
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
-        {
+        if (ch.embedding) {
             // This rank's vocabulary rows of wte (prepare() kept only their positions); wpe whole,
             // from all rows' gradients (the same on every tensor-parallel rank).
+            if (!ch.head) buckets_.take_grads(embedding);
             const floatX* dresidual = gather_rows(a.dresidual, a.dfull, BT, C);
             PhaseScope phase(timer_, "encoder", s);
             encoder_backward_.backward(grad(P::WTE), grad(P::WPE), dresidual, B, T, C, s);
         }
-        buckets_.grads_ready(embedding, last_micro_batch);
+        if (ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);
         // Drain the compute stream first, so that what the engine then waits for is only the
         // communication backward did not hide (the step's exposed communication time).
         stream_.synchronize();
@@ -728,7 +832,7 @@ private:
         const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+        const floatX* residual = layer_input(a, l, B * T);
         // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
         {
             PhaseScope phase(timer_, "matmul", s);
@@ -780,7 +884,7 @@ private:
         const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        const floatX* residual = l == 0 ? a.encoded : a.residual3.at(l - 1);
+        const floatX* residual = layer_input(a, l, B * T);
         const floatX* dresidual = gathered(a.dresidual, a.dfull);  // all BT rows, once gathered
         start_layernorm_grads(a);
         // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
@@ -854,8 +958,8 @@ private:
 
     template <typename Issue>
     CommHandle after_compute(Issue issue) {
-        CUDA_CHECK(cudaEventRecord(tp_ready_.get(), stream_.get()));
-        tp_comm_.order_after(tp_ready_.get());
+        CUDA_CHECK(cudaEventRecord(comm_ready_.get(), stream_.get()));
+        tp_comm_.order_after(comm_ready_.get());
         return issue();
     }
     void tp_wait(CommHandle h) {
@@ -908,20 +1012,141 @@ private:
 
     // The mean of the per-row losses of the last forward, summed on the host in row order.
     float mean_loss(int BT) {
-        const CudaActivationLayout a = activations(last_B_, last_T_);
+        const CudaActivationLayout a = activations(last_B_, last_T_, 0);
         CUDA_CHECK(cudaMemcpyAsync(pinned_losses_.get(), a.row_loss, BT * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_.get()));
         stream_.synchronize();
+        return mean_of(pinned_losses_.get(), BT);
+    }
+    static float mean_of(const float* row_losses, int BT) {
         double total = 0.0;
-        for (int r = 0; r < BT; r++) total += pinned_losses_.get()[r];
+        for (int r = 0; r < BT; r++) total += row_losses[r];
         return (float)(total / BT);
+    }
+
+    // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
+
+    int last_stage_rank() const { return pipe_.split.rank_of(pipe_.split.virtual_stages() - 1); }
+    // A chunk's input in the slot (the embedding's output, or what the previous stage sent), and its
+    // output: the residual stream after its last layer (this rank's rows of both).
+    floatX* chunk_input(const CudaActivationLayout& a, int chunk, int BT) const {
+        return a.encoded + (size_t)chunk * tp_.rows(BT) * config_.channels;
+    }
+    floatX* chunk_output(const CudaActivationLayout& a, const PipelineChunk& ch, int /*BT*/) const {
+        return a.residual3.at(ch.end - 1);
+    }
+    // Layer l's input: its chunk's input where it is the chunk's first layer, else the previous layer's output.
+    const floatX* layer_input(const CudaActivationLayout& a, int l, int BT) const {
+        for (int c = 0; c < (int)chunks_.size(); c++)
+            if (chunks_[c].begin == l) return chunk_input(a, c, BT);
+        return a.residual3.at(l - 1);
+    }
+    size_t message_bytes(int BT) const { return (size_t)tp_.rows(BT) * config_.channels * sizeof(floatX); }
+
+    // The step's micro-batches (host token ids), for the PipelineStage calls below.
+    struct PipelineStep {
+        const int *inputs = nullptr, *targets = nullptr;
+        int B = 1, T = 1;
+        float grad_scale = 1.0f;
+    } step_;
+
+    // PipelineStage: the passes and buffers of the step under way. Each forward through the head
+    // leaves its micro-batch's row losses on their way to the host (pinned_losses_, one block per
+    // micro-batch), summed once the step's work is done.
+    double pipeline_forward(int chunk, int mb, int slot) override {
+        const int BT = step_.B * step_.T;
+        const size_t at = (size_t)mb * BT;
+        const CudaActivationLayout a = activations(step_.B, step_.T, slot);
+        forward_chunk(a, chunk, step_.inputs + at, step_.targets + at, step_.B, step_.T, Pass::Train,
+                      step_.grad_scale);
+        if (chunks_[chunk].head)
+            CUDA_CHECK(cudaMemcpyAsync(pinned_losses_.get() + at, a.row_loss, BT * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_.get()));
+        return 0.0;
+    }
+    void pipeline_backward(int chunk, int mb, int slot, bool last_micro_batch) override {
+        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + (size_t)mb * step_.B * step_.T,
+                       step_.B, step_.T, last_micro_batch);
+    }
+    void* chunk_input(int chunk, int slot) override {
+        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.B * step_.T);
+    }
+    void* chunk_output(int chunk, int slot) override {
+        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.B * step_.T);
+    }
+    void* residual_grad() override { return activations(step_.B, step_.T, 0).dresidual; }
+    void* message_buffer(int which) override {
+        const CudaActivationLayout a = activations(step_.B, step_.T, 0);
+        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.B * step_.T) * config_.channels;
+    }
+    void copy(void* dst, const void* src, size_t bytes) override {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    }
+    void add(float* into, const float* from, size_t count) override { add_into(into, from, count, stream_.get()); }
+    void before_messages(Communicator& comm) override {
+        CUDA_CHECK(cudaEventRecord(comm_ready_.get(), stream_.get()));
+        comm.order_after(comm_ready_.get());
+    }
+    void wait(CommHandle h) override {
+        h.wait();
+        pp_wait_ms_ += h.wait_ms();
+        tp_exposed_ms_ += h.wait_ms();
+    }
+
+    // A forward pass through every virtual stage in order, one micro-batch, stage after stage: what
+    // evaluation and sampling run (Pass::Evaluate or LastLogits). Returns the mean loss on every rank
+    // (Evaluate).
+    float forward_through_stages(const int* inputs, const int* targets, int B, int T, Pass pass,
+                                 int logits_row = -1) {
+        const CudaActivationLayout a = activations(B, T, 0);
+        auto forward = [&](int chunk) {
+            forward_chunk(a, chunk, inputs, targets, B, T, pass, 0.0f, logits_row);
+            return chunks_[chunk].head && pass == Pass::Evaluate ? mean_loss(B * T) : 0.0f;
+        };
+        if (!stage_.pipelined) return forward(0);
+        step_ = {inputs, targets, B, T, 0.0f};
+        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_host_.rank(), message_bytes(B * T), pp_comm_,
+                                                 forward);
+        wait(pp_host_.broadcast(&loss, sizeof(loss), last_stage_rank()));
+        return loss;
+    }
+
+    // One step of a pipeline-parallel model (run_pipeline_step): returns the sum of the micro-batch
+    // losses, computed by the last stage and broadcast to the others. Then the tied embedding's two
+    // copies, the first stage's and the last's, each holding a part of its gradient, both get the
+    // sum, so both take the same AdamW update and stay equal.
+    double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
+        if (m > pipe_.micro_batches)
+            fail(strformat("GPT2CUDA: a step of %d micro-batches, but the model was made for %d "
+                           "(PipelineParallel::micro_batches)", m, pipe_.micro_batches));
+        step_ = {inputs, targets, B, T, grad_scale};
+        const int rank = pp_host_.rank(), BT = B * T;
+        run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(BT), pp_comm_, *pp_grads_);
+        stream_.synchronize();
+        double loss_sum = 0.0;
+        if (stage_.head)
+            for (int mb = 0; mb < m; mb++) loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);
+        wait(pp_host_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
+        const PipelineSplit& split = pipe_.split;
+        if (split.holds_first(rank) != split.holds_last(rank)) {  // not a middle stage
+            size_t count = 0;
+            float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
+            sum_with_peer(*this, pp_comm_, mine, count, split.holds_first(rank) ? last_stage_rank() : split.rank_of(0),
+                          reinterpret_cast<float*>(acts_.get()), acts_.bytes() / sizeof(float), pp_host_);
+            stream_.synchronize();
+        }
+        return loss_sum;
     }
 
     // Declaration order is construction order: the stream and communicators before the memory
     // and the engine that use them.
     ModelConfig config_;
     TpShape tp_;
-    ParamLayout layout_;  // this rank's piece (the whole model without tensor parallelism)
+    Communicator& pp_host_;  // the pipeline group: host buffers
+    PipelineParallel pipe_;
+    StageShape stage_;
+    std::vector<PipelineChunk> chunks_;  // this rank's chunks of layers, in virtual-stage order
+    ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
     ParamLayout whole_layout_{GPT2Params::table(config_)};
     int max_B_, max_T_;
     GPT2CUDAOptions options_;
@@ -932,8 +1157,11 @@ private:
     Communicator& comm_;
     Communicator& tp_host_;  // the tensor-parallel group: host buffers
     Communicator& tp_comm_;  // the tensor-parallel group: device buffers
-    CudaEvent tp_ready_;     // recorded before each tensor-parallel collective (after_compute)
-    double tp_exposed_ms_ = 0;
+    Communicator& pp_comm_;  // the pipeline group: device buffers; activations travel forward on it
+    std::unique_ptr<Communicator> pp_grads_;  // the pipeline group again: gradients travel back on it
+    CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
+    CudaEvent tokens_uploaded_;  // the last upload has left pinned_tokens_
+    double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
     BucketView<DeviceMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
