@@ -222,11 +222,11 @@ $(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(BUILD)/test/cat
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # Tensor parallelism of the CUDA model: a standalone MPI program (run by test/gpu/run_gpu_tp_tests.sh),
 # built like train_gpt.
-$(BUILD)/test_tp_cuda: test/gpu/test_tp_cuda.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
+$(BUILD)/test_tp_cuda: test/gpu/test_tp_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 # Pipeline parallelism of the CUDA model: the same, run by test/gpu/run_gpu_pp_tests.sh.
-$(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
+$(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 $(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps

@@ -20,21 +20,8 @@ set -euo pipefail
 
 test_pp=${1:-build/test_pp_cuda}
 trainer=${2:-./train_gpt}
-for f in "$test_pp" "$trainer"; do
-    [ -x "$f" ] || { echo "run_gpu_pp_tests.sh: $f is not built" >&2; exit 1; }
-done
-session=${LLMC_GPU_SESSION:-0}
-if ! nvidia-smi -L > /dev/null 2>&1; then
-    [ "$session" = 1 ] && { echo "run_gpu_pp_tests.sh: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
-    echo "run_gpu_pp_tests.sh: no GPU: skipped"; exit 0
-fi
-if ! command -v mpirun > /dev/null; then
-    [ "$session" = 1 ] && { echo "run_gpu_pp_tests.sh: no mpirun: FAIL (LLMC_GPU_SESSION=1)"; exit 1; }
-    echo "run_gpu_pp_tests.sh: no mpirun: skipped"; exit 0
-fi
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/lib.sh"
+gpu_checks run_gpu_pp_tests.sh "$test_pp" "$trainer"
 
 # 1. the model against its references: RANKS PP TP VIRTUAL
 for mesh in "2 2 1 1" "2 2 1 2" "4 2 1 1" "4 2 2 1"; do
@@ -47,23 +34,6 @@ done
 # 2. the trainer: 1024 tokens per step everywhere, B x T x dp x micro-batches =
 #    4 x 64 x 1 x 4 (1 rank, pp 2, pp 2 x tp 2) = 2 x 64 x 2 x 4 (dp 2 x pp 2)
 common=(-e d4 -t 64 -d 1024 -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
-run() {  # run NAME RANKS B ARGS...
-    local name=$1 ranks=$2 batch=$3
-    shift 3
-    echo "== $name: $ranks rank(s), B $batch $*"
-    if [ "$ranks" = 1 ]; then "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" > "$dir/$name.log"
-    else timeout 300 mpirun --oversubscribe -np "$ranks" "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" \
-        > "$dir/$name.log"; fi
-}
-# "step loss" for every training record of a run (metrics.jsonl's keys are written sorted)
-losses() { sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$dir/$1/metrics.jsonl"; }
-compare() {  # compare A B LIMIT [STEPS]: worst relative difference of B's step losses from A's same steps
-    join <(losses "$1" | sort -k1,1) <(losses "$2" | sort -k1,1) | awk -v limit="$3" -v steps="${4:-20}" -v what="$2 vs $1" '
-        { d = ($2 - $3) / $2; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-        END { if (n != steps) { print "FAIL " what ": " n " common steps, expected " steps; exit 1 }
-              printf "%s %s: worst relative loss difference %.2g over %d steps (limit %s)\n", (worst <= limit ? "ok" : "FAIL"), what, worst, n, limit
-              exit worst <= limit ? 0 : 1 }'
-}
 need() {  # need LOG PATTERN WHAT: the log has a line matching the extended regex PATTERN
     grep -qE "$2" "$dir/$1" || { echo "FAIL $3"; cat "$dir/$1"; exit 1; }
 }

@@ -16,21 +16,8 @@ set -euo pipefail
 
 test_tp=${1:-build/test_tp_cuda}
 trainer=${2:-./train_gpt}
-for f in "$test_tp" "$trainer"; do
-    [ -x "$f" ] || { echo "run_gpu_tp_tests.sh: $f is not built" >&2; exit 1; }
-done
-session=${LLMC_GPU_SESSION:-0}
-if ! nvidia-smi -L > /dev/null 2>&1; then
-    [ "$session" = 1 ] && { echo "run_gpu_tp_tests.sh: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
-    echo "run_gpu_tp_tests.sh: no GPU: skipped"; exit 0
-fi
-if ! command -v mpirun > /dev/null; then
-    [ "$session" = 1 ] && { echo "run_gpu_tp_tests.sh: no mpirun: FAIL (LLMC_GPU_SESSION=1)"; exit 1; }
-    echo "run_gpu_tp_tests.sh: no mpirun: skipped"; exit 0
-fi
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/lib.sh"
+gpu_checks run_gpu_tp_tests.sh "$test_tp" "$trainer"
 
 # 1. the model against its references
 for np in 2 4; do
@@ -41,22 +28,6 @@ done
 
 # 2. the trainer: 1024 tokens per step everywhere, B x T x dp = 16 x 64 x 1 = 8 x 64 x 2
 common=(-e d4 -t 64 -d 1024 -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
-run() {  # run NAME RANKS B ARGS...
-    local name=$1 ranks=$2 batch=$3
-    shift 3
-    echo "== $name: $ranks rank(s), B $batch $*"
-    if [ "$ranks" = 1 ]; then "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" > "$dir/$name.log"
-    else timeout 300 mpirun --oversubscribe -np "$ranks" "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" \
-        > "$dir/$name.log"; fi
-}
-losses() { grep -o '"train_loss":[^,}]*' "$dir/$1/metrics.jsonl" | cut -d: -f2; }
-compare() {  # compare A B LIMIT: worst relative difference of the step losses
-    paste <(losses "$1") <(losses "$2") | awk -v limit="$3" -v what="$2 vs $1" '
-        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-        END { if (n != 20) { print "FAIL " what ": " n " steps"; exit 1 }
-              printf "%s %s: worst relative loss difference %.2g (limit %s)\n", (worst <= limit ? "ok" : "FAIL"), what, worst, limit
-              exit worst <= limit ? 0 : 1 }'
-}
 run one 1 16
 run tp2_sp1 2 16 --tp 2 --sp 1
 run tp2_sp0 2 16 --tp 2 --sp 0

@@ -41,7 +41,7 @@
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
-#include "test/mpi/mpi_test_util.h"
+#include "test/gpu/cuda_test_util.h"
 
 using namespace llmc;
 using namespace llmc::mpi_test;
@@ -74,22 +74,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int p
     return cfg;
 }
 
-// Trains `model` from the config's seed and gathers the whole model on every rank.
-RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model) {
-    model.init_random(cfg.seed);
-    RunResult r;
-    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
-    r.params.resize(model.whole_num_params());
-    model.get_master_weights(r.params.data());
-    return r;
-}
-
-std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
-    std::vector<int> t(n);
-    for (int i = 0; i < n; i++) t[i] = (i * 37 + seed * 11 + 5) % vocab;
-    return t;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,24 +102,11 @@ int main(int argc, char** argv) {
         comm->barrier().wait();
 
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
-        LocalComm local;
-        const RunConfig reference_cfg = make_config(shard, 0, 1, 1, 1, 1, "", BATCH * dp);
-        const RunConfig& rc = reference_cfg;
-        int devices = 0;
-        CUDA_CHECK(cudaGetDeviceCount(&devices));
-        CUDA_CHECK(cudaSetDevice(launch.local_rank % devices));  // the GPU CudaBackend picks for this rank
+        const RunConfig rc = make_config(shard, 0, 1, 1, 1, 1, "", BATCH * dp);
+        use_this_ranks_gpu();
         GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
-        const RunResult reference = train_cuda(rc, local, nullptr, reference_model);
-        GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
-        const RunResult cpu = train(rc, local, nullptr, cpu_model);
-        check(reference.losses.back() < reference.losses.front(),
-              strformat("the 1-rank CUDA reference does not learn: loss %.4f -> %.4f", reference.losses.front(),
-                        reference.losses.back()));
-        const double cuda_vs_cpu = worst_loss_difference(reference.losses, cpu.losses);
-        check(cuda_vs_cpu <= 1e-2, strformat("the 1-rank CUDA run differs from the CPU run by %.3g relative (limit "
-                                             "1e-2)", cuda_vs_cpu));
-        say(strformat("1-rank CUDA reference learns (%.4f -> %.4f) and matches the CPU model (worst %.2g)",
-                      reference.losses.front(), reference.losses.back(), cuda_vs_cpu));
+        RunResult cpu;
+        const RunResult reference = train_references(rc, reference_model, &cpu);
 
         for (int stage = 0; stage <= 3; stage++) {
             const RunConfig cfg = make_config(shard, stage, W, pp, tp, V, layers, BATCH);
@@ -145,16 +116,11 @@ int main(int argc, char** argv) {
                           V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
                           pipeline_split(cfg).describe().c_str(), stage);
             BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
-            check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+            GPT2CUDA* model = &cuda_model(built, what);
 
             const MemoryPlan plan =
                 CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
-            for (int k = 0; k < (int)MemoryKind::Count; k++)
-                check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
-                      strformat("%s: pipeline rank %d planned %zu bytes of %s, allocated %zu", what.c_str(),
-                                groups.pp().rank(), plan.bytes[k], memory_kind_name((MemoryKind)k),
-                                model->allocated_bytes((MemoryKind)k)));
+            check_planned_bytes(plan, *model, what);
 
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -169,10 +135,7 @@ int main(int argc, char** argv) {
             const double params_diff = relative_difference(run.params, reference.params);
             check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), params_diff));
-            std::vector<float> rank0 = run.params;
-            comm->broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
-            check(std::memcmp(rank0.data(), run.params.data(), rank0.size() * sizeof(float)) == 0,
-                  what + ": ranks gathered different whole models");
+            check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
             say(strformat("%s: planned bytes allocated on every stage; %d losses match 1 CUDA rank (worst %.2g) and "
                           "the CPU (worst %.2g), final parameters too (%.2g), the same on every rank",
                           what.c_str(), STEPS, worst, worst_cpu, params_diff));
@@ -187,11 +150,7 @@ int main(int argc, char** argv) {
             const float loss_one = reference_model.evaluate(inputs.data(), targets.data(), BATCH, SEQ);
             check(std::fabs(loss_pp - loss_one) <= 1e-2 * std::fabs(loss_one),
                   strformat("%s: evaluate() gives %.5f, 1 rank %.5f", what.c_str(), loss_pp, loss_one));
-            float loss_rank0 = loss_pp;
-            comm->broadcast(&loss_rank0, sizeof(float), 0).wait();
-            check(std::memcmp(&loss_rank0, &loss_pp, sizeof(float)) == 0,
-                  strformat("%s: evaluate() gives %.7f on rank %d, %.7f on rank 0", what.c_str(), loss_pp, launch.rank,
-                            loss_rank0));
+            check_same_on_every_rank({loss_pp}, *comm, what + ": evaluate()");
             const int Vp = cfg.model_config.padded_vocab_size;
             std::vector<float> logits_pp(Vp), logits_one(Vp);
             model->next_token_logits(inputs.data(), 7, logits_pp.data());
@@ -199,10 +158,7 @@ int main(int argc, char** argv) {
             const double logits_diff = relative_difference(logits_pp, logits_one);
             check(logits_diff <= 2e-2, strformat("%s: next_token_logits of 7 tokens differ from 1 rank by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), logits_diff));
-            std::vector<float> logits_rank0 = logits_pp;
-            comm->broadcast(logits_rank0.data(), Vp * sizeof(float), 0).wait();
-            check(std::memcmp(logits_rank0.data(), logits_pp.data(), Vp * sizeof(float)) == 0,
-                  what + ": next_token_logits differ between ranks");
+            check_same_on_every_rank(logits_pp, *comm, what + ": next_token_logits");
             say(strformat("%s: with the same weights, evaluate() (%.5f vs %.5f) and next_token_logits (%.2g) match 1 "
                           "rank, the same on every rank", what.c_str(), loss_pp, loss_one, logits_diff));
         }
@@ -214,15 +170,10 @@ int main(int argc, char** argv) {
             const std::string what = strformat("dp %d x pp %d x tp %d, %s, ZeRO-1, -r 3", dp, pp, tp,
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B");
             BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
-            check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+            GPT2CUDA* model = &cuda_model(built, what);
             const MemoryPlan plan =
                 CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
-            for (int k = 0; k < (int)MemoryKind::Count; k++)
-                check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
-                      strformat("%s: pipeline rank %d planned %zu bytes of %s, allocated %zu", what.c_str(),
-                                groups.pp().rank(), plan.bytes[k], memory_kind_name((MemoryKind)k),
-                                model->allocated_bytes((MemoryKind)k)));
+            check_planned_bytes(plan, *model, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",

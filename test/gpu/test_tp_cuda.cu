@@ -37,7 +37,7 @@
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/planner.h"
 #include "llmc/train_loop.h"
-#include "test/mpi/mpi_test_util.h"
+#include "test/gpu/cuda_test_util.h"
 
 using namespace llmc;
 using namespace llmc::mpi_test;
@@ -67,22 +67,6 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
     return cfg;
 }
 
-// Trains `model` from the config's seed and gathers the whole model on every rank.
-RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model) {
-    model.init_random(cfg.seed);
-    RunResult r;
-    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
-    r.params.resize(model.whole_num_params());
-    model.get_master_weights(r.params.data());
-    return r;
-}
-
-std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
-    std::vector<int> t(n);
-    for (int i = 0; i < n; i++) t[i] = (i * 37 + seed * 11 + 5) % vocab;
-    return t;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,24 +89,11 @@ int main(int argc, char** argv) {
         comm->barrier().wait();
 
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
-        LocalComm local;
-        const RunConfig reference_cfg = make_config(shard, 0, 1, 1, 0, BATCH * dp);
-        const RunConfig& rc = reference_cfg;
-        int devices = 0;
-        CUDA_CHECK(cudaGetDeviceCount(&devices));
-        CUDA_CHECK(cudaSetDevice(launch.local_rank % devices));  // the GPU CudaBackend picks for this rank
+        const RunConfig rc = make_config(shard, 0, 1, 1, 0, BATCH * dp);
+        use_this_ranks_gpu();
         GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
-        const RunResult reference = train_cuda(rc, local, nullptr, reference_model);
-        GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
-        const RunResult cpu = train(rc, local, nullptr, cpu_model);
-        check(reference.losses.back() < reference.losses.front(),
-              strformat("the 1-rank CUDA reference does not learn: loss %.4f -> %.4f", reference.losses.front(),
-                        reference.losses.back()));
-        const double cuda_vs_cpu = worst_loss_difference(reference.losses, cpu.losses);
-        check(cuda_vs_cpu <= 1e-2, strformat("the 1-rank CUDA run differs from the CPU run by %.3g relative (limit "
-                                             "1e-2)", cuda_vs_cpu));
-        say(strformat("1-rank CUDA reference learns (%.4f -> %.4f) and matches the CPU model (worst %.2g)",
-                      reference.losses.front(), reference.losses.back(), cuda_vs_cpu));
+        RunResult cpu;
+        const RunResult reference = train_references(rc, reference_model, &cpu);
 
         for (int stage = 0; stage <= 3; stage++) {
             std::vector<float> sp_losses;
@@ -132,18 +103,14 @@ int main(int argc, char** argv) {
                 const std::string what =
                     strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
                 BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-                GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
-                check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+                GPT2CUDA* model = &cuda_model(built, what);
 
                 const TpShape shape = CudaBackend::tp_shape(cfg, groups.tp().rank());
                 const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, stage, groups.dp().rank(), dp, shape);
                 const MemoryPlan plan = plan_memory(
                     cfg, zero, GPT2CUDA::memory_specs(cfg.model_config, BATCH, SEQ, {}, zero, shape),
                     DeviceMemory::precision);
-                for (int k = 0; k < (int)MemoryKind::Count; k++)
-                    check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
-                          strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
-                                    memory_kind_name((MemoryKind)k), model->allocated_bytes((MemoryKind)k)));
+                check_planned_bytes(plan, *model, what);
 
                 const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
                 const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -155,10 +122,7 @@ int main(int argc, char** argv) {
                 const double params_diff = relative_difference(run.params, reference.params);
                 check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                      "relative (limit 2e-2)", what.c_str(), params_diff));
-                std::vector<float> rank0 = run.params;
-                comm->broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
-                check(std::memcmp(rank0.data(), run.params.data(), rank0.size() * sizeof(float)) == 0,
-                      what + ": ranks gathered different whole models");
+                check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
                 say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g) and the CPU "
                               "(worst %.2g), final parameters too (%.2g), the same on every rank",
                               what.c_str(), STEPS, worst, worst_cpu, params_diff));
@@ -199,8 +163,7 @@ int main(int argc, char** argv) {
             ProcessGroups groups(*comm, cfg.dims);
             const std::string what = strformat("dp %d x tp %d, ZeRO-1, sequence parallel on, -r %d", dp, tp, recompute);
             BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
-            check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+            GPT2CUDA* model = &cuda_model(built, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",

@@ -1,0 +1,85 @@
+// cuda_test_util.h: what the CUDA model's multi-rank tests (test_tp_cuda, test_pp_cuda) share, on
+// top of test/mpi/mpi_test_util.h: training a GPT2CUDA through the trainer, the 1-rank CUDA and CPU
+// references every rank trains for itself, and the checks every mesh gets.
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/planner.h"
+#include "llmc/train_loop.h"
+#include "test/mpi/mpi_test_util.h"
+
+namespace llmc::mpi_test {
+
+// Trains `model` from the config's seed and gathers the whole model on every rank.
+inline RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model) {
+    model.init_random(cfg.seed);
+    RunResult r;
+    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
+    r.params.resize(model.whole_num_params());
+    model.get_master_weights(r.params.data());
+    return r;
+}
+
+// Token ids in [0, vocab) that differ with `seed`.
+inline std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
+    std::vector<int> t(n);
+    for (int i = 0; i < n; i++) t[i] = (i * 37 + seed * 11 + 5) % vocab;
+    return t;
+}
+
+// The 1-rank references of a run config `rc` (a LocalComm model whose micro-batch is the mesh's
+// data-parallel micro-batches side by side, so it reads the same tokens), trained on this rank's GPU
+// (the one CudaBackend picks for it): `model` (kept, for evaluation checks) and the CPU model, whose
+// curve the CUDA one must follow within bf16 tolerance. Returns the CUDA run.
+inline RunResult train_references(const RunConfig& rc, GPT2CUDA& model, RunResult* cpu) {
+    LocalComm local;
+    const RunResult cuda = train_cuda(rc, local, nullptr, model);
+    GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
+    *cpu = train(rc, local, nullptr, cpu_model);
+    check(cuda.losses.back() < cuda.losses.front(),
+          strformat("the 1-rank CUDA reference does not learn: loss %.4f -> %.4f", cuda.losses.front(),
+                    cuda.losses.back()));
+    const double cuda_vs_cpu = worst_loss_difference(cuda.losses, cpu->losses);
+    check(cuda_vs_cpu <= 1e-2,
+          strformat("the 1-rank CUDA run differs from the CPU run by %.3g relative (limit 1e-2)", cuda_vs_cpu));
+    say(strformat("1-rank CUDA reference learns (%.4f -> %.4f) and matches the CPU model (worst %.2g)",
+                  cuda.losses.front(), cuda.losses.back(), cuda_vs_cpu));
+    return cuda;
+}
+// The GPU CudaBackend picks for this rank (local rank modulo the node's GPUs), for the references.
+inline void use_this_ranks_gpu() {
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CUDA_CHECK(cudaSetDevice(launch.local_rank % devices));
+}
+
+// The model a BuiltModel holds, which must be a GPT2CUDA.
+inline GPT2CUDA& cuda_model(BuiltModel& built, const std::string& what) {
+    GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
+    check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+    return *model;
+}
+
+// Every memory kind's allocated bytes equal the plan's.
+inline void check_planned_bytes(const MemoryPlan& plan, const Model& model, const std::string& what) {
+    for (int k = 0; k < (int)MemoryKind::Count; k++)
+        check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
+              strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
+                        memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
+}
+
+// The same bits on every rank of `comm` as on its rank 0.
+inline void check_same_on_every_rank(const std::vector<float>& values, Communicator& comm, const std::string& what) {
+    std::vector<float> rank0 = values;
+    comm.broadcast(rank0.data(), rank0.size() * sizeof(float), 0).wait();
+    check(std::memcmp(rank0.data(), values.data(), rank0.size() * sizeof(float)) == 0,
+          what + ": differs between ranks");
+}
+
+}  // namespace llmc::mpi_test

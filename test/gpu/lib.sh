@@ -1,0 +1,49 @@
+# test/gpu/lib.sh: what the CUDA model's multi-rank test scripts share. Source it after
+# `set -euo pipefail`; then:
+#   gpu_checks NAME BINARY...      every BINARY built (else exit 1); without a GPU or mpirun: skipped
+#                                  (exit 0), except in a GPU session (LLMC_GPU_SESSION=1), where
+#                                  either fails (exit 3 without a GPU, 1 without mpirun); then $dir,
+#                                  a scratch directory removed on exit
+#   run NAME RANKS B ARGS...       $trainer with ${common[@]} -b B ARGS into $dir/NAME (log $dir/NAME.log)
+#   losses NAME                    "step loss" for every training record of a run
+#   compare A B LIMIT [STEPS]      B's step losses within LIMIT (relative) of A's same steps (20 of them)
+
+gpu_checks() {
+    local name=$1 f
+    shift
+    for f in "$@"; do
+        [ -x "$f" ] || { echo "$name: $f is not built" >&2; exit 1; }
+    done
+    local session=${LLMC_GPU_SESSION:-0}
+    if ! nvidia-smi -L > /dev/null 2>&1; then
+        [ "$session" = 1 ] && { echo "$name: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
+        echo "$name: no GPU: skipped"; exit 0
+    fi
+    if ! command -v mpirun > /dev/null; then
+        [ "$session" = 1 ] && { echo "$name: no mpirun: FAIL (LLMC_GPU_SESSION=1)"; exit 1; }
+        echo "$name: no mpirun: skipped"; exit 0
+    fi
+    if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+}
+
+run() {
+    local name=$1 ranks=$2 batch=$3
+    shift 3
+    echo "== $name: $ranks rank(s), B $batch $*"
+    if [ "$ranks" = 1 ]; then "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" > "$dir/$name.log"
+    else timeout 300 mpirun --oversubscribe -np "$ranks" "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" \
+        > "$dir/$name.log"; fi
+}
+
+# metrics.jsonl's keys are written sorted
+losses() { sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$dir/$1/metrics.jsonl"; }
+
+compare() {
+    join <(losses "$1" | sort -k1,1) <(losses "$2" | sort -k1,1) | awk -v limit="$3" -v steps="${4:-20}" -v what="$2 vs $1" '
+        { d = ($2 - $3) / $2; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
+        END { if (n != steps) { print "FAIL " what ": " n " common steps, expected " steps; exit 1 }
+              printf "%s %s: worst relative loss difference %.2g over %d steps (limit %s)\n", (worst <= limit ? "ok" : "FAIL"), what, worst, n, limit
+              exit worst <= limit ? 0 : 1 }'
+}
