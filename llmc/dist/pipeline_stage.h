@@ -191,6 +191,7 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
             if (ch.head) {
                 loss_sum += loss;
             } else {
+                stage.wait(slot_send[slot]);  // the slot's output of an earlier chunk (interleaved) has left
                 stage.before_messages(activations);
                 slot_send[slot] =
                     activations.send(stage.chunk_output(act.chunk, slot), message_bytes, split.rank_of(ch.vstage + 1));

@@ -778,7 +778,10 @@ private:
         const int C = config_.channels, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
+        // The tied embedding's and the final norm's buckets, where this stage holds them (a middle
+        // stage holds neither, the first no final norm).
+        const int embedding = ch.embedding || ch.head ? layout_.bucket_of(P::WTE) : -1;
+        const int final_norm = ch.head ? layout_.bucket_of(P::LNFW) : -1;
         // The encoder's backward groups the batch's positions by token: on the host now, uploaded
         // while the layers' backward runs.
         if (ch.embedding)
