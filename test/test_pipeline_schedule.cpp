@@ -5,6 +5,7 @@
 
 #include "llmc/ckpt/manifest.h"
 #include "llmc/dist/pipeline_schedule.h"
+#include "llmc/dist/pipeline_stage.h"
 #include "llmc/models/gpt2/params.h"
 
 using namespace llmc;
@@ -62,6 +63,38 @@ TEST_CASE("the head's backward directly follows its forward on the last rank (th
     std::swap(s.ranks[1][1], s.ranks[1][2]);  // F0 B0 F1 -> F0 F1 B0
     REQUIRE_FALSE(head_backward_follows_forward(s, 1));
     REQUIRE(head_backward_follows_forward(s, 0));  // no head on rank 0
+}
+
+TEST_CASE("per-edge links: each edge's split has exactly its two ranks, and every send meets its receive",
+          "[pipeline]") {
+    for (int P : {2, 3, 4, 8}) {
+        for (int e = 0; e < 2 * P; e++) {
+            const PipelineEdge x = pipeline_edge(e, P);
+            REQUIRE(x.sender == e / 2);
+            REQUIRE(x.receiver == (x.activations ? (x.sender + 1) % P : (x.sender + P - 1) % P));
+            // the ranks that pass colour e are the edge's two; every other rank's colour is its own
+            std::vector<int> colours;
+            for (int r = 0; r < P; r++) colours.push_back(pipeline_edge_color(e, P, r));
+            for (int r = 0; r < P; r++) {
+                const bool member = r == x.sender || r == x.receiver;
+                REQUIRE((colours[r] == e) == member);
+                for (int q = 0; q < P; q++)
+                    if (q != r && !member) REQUIRE(colours[q] != colours[r]);
+            }
+        }
+        // each rank sends activations to the next and gradients to the previous on its own edges,
+        // and receives each on the sender's edge
+        for (int r = 0; r < P; r++) {
+            int sends = 0, receives = 0;
+            for (int e = 0; e < 2 * P; e++) {
+                const PipelineEdge x = pipeline_edge(e, P);
+                sends += x.sender == r;
+                receives += x.receiver == r;
+            }
+            REQUIRE(sends == 2);
+            REQUIRE(receives == 2);
+        }
+    }
 }
 
 TEST_CASE("the simulation catches a schedule that would hang or skip work", "[pipeline]") {

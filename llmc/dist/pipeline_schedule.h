@@ -85,6 +85,7 @@ struct PipelineSplit {
 struct PipelineParallel {
     PipelineSplit split;  // empty: one stage, the whole model
     int micro_batches = 1;
+    bool edge_links = false;  // a communicator per directed edge for the messages (pipeline_links)
 };
 
 // The split of num_layers layers over stages x chunks virtual stages: `spec` ("4,4,3,1": layers per

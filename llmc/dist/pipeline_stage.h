@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,12 +120,73 @@ public:
     virtual void wait(CommHandle h) { h.wait(); }
 };
 
+// Where a rank's pipeline messages travel: activations to the next stage and from the previous one,
+// gradients the other way; each on a communicator, to or from the peer's rank in it. With interleaving
+// the last rank's next stage is the first rank, and the first rank's previous stage the last.
+struct PipelineLink {
+    Communicator* comm = nullptr;
+    int peer = -1;
+};
+struct PipelineLinks {
+    PipelineLink send_activations, recv_activations, send_grads, recv_grads;
+    std::vector<std::unique_ptr<Communicator>> owned;  // the communicators made for them
+};
+
+// One of a pipeline group's 2P directed edges (e = 2 x sender + 0 for activations, 1 for gradients).
+struct PipelineEdge {
+    int sender, receiver;
+    bool activations;
+};
+inline PipelineEdge pipeline_edge(int e, int P) {
+    const int s = e / 2;
+    const bool activations = e % 2 == 0;
+    return {s, activations ? (s + 1) % P : (s + P - 1) % P, activations};
+}
+// The colour rank `rank` splits with for edge e: e for the edge's two ranks; for any other rank one
+// of its own (a group of one, dropped), as every rank takes part in every split.
+inline int pipeline_edge_color(int e, int P, int rank) {
+    const PipelineEdge x = pipeline_edge(e, P);
+    return rank == x.sender || rank == x.receiver ? e : 2 * P + rank;
+}
+
+// The links of pipeline rank pp.rank() (collective over the pipeline group `pp`, which it splits).
+//   per_edge false: two communicators, one per direction (pp itself for activations, a split of it
+//     for gradients), so each carries the messages between two ranks in the order both post them.
+//     Right for backends that complete a message whatever else is queued (MPI, and StagedComm).
+//   per_edge true: a communicator per directed edge, so none carries both a rank's sends and its
+//     receives. NCCL needs it: a communicator is one stream, whose later operations wait behind a
+//     send until the peer receives, and the interleaved schedule posts its receive from the
+//     previous stage before its own send to the next one on the same stream, on every rank at once.
+inline PipelineLinks pipeline_links(Communicator& pp, bool per_edge) {
+    const int P = pp.world_size(), r = pp.rank();
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    PipelineLinks links;
+    if (!per_edge) {
+        links.owned.push_back(pp.split(0, r));
+        Communicator& grads = *links.owned.back();
+        links.send_activations = {&pp, next};
+        links.recv_activations = {&pp, prev};
+        links.send_grads = {&grads, prev};
+        links.recv_grads = {&grads, next};
+        return links;
+    }
+    for (int e = 0; e < 2 * P; e++) {
+        std::unique_ptr<Communicator> comm = pp.split(pipeline_edge_color(e, P, r), r);
+        const PipelineEdge x = pipeline_edge(e, P);
+        if (r != x.sender && r != x.receiver) continue;
+        const int other = r == x.sender ? x.receiver : x.sender;
+        const PipelineLink link{comm.get(), other < r ? 0 : 1};  // ranked by pipeline rank
+        if (r == x.sender) (x.activations ? links.send_activations : links.send_grads) = link;
+        else (x.activations ? links.recv_activations : links.recv_grads) = link;
+        links.owned.push_back(std::move(comm));
+    }
+    return links;
+}
+
 // One step of a pipelined model on pipeline rank `rank`: its actions of the step's schedule (1F1B or
 // interleaved), each the forward or backward of one micro-batch through one chunk. A chunk's input
-// arrives from the previous virtual stage and its output leaves for the next, on `activations`;
-// going backward, the output's gradient arrives and the input's leaves, on `grads` (the pipeline
-// group again: one communicator per direction, so each carries the messages between two ranks in
-// the order both post them). The receive an action needs is posted as soon as the one before it has
+// arrives from the previous virtual stage and its output leaves for the next; going backward, the
+// output's gradient arrives and the input's leaves (on `links`). The receive an action needs is posted as soon as the one before it has
 // landed, so it travels while this rank computes; sends go out as soon as their data is ready and
 // are waited for only before their buffer is reused. A micro-batch's activations stay in one slot
 // from its first forward on this rank to its last backward there; `slots` must cover the schedule's
@@ -133,7 +195,7 @@ public:
 // until then, to group an exchange), because this rank may next block on another communicator
 // waiting for a message that the peer sends only after receiving this one.
 inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split, int rank, int micro_batches,
-                                int slots, size_t message_bytes, Communicator& activations, Communicator& grads) {
+                                int slots, size_t message_bytes, const PipelineLinks& links) {
     const int m = micro_batches, S = split.virtual_stages();
     const PipeSchedule schedule = make_pipeline_schedule(split.stages, m, split.chunks);
     const std::vector<PipeAction>& actions = schedule.ranks.at(rank);
@@ -158,10 +220,10 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
         recv_for = actions.size();
         for (size_t j = i; j < actions.size(); j++)
             if (needs_recv(actions[j])) {
-                const bool fwd = actions[j].op == PipeOp::Forward;
-                Communicator& comm = fwd ? activations : grads;
-                stage.before_messages(comm);  // the previous message has been copied out of `landing`
-                recv = comm.recv(landing, message_bytes, split.rank_of(vstage(actions[j]) + (fwd ? -1 : 1)));
+                const PipelineLink& link =
+                    actions[j].op == PipeOp::Forward ? links.recv_activations : links.recv_grads;
+                stage.before_messages(*link.comm);  // the previous message has been copied out of `landing`
+                recv = link.comm->recv(landing, message_bytes, link.peer);
                 recv.done();
                 recv_for = j;
                 return;
@@ -192,9 +254,9 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
                 loss_sum += loss;
             } else {
                 stage.wait(slot_send[slot]);  // the slot's output of an earlier chunk (interleaved) has left
-                stage.before_messages(activations);
-                slot_send[slot] =
-                    activations.send(stage.chunk_output(act.chunk, slot), message_bytes, split.rank_of(ch.vstage + 1));
+                const PipelineLink& link = links.send_activations;
+                stage.before_messages(*link.comm);
+                slot_send[slot] = link.comm->send(stage.chunk_output(act.chunk, slot), message_bytes, link.peer);
                 slot_send[slot].done();  // a look sends a message NcclComm deferred (see comm_nccl.cuh)
             }
         } else {
@@ -204,8 +266,9 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
                 stage.wait(grad_send[k]);
                 void* buf = stage.message_buffer(1 + k);
                 stage.copy(buf, stage.residual_grad(), message_bytes);
-                stage.before_messages(grads);
-                grad_send[k] = grads.send(buf, message_bytes, split.rank_of(ch.vstage - 1));
+                const PipelineLink& link = links.send_grads;
+                stage.before_messages(*link.comm);
+                grad_send[k] = link.comm->send(buf, message_bytes, link.peer);
                 grad_send[k].done();
             }
             if (--pending[mb] == 0) free_slots.push_back(slot);
@@ -222,20 +285,22 @@ inline double run_pipeline_step(PipelineStage& stage, const PipelineSplit& split
 // result on the rank of the last stage (0 elsewhere).
 template <typename Forward>
 double run_pipeline_forward(PipelineStage& stage, const PipelineSplit& split, int rank, size_t message_bytes,
-                            Communicator& comm, Forward forward) {
+                            const PipelineLinks& links, Forward forward) {
     double result = 0.0;
     const std::vector<PipelineChunk> chunks = pipeline_chunks(split, rank);
     for (int c = 0; c < (int)chunks.size(); c++) {
         const PipelineChunk& ch = chunks[c];
         if (!ch.embedding) {
-            stage.before_messages(comm);
-            stage.wait(comm.recv(stage.chunk_input(c, 0), message_bytes, split.rank_of(ch.vstage - 1)));
+            const PipelineLink& link = links.recv_activations;
+            stage.before_messages(*link.comm);
+            stage.wait(link.comm->recv(stage.chunk_input(c, 0), message_bytes, link.peer));
         }
         const double r = forward(c);
         if (ch.head) result = r;
         else {
-            stage.before_messages(comm);
-            stage.wait(comm.send(stage.chunk_output(c, 0), message_bytes, split.rank_of(ch.vstage + 1)));
+            const PipelineLink& link = links.send_activations;
+            stage.before_messages(*link.comm);
+            stage.wait(link.comm->send(stage.chunk_output(c, 0), message_bytes, link.peer));
         }
     }
     return result;

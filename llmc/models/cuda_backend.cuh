@@ -41,15 +41,6 @@ struct CudaBackend {
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
-        // Each device communicator is one stream, and NCCL holds a stream's later operations behind a
-        // send until its peer receives. The interleaved schedule posts a receive from the previous
-        // stage before its own first send to the next on the same stream, and every stage waiting on
-        // the one behind it deadlocks; 1F1B has no such cycle. Until the pipeline's messages get a
-        // communicator per (sender, receiver) edge, interleaving runs over --gpu-comm mpi only.
-        if (nccl && cfg.dims.pp > 1 && cfg.pp_virtual > 1)
-            fail(strformat("--pp-schedule interleaved (--pp-virtual %d) over --gpu-comm nccl: not supported yet (its "
-                           "messages would deadlock on NCCL's streams); use --pp-schedule 1f1b, or --gpu-comm mpi",
-                           cfg.pp_virtual));
         const int device = pick_device(launch, nccl);
         BuiltModel built;
         built.peak_tflops = peak_tflops(cfg, device);

@@ -82,21 +82,16 @@ resume pp2_as_one 1 4 pp2 "2 rank\(s\) \(pp 2, tp 1\)"
 resume one_as_pp2 2 4 one "1 rank\(s\) \(pp 1, tp 1\)" --pp 2
 echo "ok checkpoints cross between 1 rank and pp 2 and continue the run that wrote them"
 
-# The interleaved schedule over NCCL is refused, naming the flags (its messages would deadlock on
-# NCCL's streams; gpt2_cuda's NOTES), before any GPU is picked, so one GPU is enough to see it.
-if timeout 120 mpirun --oversubscribe -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 4 --pp 2 --pp-schedule interleaved \
-    --pp-virtual 2 -o "$dir/int_nccl" > "$dir/int_nccl.log" 2>&1; then
-    echo "FAIL --pp-schedule interleaved over --gpu-comm nccl ran"; exit 1
-fi
-need int_nccl.log "over --gpu-comm nccl: not supported yet" "interleaved over NCCL failed without naming why"
-echo "ok --pp-schedule interleaved over --gpu-comm nccl is refused with the reason"
-
 # 3. NCCL needs a GPU per rank
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     echo "== nccl: mpirun -np 2 --pp 2 --gpu-comm nccl"
     timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 4 --pp 2 -o "$dir/nccl" > "$dir/nccl.log"
     grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }
     compare one nccl 2e-2
+    echo "== nccl: mpirun -np 2 --pp 2 --pp-schedule interleaved --pp-virtual 2 --gpu-comm nccl"
+    timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 4 --pp 2 --pp-schedule interleaved --pp-virtual 2 \
+        -o "$dir/nccl_int" > "$dir/nccl_int.log"
+    compare one nccl_int 2e-2
 else
     echo "run_gpu_pp_tests.sh: one GPU: --pp 2 over NCCL skipped (it needs a GPU per rank)"
 fi

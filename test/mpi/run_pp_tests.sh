@@ -2,7 +2,7 @@
 # Pipeline parallelism under mpirun:
 #   1. test_pp (test_pp.cpp): pp = 2 and 4, 1F1B and interleaved (an uneven --pp-layers too),
 #      dp = 2 x pp = 2 and pp = 2 x tp = 2 reproduce the 1-rank run, ZeRO 0-3, planned bytes =
-#      allocated bytes on every stage;
+#      allocated bytes on every stage; interleaved pp 2 and 4 with a communicator per edge (NCCL's way);
 #   2. the trainer: bad pipeline configs fail naming the flag and the numbers; --plan and
 #      --pp-print-schedule print the stages and the schedule; a pp = 2 run prints the same losses as
 #      1 rank; checkpoints written at pp = 2 resume as 1 rank, dp 2 x pp 2, pp 2 x tp 2, pp 4 and
@@ -18,10 +18,10 @@ trainer=${2:-./train_gpt_cpu}
 for b in "$bin" "$trainer"; do [ -x "$b" ] || { echo "run_pp_tests.sh: $b is not built" >&2; exit 1; }; done
 source "$(dirname "$0")/lib.sh"
 
-for mesh in "2 2 1 1" "2 2 1 2 1,3,2,2" "4 4 1 1" "4 4 1 2" "4 2 1 1" "4 2 2 1"; do
+for mesh in "2 2 1 1" "2 2 1 2 1,3,2,2" "4 4 1 1" "4 4 1 2" "4 2 1 1" "4 2 2 1" "2 2 1 2 - edges" "4 4 1 2 - edges"; do
     set -- $mesh
-    echo "== mpirun -np $1 $bin (pp $2, tp $3, $4 chunk(s) per rank${5:+, layers $5})"
-    "${mpirun[@]}" -np "$1" "$bin" "$dir" "$2" "$3" "$4" ${5:+"$5"}
+    echo "== mpirun -np $1 $bin (pp $2, tp $3, $4 chunk(s) per rank${5:+, layers $5}${6:+, $6})"
+    "${mpirun[@]}" -np "$1" "$bin" "$dir" "$2" "$3" "$4" ${5:+"$5"} ${6:+"$6"}
 done
 
 shard="$dir/pp_train_000000.bin"  # 60000 tokens of a 250-token vocabulary, written by test_pp

@@ -2,9 +2,10 @@
 // reproduces the 1-rank run, for every ZeRO stage over the data-parallel group, with the 1F1B or the
 // interleaved schedule.
 //
-//   mpirun -np N build/test_pp DIR PP TP VIRTUAL [LAYERS]
+//   mpirun -np N build/test_pp DIR PP TP VIRTUAL [LAYERS [edges]]
 //     DIR: an empty directory shared by the ranks; PP x TP divides N; VIRTUAL: chunks per rank
-//     (1: 1F1B, more: interleaved); LAYERS: --pp-layers (default: the even split)
+//     (1: 1F1B, more: interleaved); LAYERS: --pp-layers (default, or "-": the even split);
+//     edges: the messages on a communicator per directed edge (as over NCCL; pipeline_links)
 //
 // Every rank also trains the 1-rank reference itself: a LocalComm model whose micro-batch is the dp
 // groups' micro-batches side by side (B = 2 dp), so it reads the very same tokens in every step.
@@ -67,11 +68,12 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int p
 int main(int argc, char** argv) {
     launch = bootstrap_launch(&argc, &argv);
     try {
-        if (argc != 5 && argc != 6) fail("usage: test_pp DIR PP TP VIRTUAL [LAYERS]");
+        if (argc < 5 || argc > 7) fail("usage: test_pp DIR PP TP VIRTUAL [LAYERS [edges]]");
         std::unique_ptr<Communicator> comm = make_host_communicator(launch);
         comm->timeout_s = 120;
         const int W = comm->world_size(), pp = std::atoi(argv[2]), tp = std::atoi(argv[3]), V = std::atoi(argv[4]);
-        const std::string layers = argc == 6 ? argv[5] : "";
+        const std::string layers = argc >= 6 && std::string(argv[5]) != "-" ? argv[5] : "";
+        const bool edges = argc == 7 && std::string(argv[6]) == "edges";
         const int dp = W / (pp * tp);
         const std::string shard = std::string(argv[1]) + "/pp_train_000000.bin";
         if (launch.rank == 0) write_shard(shard, 60000);
@@ -89,11 +91,14 @@ int main(int argc, char** argv) {
         for (int stage = 0; stage <= 3; stage++) {
             RunConfig cfg = make_config(shard, stage, W, pp, tp, V, layers, 2);
             ProcessGroups groups(*comm, cfg.dims);
-            const std::string what = strformat("dp %d x pp %d x tp %d, %s, layers %s, ZeRO-%d", dp, pp, tp,
+            const std::string what = strformat("dp %d x pp %d x tp %d, %s, layers %s%s, ZeRO-%d", dp, pp, tp,
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
-                                               pipeline_split(cfg).describe().c_str(), stage);
+                                               pipeline_split(cfg).describe().c_str(),
+                                               edges ? ", a communicator per edge" : "", stage);
+            PipelineParallel pipe = pipeline_of(cfg);
+            pipe.edge_links = edges;
             GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), true,
-                          groups.pp(), pipeline_of(cfg));
+                          groups.pp(), pipe);
 
             const MemoryPlan plan =
                 CpuBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());

@@ -160,9 +160,8 @@ public:
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
         chunks_ = pipeline_chunks(pipe_.split, pp.rank());
-        // Activations and gradients travel on two communicators of the pipeline group, one per
-        // direction, so each carries messages between two ranks in the same order as both post them.
-        if (stage_.pipelined) pp_grads_ = pp.split(0, pp.rank());
+        // Where activations and gradients travel between the stages (pipeline_links).
+        if (stage_.pipelined) links_ = pipeline_links(pp, pipe_.edge_links);
         acts_.assign(activation_floats(config_, max_B, max_T, tp_, stage_), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
@@ -464,7 +463,7 @@ private:
         const ActivationLayout a = activations(B, T, 0);
         if (!stage_.pipelined) return forward_chunk(a, 0, inputs, targets, B, T, pass, 0.0f, logits_row);
         step_ = {inputs, targets, B, T, 0.0f};
-        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_comm_.rank(), message_bytes(B * T), pp_comm_,
+        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_comm_.rank(), message_bytes(B * T), links_,
                                                  [&](int chunk) {
                                                      return forward_chunk(a, chunk, inputs, targets, B, T, pass, 0.0f,
                                                                           logits_row);
@@ -480,8 +479,7 @@ private:
     double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
         step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_comm_.rank();
-        double loss_sum = run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(B * T), pp_comm_,
-                                            *pp_grads_);
+        double loss_sum = run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(B * T), links_);
         wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
         const PipelineSplit& split = pipe_.split;
         if (split.holds_first(rank) != split.holds_last(rank)) {  // not a middle stage
@@ -640,13 +638,13 @@ private:
     ModelConfig config_;
     Communicator& tp_comm_;
     TensorParallel tp_;
-    Communicator& pp_comm_;                     // the pipeline group; activations travel forward on it
+    Communicator& pp_comm_;                     // the pipeline group
     PipelineParallel pipe_;
     ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
     ParamLayout whole_layout_{GPT2Params::table(config_)};
     StageShape stage_;
     std::vector<PipelineChunk> chunks_;         // this rank's chunks of layers, in virtual-stage order
-    std::unique_ptr<Communicator> pp_grads_;    // the pipeline group again: gradients travel back on it
+    PipelineLinks links_;                       // the stages' messages: on pp_comm_ and splits of it
     int max_B_, max_T_;
     int last_B_ = 1, last_T_ = 1;
     double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;

@@ -328,9 +328,9 @@ public:
             const PipeSchedule s = make_pipeline_schedule(pipe_.split.stages, pipe_.micro_batches, pipe_.split.chunks);
             if (!head_backward_follows_forward(s, pp_host_.rank()))
                 fail("GPT2CUDA: the pipeline schedule runs other passes between the head's forward and backward");
-            // Activations and gradients travel on two communicators of the pipeline group, one per
-            // direction, so each carries messages between two ranks in the same order as both post them.
-            pp_grads_ = pp_comm_.split(0, pp_comm_.rank());
+            // Where activations and gradients travel between the stages (pipeline_links): over NCCL
+            // a communicator per edge, as its streams need.
+            links_ = pipeline_links(pp_comm_, pipe_.edge_links || std::string(pp_comm_.backend()) == "nccl");
         }
         acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_, tp_, stage_), "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
@@ -1108,7 +1108,7 @@ private:
         };
         if (!stage_.pipelined) return forward(0);
         step_ = {inputs, targets, B, T, 0.0f};
-        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_host_.rank(), message_bytes(B * T), pp_comm_,
+        float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_host_.rank(), message_bytes(B * T), links_,
                                                  forward);
         wait(pp_host_.broadcast(&loss, sizeof(loss), last_stage_rank()));
         return loss;
@@ -1124,7 +1124,7 @@ private:
                            "(PipelineParallel::micro_batches)", m, pipe_.micro_batches));
         step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_host_.rank(), BT = B * T;
-        run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(BT), pp_comm_, *pp_grads_);
+        run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(BT), links_);
         stream_.synchronize();
         double loss_sum = 0.0;
         if (stage_.head)
@@ -1160,8 +1160,8 @@ private:
     Communicator& comm_;
     Communicator& tp_host_;  // the tensor-parallel group: host buffers
     Communicator& tp_comm_;  // the tensor-parallel group: device buffers
-    Communicator& pp_comm_;  // the pipeline group: device buffers; activations travel forward on it
-    std::unique_ptr<Communicator> pp_grads_;  // the pipeline group again: gradients travel back on it
+    Communicator& pp_comm_;  // the pipeline group: device buffers
+    PipelineLinks links_;    // the stages' messages: on pp_comm_ and splits of it
     CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
     CudaEvent tokens_uploaded_;  // the last upload has left pinned_tokens_
     double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
