@@ -90,6 +90,17 @@ inline std::vector<PipelineChunk> pipeline_chunks(const PipelineSplit& split, in
     return chunks;
 }
 
+// A step's micro-batches as the model was given them (host token ids, micro-batch after micro-batch),
+// kept for its PipelineStage calls while the step runs.
+struct PipelineBatch {
+    const int *inputs = nullptr, *targets = nullptr;
+    int B = 1, T = 1;
+    float grad_scale = 1.0f;
+    int rows() const { return B * T; }
+    const int* inputs_of(int mb) const { return inputs + (size_t)mb * B * T; }
+    const int* targets_of(int mb) const { return targets + (size_t)mb * B * T; }
+};
+
 // What a model gives the pipeline step. Every buffer is in the model's memory (host or device) and
 // holds one message: this rank's rows of the residual stream after a chunk (message_bytes).
 class PipelineStage {

@@ -419,33 +419,27 @@ private:
     }
     size_t message_bytes(int BT) const { return (size_t)tp_.rows(BT) * config_.channels * sizeof(float); }
 
-    // The step's micro-batches, for the PipelineStage calls below.
-    struct PipelineStep {
-        const int *inputs = nullptr, *targets = nullptr;
-        int B = 1, T = 1;
-        float grad_scale = 1.0f;
-    } step_;
+    PipelineBatch step_;  // the step under way, for the PipelineStage calls below
 
     // PipelineStage: the passes and buffers of the step under way (host memory, synchronous).
     double pipeline_forward(int chunk, int mb, int slot) override {
-        const size_t at = (size_t)mb * step_.B * step_.T;
-        return forward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + at, step_.targets + at,
+        return forward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs_of(mb), step_.targets_of(mb),
                              step_.B, step_.T, Pass::Train, step_.grad_scale);
     }
     void pipeline_backward(int chunk, int mb, int slot, bool last_micro_batch) override {
-        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + (size_t)mb * step_.B * step_.T,
+        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs_of(mb),
                        step_.B, step_.T, last_micro_batch);
     }
     void* chunk_input(int chunk, int slot) override {
-        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.B * step_.T);
+        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.rows());
     }
     void* chunk_output(int chunk, int slot) override {
-        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.B * step_.T);
+        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.rows());
     }
     void* residual_grad() override { return activations(step_.B, step_.T, 0).dresidual; }
     void* message_buffer(int which) override {
         const ActivationLayout a = activations(step_.B, step_.T, 0);
-        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.B * step_.T) * config_.channels;
+        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.rows()) * config_.channels;
     }
     void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void add(float* into, const float* from, size_t count) override {

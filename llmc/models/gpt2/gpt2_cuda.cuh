@@ -1046,21 +1046,16 @@ private:
     }
     size_t message_bytes(int BT) const { return (size_t)tp_.rows(BT) * config_.channels * sizeof(floatX); }
 
-    // The step's micro-batches (host token ids), for the PipelineStage calls below.
-    struct PipelineStep {
-        const int *inputs = nullptr, *targets = nullptr;
-        int B = 1, T = 1;
-        float grad_scale = 1.0f;
-    } step_;
+    PipelineBatch step_;  // the step under way, for the PipelineStage calls below
 
     // PipelineStage: the passes and buffers of the step under way. Each forward through the head
     // leaves its micro-batch's row losses on their way to the host (pinned_losses_, one block per
     // micro-batch), summed once the step's work is done.
     double pipeline_forward(int chunk, int mb, int slot) override {
-        const int BT = step_.B * step_.T;
+        const int BT = step_.rows();
         const size_t at = (size_t)mb * BT;
         const CudaActivationLayout a = activations(step_.B, step_.T, slot);
-        forward_chunk(a, chunk, step_.inputs + at, step_.targets + at, step_.B, step_.T, Pass::Train,
+        forward_chunk(a, chunk, step_.inputs_of(mb), step_.targets_of(mb), step_.B, step_.T, Pass::Train,
                       step_.grad_scale);
         if (chunks_[chunk].head)
             CUDA_CHECK(cudaMemcpyAsync(pinned_losses_.get() + at, a.row_loss, BT * sizeof(float),
@@ -1068,19 +1063,19 @@ private:
         return 0.0;
     }
     void pipeline_backward(int chunk, int mb, int slot, bool last_micro_batch) override {
-        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs + (size_t)mb * step_.B * step_.T,
+        backward_chunk(activations(step_.B, step_.T, slot), chunk, step_.inputs_of(mb),
                        step_.B, step_.T, last_micro_batch);
     }
     void* chunk_input(int chunk, int slot) override {
-        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.B * step_.T);
+        return chunk_input(activations(step_.B, step_.T, slot), chunk, step_.rows());
     }
     void* chunk_output(int chunk, int slot) override {
-        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.B * step_.T);
+        return chunk_output(activations(step_.B, step_.T, slot), chunks_[chunk], step_.rows());
     }
     void* residual_grad() override { return activations(step_.B, step_.T, 0).dresidual; }
     void* message_buffer(int which) override {
         const CudaActivationLayout a = activations(step_.B, step_.T, 0);
-        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.B * step_.T) * config_.channels;
+        return which == 0 ? a.recv : a.send_grad + (size_t)(which - 1) * tp_.rows(step_.rows()) * config_.channels;
     }
     void copy(void* dst, const void* src, size_t bytes) override {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
