@@ -67,7 +67,7 @@ inline double pipeline_comm_bytes(const RunConfig& cfg, const PipelineSplit& spl
         const int v = c * split.stages + rank;
         bytes += (v < S - 1) * message * cfg.grad_accum_steps + (v > 0) * message * cfg.grad_accum_steps;
     }
-    if (split.holds_first(rank) != split.holds_last(rank)) bytes += embedding_grad_floats * sizeof(float);
+    if (split.tied_embedding_peer(rank) >= 0) bytes += embedding_grad_floats * sizeof(float);
     return bytes;
 }
 

@@ -65,6 +65,19 @@ TEST_CASE("the head's backward directly follows its forward on the last rank (th
     REQUIRE(head_backward_follows_forward(s, 0));  // no head on rank 0
 }
 
+TEST_CASE("the tied embedding's gradient is summed between the first and the last stage only", "[pipeline]") {
+    const PipelineSplit four = make_pipeline_split(8, 4, 1);
+    CHECK(four.last_rank() == 3);
+    CHECK(four.tied_embedding_peer(0) == 3);
+    CHECK(four.tied_embedding_peer(3) == 0);
+    CHECK(four.tied_embedding_peer(1) == -1);
+    CHECK(four.tied_embedding_peer(2) == -1);
+    const PipelineSplit interleaved = make_pipeline_split(8, 2, 2);  // virtual stage 3 on rank 1
+    CHECK(interleaved.tied_embedding_peer(0) == 1);
+    CHECK(interleaved.tied_embedding_peer(1) == 0);
+    CHECK(make_pipeline_split(8, 1, 1).tied_embedding_peer(0) == -1);  // one rank holds both
+}
+
 TEST_CASE("per-edge links: each edge's split has exactly its two ranks, and every send meets its receive",
           "[pipeline]") {
     for (int P : {2, 3, 4, 8}) {

@@ -71,8 +71,15 @@ struct PipelineSplit {
         }
         return out;
     }
+    int last_rank() const { return rank_of(virtual_stages() - 1); }
     bool holds_first(int rank) const { return rank_of(0) == rank; }
-    bool holds_last(int rank) const { return rank_of(virtual_stages() - 1) == rank; }
+    bool holds_last(int rank) const { return last_rank() == rank; }
+    // The rank `rank` sums the tied embedding's gradient with: the last stage's for the first, the
+    // first's for the last; -1 for a middle stage, or where one rank holds both.
+    int tied_embedding_peer(int rank) const {
+        if (holds_first(rank) == holds_last(rank)) return -1;
+        return holds_first(rank) ? last_rank() : rank_of(0);
+    }
     std::string describe() const {
         std::string out;
         for (int v = 0; v < virtual_stages(); v++) out += strformat("%s%d", v ? "," : "", layers[v]);

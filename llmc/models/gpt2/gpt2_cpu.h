@@ -264,7 +264,7 @@ public:
             else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
         }
         if (stage_.pipelined)
-            wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
+            wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), pipe_.split.last_rank()));
     }
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
@@ -409,7 +409,6 @@ private:
 
     // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
 
-    int last_stage_rank() const { return pipe_.split.rank_of(pipe_.split.virtual_stages() - 1); }
     // The chunk's output: the residual stream after its last layer (this rank's rows of it).
     float* chunk_output(const ActivationLayout& a, const PipelineChunk& ch, int BT) const {
         return a.residual3 + (size_t)(ch.end - 1) * tp_.rows(BT) * config_.channels;
@@ -462,7 +461,7 @@ private:
                                                      return forward_chunk(a, chunk, inputs, targets, B, T, pass, 0.0f,
                                                                           logits_row);
                                                  });
-        wait(pp_comm_.broadcast(&loss, sizeof(loss), last_stage_rank()));
+        wait(pp_comm_.broadcast(&loss, sizeof(loss), pipe_.split.last_rank()));
         return loss;
     }
 
@@ -474,13 +473,11 @@ private:
         step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_comm_.rank();
         double loss_sum = run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(B * T), links_);
-        wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
-        const PipelineSplit& split = pipe_.split;
-        if (split.holds_first(rank) != split.holds_last(rank)) {  // not a middle stage
+        wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), pipe_.split.last_rank()));
+        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0) {
             size_t count = 0;
             float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
-            sum_with_peer(*this, pp_comm_, mine, count, split.holds_first(rank) ? last_stage_rank() : split.rank_of(0),
-                          activation_base(), acts_.size() - 16, pp_comm_);
+            sum_with_peer(*this, pp_comm_, mine, count, peer, activation_base(), acts_.size() - 16, pp_comm_);
         }
         return loss_sum;
     }

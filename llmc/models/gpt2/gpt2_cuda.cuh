@@ -287,8 +287,9 @@ public:
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
           pp_comm_(pp.comm ? *pp.comm : staged_local_), memory_(stream_.get(), host_),
-          engine_(layout_, zero_plan(config, dp.zero_stage, comm_.rank(), comm_.world_size(), tp_,
-                                     GPT2Params::stage_slice(pipe_.split, pp_host_.rank())),
+          engine_(layout_,
+                  ZeroPlan(layout_, effective_stage(dp.zero_stage, comm_.world_size()), comm_.rank(),
+                           comm_.world_size(), SHARD_ALIGN),
                   comm_, memory_),
           encoder_backward_(max_B, max_T) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
@@ -463,7 +464,7 @@ public:
             if (tp_.size > 1) tp_host_.all_gather(mine, logits_out, cols, CommDtype::F32).wait();
         }
         if (stage_.pipelined)
-            wait(pp_host_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), last_stage_rank()));
+            wait(pp_host_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), pipe_.split.last_rank()));
     }
 
     double grad_norm_squared() override {
@@ -961,8 +962,7 @@ private:
 
     template <typename Issue>
     CommHandle after_compute(Issue issue) {
-        CUDA_CHECK(cudaEventRecord(comm_ready_.get(), stream_.get()));
-        tp_comm_.order_after(comm_ready_.get());
+        before_messages(tp_comm_);
         return issue();
     }
     void tp_wait(CommHandle h) {
@@ -1029,7 +1029,6 @@ private:
 
     // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
 
-    int last_stage_rank() const { return pipe_.split.rank_of(pipe_.split.virtual_stages() - 1); }
     // A chunk's input in the slot (the embedding's output, or what the previous stage sent), and its
     // output: the residual stream after its last layer (this rank's rows of both).
     floatX* chunk_input(const CudaActivationLayout& a, int chunk, int BT) const {
@@ -1087,8 +1086,7 @@ private:
     }
     void wait(CommHandle h) override {
         h.wait();
-        pp_wait_ms_ += h.wait_ms();
-        tp_exposed_ms_ += h.wait_ms();
+        tp_exposed_ms_ += h.wait_ms();  // the pipeline's waits count as exposed communication
     }
 
     // A forward pass through every virtual stage in order, one micro-batch, stage after stage: what
@@ -1105,7 +1103,7 @@ private:
         step_ = {inputs, targets, B, T, 0.0f};
         float loss = (float)run_pipeline_forward(*this, pipe_.split, pp_host_.rank(), message_bytes(B * T), links_,
                                                  forward);
-        wait(pp_host_.broadcast(&loss, sizeof(loss), last_stage_rank()));
+        wait(pp_host_.broadcast(&loss, sizeof(loss), pipe_.split.last_rank()));
         return loss;
     }
 
@@ -1124,14 +1122,12 @@ private:
         double loss_sum = 0.0;
         if (stage_.head)
             for (int mb = 0; mb < m; mb++) loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);
-        wait(pp_host_.broadcast(&loss_sum, sizeof(loss_sum), last_stage_rank()));
-        const PipelineSplit& split = pipe_.split;
-        if (split.holds_first(rank) != split.holds_last(rank)) {  // not a middle stage
+        wait(pp_host_.broadcast(&loss_sum, sizeof(loss_sum), pipe_.split.last_rank()));
+        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0) {
             size_t count = 0;
             float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
-            sum_with_peer(*this, pp_comm_, mine, count, split.holds_first(rank) ? last_stage_rank() : split.rank_of(0),
-                          reinterpret_cast<float*>(acts_.get()), acts_.bytes() / sizeof(float), pp_host_);
-            stream_.synchronize();
+            sum_with_peer(*this, pp_comm_, mine, count, peer, reinterpret_cast<float*>(acts_.get()),
+                          acts_.bytes() / sizeof(float), pp_host_);
         }
         return loss_sum;
     }
@@ -1159,7 +1155,7 @@ private:
     PipelineLinks links_;    // the stages' messages: on pp_comm_ and splits of it
     CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
     CudaEvent tokens_uploaded_;  // the last upload has left pinned_tokens_
-    double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
+    double tp_exposed_ms_ = 0;
     DeviceMemory memory_;
     ZeroEngine<DeviceMemory> engine_;
     BucketView<DeviceMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
