@@ -197,9 +197,9 @@ inline PipelineLinks pipeline_links(Communicator& pp, bool per_edge) {
 // One step of a pipelined model on pipeline rank `rank`: its actions of the step's schedule (1F1B or
 // interleaved), each the forward or backward of one micro-batch through one chunk. A chunk's input
 // arrives from the previous virtual stage and its output leaves for the next; going backward, the
-// output's gradient arrives and the input's leaves (on `links`). The receive an action needs is posted as soon as the one before it has
-// landed, so it travels while this rank computes; sends go out as soon as their data is ready and
-// are waited for only before their buffer is reused. A micro-batch's activations stay in one slot
+// output's gradient arrives and the input's leaves (on `links`). The receive an action needs is
+// posted as soon as the one before it has landed, so it travels while this rank computes; sends go
+// out as soon as their data is ready and are waited for only before their buffer is reused. A micro-batch's activations stay in one slot
 // from its first forward on this rank to its last backward there; `slots` must cover the schedule's
 // peak. Returns the sum of the micro-batches' losses on the rank of the last stage, 0 elsewhere.
 // Every message is put on its way when it is issued (a look at its handle: NcclComm defers messages

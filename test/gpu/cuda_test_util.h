@@ -1,13 +1,16 @@
 // cuda_test_util.h: what the CUDA model's multi-rank tests (test_tp_cuda, test_pp_cuda) share, on
-// top of test/mpi/mpi_test_util.h: training a GPT2CUDA through the trainer, the 1-rank CUDA and CPU
-// references every rank trains for itself, and the checks every mesh gets.
+// top of test/mpi/mpi_test_util.h: the model of a mesh with its planned bytes checked, training it
+// through the trainer, the 1-rank CUDA and CPU references every rank trains for itself, and the
+// same-on-every-rank check.
 #pragma once
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "llmc/dist/process_groups.h"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/planner.h"
@@ -59,19 +62,20 @@ inline void use_this_ranks_gpu() {
     CUDA_CHECK(cudaSetDevice(launch.local_rank % devices));
 }
 
-// The model a BuiltModel holds, which must be a GPT2CUDA.
-inline GPT2CUDA& cuda_model(BuiltModel& built, const std::string& what) {
+// This rank's model for `cfg`, made by CudaBackend::make_model exactly as train_gpt makes it (into
+// `built`, which owns it and its device communicators), its allocations checked against
+// CudaBackend::memory_plan for its place in the mesh: every memory kind's bytes equal the plan's.
+inline GPT2CUDA& make_planned_model(BuiltModel& built, const RunConfig& cfg, const ProcessGroups& groups,
+                                    const std::string& what) {
+    built = CudaBackend::make_model(cfg, groups, launch);
     GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
     check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
-    return *model;
-}
-
-// Every memory kind's allocated bytes equal the plan's.
-inline void check_planned_bytes(const MemoryPlan& plan, const Model& model, const std::string& what) {
+    const MemoryPlan plan = CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
     for (int k = 0; k < (int)MemoryKind::Count; k++)
-        check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
+        check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
               strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
-                        memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
+                        memory_kind_name((MemoryKind)k), model->allocated_bytes((MemoryKind)k)));
+    return *model;
 }
 
 // The same bits on every rank of `comm` as on its rank 0.

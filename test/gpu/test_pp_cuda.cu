@@ -115,12 +115,8 @@ int main(int argc, char** argv) {
                 strformat("dp %d x pp %d x tp %d, %s, layers %s, ZeRO-%d", dp, pp, tp,
                           V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
                           pipeline_split(cfg).describe().c_str(), stage);
-            BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = &cuda_model(built, what);
-
-            const MemoryPlan plan =
-                CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
-            check_planned_bytes(plan, *model, what);
+            BuiltModel built;
+            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
 
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -169,11 +165,8 @@ int main(int argc, char** argv) {
             ProcessGroups groups(*comm, cfg.dims);
             const std::string what = strformat("dp %d x pp %d x tp %d, %s, ZeRO-1, -r 3", dp, pp, tp,
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B");
-            BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = &cuda_model(built, what);
-            const MemoryPlan plan =
-                CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
-            check_planned_bytes(plan, *model, what);
+            BuiltModel built;
+            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",

@@ -102,15 +102,8 @@ int main(int argc, char** argv) {
                 ProcessGroups groups(*comm, cfg.dims);
                 const std::string what =
                     strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
-                BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-                GPT2CUDA* model = &cuda_model(built, what);
-
-                const TpShape shape = CudaBackend::tp_shape(cfg, groups.tp().rank());
-                const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, stage, groups.dp().rank(), dp, shape);
-                const MemoryPlan plan = plan_memory(
-                    cfg, zero, GPT2CUDA::memory_specs(cfg.model_config, BATCH, SEQ, {}, zero, shape),
-                    DeviceMemory::precision);
-                check_planned_bytes(plan, *model, what);
+                BuiltModel built;
+                GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
 
                 const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
                 const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -162,8 +155,8 @@ int main(int argc, char** argv) {
             const RunConfig cfg = make_config(shard, 1, W, tp, 1, BATCH, recompute);
             ProcessGroups groups(*comm, cfg.dims);
             const std::string what = strformat("dp %d x tp %d, ZeRO-1, sequence parallel on, -r %d", dp, tp, recompute);
-            BuiltModel built = CudaBackend::make_model(cfg, groups, launch);
-            GPT2CUDA* model = &cuda_model(built, what);
+            BuiltModel built;
+            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",
