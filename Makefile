@@ -207,6 +207,9 @@ clean:
 
 -include $(TEST_OBJS:.o=.d) $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.d)
 
+# ---- the emulation build: the CUDA sources on the CPU (train_gpt_emu, test-emu) ----
+include make/emu.mk
+
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 # The GPU tests have their own main (it skips without a GPU); they link Catch2's implementation.
 $(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps

@@ -33,7 +33,7 @@ inline void add_into(float* dst, const float* src, size_t n, cudaStream_t stream
     if (n == 0) return;
     const int block = 256;
     const int grid = (int)std::min<size_t>(ceil_div(n, (size_t)block), 4096);
-    add_into_kernel<<<grid, block, 0, stream>>>(dst, src, n);
+    LLMC_LAUNCH(add_into_kernel, grid, block, 0, stream)(dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -118,7 +118,7 @@ inline void adamw_update(floatX* params, float* master, const float* grads, floa
     const size_t work = num_vecs + (n - num_vecs * f128::size);
     const size_t blocks = ceil_div(work, (size_t)ADAMW_BLOCK_SIZE);
     if (blocks > (size_t)INT_MAX) fail(strformat("adamw_update: %zu elements need too many blocks", n));
-    adamw_kernel<<<(unsigned)blocks, ADAMW_BLOCK_SIZE, 0, stream>>>(params, master, grads, m, v, n, head, num_vecs, s);
+    LLMC_LAUNCH(adamw_kernel, (unsigned)blocks, ADAMW_BLOCK_SIZE, 0, stream)(params, master, grads, m, v, n, head, num_vecs, s);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -133,7 +133,7 @@ inline void copy_master_to_params(floatX* params, const float* master, size_t n,
     if (n == 0) return;
     const size_t blocks = ceil_div(n, (size_t)ADAMW_BLOCK_SIZE);
     if (blocks > (size_t)INT_MAX) fail(strformat("copy_master_to_params: %zu elements need too many blocks", n));
-    copy_master_to_params_kernel<<<(unsigned)blocks, ADAMW_BLOCK_SIZE, 0, stream>>>(params, master, n);
+    LLMC_LAUNCH(copy_master_to_params_kernel, (unsigned)blocks, ADAMW_BLOCK_SIZE, 0, stream)(params, master, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -49,31 +49,57 @@ __device__ inline uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_ge
 // 16-byte global -> shared copy that bypasses registers; with valid false nothing is read and the
 // 16 bytes are zero-filled (src must still be a mapped address).
 __device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+#ifdef LLMC_EMU
+    emu::ptx::cp_async(dst, src, 16, valid ? 16 : 0);
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
+#endif
 }
 __device__ inline void cp_async4(uint32_t dst, const void* src, bool valid) {
+#ifdef LLMC_EMU
+    emu::ptx::cp_async(dst, src, 4, valid ? 4 : 0);
+#else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
+#endif
 }
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ inline void cp_async_commit() {
+#ifdef LLMC_EMU
+    emu::ptx::cp_async_commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ inline void cp_async_wait() {
+#ifdef LLMC_EMU
+    emu::ptx::cp_async_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 // Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
 // lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 of matrix i (of its transpose with .trans).
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#ifdef LLMC_EMU
+    emu::ptx::ldmatrix_x4(r, addr, false);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#ifdef LLMC_EMU
+    emu::ptx::ldmatrix_x4(r, addr, true);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 
 // d += a b for a 16x16 (row-major) times 16x8 (column-major) bf16 product, fp32 accumulators.
@@ -81,18 +107,26 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 // a[0]: row g, columns c, c+1; a[1]: row g+8, same; a[2], a[3]: the same rows, columns c+8, c+9.
 // b0: rows (k) c, c+1 of column (n) g; b1: rows c+8, c+9.
 __device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef LLMC_EMU
+    emu::ptx::mma_m16n8k16_bf16(d, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // 2^x in one instruction (relative error about 2^-22); 2^-inf = 0, which is how masked scores vanish.
 __device__ inline float fast_exp2(float x) {
+#ifdef LLMC_EMU
+    return emu::ptx::ex2_approx_ftz(x);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 // Two floats as a bf16 pair, the lower column in the low half (the mma operand order).
@@ -229,8 +263,7 @@ template <int HS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
     attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
-    extern __shared__ __align__(16) unsigned char attention_smem[];
-    floatX* q_s = reinterpret_cast<floatX*>(attention_smem);  // [BM][STRIDE]
+    floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* k_s = q_s + BM * STRIDE;                          // [2][BN][STRIDE]
     floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
 
@@ -380,8 +413,7 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
     attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                                  const float* D, int T, int NH, float scale_log2, float scale) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
-    extern __shared__ __align__(16) unsigned char attention_smem[];
-    floatX* q_s = reinterpret_cast<floatX*>(attention_smem);  // [BM][STRIDE]
+    floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* do_s = q_s + BM * STRIDE;                         // [BM][STRIDE]
     floatX* k_s = do_s + BM * STRIDE;                         // [2][BN][STRIDE]
     floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
@@ -483,8 +515,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                                   const float* D, int T, int NH, float scale_log2, float scale) {
     constexpr int BN = 16 * WARPS, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
-    extern __shared__ __align__(16) unsigned char attention_smem[];
-    floatX* k_s = reinterpret_cast<floatX*>(attention_smem);  // [BN][STRIDE]
+    floatX* k_s = dynamic_shared_memory<floatX>();  // [BN][STRIDE]
     floatX* v_s = k_s + BN * STRIDE;                          // [BN][STRIDE]
     floatX* q_s = v_s + BN * STRIDE;                          // [2][BQ][STRIDE]
     floatX* do_s = q_s + 2 * BQ * STRIDE;                     // [2][BQ][STRIDE]
@@ -615,7 +646,7 @@ inline void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
     set_smem_limit(kernel, smem, "attention_forward", HS);
     const dim3 grid(B * NH, ceil_div(T, 16 * WARPS));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    kernel<<<grid, WARPS * 32, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
+    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, qkv, T, NH, scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -625,8 +656,7 @@ inline void attention_backward_launch(floatX* dqkv, float* D, const floatX* dout
                                       cudaStream_t stream) {
     const size_t rows = (size_t)B * NH * T;
     constexpr int ROWDOT_THREADS = 256;
-    attention_backward_rowdot_kernel<HS><<<(unsigned)ceil_div(rows, (size_t)ROWDOT_THREADS), ROWDOT_THREADS, 0,
-                                           stream>>>(D, dout, out, T, NH, rows);
+    LLMC_LAUNCH(attention_backward_rowdot_kernel<HS>, (unsigned)ceil_div(rows, (size_t)ROWDOT_THREADS), ROWDOT_THREADS, 0, stream)(D, dout, out, T, NH, rows);
     CUDA_CHECK_LAUNCH();
 
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
@@ -636,14 +666,14 @@ inline void attention_backward_launch(floatX* dqkv, float* D, const floatX* dout
     auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ>;
     set_smem_limit(dkv_kernel, dkv_smem, "attention_backward", HS);
     const dim3 dkv_grid(B * NH, ceil_div(T, 16 * DKV_WARPS));
-    dkv_kernel<<<dkv_grid, DKV_WARPS * 32, dkv_smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 
     constexpr size_t dq_smem = dq_smem_bytes<HS>();
     auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS>;
     set_smem_limit(dq_kernel, dq_smem, "attention_backward", HS);
     const dim3 dq_grid(B * NH, ceil_div(T, 16 * DQ_WARPS));
-    dq_kernel<<<dq_grid, DQ_WARPS * 32, dq_smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 }
 

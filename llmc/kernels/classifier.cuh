@@ -100,7 +100,7 @@ inline void fused_classifier(floatX* logits, float* row_loss, const int* targets
     if (Vp % x128::size != 0)
         fail(strformat("fused_classifier: padded vocab Vp must be a multiple of %d, got %d", x128::size, Vp));
     if ((uintptr_t)logits % 16 != 0) fail("fused_classifier: logits must be 16-byte aligned");
-    fused_classifier_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(logits, row_loss, targets, dloss, V, Vp,
+    LLMC_LAUNCH(fused_classifier_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(logits, row_loss, targets, dloss, V, Vp,
                                                                         write_dlogits);
     CUDA_CHECK_LAUNCH();
 }
@@ -182,7 +182,7 @@ inline void check_vocab_slice(const char* who, const floatX* logits, int rows, i
 inline void classifier_local_stats(float* stats, const floatX* logits, const int* targets, int rows, int vocab_begin,
                                    int real, int cols, cudaStream_t stream) {
     check_vocab_slice("classifier_local_stats", logits, rows, vocab_begin, real, cols);
-    classifier_local_stats_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(stats, logits, targets, vocab_begin,
+    LLMC_LAUNCH(classifier_local_stats_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(stats, logits, targets, vocab_begin,
                                                                               real, cols);
     CUDA_CHECK_LAUNCH();
 }
@@ -195,7 +195,7 @@ inline void classifier_from_stats(floatX* logits, float* row_loss, const int* ta
                                   bool write_dlogits, cudaStream_t stream) {
     check_vocab_slice("classifier_from_stats", logits, rows, vocab_begin, real, cols);
     if (ranks < 1) fail(strformat("classifier_from_stats: ranks must be >= 1, got %d", ranks));
-    classifier_from_stats_kernel<<<rows, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(
+    LLMC_LAUNCH(classifier_from_stats_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(
         logits, row_loss, targets, all_stats, ranks, rows, dloss, V, vocab_begin, real, cols, write_dlogits);
     CUDA_CHECK_LAUNCH();
 }

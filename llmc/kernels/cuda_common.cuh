@@ -49,6 +49,28 @@ using floatX = __nv_bfloat16;
 // After a kernel launch: catches bad launch configurations at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
+// A kernel launch, `LLMC_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)`: nvcc's
+// `kernel<<<grid, block, shared_bytes, stream>>>(args...)`, spelled so that the emulation build
+// (dev/emu/emu.h: the same sources compiled by g++ and run on the CPU) can launch it too. A template
+// kernel whose name holds a comma goes in parentheses.
+#ifdef LLMC_EMU
+#define LLMC_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+    ::emu::Launch(kernel, #kernel, grid, block, shared_bytes, stream)
+#else
+#define LLMC_LAUNCH(kernel, grid, block, shared_bytes, stream) kernel<<<grid, block, shared_bytes, stream>>>
+#endif
+
+// The block's dynamic shared memory (the launch's shared_bytes), 16-byte aligned, as a T array.
+template <typename T>
+__device__ inline T* dynamic_shared_memory() {
+#ifdef LLMC_EMU
+    return reinterpret_cast<T*>(::emu::dynamic_shared_base());
+#else
+    extern __shared__ __align__(16) unsigned char llmc_dynamic_shared[];
+    return reinterpret_cast<T*>(llmc_dynamic_shared);
+#endif
+}
+
 template <typename T>
 __host__ __device__ constexpr T ceil_div(T a, T b) {
     return (a + b - 1) / b;

@@ -56,7 +56,7 @@ inline void encoder_forward(floatX* out, const int* tokens, const floatX* wte, c
     const int threads = 256;
     const size_t blocks = ceil_div((size_t)B * T * (C / x128::size), (size_t)threads);
     if (blocks > (size_t)INT_MAX) fail(strformat("encoder_forward: B = %d x T = %d x C = %d is too large", B, T, C));
-    encoder_forward_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, tokens, wte, wpe, B, T, C);
+    LLMC_LAUNCH(encoder_forward_kernel, (unsigned)blocks, threads, 0, stream)(out, tokens, wte, wpe, B, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -116,7 +116,7 @@ inline void embedding_forward_range(floatX* out, const int* tokens, const floatX
                        vocab_end));
     const int threads = 256;
     const size_t blocks = embedding_blocks(rows, C, threads, "embedding_forward_range");
-    embedding_forward_range_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, tokens, wte, vocab_begin, vocab_end,
+    LLMC_LAUNCH(embedding_forward_range_kernel, (unsigned)blocks, threads, 0, stream)(out, tokens, wte, vocab_begin, vocab_end,
                                                                              rows, C);
     CUDA_CHECK_LAUNCH();
 }
@@ -127,7 +127,7 @@ inline void add_positions(floatX* out, const floatX* inp, const floatX* wpe, int
     if (T < 1 || row0 < 0) fail(strformat("add_positions: T = %d, row0 = %d; expected T >= 1, row0 >= 0", T, row0));
     const int threads = 256;
     const size_t blocks = embedding_blocks(rows, C, threads, "add_positions");
-    add_positions_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, inp, wpe, row0, rows, T, C);
+    LLMC_LAUNCH(add_positions_kernel, (unsigned)blocks, threads, 0, stream)(out, inp, wpe, row0, rows, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -388,14 +388,14 @@ inline void EncoderBackward::backward(float* dwte, float* dwpe, const floatX* do
     // A vocabulary slice may hold none of the batch's tokens: then there is no wte block to launch.
     if (num_groups > 0) {
         const dim3 wte_blocks(num_groups, ceil_div(C, ENCODER_TILE_CHANNELS));
-        encoder_backward_wte_kernel<<<wte_blocks, ENCODER_BACKWARD_WARPS * WARP_SIZE, 0, stream>>>(
+        LLMC_LAUNCH(encoder_backward_wte_kernel, wte_blocks, ENCODER_BACKWARD_WARPS * WARP_SIZE, 0, stream)(
             dwte, dout, groups, groups + num_groups, groups + 2 * num_groups, groups + 3 * num_groups, C);
         CUDA_CHECK_LAUNCH();
     }
 
     const int threads = 256;
     const int wpe_blocks = (int)ceil_div((size_t)T * (C / x128::size), (size_t)threads);
-    encoder_backward_wpe_kernel<<<wpe_blocks, threads, 0, stream>>>(dwpe, dout, B, T, C);
+    LLMC_LAUNCH(encoder_backward_wpe_kernel, wpe_blocks, threads, 0, stream)(dwpe, dout, B, T, C);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(consumed_.get(), stream));
 }

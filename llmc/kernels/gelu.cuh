@@ -64,7 +64,7 @@ inline void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t 
     gelu_check_arguments("gelu_forward", out, inp);
     const size_t blocks = ceil_div(n, (size_t)GELU_BLOCK_SIZE * x128::size);
     if (blocks > 0x7fffffffu) fail(strformat("gelu_forward: n = %zu elements is too many for one launch", n));
-    gelu_forward_kernel<<<(unsigned)blocks, GELU_BLOCK_SIZE, 0, stream>>>(out, inp, n);
+    LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)(out, inp, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -93,7 +93,7 @@ inline void gelu_backward_inplace(floatX* d_in_out, const floatX* pre_gelu, size
     gelu_check_arguments("gelu_backward_inplace", d_in_out, pre_gelu);
     const size_t blocks = ceil_div(n, (size_t)GELU_BLOCK_SIZE * x128::size);
     if (blocks > 0x7fffffffu) fail(strformat("gelu_backward_inplace: n = %zu elements is too many for one launch", n));
-    gelu_backward_inplace_kernel<<<(unsigned)blocks, GELU_BLOCK_SIZE, 0, stream>>>(d_in_out, pre_gelu, n);
+    LLMC_LAUNCH(gelu_backward_inplace_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)(d_in_out, pre_gelu, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -63,10 +63,10 @@ inline void global_norm_squared(double* out, float* partials, const float* x, si
     const size_t to_boundary = (16 - (uintptr_t)x % 16) % 16 / sizeof(float);
     const size_t head = to_boundary < n ? to_boundary : n;
     const size_t num_vecs = (n - head) / f128::size;
-    global_norm_partials_kernel<<<GLOBAL_NORM_BLOCKS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials, x, n, head,
+    LLMC_LAUNCH(global_norm_partials_kernel, GLOBAL_NORM_BLOCKS, GLOBAL_NORM_BLOCK_SIZE, 0, stream)(partials, x, n, head,
                                                                                           num_vecs);
     CUDA_CHECK_LAUNCH();
-    global_norm_final_kernel<<<1, GLOBAL_NORM_FINAL_BLOCK_SIZE, 0, stream>>>(out, partials, GLOBAL_NORM_BLOCKS,
+    LLMC_LAUNCH(global_norm_final_kernel, 1, GLOBAL_NORM_FINAL_BLOCK_SIZE, 0, stream)(out, partials, GLOBAL_NORM_BLOCKS,
                                                                             accumulate);
     CUDA_CHECK_LAUNCH();
 }

@@ -151,7 +151,7 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     const int blocks = ceil_div(N, LAYERNORM_FORWARD_WARPS);
     const int threads = LAYERNORM_FORWARD_WARPS * WARP_SIZE;
     auto launch = [&](auto kernel) {
-        kernel<<<blocks, threads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+        LLMC_LAUNCH(kernel, blocks, threads, 0, stream)(out, mean, rstd, inp, weight, bias, N, C);
         CUDA_CHECK_LAUNCH();
     };
     switch (ceil_div(C / x128::size, WARP_SIZE)) {
@@ -199,7 +199,7 @@ inline void layernorm_recompute(floatX* out, const floatX* inp, const float* mea
     const size_t vectors = (size_t)N * (C / x128::size);
     const size_t blocks = ceil_div(vectors, (size_t)threads);
     if (blocks > 0x7fffffffULL) fail(strformat("layernorm_recompute: N = %d x C = %d is too large", N, C));
-    layernorm_recompute_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, inp, mean, rstd, weight, bias, N, C);
+    LLMC_LAUNCH(layernorm_recompute_kernel, (unsigned)blocks, threads, 0, stream)(out, inp, mean, rstd, weight, bias, N, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
     layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                               const floatX* weight, const float* mean, const float* rstd, int N, int C,
                               int rows_per_block) {
-    extern __shared__ __align__(16) float warp_slices[];  // [warps][2 * C]
+    float* warp_slices = dynamic_shared_memory<float>();  // [warps][2 * C]
     layernorm_backward_zero_slices(warp_slices, C);
     const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int chunks = C / x128::size;
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
     layernorm_backward_streaming_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                         const floatX* weight, const float* mean, const float* rstd, int N, int C,
                                         int rows_per_block) {
-    extern __shared__ __align__(16) float warp_slices[];  // [warps][2 * C]
+    float* warp_slices = dynamic_shared_memory<float>();  // [warps][2 * C]
     layernorm_backward_zero_slices(warp_slices, C);
     const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int chunks = C / x128::size;
@@ -432,7 +432,7 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
             CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)plan.shared_bytes));
         }
-        kernel<<<plan.blocks, plan.warps_per_block * WARP_SIZE, plan.shared_bytes, stream>>>(
+        LLMC_LAUNCH(kernel, plan.blocks, plan.warps_per_block * WARP_SIZE, plan.shared_bytes, stream)(
             dinp, scratch, dout, inp, weight, mean, rstd, N, C, plan.rows_per_block);
         CUDA_CHECK_LAUNCH();
     };
@@ -450,7 +450,7 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
     static_assert(LAYERNORM_MAX_CHUNKS_PER_LANE == 8, "the switch above instantiates 1..8");
 
     const dim3 sum_threads(WARP_SIZE, LAYERNORM_PARTIAL_SUM_SLICES);
-    layernorm_sum_partials_kernel<<<ceil_div(2 * C, WARP_SIZE), sum_threads, 0, stream>>>(dweight, dbias, scratch,
+    LLMC_LAUNCH(layernorm_sum_partials_kernel, ceil_div(2 * C, WARP_SIZE), sum_threads, 0, stream)(dweight, dbias, scratch,
                                                                                          plan.blocks, C);
     CUDA_CHECK_LAUNCH();
 }

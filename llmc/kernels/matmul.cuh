@@ -333,10 +333,10 @@ inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int 
     const int col_blocks = ceil_div(OC, BIAS_GRAD_COLUMNS_PER_BLOCK);
     if (col_blocks > 65535) fail(strformat("%s: OC = %d columns is too many (at most %d)", op, OC, 65535 * 256));
     const dim3 grid(row_blocks, col_blocks), block(BIAS_GRAD_COLUMN_GROUPS, BIAS_GRAD_ROW_LANES);
-    bias_grad_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, BT, OC);
+    LLMC_LAUNCH(bias_grad_partials_kernel, grid, block, 0, stream)(scratch, dout, BT, OC);
     CUDA_CHECK_LAUNCH();
     constexpr int SUM_THREADS = 256;
-    bias_grad_sum_kernel<<<ceil_div(OC, SUM_THREADS), SUM_THREADS, 0, stream>>>(dbias, scratch, row_blocks, OC);
+    LLMC_LAUNCH(bias_grad_sum_kernel, ceil_div(OC, SUM_THREADS), SUM_THREADS, 0, stream)(dbias, scratch, row_blocks, OC);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -487,7 +487,7 @@ inline void bias_residual_add(floatX* out, const floatX* sum, const floatX* bias
     const int threads = 256;
     const size_t blocks = ceil_div((size_t)rows * (C / x128::size), (size_t)threads);
     if (blocks > (size_t)INT_MAX) fail(strformat("bias_residual_add: rows = %d x C = %d is too large", rows, C));
-    bias_residual_add_kernel<<<(unsigned)blocks, threads, 0, stream>>>(out, sum, bias, base, rows, C);
+    LLMC_LAUNCH(bias_residual_add_kernel, (unsigned)blocks, threads, 0, stream)(out, sum, bias, base, rows, C);
     CUDA_CHECK_LAUNCH();
 }
 

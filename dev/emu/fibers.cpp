@@ -1,0 +1,379 @@
+// dev/emu/fibers.cpp: one block of a kernel on one OS thread, every CUDA thread a fiber.
+//
+// A block runs in rounds. In a round, every thread that can run does, in the schedule's order
+// (forward, reverse or a seeded shuffle), until it reaches a barrier, a warp collective or its end;
+// a fiber switch is all that costs (boost.context's fcontext, a few nanoseconds). Then the waits
+// that are satisfied are released: __syncthreads when every live thread of the block is at it, a
+// warp collective when every lane of its mask is. If nothing can be released while threads are
+// still waiting, the block would hang on a GPU: the emulator reports who waits where and aborts.
+//
+// A thread's code between two barriers runs at once, before or after another thread's, so a
+// missing barrier shows as a different result under another schedule (runtime.cpp's race check).
+#include "dev/emu/fibers.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+
+namespace emu {
+
+thread_local ThreadState* current_thread = nullptr;
+
+namespace {
+
+namespace bctx = boost::context::detail;
+
+#ifdef EMU_ASAN
+constexpr size_t STACK_BYTES = size_t(512) << 10;  // ASan's instrumented frames are larger
+#else
+constexpr size_t STACK_BYTES = size_t(128) << 10;
+#endif
+constexpr int MAX_THREADS = 1024;
+constexpr size_t EXCHANGE_BYTES = 64;
+
+// Dynamic shared memory, 227 KB, and the 32-bit window that shared addresses are offsets in. It is
+// thread_local like the kernels' static __shared__ variables, so both lie in this OS thread's TLS
+// block, well inside a 4 GB window centred on the arena.
+thread_local unsigned char shared_arena[232448] __attribute__((aligned(128)));
+
+struct Fiber;
+
+// A CUDA thread: its state, its stack and where it waits.
+struct Fiber {
+    enum class Wait { Runnable, Block, Warp, Done };
+    ThreadState state;
+    bctx::fcontext_t context = nullptr;  // where to resume it
+    bctx::fcontext_t caller = nullptr;   // the scheduler, while it runs
+    Wait wait = Wait::Runnable;
+    int predicate = 0;                   // at a block barrier
+    unsigned mask = 0;                   // at a warp collective
+    const char* what = "";
+    size_t bytes = 0;
+    WarpCombine combine = nullptr;       // at a warp_combine
+    int parity = 0;                      // which half of the warp's exchange slots it writes next
+    int deposit_parity = 0;              // and the half it wrote at its current collective
+    uint32_t peer_parities = 0;          // bit l: the half lane l wrote, when the collective released
+    PendingCopies copies;
+    void* stack = nullptr;
+#ifdef EMU_ASAN
+    void* fake_stack = nullptr;
+    const void* caller_stack = nullptr;
+    size_t caller_stack_bytes = 0;
+#endif
+};
+
+struct Worker {
+    Fiber fibers[MAX_THREADS];
+    // [warp][parity][lane]: a lane's deposit for a warp collective.
+    unsigned char slots[MAX_THREADS / 32][2][32][EXCHANGE_BYTES];
+    // [warp][lane]: a lane's result of the warp's last warp_combine (read before its next collective).
+    unsigned char results[MAX_THREADS / 32][32][EXCHANGE_BYTES];
+    const BlockTask* task = nullptr;
+    int block_result = 0;  // the sum of predicates at the last block barrier
+    int threads = 0;
+    Fiber* running = nullptr;
+    ~Worker() {
+        for (Fiber& f : fibers)
+            if (f.stack) munmap(f.stack, STACK_BYTES + (size_t)getpagesize());
+    }
+};
+thread_local Worker* worker = nullptr;
+
+Worker& this_worker() {
+    if (!worker) worker = new Worker();  // per OS thread, for the life of the process
+    return *worker;
+}
+
+// A stack with a guard page below it, so an overflow faults instead of corrupting a neighbour.
+void* stack_top(Fiber& f) {
+    const size_t page = (size_t)getpagesize();
+    if (!f.stack) {
+        f.stack = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (f.stack == MAP_FAILED) fatal("emulator", "cannot map a fiber stack");
+        mprotect(f.stack, page, PROT_NONE);
+    }
+    return static_cast<char*>(f.stack) + page + STACK_BYTES;
+}
+
+void switch_to_scheduler(Fiber& f, bool dying) {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake_stack, f.caller_stack, f.caller_stack_bytes);
+#else
+    (void)dying;
+#endif
+    f.caller = bctx::jump_fcontext(f.caller, nullptr).fctx;
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(f.fake_stack, &f.caller_stack, &f.caller_stack_bytes);
+#endif
+}
+
+void fiber_main(bctx::transfer_t from) {
+    Fiber& f = *static_cast<Fiber*>(from.data);
+    f.caller = from.fctx;
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &f.caller_stack, &f.caller_stack_bytes);
+#endif
+    Worker& w = this_worker();
+    w.task->body(w.task->closure);
+    f.wait = Fiber::Wait::Done;
+    f.copies.clear();
+    switch_to_scheduler(f, true);
+    fatal("emulator", "a finished fiber was resumed");
+}
+
+void resume(Worker& w, Fiber& f) {
+    current_thread = &f.state;
+    w.running = &f;
+#ifdef EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, static_cast<char*>(f.stack) + getpagesize(), STACK_BYTES);
+#endif
+    f.context = bctx::jump_fcontext(f.context, &f).fctx;
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    w.running = nullptr;
+    current_thread = nullptr;
+}
+
+Fiber& running_fiber(const char* what) {
+    Worker* w = worker;
+    if (!w || !w->running) fatal(what, "called outside a kernel");
+    return *w->running;
+}
+
+std::string describe_waits(const Worker& w) {
+    std::string s;
+    int shown = 0;
+    for (int i = 0; i < w.threads && shown < 8; i++) {
+        const Fiber& f = w.fibers[i];
+        if (f.wait == Fiber::Wait::Done) continue;
+        s += "\n  thread " + std::to_string(i) + " (warp " + std::to_string(f.state.warp) + ", lane " +
+             std::to_string(f.state.lane) + "): " +
+             (f.wait == Fiber::Wait::Block ? std::string("__syncthreads") : std::string(f.what));
+        shown++;
+    }
+    return s;
+}
+
+[[noreturn]] void block_fault(const Worker& w, const std::string& message) {
+    const ThreadState& s = w.fibers[0].state;
+    fatal(w.task->name, (message + " in block (" + std::to_string(s.block_idx.x) + ", " + std::to_string(s.block_idx.y) +
+                         ", " + std::to_string(s.block_idx.z) + ")" + describe_waits(w))
+                            .c_str());
+}
+
+// Releases the block barrier or the warp collectives whose participants have all arrived.
+bool release_waits(Worker& w) {
+    int live = 0, at_block = 0, sum = 0;
+    for (int i = 0; i < w.threads; i++) {
+        const Fiber& f = w.fibers[i];
+        if (f.wait == Fiber::Wait::Done) continue;
+        live++;
+        if (f.wait == Fiber::Wait::Block) at_block++, sum += f.predicate;
+    }
+    if (live == 0) return false;
+    if (at_block == live) {
+        // A thread that exited never arrives: __syncthreads must be reached by the whole block.
+        if (live < w.threads)
+            block_fault(w, "deadlock: __syncthreads reached by " + std::to_string(at_block) + " of the block's " +
+                               std::to_string(w.threads) + " threads, the others have exited (a __syncthreads that "
+                               "not every thread reaches hangs or misbehaves on a GPU)");
+        w.block_result = sum;
+        for (int i = 0; i < w.threads; i++)
+            if (w.fibers[i].wait == Fiber::Wait::Block) w.fibers[i].wait = Fiber::Wait::Runnable;
+        return true;
+    }
+    bool released = false;
+    const int warps = (w.threads + 31) / 32;
+    for (int warp = 0; warp < warps; warp++) {
+        Fiber* first = nullptr;
+        for (int lane = 0; lane < 32 && warp * 32 + lane < w.threads && !first; lane++)
+            if (w.fibers[warp * 32 + lane].wait == Fiber::Wait::Warp) first = &w.fibers[warp * 32 + lane];
+        if (!first) continue;
+        bool ready = true;
+        for (int lane = 0; lane < 32; lane++) {
+            if (!(first->mask >> lane & 1u)) continue;
+            const int t = warp * 32 + lane;
+            if (t >= w.threads) block_fault(w, std::string(first->what) + ": the mask names a lane beyond the block");
+            const Fiber& f = w.fibers[t];
+            if (f.wait == Fiber::Wait::Done)
+                block_fault(w, std::string(first->what) + ": lane " + std::to_string(lane) +
+                                   " of the mask has exited (undefined on a GPU)");
+            if (f.wait != Fiber::Wait::Warp) {
+                ready = false;
+                continue;
+            }
+            if (f.mask != first->mask || f.what != first->what)
+                block_fault(w, std::string("lanes of warp ") + std::to_string(warp) + " wait at different warp "
+                                   "collectives (" + first->what + " and " + f.what + ") or with different masks");
+        }
+        if (!ready) continue;
+        // A lane may run on to its next collective (and write the other half) before another reads
+        // this one's deposits: each reader keeps where this collective's deposits are.
+        uint32_t parities = 0;
+        for (int lane = 0; lane < 32; lane++)
+            if (first->mask >> lane & 1u) parities |= (uint32_t)w.fibers[warp * 32 + lane].deposit_parity << lane;
+        if (first->combine) {
+            unsigned char deposits[32][EXCHANGE_BYTES] = {};
+            for (int lane = 0; lane < 32; lane++)
+                if (first->mask >> lane & 1u) memcpy(deposits[lane], w.slots[warp][parities >> lane & 1u][lane], first->bytes);
+            first->combine(deposits, w.results[warp]);
+        }
+        for (int lane = 0; lane < 32; lane++)
+            if (first->mask >> lane & 1u) {
+                w.fibers[warp * 32 + lane].wait = Fiber::Wait::Runnable;
+                w.fibers[warp * 32 + lane].peer_parities = parities;
+            }
+        released = true;
+    }
+    return released;
+}
+
+std::vector<int> schedule_order(int threads, Schedule schedule, uint64_t seed) {
+    std::vector<int> order(threads);
+    std::iota(order.begin(), order.end(), 0);
+    if (schedule == Schedule::Reverse) std::reverse(order.begin(), order.end());
+    if (schedule == Schedule::Shuffle) {
+        std::mt19937_64 rng(seed);
+        std::shuffle(order.begin(), order.end(), rng);
+    }
+    return order;
+}
+
+}  // namespace
+
+void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64_t seed) {
+    Worker& w = this_worker();
+    const dim3 bd = task.block_dim;
+    const int threads = (int)(bd.x * bd.y * bd.z);
+    w.task = &task;
+    w.threads = threads;
+    // Shared memory starts as garbage on a GPU: NaN bytes here, so a read before a write shows.
+    memset(shared_arena, 0xff, std::min(task.shared_bytes, sizeof shared_arena));
+    for (int i = 0; i < threads; i++) {
+        Fiber& f = w.fibers[i];
+        f.state.thread_idx = uint3{(unsigned)i % bd.x, (unsigned)i / bd.x % bd.y, (unsigned)i / (bd.x * bd.y)};
+        f.state.block_idx = block_idx;
+        f.state.block_dim = bd;
+        f.state.grid_dim = task.grid_dim;
+        f.state.linear = i;
+        f.state.lane = i % 32;
+        f.state.warp = i / 32;
+        f.wait = Fiber::Wait::Runnable;
+        f.parity = 0;
+        f.copies.clear();
+        f.context = bctx::make_fcontext(stack_top(f), STACK_BYTES, fiber_main);
+    }
+    const std::vector<int> order = schedule_order(threads, schedule, seed);
+    for (;;) {
+        for (int i : order)
+            if (w.fibers[i].wait == Fiber::Wait::Runnable) resume(w, w.fibers[i]);
+        if (release_waits(w)) continue;
+        bool all_done = true;
+        for (int i = 0; i < threads; i++) all_done = all_done && w.fibers[i].wait == Fiber::Wait::Done;
+        if (all_done) break;
+        block_fault(w, "deadlock: no thread can go on");
+    }
+    w.task = nullptr;
+}
+
+int block_barrier(int predicate) {
+    Fiber& f = running_fiber("__syncthreads");
+    f.wait = Fiber::Wait::Block;
+    f.predicate = predicate;
+    switch_to_scheduler(f, false);
+    current_thread = &f.state;
+    return worker->block_result;
+}
+
+void warp_exchange(unsigned mask, const void* mine, void* all, size_t bytes, const char* what) {
+    Fiber& f = running_fiber(what);
+    Worker& w = *worker;
+    if (bytes > EXCHANGE_BYTES) fatal(what, "warp exchange wider than 64 bytes");
+    if (!(mask >> f.state.lane & 1u)) block_fault(w, std::string(what) + ": the calling lane is not in its own mask");
+    memcpy(w.slots[f.state.warp][f.parity][f.state.lane], mine, bytes);
+    f.deposit_parity = f.parity;
+    f.parity ^= 1;
+    f.wait = Fiber::Wait::Warp;
+    f.mask = mask;
+    f.what = what;
+    f.bytes = bytes;
+    switch_to_scheduler(f, false);
+    current_thread = &f.state;
+    unsigned char* out = static_cast<unsigned char*>(all);
+    for (int lane = 0; lane < 32; lane++) {
+        if (mask >> lane & 1u) {
+            memcpy(out + lane * bytes, w.slots[f.state.warp][f.peer_parities >> lane & 1u][lane], bytes);
+        } else {
+            memset(out + lane * bytes, 0, bytes);
+        }
+    }
+}
+
+void warp_combine(unsigned mask, const void* mine, size_t bytes, void* out, size_t out_bytes, const char* what,
+                  WarpCombine combine) {
+    Fiber& f = running_fiber(what);
+    Worker& w = *worker;
+    if (bytes > EXCHANGE_BYTES || out_bytes > EXCHANGE_BYTES) fatal(what, "warp collective wider than 64 bytes");
+    if (!(mask >> f.state.lane & 1u)) block_fault(w, std::string(what) + ": the calling lane is not in its own mask");
+    memcpy(w.slots[f.state.warp][f.parity][f.state.lane], mine, bytes);
+    f.deposit_parity = f.parity;
+    f.parity ^= 1;
+    f.wait = Fiber::Wait::Warp;
+    f.mask = mask;
+    f.what = what;
+    f.bytes = bytes;
+    f.combine = combine;
+    switch_to_scheduler(f, false);
+    f.combine = nullptr;
+    current_thread = &f.state;
+    memcpy(out, w.results[f.state.warp][f.state.lane], out_bytes);
+}
+
+unsigned char* dynamic_shared_base() { return shared_arena; }
+uintptr_t shared_window_base() {
+    uintptr_t arena = reinterpret_cast<uintptr_t>(shared_arena);
+    asm("" : "+r"(arena));  // else g++ folds the offset into a 32-bit TLS relocation, which it overflows
+    return arena - (uintptr_t(1) << 31);
+}
+
+PendingCopies& this_thread_copies() { return running_fiber("cp.async").copies; }
+
+[[noreturn]] void device_fault(const char* what, const char* message) {
+    Worker* w = worker;
+    if (w && w->task && current_thread) {
+        const ThreadState& s = *current_thread;
+        fatal(w->task->name, (std::string(what) + ": " + message + " (block (" + std::to_string(s.block_idx.x) + ", " +
+                              std::to_string(s.block_idx.y) + ", " + std::to_string(s.block_idx.z) + "), thread (" +
+                              std::to_string(s.thread_idx.x) + ", " + std::to_string(s.thread_idx.y) + ", " +
+                              std::to_string(s.thread_idx.z) + "))")
+                                 .c_str());
+    }
+    fatal(what, message);
+}
+
+}  // namespace emu
+
+unsigned __activemask() {
+    emu::Worker* w = emu::worker;
+    const emu::ThreadState& s = emu::current();
+    unsigned mask = 0;
+    for (int lane = 0; lane < 32; lane++) {
+        const int t = s.warp * 32 + lane;
+        if (t < w->threads && w->fibers[t].wait != emu::Fiber::Wait::Done) mask |= 1u << lane;
+    }
+    return mask;
+}

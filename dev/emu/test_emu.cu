@@ -1,0 +1,510 @@
+// dev/emu/test_emu.cu: the emulator's own behaviour, what a program sees of it beyond the kernels'
+// arithmetic (dev/emu/test_ptx.cu checks that): launches refused where an H100 refuses them, the race
+// check and deadlock reports, the orderings of streams, events and the legacy stream, and device
+// memory. For the emulation build only: on a GPU a missing stream wait is a race, not a result.
+//
+// The idea: what must fail is run in a child process. The test binary re-executes itself with
+// LLMC_EMU_TEST_CHILD naming a scenario (and LLMC_EMU_RACECHECK as the scenario needs), and the test
+// asserts how the child ended and what it wrote on stderr, where the emulator reports a fault
+// ("CUDA emulator: ...") before it aborts. A fresh executable, not a fork, so that the child does
+// not inherit a copy of the parent's OpenMP threads.
+//
+// Build and run (from the repository root; the emulator's objects as dev/emu/emu.h says):
+//   g++ -std=c++20 -O2 -g -fopenmp -march=native -DLLMC_EMU -Idev/emu/include -I. -I/usr/local/cuda/include
+//       -x c++ dev/emu/test_emu.cu -x none build/emu/runtime.o build/emu/fibers.o build/emu/ptx.o
+//       build/test/catch_impl.o -o build/emu/test_emu -lboost_context && build/emu/test_emu
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/kernels/cuda_common.cuh"
+#include "test/catch_session.h"
+
+#ifndef LLMC_EMU
+#error "dev/emu/test_emu.cu tests the CUDA emulator: build it with -DLLMC_EMU (see its header)"
+#endif
+
+extern char** environ;
+
+using namespace llmc;
+
+namespace {
+
+constexpr const char* CHILD_VARIABLE = "LLMC_EMU_TEST_CHILD";
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+__global__ void fill_kernel(int* buffer, int value, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buffer[i] = value;
+}
+__global__ void copy_kernel(int* dst, const int* src, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// Writes the last block's thread count, so a launch that ran shows.
+__global__ void mark_kernel(int* out) {
+    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 && blockIdx.z == gridDim.z - 1 &&
+        threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+        out[0] = (int)(blockDim.x * blockDim.y * blockDim.z);
+}
+
+// Touches the first and last byte of `shared_bytes` of dynamic shared memory. TAG gives each test
+// its own kernel, so that one test's cudaFuncSetAttribute does not raise another's limit.
+template <int TAG>
+__global__ void shared_kernel(int* out, int shared_bytes) {
+    unsigned char* shared = dynamic_shared_memory<unsigned char>();
+    shared[0] = 1;
+    shared[shared_bytes - 1] = 2;
+    out[0] = shared[0] + shared[shared_bytes - 1];
+}
+
+// Thread i writes slot i of dynamic shared memory, then reads slot i + 1 (mod the block), which
+// its neighbour writes: without the barrier the read may come first.
+template <bool BARRIER>
+__global__ void neighbour_kernel(float* out, const float* in) {
+    float* slots = dynamic_shared_memory<float>();
+    const int i = threadIdx.x;
+    slots[i] = in[i];
+    if (BARRIER) __syncthreads();
+    out[i] = slots[(i + 1) % blockDim.x];
+}
+// The same through a static __shared__ array, without the barrier.
+__global__ void static_neighbour_kernel(float* out, const float* in) {
+    __shared__ float slots[64];
+    const int i = threadIdx.x;
+    slots[i] = in[i];
+    out[i] = slots[(i + 1) % blockDim.x];
+}
+// Within each warp: lane l reads lane l + 1's slot (mod 32); only the warp needs to synchronise.
+template <bool SYNCWARP>
+__global__ void warp_neighbour_kernel(float* out, const float* in) {
+    float* slots = dynamic_shared_memory<float>();
+    const int i = threadIdx.x, lane = i % 32;
+    slots[i] = in[i];
+    if (SYNCWARP) __syncwarp();
+    out[i] = slots[i - lane + (lane + 1) % 32];
+}
+
+// A __syncthreads that only threads 0-15 of the block reach.
+__global__ void partial_barrier_kernel(int* out) {
+    if (threadIdx.x < 16) __syncthreads();
+    out[threadIdx.x] = 1;
+}
+// Threads 0-15 wait at __syncthreads, the rest of their warp at a __syncwarp that needs them.
+__global__ void barrier_against_syncwarp_kernel(int* out) {
+    if (threadIdx.x < 16) {
+        __syncthreads();
+    } else {
+        __syncwarp();
+    }
+    out[threadIdx.x] = 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+    T* p = nullptr;
+    REQUIRE(cudaMalloc(&p, host.size() * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    return p;
+}
+template <typename T>
+std::vector<T> host_copy(const T* p, size_t count) {
+    std::vector<T> host(count);
+    REQUIRE(cudaMemcpy(host.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return host;
+}
+bool all_equal(const std::vector<int>& v, int value) {
+    for (int x : v)
+        if (x != value) return false;
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child scenarios: each returns the child's exit status (0: it ran and its results are right) or
+// ends in the emulator's abort.
+
+[[noreturn]] void child_fail(const char* why) {
+    fprintf(stderr, "child: %s\n", why);
+    exit(1);
+}
+void child_check(bool ok, const char* why) {
+    if (!ok) child_fail(why);
+}
+
+// Runs a 64-thread neighbour exchange and checks that every thread read its neighbour's value.
+template <typename Kernel>
+int run_neighbour_exchange(Kernel kernel, int group) {
+    constexpr int N = 64;
+    std::vector<float> in(N);
+    for (int i = 0; i < N; i++) in[i] = 1.0f + (float)i;
+    float *d_in = nullptr, *d_out = nullptr;
+    child_check(cudaMalloc(&d_in, N * sizeof(float)) == cudaSuccess, "cudaMalloc");
+    child_check(cudaMalloc(&d_out, N * sizeof(float)) == cudaSuccess, "cudaMalloc");
+    child_check(cudaMemcpy(d_in, in.data(), N * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess, "cudaMemcpy");
+    LLMC_LAUNCH(kernel, 1, N, N * sizeof(float), 0)(d_out, d_in);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    std::vector<float> out(N);
+    child_check(cudaMemcpy(out.data(), d_out, N * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy");
+    for (int i = 0; i < N; i++) {
+        const int base = i - i % group;
+        child_check(out[i] == in[base + (i % group + 1) % group], "a thread did not read its neighbour's value");
+    }
+    return 0;
+}
+
+int run_barrier_kernel(void (*kernel)(int*)) {
+    int* d_out = nullptr;
+    child_check(cudaMalloc(&d_out, 64 * sizeof(int)) == cudaSuccess, "cudaMalloc");
+    LLMC_LAUNCH(kernel, 1, 64, 0, 0)(d_out);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    child_check(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+    return 0;
+}
+
+struct Scenario {
+    const char* name;
+    int (*run)();
+};
+const Scenario SCENARIOS[] = {
+    {"block neighbours without a barrier", [] { return run_neighbour_exchange(neighbour_kernel<false>, 64); }},
+    {"block neighbours with __syncthreads", [] { return run_neighbour_exchange(neighbour_kernel<true>, 64); }},
+    {"static shared neighbours without a barrier", [] { return run_neighbour_exchange(static_neighbour_kernel, 64); }},
+    {"warp neighbours without __syncwarp", [] { return run_neighbour_exchange(warp_neighbour_kernel<false>, 32); }},
+    {"warp neighbours with __syncwarp", [] { return run_neighbour_exchange(warp_neighbour_kernel<true>, 32); }},
+    {"__syncthreads reached by threads 0-15 of 64", [] { return run_barrier_kernel(partial_barrier_kernel); }},
+    {"__syncthreads against __syncwarp", [] { return run_barrier_kernel(barrier_against_syncwarp_kernel); }},
+};
+
+int run_scenario(const std::string& name) {
+    for (const Scenario& s : SCENARIOS)
+        if (name == s.name) return s.run();
+    fprintf(stderr, "child: no scenario \"%s\"\n", name.c_str());
+    return 2;
+}
+
+// How a child ended and what it wrote on stderr.
+struct ChildResult {
+    int status = 0;
+    std::string stderr_text;
+    bool succeeded() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+};
+
+// Runs `scenario` in a fresh copy of this program, with LLMC_EMU_RACECHECK set to `racecheck`.
+ChildResult run_child(const std::string& scenario, const std::string& racecheck) {
+    std::vector<std::string> variables;
+    for (char** e = environ; *e; e++)
+        if (strncmp(*e, "LLMC_EMU_RACECHECK=", 19) != 0 && strncmp(*e, "LLMC_EMU_TEST_CHILD=", 20) != 0)
+            variables.push_back(*e);
+    variables.push_back(std::string(CHILD_VARIABLE) + "=" + scenario);
+    variables.push_back("LLMC_EMU_RACECHECK=" + racecheck);
+    std::vector<char*> envp;
+    for (std::string& v : variables) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    char program[] = "test_emu";
+    char* argv[] = {program, nullptr};
+
+    int pipe_fds[2];
+    REQUIRE(pipe(pipe_fds) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        dup2(pipe_fds[1], STDERR_FILENO);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        alarm(60);  // a hang ends the child (SIGALRM) instead of stalling the test
+        execve("/proc/self/exe", argv, envp.data());
+        _exit(127);
+    }
+    close(pipe_fds[1]);
+    ChildResult r;
+    char chunk[512];
+    for (ssize_t got; (got = read(pipe_fds[0], chunk, sizeof chunk)) > 0;) r.stderr_text.append(chunk, (size_t)got);
+    close(pipe_fds[0]);
+    REQUIRE(waitpid(child, &r.status, 0) == child);
+    return r;
+}
+
+bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+// The child must have failed with the emulator's report, naming `what`.
+void check_reported(const ChildResult& r, const char* what) {
+    INFO("child's stderr: " << r.stderr_text);
+    CHECK(!r.succeeded());
+    CHECK(WIFSIGNALED(r.status));
+    CHECK(contains(r.stderr_text, "CUDA emulator: "));
+    CHECK(contains(r.stderr_text, what));
+}
+void check_clean(const ChildResult& r) {
+    INFO("child's stderr: " << r.stderr_text);
+    CHECK(r.succeeded());
+    CHECK(r.stderr_text.empty());
+}
+
+}  // namespace
+
+// =============================================================================================
+// Launch limits, as an H100 (compute capability 9.0) has them.
+
+TEST_CASE("a launch beyond an H100's thread and grid limits is refused with cudaErrorInvalidConfiguration") {
+    int* out = device_copy(std::vector<int>{-1});
+    struct Refused {
+        const char* what;
+        dim3 grid, block;
+    };
+    const Refused refused[] = {{"1025 threads", dim3(1), dim3(1025)},
+                               {"32 x 33 threads", dim3(1), dim3(32, 33)},
+                               {"block.z 65", dim3(1), dim3(1, 1, 65)},
+                               {"grid.y 65536", dim3(1, 65536), dim3(1)},
+                               {"grid.z 65536", dim3(1, 1, 65536), dim3(1)},
+                               {"a zero dimension", dim3(0), dim3(32)}};
+    for (const Refused& r : refused) {
+        INFO(r.what);
+        LLMC_LAUNCH(mark_kernel, r.grid, r.block, 0, 0)(out);
+        CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+        CHECK(cudaGetLastError() == cudaSuccess);  // not sticky
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(host_copy(out, 1)[0] == -1);  // nothing ran
+
+    const Refused accepted[] = {{"1024 threads", dim3(1), dim3(1024)},
+                                {"32 x 32 threads", dim3(1), dim3(32, 32)},
+                                {"block.z 64", dim3(1), dim3(1, 1, 64)},
+                                {"grid.y 65535", dim3(1, 65535), dim3(1)}};
+    for (const Refused& a : accepted) {
+        INFO(a.what);
+        LLMC_LAUNCH(mark_kernel, a.grid, a.block, 0, 0)(out);
+        CHECK(cudaGetLastError() == cudaSuccess);
+        CHECK(host_copy(out, 1)[0] == (int)(a.block.x * a.block.y * a.block.z));
+    }
+    REQUIRE(cudaFree(out) == cudaSuccess);
+}
+
+TEST_CASE("dynamic shared memory: 48 KB unless raised by cudaFuncSetAttribute, never beyond 227 KB") {
+    int* out = device_copy(std::vector<int>{-1});
+    constexpr int DEFAULT_LIMIT = 48 * 1024, OPTIN_LIMIT = 227 * 1024;
+    LLMC_LAUNCH(shared_kernel<0>, 1, 32, DEFAULT_LIMIT + 1, 0)(out, DEFAULT_LIMIT + 1);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    LLMC_LAUNCH(shared_kernel<0>, 1, 32, DEFAULT_LIMIT, 0)(out, DEFAULT_LIMIT);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(host_copy(out, 1)[0] == 3);
+
+    REQUIRE(cudaFuncSetAttribute(shared_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100000) == cudaSuccess);
+    REQUIRE(cudaMemset(out, 0xff, sizeof(int)) == cudaSuccess);
+    LLMC_LAUNCH(shared_kernel<1>, 1, 32, 100000, 0)(out, 100000);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(host_copy(out, 1)[0] == 3);
+    LLMC_LAUNCH(shared_kernel<1>, 1, 32, 100001, 0)(out, 100001);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    // The attribute is the kernel's own: another kernel keeps 48 KB.
+    LLMC_LAUNCH(shared_kernel<0>, 1, 32, DEFAULT_LIMIT + 1, 0)(out, DEFAULT_LIMIT + 1);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+
+    CHECK(cudaFuncSetAttribute(shared_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, OPTIN_LIMIT + 1) ==
+          cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    REQUIRE(cudaFuncSetAttribute(shared_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, OPTIN_LIMIT) ==
+            cudaSuccess);
+    LLMC_LAUNCH(shared_kernel<2>, 1, 32, OPTIN_LIMIT + 1, 0)(out, OPTIN_LIMIT + 1);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    REQUIRE(cudaMemset(out, 0xff, sizeof(int)) == cudaSuccess);
+    LLMC_LAUNCH(shared_kernel<2>, 1, 32, OPTIN_LIMIT, 0)(out, OPTIN_LIMIT);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(host_copy(out, 1)[0] == 3);
+    REQUIRE(cudaFree(out) == cudaSuccess);
+}
+
+// =============================================================================================
+// Races and deadlocks, reported by a child that the emulator aborts.
+
+TEST_CASE("LLMC_EMU_RACECHECK=1 reports a read of a neighbour's shared memory without __syncthreads") {
+    check_reported(run_child("block neighbours without a barrier", "1"), "race");
+    check_reported(run_child("static shared neighbours without a barrier", "1"), "race");
+    check_clean(run_child("block neighbours with __syncthreads", "1"));
+    check_clean(run_child("block neighbours with __syncthreads", "2"));
+}
+
+TEST_CASE("LLMC_EMU_RACECHECK=1 reports a read of another lane's shared memory without __syncwarp") {
+    check_reported(run_child("warp neighbours without __syncwarp", "1"), "race");
+    check_clean(run_child("warp neighbours with __syncwarp", "1"));
+    check_clean(run_child("warp neighbours with __syncwarp", "2"));
+}
+
+TEST_CASE("a __syncthreads that not every thread of the block reaches is reported as a deadlock") {
+    check_reported(run_child("__syncthreads reached by threads 0-15 of 64", "0"), "deadlock");
+}
+
+TEST_CASE("threads at __syncthreads and the rest of their warp at __syncwarp are reported as a deadlock") {
+    check_reported(run_child("__syncthreads against __syncwarp", "0"), "deadlock");
+}
+
+// =============================================================================================
+// Streams run lazily (stream.h): work runs when the host or a waiting stream needs it, so what a
+// missing wait would let a GPU do sometimes, the emulator does every time.
+
+TEST_CASE("a kernel on stream B sees stream A's output when B waits for A's event, and the old data when not") {
+    constexpr int N = 256, OLD = 7, NEW = 42;
+    cudaStream_t a, b;
+    REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+    cudaEvent_t written;
+    REQUIRE(cudaEventCreateWithFlags(&written, cudaEventDisableTiming) == cudaSuccess);
+
+    int* buffer = device_copy(std::vector<int>(N, OLD));
+    int* seen = device_copy(std::vector<int>(N, 0));
+    LLMC_LAUNCH(fill_kernel, 1, N, 0, a)(buffer, NEW, N);
+    REQUIRE(cudaEventRecord(written, a) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(b, written, 0) == cudaSuccess);
+    LLMC_LAUNCH(copy_kernel, 1, N, 0, b)(seen, buffer, N);
+    REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(all_equal(host_copy(seen, N), NEW));
+
+    int* unordered = device_copy(std::vector<int>(N, OLD));
+    LLMC_LAUNCH(fill_kernel, 1, N, 0, a)(unordered, NEW, N);
+    LLMC_LAUNCH(copy_kernel, 1, N, 0, b)(seen, unordered, N);
+    REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(all_equal(host_copy(seen, N), OLD));       // B ran before A's kernel
+    CHECK(all_equal(host_copy(unordered, N), OLD));  // which has not run yet
+    REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+    CHECK(all_equal(host_copy(unordered, N), NEW));
+
+    REQUIRE(cudaFree(buffer) == cudaSuccess);
+    REQUIRE(cudaFree(seen) == cudaSuccess);
+    REQUIRE(cudaFree(unordered) == cudaSuccess);
+    REQUIRE(cudaEventDestroy(written) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(a) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
+}
+
+TEST_CASE("cudaMemcpyAsync into pinned memory lands only when the stream is synchronised") {
+    constexpr int N = 256;
+    cudaStream_t s;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    int* pinned = nullptr;
+    REQUIRE(cudaMallocHost(&pinned, N * sizeof(int)) == cudaSuccess);
+    for (int i = 0; i < N; i++) pinned[i] = -1;
+    int* buffer = device_copy(std::vector<int>(N, 0));
+    LLMC_LAUNCH(fill_kernel, 1, 64, 0, s)(buffer, 5, N);
+    REQUIRE(cudaMemcpyAsync(pinned, buffer, N * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    CHECK(std::vector<int>(pinned, pinned + N) == std::vector<int>(N, -1));
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(std::vector<int>(pinned, pinned + N) == std::vector<int>(N, 5));
+    REQUIRE(cudaFree(buffer) == cudaSuccess);
+    REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("cudaEventQuery answers cudaErrorNotReady for pending work first, then cudaSuccess with the work done") {
+    constexpr int N = 256;
+    cudaStream_t s;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    cudaEvent_t done;
+    REQUIRE(cudaEventCreate(&done) == cudaSuccess);
+    int* buffer = device_copy(std::vector<int>(N, 0));
+    LLMC_LAUNCH(fill_kernel, 1, 64, 0, s)(buffer, 9, N);
+    REQUIRE(cudaEventRecord(done, s) == cudaSuccess);
+    CHECK(cudaEventQuery(done) == cudaErrorNotReady);
+    int polls = 0;
+    while (cudaEventQuery(done) == cudaErrorNotReady && polls < 1000) polls++;
+    CHECK(polls < 1000);
+    CHECK(cudaEventQuery(done) == cudaSuccess);
+    CHECK(all_equal(host_copy(buffer, N), 9));  // a legacy-stream copy: it does not wait for `s`
+    CHECK(cudaGetLastError() == cudaSuccess);   // "not ready" is an answer, not an error
+    REQUIRE(cudaFree(buffer) == cudaSuccess);
+    REQUIRE(cudaEventDestroy(done) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("a null-stream cudaMemcpy waits for a blocking stream's kernel, not for a non-blocking stream's") {
+    constexpr int N = 256, OLD = 3, NEW = 4;
+    cudaStream_t non_blocking, blocking;
+    REQUIRE(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+
+    int* buffer = device_copy(std::vector<int>(N, OLD));
+    LLMC_LAUNCH(fill_kernel, 1, 64, 0, non_blocking)(buffer, NEW, N);
+    CHECK(all_equal(host_copy(buffer, N), OLD));
+    REQUIRE(cudaStreamSynchronize(non_blocking) == cudaSuccess);
+    CHECK(all_equal(host_copy(buffer, N), NEW));
+
+    int* other = device_copy(std::vector<int>(N, OLD));
+    LLMC_LAUNCH(fill_kernel, 1, 64, 0, blocking)(other, NEW, N);
+    CHECK(all_equal(host_copy(other, N), NEW));
+
+    REQUIRE(cudaFree(buffer) == cudaSuccess);
+    REQUIRE(cudaFree(other) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(non_blocking) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(blocking) == cudaSuccess);
+}
+
+// =============================================================================================
+// Device memory and the device.
+
+TEST_CASE("fresh cudaMalloc memory is 0xff bytes (NaN in bf16 and fp32), as a GPU's is garbage") {
+    constexpr size_t BYTES = 1000;
+    unsigned char* p = nullptr;
+    REQUIRE(cudaMalloc(&p, BYTES) == cudaSuccess);
+    CHECK(host_copy(p, BYTES) == std::vector<unsigned char>(BYTES, 0xff));
+    REQUIRE(cudaFree(p) == cudaSuccess);
+}
+
+TEST_CASE("a copy with a device side beyond its allocation returns cudaErrorInvalidValue and copies nothing") {
+    constexpr size_t BYTES = 1000;
+    unsigned char* p = nullptr;
+    REQUIRE(cudaMalloc(&p, BYTES) == cudaSuccess);
+    std::vector<unsigned char> host(BYTES + 1, 0x11);
+    CHECK(cudaMemcpy(host.data(), p, BYTES + 1, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+    CHECK(host == std::vector<unsigned char>(BYTES + 1, 0x11));
+    CHECK(cudaMemcpy(p + 500, host.data(), 501, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpyAsync(p + 1, host.data(), BYTES, cudaMemcpyHostToDevice, 0) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(host_copy(p, BYTES) == std::vector<unsigned char>(BYTES, 0xff));
+    CHECK(cudaMemcpy(p + 500, host.data(), 500, cudaMemcpyHostToDevice) == cudaSuccess);  // up to the end
+    REQUIRE(cudaFree(p) == cudaSuccess);
+}
+
+TEST_CASE("the device is an H100: compute capability 9.0, 132 SMs, about 80 GB") {
+    int devices = 0;
+    REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+    CHECK(devices >= 1);
+    cudaDeviceProp prop;
+    REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+    CHECK(contains(prop.name, "H100"));
+    CHECK(prop.major == 9);
+    CHECK(prop.minor == 0);
+    CHECK(prop.multiProcessorCount == 132);
+    CHECK(prop.sharedMemPerBlockOptin == 232448);
+
+    size_t free_bytes = 0, total_bytes = 0;
+    REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
+    const double total_gib = (double)total_bytes / (1 << 30);
+    INFO("total " << total_bytes << " bytes (" << total_gib << " GiB)");
+    CHECK(total_gib > 79.0);
+    CHECK(total_gib <= 80.0);
+    CHECK(free_bytes <= total_bytes);
+    void* p = nullptr;
+    constexpr size_t BYTES = size_t(64) << 20;
+    REQUIRE(cudaMalloc(&p, BYTES) == cudaSuccess);
+    size_t free_after = 0;
+    REQUIRE(cudaMemGetInfo(&free_after, &total_bytes) == cudaSuccess);
+    CHECK(free_bytes - free_after >= BYTES);
+    REQUIRE(cudaFree(p) == cudaSuccess);
+}
+
+int main(int argc, char** argv) {
+    if (const char* scenario = getenv(CHILD_VARIABLE)) return run_scenario(scenario);
+    return run_catch_session(argc, argv);
+}

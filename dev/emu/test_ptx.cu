@@ -1,0 +1,689 @@
+// dev/emu/test_ptx.cu: the inline PTX of llmc/kernels/attention.cuh (ldmatrix, mma.sync m16n8k16
+// bf16, cp.async, ex2.approx.ftz) and the warp shuffles, votes and block reductions llmc's kernels
+// use, lane by lane. The same file compiles with nvcc: on a GPU it checks the hardware against the
+// same expectations, so a pass on both says that the emulator and the GPU agree.
+//
+// The idea: each kernel is one warp (the block-wide ones one block) that writes every lane's
+// registers to global memory, and the host checks every register, element by element, against
+// tables transcribed here from the PTX ISA's fragment figures and formulas and the CUDA programming
+// guide's shuffle rules, never from dev/emu/ptx.cpp. Operands are small integers, exact in bf16 and
+// in every fp32 sum, so every check is an equality.
+//
+// Build and run, emulated (from the repository root; the emulator's objects as dev/emu/emu.h says):
+//   g++ -std=c++20 -O2 -g -fopenmp -march=native -DLLMC_EMU -Idev/emu/include -I. -I/usr/local/cuda/include
+//       -x c++ dev/emu/test_ptx.cu -x none build/emu/runtime.o build/emu/fibers.o build/emu/ptx.o
+//       build/test/catch_impl.o -o build/emu/test_ptx -lboost_context && build/emu/test_ptx
+// On a GPU (no GPU: it skips, or fails under LLMC_GPU_SESSION=1):
+//   nvcc -std=c++20 -O2 -I. --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a dev/emu/test_ptx.cu
+//       build/test/catch_impl.o -o build/test_ptx -lcublasLt -lgomp && build/test_ptx
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/cuda_common.cuh"
+#include "test/catch_session.h"
+
+using namespace llmc;
+using namespace llmc::attention_detail;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Host side: bf16 bits of small integers, device arrays, and a list of the elements that differ.
+
+// The bf16 encoding of x, which must be exact in bf16 (its low 16 fp32 bits zero).
+uint16_t bf16_bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    REQUIRE((u & 0xffffu) == 0);
+    return (uint16_t)(u >> 16);
+}
+float bf16_value(uint16_t bits) {
+    const uint32_t u = (uint32_t)bits << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+uint32_t pack_halves(uint16_t low, uint16_t high) { return (uint32_t)low | (uint32_t)high << 16; }
+
+// A pseudo-random integer in [-limit, limit], fixed by (index, seed).
+int small_int(uint32_t index, uint32_t seed, int limit) {
+    return (int)(hash_u32(index * 2654435761u + seed) % (uint32_t)(2 * limit + 1)) - limit;
+}
+
+template <typename T>
+class DeviceArray {
+public:
+    explicit DeviceArray(const std::vector<T>& host) : count_(host.size()) {
+        REQUIRE(cudaMalloc(&ptr_, bytes()) == cudaSuccess);
+        REQUIRE(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    explicit DeviceArray(size_t count) : DeviceArray(std::vector<T>(count)) {}
+    ~DeviceArray() { (void)cudaFree(ptr_); }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    T* get() const { return ptr_; }
+    std::vector<T> download() const {
+        std::vector<T> host(count_);
+        REQUIRE(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return host;
+    }
+
+private:
+    size_t bytes() const { return count_ * sizeof(T); }
+    T* ptr_ = nullptr;
+    size_t count_ = 0;
+};
+
+// After a launch: it was accepted, and it ran without a fault.
+void finish_launch() {
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+// The elements that differ from what they should be; the report names the first few.
+class Mismatches {
+public:
+    template <typename T>
+    void expect(T got, T want, const std::string& where) {
+        if (got == want) return;
+        if (count_++ < 8)
+            report_ += where + ": got " + std::to_string(got) + ", expected " + std::to_string(want) + "\n";
+    }
+    int count() const { return count_; }
+    std::string report() const { return std::to_string(count_) + " element(s) differ\n" + report_; }
+
+private:
+    int count_ = 0;
+    std::string report_;
+};
+#define CHECK_NO_MISMATCHES(m)   \
+    do {                         \
+        INFO((m).report());      \
+        CHECK((m).count() == 0); \
+    } while (0)
+
+std::string at(const char* what, int lane, int reg, int half) {
+    return std::string(what) + " lane " + std::to_string(lane) + " register " + std::to_string(reg) +
+           (half ? " high half" : " low half");
+}
+
+struct RowCol {
+    int row, col;
+};
+
+// ---------------------------------------------------------------------------------------------
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16. PTX ISA, "Warp-level matrix load instruction:
+// ldmatrix": for .x4, threads 0-7 give the addresses of rows 0-7 of matrix 0, threads 8-15 of
+// matrix 1, 16-23 of matrix 2, 24-31 of matrix 3; destination register i holds matrix i. The figure
+// of the fragment of one 8x8 matrix: each row is held by four consecutive threads, two consecutive
+// elements each, the lower column in the lower half. With .trans the matrix is read column-major:
+// a thread holds the same positions of the transpose.
+
+// (row, col) of the stored matrix that each lane receives in the low and the high half, typed out.
+const RowCol LDMATRIX_LOW[32] = {
+    {0, 0}, {0, 2}, {0, 4}, {0, 6}, {1, 0}, {1, 2}, {1, 4}, {1, 6},  // lanes 0-7
+    {2, 0}, {2, 2}, {2, 4}, {2, 6}, {3, 0}, {3, 2}, {3, 4}, {3, 6},  // lanes 8-15
+    {4, 0}, {4, 2}, {4, 4}, {4, 6}, {5, 0}, {5, 2}, {5, 4}, {5, 6},  // lanes 16-23
+    {6, 0}, {6, 2}, {6, 4}, {6, 6}, {7, 0}, {7, 2}, {7, 4}, {7, 6},  // lanes 24-31
+};
+const RowCol LDMATRIX_HIGH[32] = {
+    {0, 1}, {0, 3}, {0, 5}, {0, 7}, {1, 1}, {1, 3}, {1, 5}, {1, 7},
+    {2, 1}, {2, 3}, {2, 5}, {2, 7}, {3, 1}, {3, 3}, {3, 5}, {3, 7},
+    {4, 1}, {4, 3}, {4, 5}, {4, 7}, {5, 1}, {5, 3}, {5, 5}, {5, 7},
+    {6, 1}, {6, 3}, {6, 5}, {6, 7}, {7, 1}, {7, 3}, {7, 5}, {7, 7},
+};
+const RowCol LDMATRIX_TRANS_LOW[32] = {
+    {0, 0}, {2, 0}, {4, 0}, {6, 0}, {0, 1}, {2, 1}, {4, 1}, {6, 1},
+    {0, 2}, {2, 2}, {4, 2}, {6, 2}, {0, 3}, {2, 3}, {4, 3}, {6, 3},
+    {0, 4}, {2, 4}, {4, 4}, {6, 4}, {0, 5}, {2, 5}, {4, 5}, {6, 5},
+    {0, 6}, {2, 6}, {4, 6}, {6, 6}, {0, 7}, {2, 7}, {4, 7}, {6, 7},
+};
+const RowCol LDMATRIX_TRANS_HIGH[32] = {
+    {1, 0}, {3, 0}, {5, 0}, {7, 0}, {1, 1}, {3, 1}, {5, 1}, {7, 1},
+    {1, 2}, {3, 2}, {5, 2}, {7, 2}, {1, 3}, {3, 3}, {5, 3}, {7, 3},
+    {1, 4}, {3, 4}, {5, 4}, {7, 4}, {1, 5}, {3, 5}, {5, 5}, {7, 5},
+    {1, 6}, {3, 6}, {5, 6}, {7, 6}, {1, 7}, {3, 7}, {5, 7}, {7, 7},
+};
+
+// 16-byte slots of shared memory; the 32 row addresses use half of them, in a scattered order.
+constexpr int LDMATRIX_SLOTS = 64;
+int slot_of_row_address(int lane) { return (lane * 23 + 5) % LDMATRIX_SLOTS; }
+// The value of element (row, col) of matrix m: 1..256, exact in bf16. Unused slots hold negatives.
+float ldmatrix_value(int m, int row, int col) { return (float)(1 + 64 * m + 8 * row + col); }
+
+// With `overwrite`, each lane zeroes the row it addressed right after the instruction: ldmatrix is one
+// instruction of the whole warp, which has read every row by then.
+__global__ void ldmatrix_kernel(uint32_t* out, const uint16_t* image, const int* slot_of_lane, bool transpose,
+                                bool overwrite) {
+    __shared__ __align__(16) uint16_t slots[LDMATRIX_SLOTS * 8];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < LDMATRIX_SLOTS * 8; i += 32) slots[i] = image[i];
+    __syncthreads();
+    uint32_t r[4];
+    const uint32_t address = smem_addr(slots + slot_of_lane[lane] * 8);
+    if (transpose) {
+        ldmatrix_x4_trans(r, address);
+    } else {
+        ldmatrix_x4(r, address);
+    }
+    if (overwrite)
+        for (int c = 0; c < 8; c++) slots[slot_of_lane[lane] * 8 + c] = 0;
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+
+void check_ldmatrix(bool transpose, bool overwrite) {
+    std::vector<uint16_t> image(LDMATRIX_SLOTS * 8);
+    for (int s = 0; s < LDMATRIX_SLOTS; s++)
+        for (int c = 0; c < 8; c++) image[s * 8 + c] = bf16_bits(-(float)(1 + s));
+    std::vector<int> slot_of_lane(32);
+    for (int lane = 0; lane < 32; lane++) {
+        slot_of_lane[lane] = slot_of_row_address(lane);
+        const int m = lane / 8, row = lane % 8;  // the row whose address this lane gives
+        for (int c = 0; c < 8; c++) image[slot_of_lane[lane] * 8 + c] = bf16_bits(ldmatrix_value(m, row, c));
+    }
+    DeviceArray<uint16_t> d_image(image);
+    DeviceArray<int> d_slots(slot_of_lane);
+    DeviceArray<uint32_t> d_out(32 * 4);
+    LLMC_LAUNCH(ldmatrix_kernel, 1, 32, 0, 0)(d_out.get(), d_image.get(), d_slots.get(), transpose,
+                                                 overwrite);
+    finish_launch();
+    const std::vector<uint32_t> out = d_out.download();
+
+    const RowCol* low = transpose ? LDMATRIX_TRANS_LOW : LDMATRIX_LOW;
+    const RowCol* high = transpose ? LDMATRIX_TRANS_HIGH : LDMATRIX_HIGH;
+    Mismatches m;
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            const uint32_t r = out[lane * 4 + i];
+            m.expect(bf16_value((uint16_t)(r & 0xffffu)), ldmatrix_value(i, low[lane].row, low[lane].col),
+                     at("ldmatrix", lane, i, 0));
+            m.expect(bf16_value((uint16_t)(r >> 16)), ldmatrix_value(i, high[lane].row, high[lane].col),
+                     at("ldmatrix", lane, i, 1));
+        }
+    CHECK_NO_MISMATCHES(m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32. PTX ISA, "Matrix fragments for
+// mma.m16n8k16 with floating point type", transcribed with the ISA's element numbering:
+//   groupID = %laneid >> 2, threadID_in_group = %laneid % 4.
+// A (16 x 16): four .b32 registers hold a0..a7, two .bf16 each (a0 in the low half of the first).
+//   row = groupID      for ai where 0 <= i < 2 || 4 <= i < 6
+//         groupID + 8  otherwise
+//   col = (threadID_in_group * 2) + (i & 0x1)      for ai where i < 4
+//         (threadID_in_group * 2) + (i & 0x1) + 8  for ai where i >= 4
+// B (16 x 8): two .b32 registers hold b0..b3.
+//   row = (threadID_in_group * 2) + (i & 0x1)      for bi where i < 2
+//         (threadID_in_group * 2) + (i & 0x1) + 8  for bi where i >= 2
+//   col = groupID
+// C and D (16 x 8, .f32): c0..c3.
+//   row = groupID      for ci where i < 2
+//         groupID + 8  for ci where i >= 2
+//   col = (threadID_in_group * 2) + (i & 0x1)
+
+RowCol a_element(int lane, int i) {
+    const int group_id = lane >> 2, thread_in_group = lane % 4;
+    const int row = ((0 <= i && i < 2) || (4 <= i && i < 6)) ? group_id : group_id + 8;
+    const int col = i < 4 ? thread_in_group * 2 + (i & 0x1) : thread_in_group * 2 + (i & 0x1) + 8;
+    return {row, col};
+}
+RowCol b_element(int lane, int i) {
+    const int group_id = lane >> 2, thread_in_group = lane % 4;
+    const int row = i < 2 ? thread_in_group * 2 + (i & 0x1) : thread_in_group * 2 + (i & 0x1) + 8;
+    return {row, group_id};
+}
+RowCol c_element(int lane, int i) {
+    const int group_id = lane >> 2, thread_in_group = lane % 4;
+    return {i < 2 ? group_id : group_id + 8, thread_in_group * 2 + (i & 0x1)};
+}
+
+__global__ void mma_kernel(float* d_out, const uint32_t* a_regs, const uint32_t* b_regs, const float* c_in) {
+    const int lane = threadIdx.x;
+    uint32_t a[4];
+    float d[4];
+    for (int i = 0; i < 4; i++) a[i] = a_regs[lane * 4 + i], d[i] = c_in[lane * 4 + i];
+    mma_bf16_16816(d, a, b_regs[lane * 2], b_regs[lane * 2 + 1]);
+    for (int i = 0; i < 4; i++) d_out[lane * 4 + i] = d[i];
+}
+
+// Tiles as attention.cuh holds them: row-major bf16 rows with 8 elements of padding.
+constexpr int TILE_K = 32, TILE_N = 32, TILE_STRIDE = TILE_K + 8;
+
+// A 16 x 32 tile of rows times K (stored [n][k]: S = A K^T) and times V (stored [k][n]: O = A V),
+// through attention.cuh's own load_a_rows, mma_a_bt and mma_a_b. The padding holds NaN, so a read
+// past a row's end shows in the result.
+__global__ void tile_product_kernel(float* s_out, float* o_out, const uint16_t* a_rows, const uint16_t* k_rows,
+                                    const uint16_t* v_rows) {
+    __shared__ __align__(16) uint16_t a_tile[16 * TILE_STRIDE];
+    __shared__ __align__(16) uint16_t k_tile[TILE_N * TILE_STRIDE];
+    __shared__ __align__(16) uint16_t v_tile[TILE_K * TILE_STRIDE];
+    const int lane = threadIdx.x;
+    const uint16_t nan_bits = 0x7fc0;
+    for (int i = lane; i < 16 * TILE_STRIDE; i += 32)
+        a_tile[i] = i % TILE_STRIDE < TILE_K ? a_rows[i / TILE_STRIDE * TILE_K + i % TILE_STRIDE] : nan_bits;
+    for (int i = lane; i < TILE_N * TILE_STRIDE; i += 32)
+        k_tile[i] = i % TILE_STRIDE < TILE_K ? k_rows[i / TILE_STRIDE * TILE_K + i % TILE_STRIDE] : nan_bits;
+    for (int i = lane; i < TILE_K * TILE_STRIDE; i += 32)
+        v_tile[i] = i % TILE_STRIDE < TILE_N ? v_rows[i / TILE_STRIDE * TILE_N + i % TILE_STRIDE] : nan_bits;
+    __syncthreads();
+    uint32_t a[TILE_K / 16][4];
+    load_a_rows<TILE_K, TILE_STRIDE>(a, reinterpret_cast<const floatX*>(a_tile), 0, lane);
+    float s[TILE_N / 8][4] = {}, o[TILE_N / 8][4] = {};
+    mma_a_bt<TILE_N, TILE_K, TILE_STRIDE>(s, a, reinterpret_cast<const floatX*>(k_tile), lane);
+    mma_a_b<TILE_N, TILE_K, TILE_STRIDE>(o, a, reinterpret_cast<const floatX*>(v_tile), lane);
+    for (int n = 0; n < TILE_N / 8; n++)
+        for (int i = 0; i < 4; i++) {
+            s_out[(lane * (TILE_N / 8) + n) * 4 + i] = s[n][i];
+            o_out[(lane * (TILE_N / 8) + n) * 4 + i] = o[n][i];
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async. PTX ISA, "cp.async": with src-size below cp-size the rest of the destination is zero
+// filled (src-size 0: nothing is read); "cp.async.wait_group N" waits until at most the N most
+// recent committed groups are pending and all earlier ones have completed, their writes visible
+// to the executing thread. Nothing is said about a group still pending, so nothing is checked.
+
+constexpr uint32_t SENTINEL = 0xdeadbeefu;
+// Words of output per lane, in this order.
+enum CpAsyncOut {
+    OWN_COPY16 = 0,        // 4 words: the first group's 16-byte copy, after wait_group 1
+    OWN_ZERO16 = 4,        // 4 words: the first group's 16-byte zero fill
+    OWN_COPY4 = 8,         // the first group's 4-byte copy
+    OWN_ZERO4 = 9,         // the first group's 4-byte zero fill
+    OWN_SECOND16 = 10,     // 4 words: the second group's copy, after wait_group 0
+    NEXT_COPY16 = 14,      // 4 words: lane + 1's first copy, after wait_group 0 and a barrier
+    NEXT_SECOND16 = 18,    // 4 words: lane + 1's second copy
+    CP_ASYNC_WORDS = 22
+};
+
+__global__ void cp_async_kernel(uint32_t* out, const uint32_t* first, const uint32_t* second) {
+    __shared__ __align__(16) uint32_t copy16[32 * 4], zero16[32 * 4], second16[32 * 4];
+    __shared__ __align__(16) uint32_t copy4[32], zero4[32];
+    const int lane = threadIdx.x;
+    for (int k = 0; k < 4; k++) copy16[lane * 4 + k] = zero16[lane * 4 + k] = second16[lane * 4 + k] = SENTINEL;
+    copy4[lane] = zero4[lane] = SENTINEL;
+    __syncthreads();
+    cp_async16(smem_addr(copy16 + lane * 4), first + lane * 4, true);
+    cp_async16(smem_addr(zero16 + lane * 4), first + lane * 4, false);  // a valid address, not read
+    cp_async4(smem_addr(copy4 + lane), first + 128 + lane, true);
+    cp_async4(smem_addr(zero4 + lane), first + 128 + lane, false);
+    cp_async_commit();
+    cp_async16(smem_addr(second16 + lane * 4), second + lane * 4, true);
+    cp_async_commit();
+
+    uint32_t* mine = out + lane * CP_ASYNC_WORDS;
+    cp_async_wait<1>();
+    for (int k = 0; k < 4; k++) {
+        mine[OWN_COPY16 + k] = copy16[lane * 4 + k];
+        mine[OWN_ZERO16 + k] = zero16[lane * 4 + k];
+    }
+    mine[OWN_COPY4] = copy4[lane];
+    mine[OWN_ZERO4] = zero4[lane];
+    cp_async_wait<0>();
+    for (int k = 0; k < 4; k++) mine[OWN_SECOND16 + k] = second16[lane * 4 + k];
+    __syncthreads();
+    const int next = (lane + 1) % 32;
+    for (int k = 0; k < 4; k++) {
+        mine[NEXT_COPY16 + k] = copy16[next * 4 + k];
+        mine[NEXT_SECOND16 + k] = second16[next * 4 + k];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ex2.approx.ftz.f32 (PTX ISA, "ex2"): at most 2 ulp from the correctly rounded result over the
+// full range (so within 2^-21 relative); .ftz flushes subnormal inputs and results to sign-preserving
+// zero; -Inf -> +0.0, +-0.0 -> +1.0, +Inf -> +Inf, NaN -> NaN.
+
+__global__ void exp2_kernel(float* y, const float* x, int n) {
+    for (int i = threadIdx.x; i < n; i += 32) y[i] = fast_exp2(x[i]);
+}
+
+std::vector<float> run_exp2(const std::vector<float>& x) {
+    DeviceArray<float> d_x(x), d_y(x.size());
+    LLMC_LAUNCH(exp2_kernel, 1, 32, 0, 0)(d_y.get(), d_x.get(), (int)x.size());
+    finish_launch();
+    return d_y.download();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shuffles, by the CUDA C++ programming guide ("Warp Shuffle Functions"): with width below 32 the
+// warp is sections of `width` lanes, each with logical lanes 0..width-1.
+//   __shfl_sync: srcLane outside [0, width-1] reads srcLane modulo width, within the caller's section.
+//   __shfl_up_sync: the source is lane - delta; it does not wrap around width, so the lower delta
+//     lanes of a section keep their own value.
+//   __shfl_down_sync: lane + delta; the upper delta lanes of a section keep their own value.
+//   __shfl_xor_sync: lane ^ laneMask; a lane may read an earlier section, but one whose source lies
+//     in a later section gets its own value.
+
+enum class Shuffle { Index, IndexPerLane, Up, Down, Xor };
+struct ShuffleCase {
+    Shuffle kind;
+    int width, arg;
+};
+// IndexPerLane: lane l asks for srcLane 5 l + arg, beyond the width for most lanes.
+__host__ __device__ inline int per_lane_source(int lane, int arg) { return 5 * lane + arg; }
+
+__global__ void shuffle_kernel(int* out, Shuffle kind, int width, int arg) {
+    const int lane = threadIdx.x;
+    const int mine = 100 + lane;
+    int got = -1;
+    switch (kind) {
+        case Shuffle::Index: got = __shfl_sync(0xffffffffu, mine, arg, width); break;
+        case Shuffle::IndexPerLane: got = __shfl_sync(0xffffffffu, mine, per_lane_source(lane, arg), width); break;
+        case Shuffle::Up: got = __shfl_up_sync(0xffffffffu, mine, (unsigned)arg, width); break;
+        case Shuffle::Down: got = __shfl_down_sync(0xffffffffu, mine, (unsigned)arg, width); break;
+        case Shuffle::Xor: got = __shfl_xor_sync(0xffffffffu, mine, arg, width); break;
+    }
+    out[lane] = got;
+}
+
+// The lane whose value `lane` receives, by the guide's rules above.
+int shuffle_source(const ShuffleCase& c, int lane) {
+    const int section = lane / c.width * c.width;  // the first lane of the caller's section
+    const int logical = lane - section;
+    switch (c.kind) {
+        case Shuffle::Index: return section + c.arg % c.width;
+        case Shuffle::IndexPerLane: return section + per_lane_source(lane, c.arg) % c.width;
+        case Shuffle::Up: return logical < c.arg ? lane : lane - c.arg;
+        case Shuffle::Down: return logical + c.arg >= c.width ? lane : lane + c.arg;
+        case Shuffle::Xor: {
+            const int source = lane ^ c.arg;
+            return source >= section + c.width ? lane : source;
+        }
+    }
+    return -1;
+}
+
+__global__ void shuffle_double_kernel(double* out) {
+    const int lane = threadIdx.x;
+    out[lane] = __shfl_xor_sync(0xffffffffu, 1e12 * lane + 0.5, 5);
+}
+
+// Votes: out[32 v + lane] is vote v of lane `lane`.
+__global__ void vote_kernel(unsigned* out) {
+    const int lane = threadIdx.x;
+    out[lane] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+    out[32 + lane] = lane < 16 ? __ballot_sync(0x0000ffffu, lane % 2 == 1) : 0;  // lanes 16-31 stay out
+    out[64 + lane] = __any_sync(0xffffffffu, lane == 17);
+    out[96 + lane] = __all_sync(0xffffffffu, lane != 5);
+}
+
+// __syncthreads_count/and/or over a block of `blockDim.x` threads: out[4 t + v].
+__global__ void block_vote_kernel(int* out) {
+    const int t = threadIdx.x;
+    out[4 * t + 0] = __syncthreads_count(t % 5 == 0);
+    out[4 * t + 1] = __syncthreads_and(t >= 0) != 0;
+    out[4 * t + 2] = __syncthreads_and(t != 3) != 0;
+    out[4 * t + 3] = __syncthreads_or(t == (int)blockDim.x - 2) != 0;
+}
+
+__global__ void warp_reduce_kernel(float* out) {
+    const int lane = threadIdx.x;
+    out[lane] = warp_reduce_sum((float)(lane + 1));
+    out[32 + lane] = warp_reduce_max((float)((lane * 11) % 32 - 7));  // lane * 11 mod 32: a permutation
+}
+
+// Two block reductions in a row through one `shared` (the second must not see the first's partials).
+__global__ void block_reduce_kernel(float* out) {
+    __shared__ float shared[WARP_SIZE];
+    const int t = threadIdx.x;
+    out[2 * t] = block_reduce_sum((float)(t % 13 - 6), shared);
+    out[2 * t + 1] = block_reduce_max((float)((t * 37) % (int)blockDim.x), shared);
+}
+
+}  // namespace
+
+// =============================================================================================
+
+TEST_CASE("ldmatrix.x4 gives every lane row laneid/4, columns 2(laneid%4) and +1, of matrix i in register i") {
+    check_ldmatrix(false, false);
+}
+
+TEST_CASE("ldmatrix.x4.trans gives every lane the transposed positions, from scattered row addresses") {
+    check_ldmatrix(true, false);
+}
+
+TEST_CASE("ldmatrix reads every row at the instruction: a lane overwriting its row after it changes no register") {
+    check_ldmatrix(false, true);
+    check_ldmatrix(true, true);
+}
+
+TEST_CASE("mma.m16n8k16 bf16 computes D = A B + C with the ISA's fragment layout in every lane") {
+    float A[16][16], B[16][8], C[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) A[r][k] = (float)small_int(r * 16 + k, 1, 8);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 8; n++) B[k][n] = (float)small_int(k * 8 + n, 2, 8);
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) C[r][n] = (float)small_int(r * 8 + n, 3, 100);
+    std::vector<uint32_t> a_regs(32 * 4), b_regs(32 * 2);
+    std::vector<float> c_in(32 * 4);
+    for (int lane = 0; lane < 32; lane++) {
+        for (int reg = 0; reg < 4; reg++) {
+            const RowCol lo = a_element(lane, 2 * reg), hi = a_element(lane, 2 * reg + 1);
+            a_regs[lane * 4 + reg] = pack_halves(bf16_bits(A[lo.row][lo.col]), bf16_bits(A[hi.row][hi.col]));
+        }
+        for (int reg = 0; reg < 2; reg++) {
+            const RowCol lo = b_element(lane, 2 * reg), hi = b_element(lane, 2 * reg + 1);
+            b_regs[lane * 2 + reg] = pack_halves(bf16_bits(B[lo.row][lo.col]), bf16_bits(B[hi.row][hi.col]));
+        }
+        for (int i = 0; i < 4; i++) c_in[lane * 4 + i] = C[c_element(lane, i).row][c_element(lane, i).col];
+    }
+    DeviceArray<uint32_t> d_a(a_regs), d_b(b_regs);
+    DeviceArray<float> d_c(c_in), d_d(32 * 4);
+    LLMC_LAUNCH(mma_kernel, 1, 32, 0, 0)(d_d.get(), d_a.get(), d_b.get(), d_c.get());
+    finish_launch();
+    const std::vector<float> d = d_d.download();
+
+    Mismatches m;
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            const RowCol e = c_element(lane, i);
+            double want = C[e.row][e.col];
+            for (int k = 0; k < 16; k++) want += (double)A[e.row][k] * B[k][e.col];
+            m.expect((double)d[lane * 4 + i], want, "d" + std::to_string(i) + " of lane " + std::to_string(lane));
+        }
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("attention's ldmatrix-fed products (load_a_rows, mma_a_bt, mma_a_b) equal a plain matmul") {
+    std::vector<uint16_t> a_rows(16 * TILE_K), k_rows(TILE_N * TILE_K), v_rows(TILE_K * TILE_N);
+    std::vector<float> A(a_rows.size()), K(k_rows.size()), V(v_rows.size());
+    for (size_t i = 0; i < A.size(); i++) A[i] = (float)small_int((uint32_t)i, 4, 4), a_rows[i] = bf16_bits(A[i]);
+    for (size_t i = 0; i < K.size(); i++) K[i] = (float)small_int((uint32_t)i, 5, 4), k_rows[i] = bf16_bits(K[i]);
+    for (size_t i = 0; i < V.size(); i++) V[i] = (float)small_int((uint32_t)i, 6, 4), v_rows[i] = bf16_bits(V[i]);
+    DeviceArray<uint16_t> d_a(a_rows), d_k(k_rows), d_v(v_rows);
+    DeviceArray<float> d_s(32 * TILE_N / 8 * 4), d_o(32 * TILE_N / 8 * 4);
+    LLMC_LAUNCH(tile_product_kernel, 1, 32, 0, 0)(d_s.get(), d_o.get(), d_a.get(), d_k.get(), d_v.get());
+    finish_launch();
+    const std::vector<float> s = d_s.download(), o = d_o.download();
+
+    Mismatches m;
+    for (int lane = 0; lane < 32; lane++)
+        for (int n8 = 0; n8 < TILE_N / 8; n8++)
+            for (int i = 0; i < 4; i++) {
+                const RowCol e = c_element(lane, i);
+                const int col = n8 * 8 + e.col;
+                double want_s = 0, want_o = 0;
+                for (int k = 0; k < TILE_K; k++) {
+                    want_s += (double)A[e.row * TILE_K + k] * K[col * TILE_K + k];
+                    want_o += (double)A[e.row * TILE_K + k] * V[k * TILE_N + col];
+                }
+                const std::string where = "lane " + std::to_string(lane) + " block " + std::to_string(n8) +
+                                          " element " + std::to_string(i) + " (row " + std::to_string(e.row) +
+                                          ", column " + std::to_string(col) + ")";
+                m.expect((double)s[(lane * (TILE_N / 8) + n8) * 4 + i], want_s, "S = A K^T " + where);
+                m.expect((double)o[(lane * (TILE_N / 8) + n8) * 4 + i], want_o, "O = A V " + where);
+            }
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("cp.async: wait_group 1 lands all but the newest group, zero fills included; wait_group 0 lands all") {
+    std::vector<uint32_t> first(128 + 32), second(128);
+    for (size_t i = 0; i < first.size(); i++) first[i] = 0x10000u + (uint32_t)i;
+    for (size_t i = 0; i < second.size(); i++) second[i] = 0x20000u + (uint32_t)i;
+    DeviceArray<uint32_t> d_first(first), d_second(second), d_out(32 * CP_ASYNC_WORDS);
+    LLMC_LAUNCH(cp_async_kernel, 1, 32, 0, 0)(d_out.get(), d_first.get(), d_second.get());
+    finish_launch();
+    const std::vector<uint32_t> out = d_out.download();
+
+    Mismatches m;
+    for (int lane = 0; lane < 32; lane++) {
+        const uint32_t* mine = out.data() + lane * CP_ASYNC_WORDS;
+        const int next = (lane + 1) % 32;
+        const std::string who = "lane " + std::to_string(lane) + " ";
+        for (int k = 0; k < 4; k++) {
+            const std::string word = " word " + std::to_string(k);
+            m.expect(mine[OWN_COPY16 + k], first[lane * 4 + k], who + "16-byte copy after wait_group 1" + word);
+            m.expect(mine[OWN_ZERO16 + k], 0u, who + "16-byte zero fill after wait_group 1" + word);
+            m.expect(mine[OWN_SECOND16 + k], second[lane * 4 + k], who + "second group after wait_group 0" + word);
+            m.expect(mine[NEXT_COPY16 + k], first[next * 4 + k], who + "lane + 1's first copy after a barrier" + word);
+            m.expect(mine[NEXT_SECOND16 + k], second[next * 4 + k],
+                     who + "lane + 1's second copy after a barrier" + word);
+        }
+        m.expect(mine[OWN_COPY4], first[128 + lane], who + "4-byte copy after wait_group 1");
+        m.expect(mine[OWN_ZERO4], 0u, who + "4-byte zero fill after wait_group 1");
+    }
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("ex2.approx.ftz: 2^x within 2^-21 relative; -inf -> 0, subnormal inputs -> 1, results below FLT_MIN -> 0") {
+    const float ordinary[] = {-125.75f, -100.3f, -20.5f, -3.25f, -1.0f, -0.5f, -1e-3f, 1e-3f,  0.3f,
+                              1.0f,     2.5f,    7.77f,  15.0f,  31.9f, 64.125f, 100.01f, 126.99f, 127.5f};
+    const std::vector<float> x(std::begin(ordinary), std::end(ordinary));
+    const std::vector<float> y = run_exp2(x);
+    for (size_t i = 0; i < x.size(); i++) {
+        const double exact = std::exp2((double)x[i]);
+        INFO("2^" << x[i] << " = " << y[i] << ", exactly " << exact);
+        CHECK(std::abs(y[i] - exact) / exact < std::ldexp(1.0, -21));
+    }
+
+    const float inf = std::numeric_limits<float>::infinity();
+    const float tiny = std::numeric_limits<float>::denorm_min();
+    struct Special {
+        float x, y;
+    };
+    const Special special[] = {
+        {-inf, 0.0f},       {0.0f, 1.0f},       {-0.0f, 1.0f},       {tiny, 1.0f},    {-tiny, 1.0f},
+        {1e-40f, 1.0f},     {-1e-40f, 1.0f},    {FLT_MIN * 0.5f, 1.0f},                   // subnormal inputs
+        {-126.5f, 0.0f},    {-127.0f, 0.0f},    {-130.0f, 0.0f},     {-149.0f, 0.0f}, {-150.0f, 0.0f},
+        {-1000.0f, 0.0f},   {inf, inf},         {128.0f, inf},       {1000.0f, inf},
+    };
+    std::vector<float> sx;
+    for (const Special& s : special) sx.push_back(s.x);
+    const std::vector<float> sy = run_exp2(sx);
+    for (size_t i = 0; i < sx.size(); i++) {
+        INFO("2^" << sx[i] << " = " << sy[i] << ", expected " << special[i].y);
+        CHECK(sy[i] == special[i].y);
+        CHECK(!std::signbit(sy[i]));
+    }
+    const std::vector<float> nan = run_exp2({std::numeric_limits<float>::quiet_NaN()});
+    CHECK(std::isnan(nan[0]));
+}
+
+TEST_CASE("__shfl_sync, _up, _down and _xor with widths 8, 16 and 32 follow the programming guide") {
+    const ShuffleCase cases[] = {
+        {Shuffle::Index, 8, 3},  {Shuffle::Index, 8, 13},  {Shuffle::IndexPerLane, 8, 1},  {Shuffle::Up, 8, 1},
+        {Shuffle::Up, 8, 3},     {Shuffle::Down, 8, 2},    {Shuffle::Down, 8, 7},          {Shuffle::Xor, 8, 1},
+        {Shuffle::Xor, 8, 5},    {Shuffle::Xor, 8, 9},     {Shuffle::Xor, 8, 16},          {Shuffle::Xor, 8, 24},
+        {Shuffle::Index, 16, 13}, {Shuffle::Index, 16, 21}, {Shuffle::IndexPerLane, 16, 3}, {Shuffle::Up, 16, 5},
+        {Shuffle::Down, 16, 5},  {Shuffle::Down, 16, 15},  {Shuffle::Xor, 16, 3},          {Shuffle::Xor, 16, 17},
+        {Shuffle::Xor, 16, 16},  {Shuffle::Index, 32, 31}, {Shuffle::IndexPerLane, 32, 2}, {Shuffle::Up, 32, 1},
+        {Shuffle::Down, 32, 1},  {Shuffle::Xor, 32, 31},
+    };
+    const char* names[] = {"__shfl_sync", "__shfl_sync (srcLane per lane)", "__shfl_up_sync", "__shfl_down_sync",
+                           "__shfl_xor_sync"};
+    DeviceArray<int> d_out(32);
+    for (const ShuffleCase& c : cases) {
+        LLMC_LAUNCH(shuffle_kernel, 1, 32, 0, 0)(d_out.get(), c.kind, c.width, c.arg);
+        finish_launch();
+        const std::vector<int> out = d_out.download();
+        Mismatches m;
+        for (int lane = 0; lane < 32; lane++)
+            m.expect(out[lane], 100 + shuffle_source(c, lane), "lane " + std::to_string(lane));
+        INFO(names[(int)c.kind] << ", width " << c.width << ", argument " << c.arg);
+        CHECK_NO_MISMATCHES(m);
+    }
+
+    DeviceArray<double> d_double(32);
+    LLMC_LAUNCH(shuffle_double_kernel, 1, 32, 0, 0)(d_double.get());
+    finish_launch();
+    const std::vector<double> got = d_double.download();
+    for (int lane = 0; lane < 32; lane++) CHECK(got[lane] == 1e12 * (lane ^ 5) + 0.5);
+}
+
+TEST_CASE("__ballot_sync, __any_sync and __all_sync, a partial mask included") {
+    DeviceArray<unsigned> d_out(4 * 32);
+    LLMC_LAUNCH(vote_kernel, 1, 32, 0, 0)(d_out.get());
+    finish_launch();
+    const std::vector<unsigned> out = d_out.download();
+    for (int lane = 0; lane < 32; lane++) {
+        INFO("lane " << lane);
+        CHECK(out[lane] == 0x49249249u);  // lanes 0, 3, 6, ..., 30
+        CHECK(out[32 + lane] == (lane < 16 ? 0x0000aaaau : 0u));  // odd lanes of 0-15
+        CHECK(out[64 + lane] != 0);
+        CHECK(out[96 + lane] == 0);
+    }
+}
+
+TEST_CASE("__syncthreads_count, _and and _or give every thread of a 1024-thread block the block's answer") {
+    DeviceArray<int> d_out(4 * 1024);
+    LLMC_LAUNCH(block_vote_kernel, 1, 1024, 0, 0)(d_out.get());
+    finish_launch();
+    const std::vector<int> out = d_out.download();
+    Mismatches m;
+    for (int t = 0; t < 1024; t++) {
+        const std::string who = "thread " + std::to_string(t);
+        m.expect(out[4 * t + 0], 205, who + " count of t % 5 == 0");  // 0, 5, ..., 1020
+        m.expect(out[4 * t + 1], 1, who + " and of true");
+        m.expect(out[4 * t + 2], 0, who + " and of t != 3");
+        m.expect(out[4 * t + 3], 1, who + " or of t == 1022");
+    }
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("warp_reduce_sum and warp_reduce_max give every lane the warp's sum and maximum") {
+    DeviceArray<float> d_out(64);
+    LLMC_LAUNCH(warp_reduce_kernel, 1, 32, 0, 0)(d_out.get());
+    finish_launch();
+    const std::vector<float> out = d_out.download();
+    for (int lane = 0; lane < 32; lane++) {
+        INFO("lane " << lane);
+        CHECK(out[lane] == 528.0f);     // 1 + 2 + ... + 32
+        CHECK(out[32 + lane] == 24.0f);  // 31 - 7
+    }
+}
+
+TEST_CASE("block_reduce_sum and block_reduce_max give every thread the block's result, twice in a row") {
+    for (int threads : {1024, 96}) {
+        DeviceArray<float> d_out(2 * (size_t)threads);
+        LLMC_LAUNCH(block_reduce_kernel, 1, threads, 0, 0)(d_out.get());
+        finish_launch();
+        const std::vector<float> out = d_out.download();
+        double sum = 0;
+        for (int t = 0; t < threads; t++) sum += t % 13 - 6;
+        Mismatches m;
+        for (int t = 0; t < threads; t++) {
+            m.expect((double)out[2 * t], sum, "sum, thread " + std::to_string(t));
+            m.expect((double)out[2 * t + 1], (double)(threads - 1), "max, thread " + std::to_string(t));
+        }
+        INFO(threads << " threads");
+        CHECK_NO_MISMATCHES(m);
+    }
+}
+
+int main(int argc, char** argv) {
+    std::string why;
+    if (!cuda_device_present(&why)) return no_gpu_exit_status("test_ptx", why);
+    return run_catch_session(argc, argv);
+}

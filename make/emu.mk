@@ -1,0 +1,63 @@
+# make/emu.mk: the emulation build (dev/emu/emu.h): the CUDA sources compiled by g++ and run on the
+# CPU, one emulated H100 per process. Included by the top-level Makefile.
+#   make train_gpt_emu   the CUDA trainer, emulated
+#   make test-emu        every CUDA test on the emulator (part of make test); see the README for its cost
+EMU_DIR      := $(BUILD)/emu
+# -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
+# -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:
+# CUDA code type-puns (a float vector stored through int4, as nvcc allows), which g++ would miscompile.
+EMU_CXXFLAGS := -std=c++20 -O2 -g -march=native -fno-strict-aliasing -fopenmp -Wall -Wextra -Wno-unknown-pragmas -Werror=return-type -DLLMC_EMU \
+                -Idev/emu/include -I. -I$(CUDA_HOME)/include $(EXTRA_INC)
+EMU_SRCS     := $(addprefix dev/emu/,runtime.cpp fibers.cpp ptx.cpp cublaslt.cpp nccl.cpp)
+EMU_OBJS     := $(EMU_SRCS:dev/emu/%.cpp=$(EMU_DIR)/lib/%.o)
+EMU_HEADERS  := $(wildcard dev/emu/*.h dev/emu/include/*.h)
+EMU_LIBS      = -lboost_context -fopenmp $(MPI_LIBS)
+# Emulated programs are C++ (-x c++) built from .cu files; the emulator's objects come after.
+EMU_LINK      = $(CXX) $(EMU_CXXFLAGS) $(MPI_INC) -x c++ $< -x none $(filter %.o,$^) -o $@ $(EMU_LIBS)
+
+$(EMU_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(MPI_INC) -c $< -o $@
+
+train_gpt_emu: train_gpt.cu $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) | deps
+	$(EMU_LINK)
+
+$(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o \
+                           $(BUILD)/test/test_main.o $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+$(EMU_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(EMU_HEADERS) \
+                           $(BUILD)/test/catch_impl.o $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+$(EMU_DIR)/test_%_cuda: test/gpu/test_%_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) \
+                        $(EMU_HEADERS) $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+# The emulator's own tests: the PTX instructions lane by lane (also built by nvcc for a GPU), its
+# launch limits, race check and stream rules, the emulated cuBLASLt and NCCL.
+$(EMU_DIR)/test_ptx $(EMU_DIR)/test_emu: $(EMU_DIR)/test_%: dev/emu/test_%.cu $(HEADERS) $(EMU_HEADERS) \
+                                         $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+$(EMU_DIR)/test_cublaslt: dev/emu/test_cublaslt.cpp $(EMU_HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o \
+                          $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+$(EMU_DIR)/test_nccl: dev/emu/test_nccl.cpp $(EMU_HEADERS) $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+# Every kernel workbench, emulated (its --check skips the shapes too large for a CPU).
+EMU_BENCHES  := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/cuda/%,$(filter-out dev/cuda/comm_nccl_check.cu,$(wildcard dev/cuda/*.cu)))
+$(EMU_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+
+EMU_TESTS := $(addprefix $(EMU_DIR)/,test_emu test_ptx test_cublaslt test_nccl test_cuda_host test_gpt2_cuda \
+             test_tp_cuda test_pp_cuda)
+emu-build: $(EMU_TESTS) $(EMU_BENCHES) train_gpt_emu
+.PHONY: emu-build test-emu
+# OMP_WAIT_POLICY=passive: an idle OpenMP thread that spins takes the core from the one working
+# (the emulator's blocks and the CPU GEMM run in OpenMP regions, several ranks share the cores).
+test-emu: emu-build train_gpt_cpu default-data
+	OMP_WAIT_POLICY=passive test/emu/run_emu_tests.sh
