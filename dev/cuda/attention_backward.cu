@@ -19,6 +19,8 @@
 // kernels, the price of having no atomics.
 // For each timed shape of GPT-2 size it also prints one line "fwd+bwd ms B= T= NH= HS=: <ms>" for
 // llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
+// Emulated (dev/emu/), the GPT-2 124M shape is skipped (bench::skip_when_emulated); the small
+// shapes still reach the partial tiles, a single key and every head size.
 #include "dev/cuda/common.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/cpu/ops.h"
@@ -154,11 +156,11 @@ void attention_backward_v1(floatX* dqkv, float* scratch, const floatX* dout, con
     constexpr int THREADS = 256, ROWS_PER_BLOCK = THREADS / 32;
     const size_t rows = (size_t)B * NH * T;
     const unsigned blocks = (unsigned)llmc::ceil_div(rows, (size_t)ROWS_PER_BLOCK);
-    attention_backward_v1_rowdot_kernel<<<blocks, THREADS, 0, stream>>>(scratch, dout, out, B, T, NH, HS);
+    LLMC_LAUNCH(attention_backward_v1_rowdot_kernel, blocks, THREADS, 0, stream)(scratch, dout, out, B, T, NH, HS);
     CUDA_CHECK_LAUNCH();
-    attention_backward_v1_dq_kernel<<<blocks, THREADS, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
+    LLMC_LAUNCH(attention_backward_v1_dq_kernel, blocks, THREADS, 0, stream)(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
     CUDA_CHECK_LAUNCH();
-    attention_backward_v1_dkv_kernel<<<blocks, THREADS, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
+    LLMC_LAUNCH(attention_backward_v1_dkv_kernel, blocks, THREADS, 0, stream)(dqkv, dout, qkv, lse, scratch, B, T, NH, HS);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -186,6 +188,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     const size_t scratch_n = llmc::attention_backward_scratch_floats(s.B, s.T, s.NH);
     const double forward_flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
     printf("B=%d T=%d NH=%d HS=%d%s\n", s.B, s.T, s.NH, s.HS, s.check ? "" : " (timed only)");
+    if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
     const std::vector<float> qkv = bench::random_bf16(qkv_n, rng), dout = bench::random_bf16(out_n, rng);
     bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv), dout_d = bench::to_device_bf16(dout);

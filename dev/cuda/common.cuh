@@ -10,6 +10,8 @@
 //   ./layernorm 2          check and time version 2 only
 //   ./layernorm --check    check every version, no timing; exit 1 on any failure (make test-gpu)
 //   --seed N               reuse the inputs of an earlier run (the seed is printed)
+// Built for the emulator (dev/emu/, -DLLMC_EMU), the GPT-2-sized shapes are skipped: see
+// skip_when_emulated.
 //
 // Determinism: run twice, the llmc version must give the same bits (check_same_bits, on device_bytes
 // or on to_host copies: widening bf16 to float keeps every bit).
@@ -86,6 +88,34 @@ inline Options start(int argc, char** argv, int num_versions) {
     require_gpu_or_skip(argv[0]);
     printf("seed %llu\n", (unsigned long long)o.seed);
     return o;
+}
+
+// ---- under the emulator ----
+//
+// Built with -DLLMC_EMU (dev/emu/emu.h), a workbench runs on the CPU, each CUDA thread a fiber: of
+// the order of 10^7 scalar operations a second on a 2-core CI machine, kernels and CPU reference
+// together. The GPT-2-sized shapes would take minutes to hours there (attention_forward at B 8,
+// T 1024, NH 12: 8 minutes), so a shape whose work passes EMULATED_WORK_LIMIT is skipped, with a
+// line saying so. The small and odd shapes, the ones with partial tiles, ragged tails and
+// boundaries, stay under it and are checked for every version; where a skipped shape was the only
+// one to reach a code path (several grid strides, several row blocks), the workbench adds a
+// smaller shape that reaches it, emulated only. Built by nvcc, nothing is skipped or added.
+#ifdef LLMC_EMU
+constexpr bool EMULATED = true;
+#else
+constexpr bool EMULATED = false;
+#endif
+// Work: roughly the scalar operations of one version's check of a shape, as the workbench counts
+// it (elements for a memory-bound kernel, multiply-adds for a product). 2^24: about a second.
+constexpr double EMULATED_WORK_LIMIT = 16777216.0;
+
+// True (skip the shape) under the emulator when `work` passes EMULATED_WORK_LIMIT, after printing
+// why; `what` says what was counted ("B NH T^2 HS"). Always false when built by nvcc.
+inline bool skip_when_emulated(const char* what, double work) {
+    if (!EMULATED || work <= EMULATED_WORK_LIMIT) return false;
+    printf("  skipped: emulated on the CPU, too large (%s = %.3g, limit %.3g); a GPU session checks it\n", what, work,
+           EMULATED_WORK_LIMIT);
+    return true;
 }
 
 // ---- host data ----

@@ -10,7 +10,8 @@
 // elements past the last 8-wide group); version 2 runs twice and must repeat its bits. Inputs are
 // N(0, 2^2), so both tails of GELU are exercised. Timed on the 124M shape against DRAM bandwidth:
 // the forward reads and writes n bf16 values (4n bytes), the backward reads the gradient and the
-// pre-activation and writes the gradient back (6n bytes).
+// pre-activation and writes the gradient back (6n bytes). Emulated (dev/emu/), the 124M shape is
+// skipped (bench::skip_when_emulated).
 #include <algorithm>
 #include <vector>
 
@@ -46,12 +47,12 @@ __global__ void gelu_backward_scalar_kernel(floatX* d_in_out, const floatX* pre_
 constexpr int SCALAR_BLOCK = 256;
 
 void gelu_forward_v1(floatX* out, const floatX* inp, size_t n) {
-    gelu_forward_scalar_kernel<<<(unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK>>>(out, inp, n);
+    LLMC_LAUNCH(gelu_forward_scalar_kernel, (unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK, 0, 0)(out, inp, n);
     CUDA_CHECK_LAUNCH();
 }
 
 void gelu_backward_v1(floatX* d_in_out, const floatX* pre_gelu, size_t n) {
-    gelu_backward_scalar_kernel<<<(unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK>>>(d_in_out, pre_gelu, n);
+    LLMC_LAUNCH(gelu_backward_scalar_kernel, (unsigned)ceil_div(n, (size_t)SCALAR_BLOCK), SCALAR_BLOCK, 0, 0)(d_in_out, pre_gelu, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -77,6 +78,7 @@ constexpr size_t TIMING_N = (size_t)8 * 1024 * 4 * 768;
 void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
     const size_t n = s.n;
     printf(" %s: n %zu\n", s.name, n);
+    if (bench::skip_when_emulated("n", (double)n)) return;
     const std::vector<float> x = bench::random_bf16(n, rng, 2.0f);
     const std::vector<float> d = bench::random_bf16(n, rng);
     std::vector<float> ref_out(n), ref_d = d;

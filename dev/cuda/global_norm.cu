@@ -11,7 +11,8 @@
 // (accumulate = true), and on tiny ranges (0, 1, 2 and 7 elements). Tolerance FP32_TOLERANCE: each
 // thread sums its ~120-500 squares in fp32 (relative error ~1e-6 in practice), all later sums are
 // exact enough (fp32 tree, then double). Determinism: a second run must give the same bits.
-// Floor: read 4 bytes per element.
+// Floor: read 4 bytes per element. Emulated (dev/emu/), the 124M cases are skipped
+// (bench::skip_when_emulated) and unaligned ranges over 3 * 2^20 + 6 floats checked instead.
 #include "dev/cuda/common.cuh"
 #include "llmc/cpu/adamw.h"
 #include "llmc/kernels/global_norm.cuh"
@@ -43,9 +44,9 @@ __global__ void global_norm_v1_final(double* out, const float* partials, int num
 }
 
 void global_norm_v1(double* out, float* partials, const float* x, size_t n, bool accumulate, cudaStream_t stream) {
-    global_norm_v1_partials<<<V1_BLOCKS, V1_BLOCK_SIZE, 0, stream>>>(partials, x, n);
+    LLMC_LAUNCH(global_norm_v1_partials, V1_BLOCKS, V1_BLOCK_SIZE, 0, stream)(partials, x, n);
     CUDA_CHECK_LAUNCH();
-    global_norm_v1_final<<<1, 1, 0, stream>>>(out, partials, V1_BLOCKS, accumulate);
+    LLMC_LAUNCH(global_norm_v1_final, 1, 1, 0, stream)(out, partials, V1_BLOCKS, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -90,6 +91,7 @@ double run_on_device(const Version& version, const Case& c, const float* d_x) {
 
 void run_case(const Version& version, const Case& c, const bench::Options& opt, std::mt19937_64& rng) {
     printf("%s, %s\n", version.name, c.name);
+    if (bench::skip_when_emulated("n", (double)c.n)) return;
     const std::vector<float> x = bench::random_f32(c.n, rng, 1e-3f);
     double ref = 0.0;
     for (const Range& range : c.ranges) ref += llmc::sum_squares(x.data(), range.begin, range.end);
@@ -114,12 +116,18 @@ int main(int argc, char** argv) {
     const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
     return bench::run_and_finish(argv[0], [&] {
         const size_t gpt2 = 124475904;
-        const std::vector<Case> cases = {
+        std::vector<Case> cases = {
             {"GPT-2 124M gradient", gpt2, {{0, gpt2}}, true},
             {"GPT-2 124M in 3 unaligned ranges", gpt2, {{0, 3}, {3, gpt2 - 2}, {gpt2 - 2, gpt2}}, false},
             {"1001 floats, 1 + 1000 unaligned", 1001, {{0, 1}, {1, 1001}}, false},
             {"tiny ranges 0, 1, 2, 7", 16, {{0, 0}, {1, 2}, {3, 5}, {9, 16}}, false},
         };
+        // Emulated only, where the GPT-2 cases are skipped: unaligned ranges over several grid strides
+        // (v2 reads 2^20 floats a stride, v1 2^14).
+        const size_t strides = 3 * ((size_t)1 << 20) + 6;
+        if (bench::EMULATED)
+            cases.push_back({"3 * 2^20 + 6 floats in 3 unaligned ranges", strides,
+                             {{0, 3}, {3, strides - 2}, {strides - 2, strides}}, false});
         for (int v = 1; v <= NUM_VERSIONS; v++) {
             if (!opt.runs(v)) continue;
             std::mt19937_64 rng(opt.seed);  // per version, so `global_norm 2 --seed N` sees the same inputs

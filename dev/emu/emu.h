@@ -91,6 +91,8 @@ int block_barrier(int predicate);
 // (at most 64) from `mine`; when all have, every one of them gets all 32 lanes' deposits in `all`
 // (lanes not in the mask: zeros). `what` names the operation in error reports ("__shfl_xor_sync").
 void warp_exchange(unsigned mask, const void* mine, void* all, size_t bytes, const char* what);
+// The same, for a shuffle: the lane gets only lane `source`'s deposit, in `out`.
+void warp_shuffle(unsigned mask, const void* mine, void* out, size_t bytes, int source, const char* what);
 // A warp collective whose result is computed once for the warp: when every lane of `mask` has
 // deposited `bytes` from `mine`, combine(deposits, results) runs once (deposits[l] and results[l]
 // are lane l's, 64 bytes each), and each lane gets its own result in `out` (`out_bytes`).
@@ -130,11 +132,9 @@ namespace emu {
 template <typename T>
 T shuffle_from(unsigned mask, T var, int source_of_this_lane, const char* what) {
     static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 16, "shuffle of a type wider than 16 bytes");
-    T all[32];
-    warp_exchange(mask, &var, all, sizeof(T), what);
-    if (!(mask >> source_of_this_lane & 1u))
-        device_fault(what, "reads a lane that is not in the mask (its value is undefined on a GPU)");
-    return all[source_of_this_lane];
+    T value;
+    warp_shuffle(mask, &var, &value, sizeof(T), source_of_this_lane, what);
+    return value;
 }
 inline void check_width(int width, const char* what) {
     if (width < 1 || width > 32 || (width & (width - 1)))

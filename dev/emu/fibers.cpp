@@ -299,35 +299,14 @@ int block_barrier(int predicate) {
     return worker->block_result;
 }
 
-void warp_exchange(unsigned mask, const void* mine, void* all, size_t bytes, const char* what) {
-    Fiber& f = running_fiber(what);
-    Worker& w = *worker;
-    if (bytes > EXCHANGE_BYTES) fatal(what, "warp exchange wider than 64 bytes");
-    if (!(mask >> f.state.lane & 1u)) block_fault(w, std::string(what) + ": the calling lane is not in its own mask");
-    memcpy(w.slots[f.state.warp][f.parity][f.state.lane], mine, bytes);
-    f.deposit_parity = f.parity;
-    f.parity ^= 1;
-    f.wait = Fiber::Wait::Warp;
-    f.mask = mask;
-    f.what = what;
-    f.bytes = bytes;
-    switch_to_scheduler(f, false);
-    current_thread = &f.state;
-    unsigned char* out = static_cast<unsigned char*>(all);
-    for (int lane = 0; lane < 32; lane++) {
-        if (mask >> lane & 1u) {
-            memcpy(out + lane * bytes, w.slots[f.state.warp][f.peer_parities >> lane & 1u][lane], bytes);
-        } else {
-            memset(out + lane * bytes, 0, bytes);
-        }
-    }
-}
+namespace {
 
-void warp_combine(unsigned mask, const void* mine, size_t bytes, void* out, size_t out_bytes, const char* what,
-                  WarpCombine combine) {
+// A lane arrives at a warp collective with its deposit and waits until the warp's lanes in `mask`
+// are all there; returns its fiber, resumed.
+Fiber& arrive(unsigned mask, const void* mine, size_t bytes, const char* what, WarpCombine combine) {
     Fiber& f = running_fiber(what);
     Worker& w = *worker;
-    if (bytes > EXCHANGE_BYTES || out_bytes > EXCHANGE_BYTES) fatal(what, "warp collective wider than 64 bytes");
+    if (bytes > EXCHANGE_BYTES) fatal(what, "warp collective wider than 64 bytes");
     if (!(mask >> f.state.lane & 1u)) block_fault(w, std::string(what) + ": the calling lane is not in its own mask");
     memcpy(w.slots[f.state.warp][f.parity][f.state.lane], mine, bytes);
     f.deposit_parity = f.parity;
@@ -340,7 +319,37 @@ void warp_combine(unsigned mask, const void* mine, size_t bytes, void* out, size
     switch_to_scheduler(f, false);
     f.combine = nullptr;
     current_thread = &f.state;
-    memcpy(out, w.results[f.state.warp][f.state.lane], out_bytes);
+    return f;
+}
+
+// Lane `lane`'s deposit at the collective `f` was released from.
+const unsigned char* deposit_of(const Fiber& f, int lane) {
+    return worker->slots[f.state.warp][f.peer_parities >> lane & 1u][lane];
+}
+
+}  // namespace
+
+void warp_exchange(unsigned mask, const void* mine, void* all, size_t bytes, const char* what) {
+    const Fiber& f = arrive(mask, mine, bytes, what, nullptr);
+    unsigned char* out = static_cast<unsigned char*>(all);
+    for (int lane = 0; lane < 32; lane++) {
+        if (mask >> lane & 1u) memcpy(out + lane * bytes, deposit_of(f, lane), bytes);
+        else memset(out + lane * bytes, 0, bytes);
+    }
+}
+
+void warp_shuffle(unsigned mask, const void* mine, void* out, size_t bytes, int source, const char* what) {
+    const Fiber& f = arrive(mask, mine, bytes, what, nullptr);
+    if (!(mask >> source & 1u))
+        device_fault(what, "reads a lane that is not in the mask (its value is undefined on a GPU)");
+    memcpy(out, deposit_of(f, source), bytes);
+}
+
+void warp_combine(unsigned mask, const void* mine, size_t bytes, void* out, size_t out_bytes, const char* what,
+                  WarpCombine combine) {
+    if (out_bytes > EXCHANGE_BYTES) fatal(what, "warp collective wider than 64 bytes");
+    const Fiber& f = arrive(mask, mine, bytes, what, combine);
+    memcpy(out, worker->results[f.state.warp][f.state.lane], out_bytes);
 }
 
 unsigned char* dynamic_shared_base() { return shared_arena; }
