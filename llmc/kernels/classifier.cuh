@@ -22,6 +22,14 @@ namespace llmc {
 
 constexpr int CLASSIFIER_BLOCK_SIZE = 1024;
 
+// Threads per row: one per 8-wide vector of the row, in whole warps, at most CLASSIFIER_BLOCK_SIZE
+// (GPT-2's 50304 columns take all 1024; a small vocabulary, or slice of one, does not keep threads
+// that would find nothing to do). It depends on the row's width alone, so the order of every sum does.
+inline int classifier_block_size(int vectors) {
+    const int warps = ceil_div(vectors < 1 ? 1 : vectors, WARP_SIZE);
+    return warps * WARP_SIZE < CLASSIFIER_BLOCK_SIZE ? warps * WARP_SIZE : CLASSIFIER_BLOCK_SIZE;
+}
+
 // The block's online softmax over one row: the max of columns [0, real) of x (vectors 8-wide
 // vectors; the columns >= real inside them are masked) and the sum of exp(x - max) over them, both
 // returned to every thread. Each thread keeps a running (max, sum relative to it) and rescales once
@@ -100,7 +108,7 @@ inline void fused_classifier(floatX* logits, float* row_loss, const int* targets
     if (Vp % x128::size != 0)
         fail(strformat("fused_classifier: padded vocab Vp must be a multiple of %d, got %d", x128::size, Vp));
     if ((uintptr_t)logits % 16 != 0) fail("fused_classifier: logits must be 16-byte aligned");
-    LLMC_LAUNCH(fused_classifier_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(logits, row_loss, targets, dloss, V, Vp,
+    LLMC_LAUNCH(fused_classifier_kernel, rows, classifier_block_size(Vp / x128::size), 0, stream)(logits, row_loss, targets, dloss, V, Vp,
                                                                         write_dlogits);
     CUDA_CHECK_LAUNCH();
 }
@@ -182,7 +190,7 @@ inline void check_vocab_slice(const char* who, const floatX* logits, int rows, i
 inline void classifier_local_stats(float* stats, const floatX* logits, const int* targets, int rows, int vocab_begin,
                                    int real, int cols, cudaStream_t stream) {
     check_vocab_slice("classifier_local_stats", logits, rows, vocab_begin, real, cols);
-    LLMC_LAUNCH(classifier_local_stats_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(stats, logits, targets, vocab_begin,
+    LLMC_LAUNCH(classifier_local_stats_kernel, rows, classifier_block_size(cols / x128::size), 0, stream)(stats, logits, targets, vocab_begin,
                                                                               real, cols);
     CUDA_CHECK_LAUNCH();
 }
@@ -195,7 +203,7 @@ inline void classifier_from_stats(floatX* logits, float* row_loss, const int* ta
                                   bool write_dlogits, cudaStream_t stream) {
     check_vocab_slice("classifier_from_stats", logits, rows, vocab_begin, real, cols);
     if (ranks < 1) fail(strformat("classifier_from_stats: ranks must be >= 1, got %d", ranks));
-    LLMC_LAUNCH(classifier_from_stats_kernel, rows, CLASSIFIER_BLOCK_SIZE, 0, stream)(
+    LLMC_LAUNCH(classifier_from_stats_kernel, rows, classifier_block_size(cols / x128::size), 0, stream)(
         logits, row_loss, targets, all_stats, ranks, rows, dloss, V, vocab_begin, real, cols, write_dlogits);
     CUDA_CHECK_LAUNCH();
 }

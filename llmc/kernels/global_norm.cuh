@@ -1,11 +1,15 @@
 // global_norm.cuh: the sum of squares of a gradient range, for global-norm clipping, bitwise
 // reproducible.
 //
-// The idea: the grid is a constant (GLOBAL_NORM_BLOCKS x GLOBAL_NORM_BLOCK_SIZE, not sized to the
-// device), so which thread adds which elements, and in which order, is fixed by n alone. Each block
+// The idea: the grid depends on n alone (one block per GLOBAL_NORM_BLOCK_SIZE vectors, at most
+// GLOBAL_NORM_BLOCKS; never sized to the device), so which thread adds which elements, and in which
+// order, is fixed by n. A small range gets a small grid (ZeRO and tensor parallelism sum many small
+// pieces; the emulator pays for every thread launched). Each block
 // writes its partial sum to its own slot (no atomics), and one small block adds the slots in a fixed
 // order in double. Any GPU, any run: the same bits.
 #pragma once
+
+#include <algorithm>
 
 #include "llmc/kernels/cuda_common.cuh"
 
@@ -63,11 +67,12 @@ inline void global_norm_squared(double* out, float* partials, const float* x, si
     const size_t to_boundary = (16 - (uintptr_t)x % 16) % 16 / sizeof(float);
     const size_t head = to_boundary < n ? to_boundary : n;
     const size_t num_vecs = (n - head) / f128::size;
-    LLMC_LAUNCH(global_norm_partials_kernel, GLOBAL_NORM_BLOCKS, GLOBAL_NORM_BLOCK_SIZE, 0, stream)(partials, x, n, head,
-                                                                                          num_vecs);
+    // The first threads also take the at most 6 scalars around the vectors.
+    const size_t wanted = ceil_div(std::max(num_vecs, (size_t)6), (size_t)GLOBAL_NORM_BLOCK_SIZE);
+    const int blocks = (int)std::min(wanted, (size_t)GLOBAL_NORM_BLOCKS);
+    LLMC_LAUNCH(global_norm_partials_kernel, blocks, GLOBAL_NORM_BLOCK_SIZE, 0, stream)(partials, x, n, head, num_vecs);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(global_norm_final_kernel, 1, GLOBAL_NORM_FINAL_BLOCK_SIZE, 0, stream)(out, partials, GLOBAL_NORM_BLOCKS,
-                                                                            accumulate);
+    LLMC_LAUNCH(global_norm_final_kernel, 1, GLOBAL_NORM_FINAL_BLOCK_SIZE, 0, stream)(out, partials, blocks, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,11 @@
 #   run NAME RANKS B ARGS...       $trainer with ${common[@]} -b B ARGS into $dir/NAME (log $dir/NAME.log)
 #   losses NAME                    "step loss" for every training record of a run
 #   compare A B LIMIT [STEPS]      B's step losses within LIMIT (relative) of A's same steps (20 of them)
+#   gpus_on_node                   how many GPUs this node has (emulated: one per rank, so 8)
+# The trainer runs' model and sequence length: test_model and test_T (LLMC_GPU_TEST_MODEL, default
+# "-e d4", and LLMC_GPU_TEST_T, default 64; each script's step reads 16 x test_T tokens). On the
+# emulator (LLMC_EMULATED=1: the binaries are the emulation build, dev/emu/emu.h, and need no GPU)
+# test/emu/run_emu_tests.sh makes both small.
 
 gpu_checks() {
     local name=$1 f
@@ -15,7 +20,7 @@ gpu_checks() {
         [ -x "$f" ] || { echo "$name: $f is not built" >&2; exit 1; }
     done
     local session=${LLMC_GPU_SESSION:-0}
-    if ! nvidia-smi -L > /dev/null 2>&1; then
+    if [ "${LLMC_EMULATED:-0}" != 1 ] && ! nvidia-smi -L > /dev/null 2>&1; then
         [ "$session" = 1 ] && { echo "$name: no GPU: FAIL (LLMC_GPU_SESSION=1)"; exit 3; }
         echo "$name: no GPU: skipped"; exit 0
     fi
@@ -47,3 +52,10 @@ compare() {
               printf "%s %s: worst relative loss difference %.2g over %d steps (limit %s)\n", (worst <= limit ? "ok" : "FAIL"), what, worst, n, limit
               exit worst <= limit ? 0 : 1 }'
 }
+
+gpus_on_node() {
+    if [ "${LLMC_EMULATED:-0}" = 1 ]; then echo 8; else nvidia-smi -L | wc -l; fi
+}
+
+read -r -a test_model <<< "${LLMC_GPU_TEST_MODEL:--e d4}"
+test_T=${LLMC_GPU_TEST_T:-64}

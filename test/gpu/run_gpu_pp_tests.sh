@@ -33,7 +33,7 @@ done
 
 # 2. the trainer: 1024 tokens per step everywhere, B x T x dp x micro-batches =
 #    4 x 64 x 1 x 4 (1 rank, pp 2, pp 2 x tp 2) = 2 x 64 x 2 x 4 (dp 2 x pp 2)
-common=(-e d4 -t 64 -d 1024 -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
+common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
 need() {  # need LOG PATTERN WHAT: the log has a line matching the extended regex PATTERN
     grep -qE "$2" "$dir/$1" || { echo "FAIL $3"; cat "$dir/$1"; exit 1; }
 }
@@ -83,7 +83,7 @@ resume one_as_pp2 2 4 one "1 rank\(s\) \(pp 1, tp 1\)" --pp 2
 echo "ok checkpoints cross between 1 rank and pp 2 and continue the run that wrote them"
 
 # 3. NCCL needs a GPU per rank
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ "$(gpus_on_node)" -ge 2 ]; then
     echo "== nccl: mpirun -np 2 --pp 2 --gpu-comm nccl"
     timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 4 --pp 2 -o "$dir/nccl" > "$dir/nccl.log"
     grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }

@@ -27,7 +27,7 @@ for np in 2 4; do
 done
 
 # 2. the trainer: 1024 tokens per step everywhere, B x T x dp = 16 x 64 x 1 = 8 x 64 x 2
-common=(-e d4 -t 64 -d 1024 -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
+common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
 run one 1 16
 run tp2_sp1 2 16 --tp 2 --sp 1
 run tp2_sp0 2 16 --tp 2 --sp 0
@@ -46,7 +46,7 @@ grep -q "tp 2" "$dir/plan.log" || { echo "FAIL --plan 4 --tp 2 does not mention 
 echo "ok --plan 4 --tp 2 plans each rank's piece"
 
 # 3. NCCL needs a GPU per rank
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ "$(gpus_on_node)" -ge 2 ]; then
     echo "== nccl: mpirun -np 2 --tp 2 --gpu-comm nccl"
     timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 16 --tp 2 -o "$dir/nccl" > "$dir/nccl.log"
     grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }

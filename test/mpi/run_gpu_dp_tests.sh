@@ -13,7 +13,7 @@ source "$(dirname "$0")/../gpu/lib.sh"
 gpu_checks run_gpu_dp_tests.sh "$trainer"
 
 # 1024 tokens per step on every world size: B x T x ranks = 16 x 64 x 1 = 8 x 64 x 2 = 4 x 64 x 4
-common=(-e d4 -t 64 -d 1024 -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
+common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
 run one 1 16 -z 0
 for z in 0 1 2 3; do
     run "two_z$z" 2 8 -z "$z"
@@ -32,3 +32,10 @@ echo "== nccl: mpirun -np 1 --gpu-comm nccl"
 timeout 300 mpirun -np 1 "$trainer" "${common[@]/mpi/nccl}" -b 16 -o "$dir/nccl" > "$dir/nccl.log"
 grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }
 compare one nccl 0
+# Where the node has a GPU per rank (and on the emulator), NCCL across 2 ranks too.
+if [ "$(gpus_on_node)" -ge 2 ]; then
+    echo "== nccl: mpirun -np 2 --gpu-comm nccl, ZeRO-1"
+    timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 8 -z 1 -o "$dir/nccl2" > "$dir/nccl2.log"
+    grep -q "collectives over NCCL" "$dir/nccl2.log" || { echo "FAIL the 2-rank NCCL run did not use NCCL"; exit 1; }
+    compare one nccl2 2e-2
+fi
