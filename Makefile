@@ -4,7 +4,9 @@
 #   make test         prepare test data, build and run the Catch2 tests and the plot check (test/check_plot.sh), check that every .h compiles
 #                     without nvcc (test/check_headers.sh) and that every preset run script's flags
 #                     plan (test/check_scripts.sh), feed the trainer bad inputs
-#                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi
+#                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi, then test-emu
+#   make test-emu     every CUDA test on the CUDA emulator (dev/emu: the CUDA sources compiled by g++, run
+#                     on the CPU; make/emu.mk, test/emu/run_emu_tests.sh): needs the CUDA headers, not a GPU
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
 #                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests, the
 #                     bad-input suite and the pipeline and tensor-parallel test under mpirun (not part
@@ -58,7 +60,7 @@ endif
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
-DEP_FILES := /usr/include/nlohmann/json.hpp /usr/include/catch2/catch.hpp \
+DEP_FILES := /usr/include/nlohmann/json.hpp /usr/include/catch2/catch.hpp /usr/include/boost/context/fiber.hpp \
              /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h /usr/lib/python3/dist-packages/regex
 # matplotlib only draws the training curves (dev/plot_metrics.py): where it cannot be installed the
 # build goes on without it.
@@ -124,7 +126,8 @@ $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
 # test_comm, test_zero and test_tp are listed here as well as under test-mpi so that under -j they compile
 # alongside everything else, not after the Catch2 suite has run.
-test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/headers.ok $(BUILD)/scripts.ok
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/headers.ok $(BUILD)/scripts.ok \
+      $(if $(HAVE_EMU),emu-build)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
@@ -132,6 +135,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	test/bad_inputs/run_bad_input_tests.sh ./train_gpt_cpu
 	$(MAKE) --no-print-directory test-mpi
+	$(if $(HAVE_EMU),$(MAKE) --no-print-directory test-emu,@echo "make test: no CUDA headers or no MPI: the emulated CUDA suite (test-emu) skipped")
 
 # ---- sanitizers: the same sources at -O1 with ASan and UBSan; any report fails the run ----
 SAN_DIR   := $(BUILD)/sanitize

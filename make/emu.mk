@@ -3,6 +3,8 @@
 #   make train_gpt_emu   the CUDA trainer, emulated
 #   make test-emu        every CUDA test on the emulator (part of make test); see the README for its cost
 EMU_DIR      := $(BUILD)/emu
+# The emulation needs the toolkit's headers (not nvcc, not a GPU) and MPI (its NCCL runs over MPI).
+HAVE_EMU     := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
 # -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:
 # CUDA code type-puns (a float vector stored through int4, as nvcc allows), which g++ would miscompile.
@@ -36,8 +38,9 @@ $(EMU_DIR)/test_%_cuda: test/gpu/test_%_cuda.cu test/gpu/cuda_test_util.h test/m
 	$(EMU_LINK)
 # The emulator's own tests: the PTX instructions lane by lane (also built by nvcc for a GPU), its
 # launch limits, race check and stream rules, the emulated cuBLASLt and NCCL.
+# test_ptx and test_emu have a main of their own.
 $(EMU_DIR)/test_ptx $(EMU_DIR)/test_emu: $(EMU_DIR)/test_%: dev/emu/test_%.cu $(HEADERS) $(EMU_HEADERS) \
-                                         $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o $(EMU_OBJS) | deps
+                                         $(BUILD)/test/catch_impl.o $(EMU_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 $(EMU_DIR)/test_cublaslt: dev/emu/test_cublaslt.cpp $(EMU_HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o \

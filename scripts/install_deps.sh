@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages llmc builds and tests with. Called by the Makefile when a header is
 # missing; as root it installs them, otherwise it prints the exact command to run.
-#   build:  g++ make, OpenMPI, nlohmann/json, Catch2 (v2, single header)
+#   build:  g++ make, OpenMPI, nlohmann/json, Catch2 (v2, single header), boost.context (the CUDA
+#           emulator's fibers, dev/emu)
 #   data:   python3 with numpy and regex (GPT-2 BPE), npm (fetches the BPE files and default corpus)
 #   plots:  python3-matplotlib (dev/plot_metrics.py: the training curves `make train` draws)
 # PyTorch (python3-torch) is needed only to regenerate test fixtures: scripts/install_deps.sh --torch
 set -euo pipefail
 
-packages="g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev catch2 python3 python3-numpy python3-regex python3-matplotlib"
+packages="g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev catch2 libboost-context-dev python3 python3-numpy python3-regex python3-matplotlib"
 command -v npm >/dev/null 2>&1 || packages="$packages npm"
 [ "${1:-}" = "--torch" ] && packages="$packages python3-torch"
 

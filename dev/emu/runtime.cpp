@@ -188,18 +188,20 @@ void progress_all() {
 // not finished yet and returns false. Waiting for a communication op keeps all others moving.
 bool run_until(CUstream_st* s, uint64_t position, bool block) {
     while (s->completed < position) {
-        if (s->running) fatal("stream", "an operation waits for its own stream (a cycle of stream waits)");
+        if (s->running) {  // its front op is being driven further up the call stack
+            if (!block) return false;
+            fatal("stream", "an operation waits for its own stream (a cycle of stream waits)");
+        }
         StreamOp& op = s->queue.front().op;
+        // `running` stays set while this op is driven, so that progress_all leaves this stream alone.
         s->running = true;
         bool done = op.run(op.progress ? false : block);
-        s->running = false;
         while (!done && block) {
             progress_all();
             std::this_thread::sleep_for(std::chrono::microseconds(20));
-            s->running = true;
             done = op.run(false);
-            s->running = false;
         }
+        s->running = false;
         if (!done) return false;
         s->queue.pop_front();
         s->completed++;

@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(GLOBAL_NORM_FINAL_BLOCK_SIZE)
     sums[threadIdx.x] = sum;
     __syncthreads();
     for (int stride = GLOBAL_NORM_FINAL_BLOCK_SIZE / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+        if ((int)threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
         __syncthreads();
     }
     if (threadIdx.x == 0) *out = accumulate ? *out + sums[0] : sums[0];
