@@ -9,8 +9,9 @@
 #                     on the CPU; make/emu.mk, test/emu/run_emu_tests.sh): needs the CUDA headers, not a GPU
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
 #                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests, the
-#                     bad-input suite and the pipeline and tensor-parallel test under mpirun (not part
-#                     of make test: the build alone takes minutes)
+#                     bad-input suite and the pipeline and tensor-parallel test under mpirun, then the
+#                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
+#                     make test: the build alone takes minutes)
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
@@ -40,7 +41,7 @@ NVCC_LIBS := -lcublasLt -lcublas $(if $(NO_NCCL),,$(NCCL_LIB))
 
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
-TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda \
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
              $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
@@ -160,6 +161,7 @@ test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp 
 	$(SAN_ENV) $(SAN_DIR)/test_llmc
 	$(SAN_ENV) test/bad_inputs/run_bad_input_tests.sh $(SAN_DIR)/train_gpt_cpu
 	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp
+	$(if $(HAVE_EMU),$(MAKE) --no-print-directory test-emu-sanitize)
 
 # The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
 $(BUILD)/headers.ok: $(HEADERS) test/check_headers.sh | deps
@@ -219,6 +221,11 @@ include make/emu.mk
 $(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
+# The emulator's PTX test on the real instructions: a GPU session checks the emulated bodies against
+# the hardware (dev/emu/test_ptx.cu; it skips without a GPU).
+$(BUILD)/test_ptx: dev/emu/test_ptx.cu $(HEADERS) $(BUILD)/test/catch_impl.o | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # The CUDA model's host-side logic (memory plan, activation layout, validation): runs without a GPU.
 # It launches no kernel, so one portable architecture is enough (the others build the full list).
 $(BUILD)/test_cuda_host: CUDA_ARCH := -gencode arch=compute_80,code=compute_80
@@ -243,7 +250,8 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda cuda-workbench train_gpt train_gpt_cpu default-data
+test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda cuda-workbench train_gpt train_gpt_cpu default-data
+	$(BUILD)/test_ptx
 	$(BUILD)/test_gpt2_cuda
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt

@@ -64,3 +64,32 @@ emu-build: $(EMU_TESTS) $(EMU_BENCHES) train_gpt_emu
 # (the emulator's blocks and the CPU GEMM run in OpenMP regions, several ranks share the cores).
 test-emu: emu-build train_gpt_cpu default-data
 	OMP_WAIT_POLICY=passive test/emu/run_emu_tests.sh
+
+# ---- the emulated suite under AddressSanitizer and UBSan (make test-sanitize) ----
+# Device memory is host memory, allocated at its exact size, so ASan sees a kernel's access past the
+# end of a tensor; the fibers tell ASan about their stacks (fibers.cpp).
+EMU_SAN_DIR   := $(EMU_DIR)/sanitize
+EMU_SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+EMU_SAN_OBJS  := $(EMU_SRCS:dev/emu/%.cpp=$(EMU_SAN_DIR)/lib/%.o)
+EMU_SAN_LINK   = $(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -x c++ $< -x none $(filter %.o,$^) -o $@ \
+                 $(EMU_LIBS) $(EMU_SAN_FLAGS)
+$(EMU_SAN_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -c $< -o $@
+$(EMU_SAN_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(EMU_HEADERS) \
+                               $(BUILD)/test/catch_impl.o $(EMU_SAN_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_SAN_LINK)
+$(EMU_SAN_DIR)/test_ptx: dev/emu/test_ptx.cu $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o $(EMU_SAN_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_SAN_LINK)
+$(EMU_SAN_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_SAN_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_SAN_LINK)
+EMU_SAN_BENCHES := $(EMU_BENCHES:$(EMU_DIR)/%=$(EMU_SAN_DIR)/%)
+.PHONY: test-emu-sanitize
+test-emu-sanitize: $(EMU_SAN_DIR)/test_gpt2_cuda $(EMU_SAN_DIR)/test_ptx $(EMU_SAN_BENCHES)
+	$(SAN_ENV) OMP_WAIT_POLICY=passive $(EMU_SAN_DIR)/test_ptx
+	$(SAN_ENV) OMP_WAIT_POLICY=passive $(EMU_SAN_DIR)/test_gpt2_cuda
+	@set -e; for b in $(EMU_SAN_BENCHES); do echo "== $$b --check"; $(SAN_ENV) OMP_WAIT_POLICY=passive $$b --check > $$b.log 2>&1 || \
+	    { cat $$b.log; exit 1; }; tail -1 $$b.log; done

@@ -240,7 +240,7 @@ echo "make ${MAKEARGS[*]}" > "$LOGS/make_args.txt"
 targets=()
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_cuda_host build/test_comm cuda-workbench) ;;
+    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm cuda-workbench) ;;
     sanitize) targets+=(build/test_gpt2_cuda) ;;
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench) ;;
@@ -264,6 +264,7 @@ for stage in "${STAGES[@]}"; do
     case "$stage" in
     test)
         step test_cuda_host.log 30 build/test_cuda_host
+        step test_ptx.log 30 build/test_ptx  # the emulator's PTX bodies against the hardware
         step test_gpt2_cuda.log 120 build/test_gpt2_cuda
         # every workbench, even after one fails (make -C dev/cuda check stops at the first)
         for b in dev/cuda/build/*; do step "check_$(basename "$b").log" 45 "$b" --check; done

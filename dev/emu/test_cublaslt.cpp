@@ -4,10 +4,7 @@
 // operand outside device memory. A bf16 output must be within 1e-2 of the reference, an fp32 one
 // within 1e-5 (relative error of the whole tensor, test/rel_error.h: a NaN never passes).
 //
-// Build and run (from the repository root; test_stream_stub.cpp stands in for runtime.cpp):
-//   g++ -std=c++20 -O3 -march=native -fopenmp -I. -I/usr/local/cuda/include dev/emu/cublaslt.cpp
-//       dev/emu/test_stream_stub.cpp dev/emu/test_cublaslt.cpp test/test_main.cpp
-//       build/emu/cublaslt_catch_impl.o -o build/emu/test_cublaslt && build/emu/test_cublaslt
+// Built by make/emu.mk (make build/emu/test_cublaslt), run by make test-emu.
 // The timings: build/emu/test_cublaslt "[.timing]".
 #include <catch2/catch.hpp>
 #include <cublasLt.h>
