@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test/emu/run_emu_tests.sh: every CUDA test on the emulator (make test-emu, part of make test). The
 # same test programs and scripts a GPU session runs (make test-gpu), built by make/emu.mk, with the
-# trainer runs' model made small (2 layers of 64 channels, T = 16; the GPT-2 vocabulary stays):
+# trainer runs' model made small (4 layers of 64 channels, T = 8; the GPT-2 vocabulary stays):
 #   1. the emulator itself: launch limits, races, deadlocks, streams (test_emu), the PTX
 #      instructions lane by lane (test_ptx), cuBLASLt (test_cublaslt), NCCL over MPI on 1, 2, 4 ranks;
 #   2. the CUDA model against the CPU model (test_gpt2_cuda) and its host-side logic (test_cuda_host);
@@ -19,8 +19,8 @@ cd "$(dirname "$0")/../.."
 
 emu=${1:-build/emu}
 export LLMC_EMULATED=1
-export LLMC_GPU_TEST_MODEL="-e d4 --num-layers 2 --channels 64 --num-heads 2"
-export LLMC_GPU_TEST_T=16
+export LLMC_GPU_TEST_MODEL="-e d4 --num-layers 4 --channels 64 --num-heads 2"
+export LLMC_GPU_TEST_T=8
 export OMP_WAIT_POLICY=passive  # a spinning idle OpenMP thread takes the core from a working rank
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
