@@ -1,14 +1,17 @@
 // dev/emu/fibers.cpp: one block of a kernel on one OS thread, every CUDA thread a fiber.
 //
-// A block runs in rounds. In a round, every thread that can run does, in the schedule's order
-// (forward, reverse or a seeded shuffle), until it reaches a barrier, a warp collective or its end;
-// a fiber switch is all that costs (boost.context's fcontext, a few nanoseconds). Then the waits
-// that are satisfied are released: __syncthreads when every live thread of the block is at it, a
-// warp collective when every lane of its mask is. If nothing can be released while threads are
-// still waiting, the block would hang on a GPU: the emulator reports who waits where and aborts.
+// A block runs one warp at a time, in the schedule's order of warps (forward, reverse or a seeded
+// shuffle): a warp's lanes run, in the schedule's order of lanes, each until it reaches a barrier, a
+// warp collective or its end (a fiber switch is all that costs: boost.context's fcontext, a few
+// nanoseconds); a collective is released as soon as every lane of its mask is there, and the warp
+// goes on, until all its lanes wait at __syncthreads (or are done). Then the next warp. When every
+// live thread is at __syncthreads, the barrier is released and the next phase starts. If nothing
+// can be released while threads still wait, the block would hang on a GPU: the emulator reports
+// who waits where and aborts.
 //
-// A thread's code between two barriers runs at once, before or after another thread's, so a
-// missing barrier shows as a different result under another schedule (runtime.cpp's race check).
+// So a warp's work between two barriers runs at once, before or after another warp's, and a lane's
+// between two warp collectives before or after another lane's: a missing __syncthreads or
+// __syncwarp shows as a different result under another schedule (runtime.cpp's race check).
 #include "dev/emu/fibers.h"
 
 #include <sys/mman.h>
@@ -80,6 +83,7 @@ struct Worker {
     // [warp][lane]: a lane's result of the warp's last warp_combine (read before its next collective).
     unsigned char results[MAX_THREADS / 32][32][EXCHANGE_BYTES];
     const BlockTask* task = nullptr;
+    Schedule schedule = Schedule::Forward;
     int block_result = 0;  // the sum of predicates at the last block barrier
     int threads = 0;
     Fiber* running = nullptr;
@@ -175,8 +179,8 @@ std::string describe_waits(const Worker& w) {
                             .c_str());
 }
 
-// Releases the block barrier or the warp collectives whose participants have all arrived.
-bool release_waits(Worker& w) {
+// Releases the block barrier when every live thread of the block has arrived.
+bool release_block(Worker& w) {
     int live = 0, at_block = 0, sum = 0;
     for (int i = 0; i < w.threads; i++) {
         const Fiber& f = w.fibers[i];
@@ -184,62 +188,71 @@ bool release_waits(Worker& w) {
         live++;
         if (f.wait == Fiber::Wait::Block) at_block++, sum += f.predicate;
     }
-    if (live == 0) return false;
-    if (at_block == live) {
-        // A thread that exited never arrives: __syncthreads must be reached by the whole block.
-        if (live < w.threads)
-            block_fault(w, "deadlock: __syncthreads reached by " + std::to_string(at_block) + " of the block's " +
-                               std::to_string(w.threads) + " threads, the others have exited (a __syncthreads that "
-                               "not every thread reaches hangs or misbehaves on a GPU)");
-        w.block_result = sum;
-        for (int i = 0; i < w.threads; i++)
-            if (w.fibers[i].wait == Fiber::Wait::Block) w.fibers[i].wait = Fiber::Wait::Runnable;
-        return true;
+    if (live == 0 || at_block < live) return false;
+    // A thread that exited never arrives: __syncthreads must be reached by the whole block.
+    if (live < w.threads)
+        block_fault(w, "deadlock: __syncthreads reached by " + std::to_string(at_block) + " of the block's " +
+                           std::to_string(w.threads) + " threads, the others have exited (a __syncthreads that "
+                           "not every thread reaches hangs or misbehaves on a GPU)");
+    w.block_result = sum;
+    for (int i = 0; i < w.threads; i++) w.fibers[i].wait = Fiber::Wait::Runnable;
+    return true;
+}
+
+// Releases warp `warp`'s collective when every lane of its mask has arrived (and runs its combine).
+bool release_warp(Worker& w, int warp) {
+    Fiber* first = nullptr;
+    for (int lane = 0; lane < 32 && warp * 32 + lane < w.threads && !first; lane++)
+        if (w.fibers[warp * 32 + lane].wait == Fiber::Wait::Warp) first = &w.fibers[warp * 32 + lane];
+    if (!first) return false;
+    for (int lane = 0; lane < 32; lane++) {
+        if (!(first->mask >> lane & 1u)) continue;
+        const int t = warp * 32 + lane;
+        if (t >= w.threads) block_fault(w, std::string(first->what) + ": the mask names a lane beyond the block");
+        const Fiber& f = w.fibers[t];
+        if (f.wait == Fiber::Wait::Done)
+            block_fault(w, std::string(first->what) + ": lane " + std::to_string(lane) +
+                               " of the mask has exited (undefined on a GPU)");
+        if (f.wait != Fiber::Wait::Warp) return false;
+        if (f.mask != first->mask || f.what != first->what)
+            block_fault(w, std::string("lanes of warp ") + std::to_string(warp) + " wait at different warp "
+                               "collectives (" + first->what + " and " + f.what + ") or with different masks");
     }
-    bool released = false;
-    const int warps = (w.threads + 31) / 32;
-    for (int warp = 0; warp < warps; warp++) {
-        Fiber* first = nullptr;
-        for (int lane = 0; lane < 32 && warp * 32 + lane < w.threads && !first; lane++)
-            if (w.fibers[warp * 32 + lane].wait == Fiber::Wait::Warp) first = &w.fibers[warp * 32 + lane];
-        if (!first) continue;
-        bool ready = true;
-        for (int lane = 0; lane < 32; lane++) {
-            if (!(first->mask >> lane & 1u)) continue;
+    // A lane may run on to its next collective (and write the other half) before another reads
+    // this one's deposits: each reader keeps where this collective's deposits are.
+    uint32_t parities = 0;
+    for (int lane = 0; lane < 32; lane++)
+        if (first->mask >> lane & 1u) parities |= (uint32_t)w.fibers[warp * 32 + lane].deposit_parity << lane;
+    if (first->combine) {
+        unsigned char deposits[32][EXCHANGE_BYTES] = {};
+        for (int lane = 0; lane < 32; lane++)
+            if (first->mask >> lane & 1u) memcpy(deposits[lane], w.slots[warp][parities >> lane & 1u][lane], first->bytes);
+        first->combine(deposits, w.results[warp]);
+    }
+    const unsigned mask = first->mask;
+    for (int lane = 0; lane < 32; lane++)
+        if (mask >> lane & 1u) {
+            w.fibers[warp * 32 + lane].wait = Fiber::Wait::Runnable;
+            w.fibers[warp * 32 + lane].peer_parities = parities;
+        }
+    return true;
+}
+
+// Runs warp `warp` as far as it goes without the rest of the block: its lanes in `lanes` order
+// (each to its next barrier or warp collective), its collectives released as soon as complete,
+// until every lane is done, at __syncthreads, or at a collective still missing a lane.
+void run_warp(Worker& w, int warp, const std::vector<int>& lanes) {
+    for (;;) {
+        bool ran = false;
+        for (int lane : lanes) {
             const int t = warp * 32 + lane;
-            if (t >= w.threads) block_fault(w, std::string(first->what) + ": the mask names a lane beyond the block");
-            const Fiber& f = w.fibers[t];
-            if (f.wait == Fiber::Wait::Done)
-                block_fault(w, std::string(first->what) + ": lane " + std::to_string(lane) +
-                                   " of the mask has exited (undefined on a GPU)");
-            if (f.wait != Fiber::Wait::Warp) {
-                ready = false;
-                continue;
+            if (t < w.threads && w.fibers[t].wait == Fiber::Wait::Runnable) {
+                resume(w, w.fibers[t]);
+                ran = true;
             }
-            if (f.mask != first->mask || f.what != first->what)
-                block_fault(w, std::string("lanes of warp ") + std::to_string(warp) + " wait at different warp "
-                                   "collectives (" + first->what + " and " + f.what + ") or with different masks");
         }
-        if (!ready) continue;
-        // A lane may run on to its next collective (and write the other half) before another reads
-        // this one's deposits: each reader keeps where this collective's deposits are.
-        uint32_t parities = 0;
-        for (int lane = 0; lane < 32; lane++)
-            if (first->mask >> lane & 1u) parities |= (uint32_t)w.fibers[warp * 32 + lane].deposit_parity << lane;
-        if (first->combine) {
-            unsigned char deposits[32][EXCHANGE_BYTES] = {};
-            for (int lane = 0; lane < 32; lane++)
-                if (first->mask >> lane & 1u) memcpy(deposits[lane], w.slots[warp][parities >> lane & 1u][lane], first->bytes);
-            first->combine(deposits, w.results[warp]);
-        }
-        for (int lane = 0; lane < 32; lane++)
-            if (first->mask >> lane & 1u) {
-                w.fibers[warp * 32 + lane].wait = Fiber::Wait::Runnable;
-                w.fibers[warp * 32 + lane].peer_parities = parities;
-            }
-        released = true;
+        if (!ran || !release_warp(w, warp)) return;
     }
-    return released;
 }
 
 std::vector<int> schedule_order(int threads, Schedule schedule, uint64_t seed) {
@@ -260,6 +273,7 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
     const dim3 bd = task.block_dim;
     const int threads = (int)(bd.x * bd.y * bd.z);
     w.task = &task;
+    w.schedule = schedule;
     w.threads = threads;
     // Shared memory starts as garbage on a GPU: NaN bytes here, so a read before a write shows.
     memset(shared_arena, 0xff, std::min(task.shared_bytes, sizeof shared_arena));
@@ -277,11 +291,15 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
         f.copies.clear();
         f.context = bctx::make_fcontext(stack_top(f), STACK_BYTES, fiber_main);
     }
-    const std::vector<int> order = schedule_order(threads, schedule, seed);
+    // Warps run one after another, each to the block's next __syncthreads: between two barriers a
+    // warp's work is never interleaved with another's, so any order of warps is one a GPU may take,
+    // and a schedule that reverses them exposes a missing barrier.
+    const int warps = (threads + 31) / 32;
+    const std::vector<int> warp_order = schedule_order(warps, schedule, seed);
+    const std::vector<int> lane_order = schedule_order(32, schedule, seed * 31 + 7);
     for (;;) {
-        for (int i : order)
-            if (w.fibers[i].wait == Fiber::Wait::Runnable) resume(w, w.fibers[i]);
-        if (release_waits(w)) continue;
+        for (int warp : warp_order) run_warp(w, warp, lane_order);
+        if (release_block(w)) continue;
         bool all_done = true;
         for (int i = 0; i < threads; i++) all_done = all_done && w.fibers[i].wait == Fiber::Wait::Done;
         if (all_done) break;
@@ -360,6 +378,7 @@ uintptr_t shared_window_base() {
 }
 
 PendingCopies& this_thread_copies() { return running_fiber("cp.async").copies; }
+bool copies_land_at_issue() { return worker && worker->schedule != Schedule::Forward; }
 
 [[noreturn]] void device_fault(const char* what, const char* message) {
     Worker* w = worker;

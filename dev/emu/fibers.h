@@ -41,5 +41,10 @@ struct PendingCopies {
     }
 };
 PendingCopies& this_thread_copies();
+// Whether cp.async copies land at issue (the earliest a GPU may land them) rather than at the
+// thread's cp.async.wait_group (the latest): at issue under every schedule but the forward one, so
+// the race check compares the two extremes, and a buffer refilled while another warp still reads it
+// shows.
+bool copies_land_at_issue();
 
 }  // namespace emu

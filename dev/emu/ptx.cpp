@@ -33,7 +33,9 @@ void cp_async(uint32_t shared_dst, const void* global_src, int copy_bytes, int s
     check_alignment(dst, copy_bytes, "cp.async", "shared destination");
     if (src_bytes < 0 || src_bytes > copy_bytes) device_fault("cp.async", "src-size beyond cp-size");
     if (src_bytes > 0) check_alignment(global_src, copy_bytes, "cp.async", "global source");
-    this_thread_copies().copies.push_back({dst, global_src, copy_bytes, src_bytes});
+    const PendingCopy copy{dst, global_src, copy_bytes, src_bytes};
+    if (copies_land_at_issue()) complete(copy);
+    else this_thread_copies().copies.push_back(copy);
 }
 
 void cp_async_commit() {

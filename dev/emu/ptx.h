@@ -13,9 +13,12 @@
 namespace emu::ptx {
 
 // ---- cp.async: asynchronous global -> shared copies, per thread, in commit groups ----
-// The copy is queued at issue and done when a cp.async.wait_group lets it complete, so a thread
-// (or, after a missing barrier, another thread) that reads the destination too early reads what
-// was there before. `src_bytes` < `copy_bytes` zero-fills the rest (0: nothing is read).
+// Under the forward schedule the copy is queued at issue and done when a cp.async.wait_group lets
+// it complete (the latest a GPU may land it), so a thread (or, after a missing barrier, another
+// thread) that reads the destination too early reads what was there before; under the others it
+// lands at issue (the earliest), so a buffer refilled while another warp still reads it is
+// overwritten under it. The race check compares the two. `src_bytes` < `copy_bytes` zero-fills the
+// rest (0: nothing is read).
 void cp_async(uint32_t shared_dst, const void* global_src, int copy_bytes, int src_bytes);
 void cp_async_commit();
 // Completes all but the `pending` most recent committed groups of this thread.
