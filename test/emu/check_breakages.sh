@@ -1,0 +1,419 @@
+#!/usr/bin/env bash
+# test/emu/check_breakages.sh: proof that the emulated suite (test/emu/run_emu_tests.sh) catches bugs.
+# It copies the repository's sources into a scratch directory, and for each deliberate breakage in the
+# list below (a removed barrier, a wrong mma fragment index, a wrong cuBLASLt epilogue, an off-by-one
+# in a vocabulary slice, a missing stream wait, ...):
+#   1. replaces one exact piece of source text (it must occur exactly once: a breakage that does not
+#      apply proves nothing, and the script stops);
+#   2. builds, in the copy, only the emulated binaries the breakage's test needs (make/emu.mk; a
+#      breakage that does not compile also stops the script: it would prove nothing either);
+#   3. runs that test as run_emu_tests.sh runs it (workbenches with LLMC_EMU_RACECHECK=1,
+#      OMP_WAIT_POLICY=passive, the small trainer model) and requires it to FAIL;
+#   4. puts the file back (the build directory is kept, so only what depends on it rebuilds).
+# First, every test the selected breakages use is run once on the unbroken copy and must pass (else
+# a "caught" would prove nothing); --no-baseline skips that (make test runs the unbroken suite).
+# Prints "caught: NAME by TEST" with the failure's key line, or "NOT CAUGHT: NAME"; exits 1 if any
+# breakage is not caught, 2 if the script cannot do its job (a breakage does not apply or build, or
+# a test fails unbroken).
+# Some breakages are known gaps: the suite does not catch them, or only in some runs, and the list
+# says why (an emulator limit, a test's tolerance or random inputs, a redundant wait, timing). They
+# run only with --gaps or by name, reported as "NOT CAUGHT (known gap)" (or caught, by chance), and
+# do not change the exit status.
+#   test/emu/check_breakages.sh [--no-baseline] [--gaps] [--keep] [--list] [NAME...]
+#     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
+# Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
+# test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include.
+# MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
+# copy links to the repository's.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+
+baseline=1 keep=0 list=0 gaps=0
+selected=()
+for arg in "$@"; do
+    case $arg in
+        --no-baseline) baseline=0 ;;
+        --keep) keep=1 ;;
+        --list) list=1 ;;
+        --gaps) gaps=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "check_breakages.sh: unknown option $arg" >&2; exit 2 ;;
+        *) selected+=("$arg") ;;
+    esac
+done
+
+# ---- the breakages ----
+# breakage NAME FILE TEST WHAT OLD NEW [GAP]: in FILE, the text OLD (exactly once) becomes NEW, and
+# TEST (see run_test) must fail. GAP, where given, says why the suite does NOT catch it (an emulator
+# limit, a test's tolerance, a redundant wait): such a breakage runs only with --gaps or by name, and
+# its result does not change the exit status; once it is caught, drop its GAP.
+names=()
+declare -A file_of old_of new_of test_of what_of gap_of
+breakage() {
+    names+=("$1")
+    file_of[$1]=$2 test_of[$1]=$3 what_of[$1]=$4 old_of[$1]=$5 new_of[$1]=$6 gap_of[$1]=${7:-}
+}
+
+# 1. Removed barriers.
+breakage layernorm-backward-barrier llmc/kernels/layernorm.cuh "bench layernorm" \
+    "layernorm backward: the block sums its warps' shared-memory slices before every warp has written its own" \
+    'layernorm_backward_write_partial(float* partials, const float* warp_slices, int C) {
+    __syncthreads();' \
+    'layernorm_backward_write_partial(float* partials, const float* warp_slices, int C) {'
+breakage block-reduce-barrier llmc/kernels/cuda_common.cuh "bench classifier" \
+    "block_reduce: the warps' results read from shared memory before every warp has written its own" \
+    '    if (lane == 0) shared[warp] = x;
+    __syncthreads();' \
+    '    if (lane == 0) shared[warp] = x;'
+breakage global-norm-tree-barrier llmc/kernels/global_norm.cuh "bench global_norm" \
+    "global_norm_final_kernel: the halving tree's steps not separated by a barrier" \
+    '        if ((int)threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];
+        __syncthreads();' \
+    '        if ((int)threadIdx.x < stride) sums[threadIdx.x] += sums[threadIdx.x + stride];'
+breakage encoder-backward-barrier llmc/kernels/encoder.cuh "bench encoder_backward" \
+    "encoder backward (wte): warp 0 sums the warps' partial sums before they are all written" \
+    '    warp_sums[warp][lane][1] = sum_hi;
+    __syncthreads();' \
+    '    warp_sums[warp][lane][1] = sum_hi;'
+breakage bias-backward-barrier llmc/kernels/matmul.cuh "bench matmul" \
+    "bias_backward: a column's lane sums added before every row lane has stored its own" \
+    '    mine[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+    __syncthreads();' \
+    '    mine[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);'
+breakage attention-forward-barrier llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention forward: the K/V tile used after this thread's cp.async wait, not after every thread's" \
+    '        cp_async_wait<1>();  // everything but the tile just requested has landed
+        __syncthreads();' \
+    '        cp_async_wait<1>();  // everything but the tile just requested has landed'
+# shellcheck disable=SC2016  # the backquotes are the source's, literal
+breakage attention-forward-refill-barrier llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention forward: no barrier before the next iteration refills the K/V buffer other warps still read" \
+    '        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2
+    }' \
+    '    }'
+breakage attention-dkv-barrier llmc/kernels/attention.cuh "bench attention_backward" \
+    "attention backward dK/dV: the Q/dout/lse tile used after this thread's cp.async wait, not every thread's" \
+    '        cp_async_wait<1>();
+        __syncthreads();
+        if (tile == 0) {
+            load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);' \
+    '        cp_async_wait<1>();
+        if (tile == 0) {
+            load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);'
+
+# 2. Wrong mma fragments, ldmatrix and cp.async.
+breakage mma-b-operand-order llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention P V product (mma_a_b): the B operand's two k halves (b0, b1) swapped" \
+    '                                           (lane / 16) * 8));
+            mma_bf16_16816(acc[2 * nn], a[kk], b[0], b[1]);' \
+    '                                           (lane / 16) * 8));
+            mma_bf16_16816(acc[2 * nn], a[kk], b[1], b[0]);'
+breakage mma-a-fragment-index llmc/kernels/attention.cuh "bench attention_backward" \
+    "acc_to_a: an accumulator's rows g+8 packed into A register 2 (columns c+8) and vice versa" \
+    '        a[kk][1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+        a[kk][2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);' \
+    '        a[kk][2] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+        a[kk][1] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);'
+breakage ldmatrix-missing-trans llmc/kernels/attention.cuh "bench attention_forward" \
+    "mma_a_b: the [k][n] tile read with ldmatrix without .trans" \
+    '            ldmatrix_x4_trans(b, smem_addr(tile + (kk * 16' \
+    '            ldmatrix_x4(b, smem_addr(tile + (kk * 16'
+breakage cp-async-wait-count llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention forward: cp.async.wait_group 2 instead of 1 (the tile in use may still be in flight)" \
+    '        cp_async_wait<1>();  // everything but the tile just requested has landed' \
+    '        cp_async_wait<2>();  // everything but the tile just requested has landed'
+
+# 3. Wrong epilogues and transposes.
+breakage gelu-epilogue llmc/kernels/matmul.cuh "bench matmul" \
+    "matmul_forward: the fc layer's GELU_AUX_BIAS epilogue replaced by BIAS (no GELU, pre_gelu unwritten)" \
+    '(bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)' \
+    '(bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)'
+breakage dgelu-epilogue llmc/kernels/matmul.cuh "gpt2" \
+    "matmul_backward: the DGELU epilogue dropped (the fc layer's dinp not multiplied by GELU')" \
+    '        g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;' \
+    '        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;'
+breakage dweight-transpose llmc/kernels/matmul.cuh "gpt2" \
+    "matmul_backward: the weight gradient's dout operand not transposed" \
+    '    g.transpose_b = true;
+    g.b = dout;  // dout^T as a column-major (OC x BT); op_T makes it dout (BT x OC)' \
+    '    g.transpose_b = false;
+    g.b = dout;  // dout^T as a column-major (OC x BT); op_T makes it dout (BT x OC)'
+
+# 4. Off-by-one in a vocabulary slice.
+breakage vocab-slice-dlogits llmc/kernels/classifier.cuh "bench vocab_parallel" \
+    "classifier_from_stats: the slice's first padding column (col == real) given a gradient" \
+    '            if (col < real) {' \
+    '            if (col <= real) {'
+breakage vocab-slice-model-end llmc/models/gpt2/gpt2_cuda.cuh "tp" \
+    "the model's embedding range ends one token early (vocab_begin + Vl - 1: the slice's last token gets 0)" \
+    'param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,' \
+    'param(P::WTE), vocab_begin(), vocab_begin() + Vl - 1, BT, C,'
+breakage vocab-slice-embedding llmc/kernels/encoder.cuh "bench vocab_parallel" \
+    "embedding_forward_range: token vocab_end (the next slice's first) also taken as this slice's" \
+    '    if (token >= vocab_begin && token < vocab_end) {' \
+    '    if (token >= vocab_begin && token <= vocab_end) {' \
+    "caught by chance only: the workbench's tokens are random (seeded by the clock) and hold a \
+slice's end token in about 1 run of 3 (--seed 4 does, 1, 2, 3, 5 and 6 do not); test_tp_cuda's \
+batches hold token 128 (rank 0's vocab_end) 20 times, but the wrong row it gets (the one past rank \
+0's slice) moves its losses by 6.6e-5 (2.6e-5 unbroken), under its 1e-2 tolerance"
+
+# 5. Missing stream waits.
+breakage staged-order-after llmc/dist/staged_comm.cuh "tp" \
+    "StagedComm::order_after: the host no longer waits for the compute stream before staging a collective" \
+    '        if (world_size() > 1) CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(cuda_event)));' \
+    '        (void)cuda_event;'
+breakage tp-after-compute llmc/models/gpt2/gpt2_cuda.cuh "tp" \
+    "GPT2CUDA::after_compute: tensor-parallel collectives no longer ordered after the compute stream" \
+    '    CommHandle after_compute(Issue issue) {
+        before_messages(tp_comm_);' \
+    '    CommHandle after_compute(Issue issue) {'
+breakage pp-activation-send llmc/dist/pipeline_stage.h "pp" \
+    "pipeline: a stage's output activations sent without ordering after the compute that writes them" \
+    '                const PipelineLink& link = links.send_activations;
+                stage.before_messages(*link.comm);
+                slot_send[slot]' \
+    '                const PipelineLink& link = links.send_activations;
+                slot_send[slot]'
+breakage snapshot-wait llmc/dist/device_memory.cuh "ckpt" \
+    "checkpoint snapshot: the copy stream no longer waits for the compute stream before copying" \
+    '        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), snapshot_ready_.get(), 0));' \
+    '' \
+    "caught by timing only (in 4 runs of 9): the copies run when the background checkpoint writer \
+waits for them, reading stale parameters (caught) if that is before the training thread's next loss \
+read runs the step's update, the right ones if after; with --ckpt-sync 1 (written on the training \
+thread) it is caught every time (3 of 3), but the suite resumes only asynchronously written checkpoints"
+breakage nccl-wait-for llmc/dist/comm_nccl.cuh "tp-nccl" \
+    "NcclComm::wait_for: the NCCL stream no longer waits for the compute stream's event" \
+    '        CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0));' \
+    '        (void)compute_done;'
+breakage nccl-wait-for-dp llmc/dist/comm_nccl.cuh "dp-nccl" \
+    "the same missing wait, against the data-parallel suite's 2-rank NCCL run only" \
+    '        CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0));' \
+    '        (void)compute_done;' \
+    "caught by timing only (in 1 run of 3, when the stale reduce-scatters leave NaN in the parameters): \
+otherwise they read stale gradients and the 2-rank run only learns slower (losses 0.0029 relative \
+from 1 rank by step 20, 7e-6 unbroken), under run_gpu_dp_tests.sh's 2e-2 (the tp suite's NCCL run \
+catches it every time: nccl-wait-for)"
+breakage update-after-snapshot llmc/dist/device_memory.cuh "ckpt" \
+    "DeviceMemory::before_update: the optimizer no longer waits on the device for the snapshot's copies" \
+    '    void before_update() { CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_copied_.get(), 0)); }' \
+    '    void before_update() {}' \
+    "redundant in the trainer: CheckpointWriter::before_update (train_loop.h) waits on the host \
+(wait_snapshot) for the copies before every adamw_step"
+
+if [ "$list" = 1 ]; then
+    for n in "${names[@]}"; do
+        printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"
+        [ -z "${gap_of[$n]}" ] || printf '%-32s %-24s %s\n' "" "" "(known gap: ${gap_of[$n]})"
+    done
+    exit 0
+fi
+if [ ${#selected[@]} -eq 0 ]; then
+    for n in "${names[@]}"; do
+        if [ -z "${gap_of[$n]}" ] || [ "$gaps" = 1 ]; then selected+=("$n"); fi
+    done
+fi
+for n in "${selected[@]}"; do
+    [ -n "${file_of[$n]:-}" ] || { echo "check_breakages.sh: no breakage named $n (--list)" >&2; exit 2; }
+done
+
+# ---- the tests: TEST -> the make targets it needs and how it runs (as run_emu_tests.sh runs it) ----
+# The trainer runs' model and T: run_emu_tests.sh's (read from the copy, below).
+export LLMC_EMULATED=1
+export OMP_WAIT_POLICY=passive
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+emu=build/emu
+
+targets_of() {
+    case $1 in
+        bench\ *) echo "$emu/cuda/${1#bench }" ;;
+        gpt2) echo "$emu/test_gpt2_cuda" ;;
+        tp) echo "$emu/test_tp_cuda" ;;
+        pp) echo "$emu/test_pp_cuda" ;;
+        dp-nccl | tp-nccl | ckpt) echo "train_gpt_emu" ;;
+        *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
+    esac
+}
+describe() {
+    case $1 in
+        bench\ *) echo "$emu/cuda/${1#bench } --check (LLMC_EMU_RACECHECK=1)" ;;
+        gpt2) echo "$emu/test_gpt2_cuda" ;;
+        tp) echo "mpirun -np 2 $emu/test_tp_cuda DIR 2 (test/gpu/run_gpu_tp_tests.sh)" ;;
+        pp) echo "mpirun -np 2 $emu/test_pp_cuda DIR 2 1 1 (test/gpu/run_gpu_pp_tests.sh)" ;;
+        dp-nccl) echo "the 2-rank --gpu-comm nccl run against 1 rank (test/mpi/run_gpu_dp_tests.sh)" ;;
+        tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
+        ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
+    esac
+}
+# run_test TEST: in the copy, output to stdout; the exit status is the test's. (Every step checks its
+# own status: set -e does not act inside a function called as a condition.)
+run_test() {
+    local t=$1 d
+    d=$(mktemp -d "$scratch/run.XXXXXX")
+    case $t in
+        bench\ *) LLMC_EMU_RACECHECK=1 timeout 600 "$emu/cuda/${t#bench }" --check ;;
+        gpt2) timeout 600 "$emu/test_gpt2_cuda" ;;
+        tp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_tp_cuda" "$d" 2 ;;
+        pp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_pp_cuda" "$d" 2 1 1 ;;
+        dp-nccl)  # run_gpu_dp_tests.sh's 1-rank reference and its 2-rank NCCL run, compared by its lib.sh
+            (
+                # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
+                source test/gpu/lib.sh
+                dir=$d trainer=./timed_train_gpt_emu
+                common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
+                run one 1 16 -z 0 || { tail -n 20 "$dir/one.log"; exit 1; }
+                echo "== nccl2: mpirun -np 2 --gpu-comm nccl, ZeRO-1"
+                timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 8 -z 1 -o "$dir/nccl2" > "$dir/nccl2.log" ||
+                    { tail -n 20 "$dir/nccl2.log"; exit 1; }
+                grep -q "collectives over NCCL" "$dir/nccl2.log" || { echo "FAIL the 2-rank NCCL run did not use NCCL"; exit 1; }
+                compare one nccl2 2e-2
+            ) ;;
+        tp-nccl)  # run_gpu_tp_tests.sh's 1-rank reference and its --tp 2 NCCL run
+            (
+                # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
+                source test/gpu/lib.sh
+                dir=$d trainer=./timed_train_gpt_emu
+                common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 20 -v 0 -s 0 -l 1e-3 --gpu-comm mpi)
+                run one 1 16 || { tail -n 20 "$dir/one.log"; exit 1; }
+                echo "== nccl: mpirun -np 2 --tp 2 --gpu-comm nccl"
+                timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 16 --tp 2 -o "$dir/nccl" > "$dir/nccl.log" ||
+                    { tail -n 20 "$dir/nccl.log"; exit 1; }
+                grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }
+                compare one nccl 2e-2
+            ) ;;
+        ckpt)  # run_gpu_ckpt_tests.sh's first check: resumed from ckpt_00000008, bitwise the uninterrupted run
+            (
+                # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
+                source test/gpu/lib.sh
+                dir=$d trainer=./timed_train_gpt_emu
+                common=("${test_model[@]}" -b 8 -t "$test_T" -x 16 -v 0 -s 0 -l 1e-3 -n 8 -nk 0)
+                "$trainer" "${common[@]}" -o "$dir/ref" > "$dir/ref.log" || { tail -n 20 "$dir/ref.log"; exit 1; }
+                mkdir -p "$dir/resumed"
+                cp -r "$dir/ref/ckpt_00000008" "$dir/resumed/" || exit 1
+                "$trainer" "${common[@]}" -o "$dir/resumed" -y 1 > "$dir/resumed.log" || { tail -n 20 "$dir/resumed.log"; exit 1; }
+                grep -q "resumed from $dir/resumed/ckpt_00000008" "$dir/resumed.log" || { echo "FAIL no resume"; exit 1; }
+                cmp "$dir/ref/model.bin" "$dir/resumed/model.bin" || { echo "FAIL model.bin differs after resume"; exit 1; }
+                ck() { sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$1/metrics.jsonl" | tail -8; }
+                diff <(ck "$dir/ref") <(ck "$dir/resumed") || { echo "FAIL losses differ after resume"; exit 1; }
+                echo "ok resumed CUDA run is bitwise the uninterrupted one"
+            ) ;;
+    esac
+}
+# The failure's key line: a Catch2 failure's place and last message, else the first line that says
+# what failed, else the last line.
+key_line() {
+    local catch2
+    catch2=$(awk '/FAILED:$/ { where = $0; grab = 1; next } grab && /^$/ { print where " " last; exit } grab { last = $0 }' "$1")
+    if [ -n "$catch2" ]; then echo "$catch2"; return; fi
+    grep -m1 -E 'FAIL|^error|CUDA emulator|race:|fault|[Dd]eadlock' "$1" || grep -m1 -iE 'error|differ' "$1" | grep -v 'rel\. error' ||
+        tail -n 1 "$1"
+}
+
+# ---- the scratch copy: tracked and untracked-but-not-ignored files, data/ linked ----
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/llmc_breakages.XXXXXX")
+cleanup() { if [ "$keep" = 1 ]; then echo "kept $scratch"; else rm -rf "$scratch"; fi; }
+trap cleanup EXIT
+(
+    cd "$root"
+    git ls-files -z --cached --others --exclude-standard |
+        while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+        tar --null -T - -cf -
+) | tar -C "$scratch" -xf -
+mkdir -p "$scratch/data"
+for f in "$root"/data/*; do
+    [ ! -e "$f" ] || [ -e "$scratch/data/$(basename "$f")" ] || ln -s "$f" "$scratch/data/"
+done
+cd "$scratch"
+mkdir -p logs stash
+eval "$(grep -E '^export LLMC_GPU_TEST_(MODEL|T)=' test/emu/run_emu_tests.sh)"
+# The trainer under a time limit (lib.sh's run starts a 1-rank run without one).
+printf '#!/bin/sh\nexec timeout 300 ./train_gpt_emu "$@"\n' > timed_train_gpt_emu
+chmod +x timed_train_gpt_emu
+
+start=$SECONDS
+build() {  # build LOG TEST
+    local t0=$SECONDS
+    # shellcheck disable=SC2046
+    if ! make -j"${MAKE_JOBS:-1}" SKIP_DEPS=1 $(targets_of "$2") > "$1" 2>&1; then
+        return 1
+    fi
+    echo "   built $(targets_of "$2") ($((SECONDS - t0)) s)"
+}
+
+# ---- the baseline: every test the selected breakages use passes on the unbroken copy ----
+if [ "$baseline" = 1 ]; then
+    declare -A seen
+    for n in "${selected[@]}"; do
+        t=${test_of[$n]}
+        [ -z "${seen[$t]:-}" ] || continue
+        seen[$t]=1
+        echo "== unbroken: $(describe "$t")"
+        log="logs/baseline_${t// /_}"
+        build "$log.build" "$t" || { tail -n 30 "$log.build"; echo "FAIL the unbroken copy does not build"; exit 2; }
+        t0=$SECONDS
+        if ! run_test "$t" > "$log" 2>&1; then
+            tail -n 30 "$log"
+            echo "FAIL the unbroken copy fails $(describe "$t"): a failure under a breakage would prove nothing"
+            exit 2
+        fi
+        echo "   passes ($((SECONDS - t0)) s)"
+    done
+fi
+
+# ---- the breakages ----
+apply() {  # apply FILE OLD NEW: OLD must occur exactly once in FILE
+    python3 - "$1" "$2" "$3" << 'EOF'
+import sys
+path, old, new = sys.argv[1:]
+text = open(path).read()
+n = text.count(old)
+if n != 1:
+    sys.exit(f"{path}: the breakage's text occurs {n} times (expected exactly once):\n{old}")
+open(path, "w").write(text.replace(old, new))
+EOF
+}
+
+missed=() gaps_caught=()
+for n in "${selected[@]}"; do
+    f=${file_of[$n]} t=${test_of[$n]}
+    echo "== breakage $n: ${what_of[$n]} ($f)"
+    cp "$f" "stash/$n"
+    if ! apply "$f" "${old_of[$n]}" "${new_of[$n]}"; then
+        echo "FAIL breakage $n does not apply: it proves nothing; update its text to the source"
+        exit 2
+    fi
+    if ! build "logs/$n.build" "$t"; then
+        grep -m3 -E 'error' "logs/$n.build" || tail -n 20 "logs/$n.build"
+        cp "stash/$n" "$f"
+        echo "FAIL breakage $n does not build: it proves nothing"
+        exit 2
+    fi
+    t0=$SECONDS
+    if run_test "$t" > "logs/$n" 2>&1; then rc=0; else rc=$?; fi
+    cp "stash/$n" "$f"  # a fresh time stamp: what was built from the broken file rebuilds
+    if [ "$rc" != 0 ]; then
+        how="exit $rc"
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then how="timed out"; fi
+        echo "caught: $n by $(describe "$t") ($how, $((SECONDS - t0)) s)"
+        echo "   $(key_line "logs/$n" | cut -c1-300)"
+        if [ -n "${gap_of[$n]}" ]; then
+            echo "   (a known gap, caught this time: if it is caught every time now, drop its GAP in check_breakages.sh)"
+            gaps_caught+=("$n")
+        fi
+    elif [ -n "${gap_of[$n]}" ]; then
+        echo "NOT CAUGHT (known gap): $n: $(describe "$t") passes with it ($((SECONDS - t0)) s)"
+        echo "   why: ${gap_of[$n]}"
+        grep -m1 '^seed ' "logs/$n" | sed 's/^/   workbench /' || true
+    else
+        echo "NOT CAUGHT: $n: $(describe "$t") passes with it ($((SECONDS - t0)) s)"
+        grep -m1 '^seed ' "logs/$n" | sed 's/^/   workbench /' || true
+        missed+=("$n")
+    fi
+done
+
+echo "check_breakages.sh: ${#selected[@]} breakage(s) in $((SECONDS - start)) s: ${#missed[@]} not caught"
+[ ${#gaps_caught[@]} -eq 0 ] || echo "known gaps now caught: ${gaps_caught[*]}"
+if [ ${#missed[@]} -gt 0 ]; then
+    echo "NOT CAUGHT: ${missed[*]}"
+    exit 1
+fi
