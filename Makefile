@@ -40,6 +40,9 @@ NCCL_LIB  ?= -lnccl
 NVCC_LIBS := -lcublasLt -lcublas $(if $(NO_NCCL),,$(NCCL_LIB))
 
 HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
+# The CUDA emulator (make/emu.mk) needs the toolkit's headers (not nvcc, not a GPU) and MPI (its
+# NCCL runs over MPI).
+HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
              $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/bench_train_step cuda-workbench)

@@ -3,8 +3,6 @@
 #   make train_gpt_emu   the CUDA trainer, emulated
 #   make test-emu        every CUDA test on the emulator (part of make test); see the README for its cost
 EMU_DIR      := $(BUILD)/emu
-# The emulation needs the toolkit's headers (not nvcc, not a GPU) and MPI (its NCCL runs over MPI).
-HAVE_EMU     := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
 # -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:
 # CUDA code type-puns (a float vector stored through int4, as nvcc allows), which g++ would miscompile.
