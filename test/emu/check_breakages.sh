@@ -178,10 +178,10 @@ breakage snapshot-wait llmc/dist/device_memory.cuh "ckpt" \
     "checkpoint snapshot: the copy stream no longer waits for the compute stream before copying" \
     '        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), snapshot_ready_.get(), 0));' \
     '' \
-    "caught by timing only (in 4 runs of 9): the copies run when the background checkpoint writer \
+    "caught by timing only (in 7 runs of 16): the copies run when the background checkpoint writer \
 waits for them, reading stale parameters (caught) if that is before the training thread's next loss \
 read runs the step's update, the right ones if after; with --ckpt-sync 1 (written on the training \
-thread) it is caught every time (3 of 3), but the suite resumes only asynchronously written checkpoints"
+thread) it is caught every time (6 of 6), but the suite resumes only asynchronously written checkpoints"
 breakage nccl-wait-for llmc/dist/comm_nccl.cuh "tp-nccl" \
     "NcclComm::wait_for: the NCCL stream no longer waits for the compute stream's event" \
     '        CUDA_CHECK(cudaStreamWaitEvent(state_->stream, compute_done, 0));' \
