@@ -199,21 +199,24 @@ T atomicAdd(T* address, T value) {
         return old;
     }
 }
-template <typename T>
-T atomicMax(T* address, T value) {
+namespace emu {
+// Stores `value` while `replaces(old, value)` holds of the current contents; returns the old value.
+template <typename T, typename Replaces>
+T atomic_store_if(T* address, T value, Replaces replaces) {
     std::atomic_ref<T> a(*address);
     T old = a.load();
-    while (old < value && !a.compare_exchange_weak(old, value)) {
+    while (replaces(old, value) && !a.compare_exchange_weak(old, value)) {
     }
     return old;
 }
+}  // namespace emu
+template <typename T>
+T atomicMax(T* address, T value) {
+    return emu::atomic_store_if(address, value, [](T old, T v) { return old < v; });
+}
 template <typename T>
 T atomicMin(T* address, T value) {
-    std::atomic_ref<T> a(*address);
-    T old = a.load();
-    while (value < old && !a.compare_exchange_weak(old, value)) {
-    }
-    return old;
+    return emu::atomic_store_if(address, value, [](T old, T v) { return v < old; });
 }
 template <typename T>
 T atomicExch(T* address, T value) {

@@ -129,18 +129,11 @@ bool is_device(const void* p, size_t bytes) {
     return a && a->second.kind == Kind::Device;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Streams and events
-
-struct Op {
-    StreamOp op;
-};
-
 }  // namespace
 }  // namespace emu
 
 struct CUstream_st {
-    std::deque<emu::Op> queue;
+    std::deque<emu::StreamOp> queue;
     uint64_t enqueued = 0, completed = 0;
     uint64_t progress_until = 0;  // just past the last communication op enqueued
     bool blocking = true;
@@ -192,7 +185,7 @@ bool run_until(CUstream_st* s, uint64_t position, bool block) {
             if (!block) return false;
             fatal("stream", "an operation waits for its own stream (a cycle of stream waits)");
         }
-        StreamOp& op = s->queue.front().op;
+        StreamOp& op = s->queue.front();
         // `running` stays set while this op is driven, so that progress_all leaves this stream alone.
         s->running = true;
         bool done = op.run(op.progress ? false : block);
@@ -229,7 +222,7 @@ void push(CUstream_st* s, StreamOp op) {
         op.run = [position, inner](bool block) { return run_until(&legacy_stream, position, block) && inner(block); };
     }
     const bool progress = op.progress;
-    s->queue.push_back(Op{std::move(op)});
+    s->queue.push_back(std::move(op));
     s->enqueued++;
     static const bool eager = getenv("LLMC_EMU_EAGER") && *getenv("LLMC_EMU_EAGER") == '1';
     if (eager && !s->running) {  // every operation at once, in issue order: hides ordering bugs (a debugging aid)
