@@ -15,11 +15,37 @@ EMU_LIBS      = -lboost_context -fopenmp $(MPI_LIBS)
 # Emulated programs are C++ (-x c++) built from .cu files; the emulator's objects come after.
 EMU_LINK      = $(CXX) $(EMU_CXXFLAGS) $(MPI_INC) -x c++ $< -x none $(filter %.o,$^) -o $@ $(EMU_LIBS)
 
+# ---- what nvcc makes of each kernel (dev/emu/kernel_resources.h) ----
+# Where nvcc exists, each emulated program links a table of its kernels' __launch_bounds__, registers
+# and static shared memory, from nvcc -ptx and ptxas -v for sm_90a on the program's own source, and
+# every launch is checked against it. $(call emu_kernels,NAME): that table's object.
+EMU_KERNELS := $(EMU_DIR)/kernels
+emu_kernels  = $(if $(HAVE_NVCC),$(EMU_KERNELS)/$(1).o)
+$(EMU_KERNELS)/%.ptx: CUDA_ARCH := -arch=compute_90a
+$(EMU_KERNELS)/train_gpt.ptx: train_gpt.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -ptx $< -o $@
+$(EMU_KERNELS)/test_%.ptx: test/gpu/test_%.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -ptx $< -o $@
+$(EMU_KERNELS)/test_%.ptx: dev/emu/test_%.cu $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -ptx $< -o $@
+$(EMU_KERNELS)/cuda/%.ptx: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -ptx $< -o $@
+$(EMU_KERNELS)/%.o: $(EMU_KERNELS)/%.ptx dev/emu/kernel_table.sh dev/emu/kernel_resources.h
+	$(CUDA_HOME)/bin/ptxas -arch=sm_90a -v $< -o /dev/null 2> $(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
+	dev/emu/kernel_table.sh $< $(@:.o=.ptxas) > $(@:.o=.cpp)
+	$(CXX) $(EMU_CXXFLAGS) -c $(@:.o=.cpp) -o $@
+# Kept (make would delete them as intermediate files, and run nvcc again at every relink).
+.PRECIOUS: $(EMU_KERNELS)/%.ptx $(EMU_KERNELS)/%.o
+
 $(EMU_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(MPI_INC) -c $< -o $@
 
-train_gpt_emu: train_gpt.cu $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) | deps
+train_gpt_emu: train_gpt.cu $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) $(call emu_kernels,train_gpt) | deps
 	$(EMU_LINK)
 
 $(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o \
@@ -27,20 +53,22 @@ $(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(EMU_HEADERS) 
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 $(EMU_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(EMU_HEADERS) \
-                           $(BUILD)/test/catch_impl.o $(EMU_OBJS) | deps
+                           $(BUILD)/test/catch_impl.o $(EMU_OBJS) $(call emu_kernels,test_gpt2_cuda) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 $(EMU_DIR)/test_%_cuda: test/gpu/test_%_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) \
-                        $(EMU_HEADERS) $(EMU_OBJS) | deps
+                        $(EMU_HEADERS) $(EMU_OBJS) $(call emu_kernels,test_%_cuda) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 # The emulator's own tests: the PTX instructions lane by lane (also built by nvcc for a GPU), its
 # launch limits, race check and stream rules, the emulated cuBLASLt and NCCL.
 # test_ptx and test_emu have a main of their own.
+# test_ptx (nvcc builds it too) has nvcc's kernel table; test_emu registers tables of its own.
 $(EMU_DIR)/test_ptx $(EMU_DIR)/test_emu: $(EMU_DIR)/test_%: dev/emu/test_%.cu $(HEADERS) $(EMU_HEADERS) \
                                          $(BUILD)/test/catch_impl.o $(EMU_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
+$(EMU_DIR)/test_ptx: $(call emu_kernels,test_ptx)
 $(EMU_DIR)/test_cublaslt: dev/emu/test_cublaslt.cpp $(EMU_HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o \
                           $(EMU_OBJS) | deps
 	@mkdir -p $(dir $@)
@@ -50,7 +78,8 @@ $(EMU_DIR)/test_nccl: dev/emu/test_nccl.cpp $(EMU_HEADERS) $(EMU_OBJS) | deps
 	$(EMU_LINK)
 # Every kernel workbench, emulated (its --check skips the shapes too large for a CPU).
 EMU_BENCHES  := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/cuda/%,$(filter-out dev/cuda/comm_nccl_check.cu,$(wildcard dev/cuda/*.cu)))
-$(EMU_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) | deps
+$(EMU_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) \
+                   $(call emu_kernels,cuda/%) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 

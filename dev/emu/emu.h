@@ -14,16 +14,18 @@
 //     m16n8k16 bf16, ex2.approx), written from the PTX ISA's tables;
 //   - cublaslt.cpp: cublasLtMatmul on a CPU GEMM with fp32 accumulation; nccl.cpp: NCCL over MPI,
 //     one emulated GPU per process.
-// A launch is checked against an H100's limits and fails as it would there (cudaGetLastError).
+// A launch is checked against an H100's limits and fails as it would there (cudaGetLastError); where
+// nvcc exists, also against the kernel's __launch_bounds__, registers and static shared memory as
+// ptxas reports them for sm_90a (kernel_resources.h).
 // Races: every launch can run under several schedules of its threads (LLMC_EMU_RACECHECK=1), and a
 // kernel whose output depends on the schedule is reported; streams run lazily, so a missing
 // cudaStreamWaitEvent or synchronisation shows as wrong results (stream.h).
 //
-// What it is not. It says nothing about speed, occupancy, registers, bank conflicts, memory
+// What it is not. It says nothing about speed, occupancy, register pressure, bank conflicts, memory
 // bandwidth, cuBLASLt's choice of algorithm or NCCL's algorithms and stream deadlocks; its floating
 // point is the CPU's (no FMA contraction where nvcc would fuse, ex2.approx exact), so results match
-// a GPU's to bf16 tolerance, not bitwise. __launch_bounds__ is not checked (g++ cannot see it); the
-// static shared memory of a kernel is not counted against the 227 KB limit. dev/cuda/NOTES.md lists
+// a GPU's to bf16 tolerance, not bitwise. Built without nvcc, a program has no table of its kernels,
+// and __launch_bounds__, registers and static shared memory go unchecked. dev/cuda/NOTES.md lists
 // what still needs a GPU.
 //
 // The kernel sources change in three places only, each spelled for both compilers: LLMC_LAUNCH in

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "dev/emu/fibers.h"
+#include "dev/emu/kernel_resources.h"
 #include "dev/emu/stream.h"
 
 #undef warpSize  // emu.h's device-side name; cudaDeviceProp has a field of that name
@@ -248,8 +250,27 @@ std::map<const void*, int>& max_dynamic_shared() {
     return map;
 }
 
+// The program's kernels as nvcc compiled them (kernel_resources.h): empty when built without nvcc.
+std::map<const void*, KernelResources>& kernel_table() {
+    static std::map<const void*, KernelResources> table;
+    return table;
+}
+
 thread_local bool float_atomics_seen = false;
 uint64_t launch_counter = 0;
+
+// What an H100 checks of a kernel's own resources at launch: its __launch_bounds__ and the register
+// file (65536 per SM, allocated per warp in units of 256). Empty when the block fits.
+std::string check_resources(const dim3 b, const KernelResources& k) {
+    const uint64_t threads = (uint64_t)b.x * b.y * b.z;
+    if (k.max_threads > 0 && threads > (uint64_t)k.max_threads)
+        return "more threads than its __launch_bounds__ (" + std::to_string(k.max_threads) + ")";
+    const uint64_t warps = (threads + 31) / 32, registers_per_warp = ((uint64_t)k.registers * 32 + 255) / 256 * 256;
+    if (warps * registers_per_warp > 65536)
+        return std::to_string(k.registers) + " registers per thread (ptxas, sm_90a) for " + std::to_string(threads) +
+               " threads: more than an SM's 65536";
+    return "";
+}
 
 cudaError_t check_launch(const LaunchConfig& c) {
     const dim3 g = c.grid, b = c.block;
@@ -264,13 +285,28 @@ cudaError_t check_launch(const LaunchConfig& c) {
         return bad(cudaErrorInvalidConfiguration, "grid beyond 2^31-1 x 65535 x 65535");
     if (b.x > 1024u || b.y > 1024u || b.z > 64u || (uint64_t)b.x * b.y * b.z > 1024u)
         return bad(cudaErrorInvalidConfiguration, "more than 1024 threads per block (or block.z > 64)");
+    int static_shared = 0;
+    if (!kernel_table().empty()) {
+        auto k = kernel_table().find(c.function);
+        if (k == kernel_table().end())
+            return bad(cudaErrorInvalidDeviceFunction, "not among the kernels nvcc compiled for this program "
+                                                       "(one only g++ compiles, or of internal linkage; see "
+                                                       "dev/emu/kernel_resources.h)");
+        const std::string why = check_resources(b, k->second);
+        if (!why.empty()) return bad(cudaErrorLaunchOutOfResources, why.c_str());
+        static_shared = k->second.static_shared;
+    }
+    // Static and dynamic shared memory together: 48 KB, or the dynamic part up to the kernel's
+    // cudaFuncSetAttribute(MaxDynamicSharedMemorySize) within 227 KB.
     auto it = max_dynamic_shared().find(c.function);
-    const int limit = it == max_dynamic_shared().end() ? SHARED_DEFAULT : it->second;
+    const int optin = SHARED_OPTIN - static_shared;
+    const int limit = it == max_dynamic_shared().end() ? SHARED_DEFAULT - static_shared : std::min(it->second, optin);
     if (c.shared_bytes > (size_t)limit)
-        return bad(cudaErrorInvalidValue, c.shared_bytes > (size_t)SHARED_OPTIN
-                                              ? "dynamic shared memory above the H100's 227 KB"
-                                              : "dynamic shared memory above the kernel's limit (48 KB unless raised "
-                                                "with cudaFuncSetAttribute(MaxDynamicSharedMemorySize))");
+        return bad(cudaErrorInvalidValue, c.shared_bytes > (size_t)optin
+                                              ? "static and dynamic shared memory above the H100's 227 KB"
+                                              : "shared memory above the kernel's limit (48 KB with its static "
+                                                "shared memory, unless raised with cudaFuncSetAttribute("
+                                                "MaxDynamicSharedMemorySize))");
     return cudaSuccess;
 }
 
@@ -386,6 +422,12 @@ bool is_device_range(const void* ptr, size_t bytes) {
 }
 void note_float_atomic() { float_atomics_seen = true; }
 
+bool register_kernel_resources(const KernelResources* table, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (table[i].function) kernel_table()[table[i].function] = table[i];
+    return true;
+}
+
 void launch_kernel(const LaunchConfig& config, std::shared_ptr<const void> closure, ThreadBody body,
                    LaunchMemory memory) {
     EMU_API;
@@ -420,6 +462,8 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorNotReady: return "cudaErrorNotReady";
         case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+        case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
         default: return "cudaErrorUnknown";
     }
 }
@@ -434,6 +478,8 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorNotReady: return "device not ready";
         case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
         default: return "unknown error";
     }
 }

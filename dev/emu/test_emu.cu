@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "dev/emu/kernel_resources.h"
 #include "llmc/kernels/cuda_common.cuh"
 #include "test/catch_session.h"
 
@@ -173,6 +174,45 @@ int run_barrier_kernel(void (*kernel)(int*)) {
     return 0;
 }
 
+// A table as nvcc's build would give (kernel_resources.h), with figures chosen to sit on each limit:
+// mark_kernel bounded at 128 threads; fill_kernel at 128 registers, so 512 threads fill the 65536
+// of an SM exactly; shared_kernel<3> with 40 KB of static shared memory. copy_kernel is left out.
+int run_kernel_resources() {
+    static const emu::KernelResources table[] = {
+        {reinterpret_cast<const void*>(&mark_kernel), "mark_kernel", 128, 32, 0},
+        {reinterpret_cast<const void*>(&fill_kernel), "fill_kernel", 0, 128, 0},
+        {reinterpret_cast<const void*>(&shared_kernel<3>), "shared_kernel<3>", 0, 32, 40 * 1024}};
+    emu::register_kernel_resources(table, 3);
+    int* out = nullptr;
+    child_check(cudaMalloc(&out, 1024 * sizeof(int)) == cudaSuccess, "cudaMalloc");
+    auto launched = [](cudaError_t expected, const char* why) {
+        child_check(cudaGetLastError() == expected, why);
+        child_check(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+    };
+    LLMC_LAUNCH(mark_kernel, 1, 128, 0, 0)(out);
+    launched(cudaSuccess, "128 threads within __launch_bounds__(128) were refused");
+    LLMC_LAUNCH(mark_kernel, 1, dim3(64, 3), 0, 0)(out);
+    launched(cudaErrorLaunchOutOfResources, "64 x 3 threads beyond __launch_bounds__(128) were not refused");
+    LLMC_LAUNCH(fill_kernel, 1, 512, 0, 0)(out, 1, 1024);
+    launched(cudaSuccess, "512 threads of 128 registers (65536) were refused");
+    LLMC_LAUNCH(fill_kernel, 1, 513, 0, 0)(out, 1, 1024);
+    launched(cudaErrorLaunchOutOfResources, "513 threads of 128 registers were not refused");
+    constexpr int STATIC = 40 * 1024, OPTIN = 232448;
+    LLMC_LAUNCH(shared_kernel<3>, 1, 32, 48 * 1024 - STATIC, 0)(out, 48 * 1024 - STATIC);
+    launched(cudaSuccess, "48 KB of static and dynamic shared memory was refused");
+    LLMC_LAUNCH(shared_kernel<3>, 1, 32, 48 * 1024 - STATIC + 1, 0)(out, 48 * 1024 - STATIC + 1);
+    launched(cudaErrorInvalidValue, "48 KB + 1 of static and dynamic shared memory was not refused");
+    child_check(cudaFuncSetAttribute(shared_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, OPTIN) ==
+                    cudaSuccess, "cudaFuncSetAttribute");
+    LLMC_LAUNCH(shared_kernel<3>, 1, 32, OPTIN - STATIC, 0)(out, OPTIN - STATIC);
+    launched(cudaSuccess, "227 KB of static and dynamic shared memory was refused");
+    LLMC_LAUNCH(shared_kernel<3>, 1, 32, OPTIN - STATIC + 1, 0)(out, OPTIN - STATIC + 1);
+    launched(cudaErrorInvalidValue, "227 KB + 1 of static and dynamic shared memory was not refused");
+    LLMC_LAUNCH(copy_kernel, 1, 32, 0, 0)(out, out + 512, 32);
+    launched(cudaErrorInvalidDeviceFunction, "a kernel missing from the table was not refused");
+    return 0;
+}
+
 struct Scenario {
     const char* name;
     int (*run)();
@@ -185,6 +225,7 @@ const Scenario SCENARIOS[] = {
     {"warp neighbours with __syncwarp", [] { return run_neighbour_exchange(warp_neighbour_kernel<true>, 32); }},
     {"__syncthreads reached by threads 0-15 of 64", [] { return run_barrier_kernel(partial_barrier_kernel); }},
     {"__syncthreads against __syncwarp", [] { return run_barrier_kernel(barrier_against_syncwarp_kernel); }},
+    {"kernel resources", run_kernel_resources},
 };
 
 int run_scenario(const std::string& name) {
@@ -325,6 +366,16 @@ TEST_CASE("dynamic shared memory: 48 KB unless raised by cudaFuncSetAttribute, n
     CHECK(cudaGetLastError() == cudaSuccess);
     CHECK(host_copy(out, 1)[0] == 3);
     REQUIRE(cudaFree(out) == cudaSuccess);
+}
+
+// A child, since the table it registers is for the rest of the process.
+TEST_CASE("with nvcc's table of kernel resources, a launch beyond __launch_bounds__, the register file or "
+          "227 KB of shared memory is refused, and so is a kernel the table lacks") {
+    const ChildResult r = run_child("kernel resources", "0");
+    INFO("child's stderr: " << r.stderr_text);
+    CHECK(r.succeeded());
+    CHECK(contains(r.stderr_text, "__launch_bounds__ (128)"));
+    CHECK(contains(r.stderr_text, "128 registers per thread"));
 }
 
 // =============================================================================================

@@ -201,6 +201,12 @@ breakage update-after-snapshot llmc/dist/device_memory.cuh "ckpt" \
     "redundant in the trainer: CheckpointWriter::before_update (train_loop.h) waits on the host \
 (wait_snapshot) for the copies before every adamw_step"
 
+# 6. A launch the card refuses, though its results would be right.
+breakage gelu-launch-bounds llmc/kernels/gelu.cuh "bench gelu" \
+    "gelu_forward: 512 threads per block for a kernel declared __launch_bounds__(256) (the grid still covers n)" \
+    'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)' \
+    'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, 2 * GELU_BLOCK_SIZE, 0, stream)'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"
