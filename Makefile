@@ -136,6 +136,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
 	test/check_prompt.sh ./train_gpt_cpu
+	test/check_output_dir.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	test/bad_inputs/run_bad_input_tests.sh ./train_gpt_cpu
 	$(MAKE) --no-print-directory test-mpi

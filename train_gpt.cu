@@ -10,6 +10,7 @@
 #include <string>
 
 #include "llmc/bpe_encoder.h"
+#include "llmc/ckpt/output_dir.h"
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/config_check.h"
@@ -66,9 +67,14 @@ static bool g_training_started = false;
 
 // Every input (flags, model file, data, tokenizer, checkpoint) is checked before the output
 // directory is touched: a run that fails on a bad input leaves an earlier run's files as they were.
-// Rank 0 then makes the directory, clears temporaries a killed run left there, and writes
-// config.json once the first step starts.
+// Rank 0 then makes and locks the directory, clears temporaries a killed run left there, settles
+// whose run it holds (ckpt/output_dir.h), and writes config.json once the first step starts.
 static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
+    // ckpt/output_dir.h: -y 1 on another number of ranks keeps the total batch.
+    const std::string batch_from = inherit_total_batch(cfg);
+    if (comm.rank() == 0 && !batch_from.empty())
+        printf("resume: -d %d (total_batch_tokens) from '%s', the run this one continues\n", cfg.total_batch_tokens,
+               batch_from.c_str());
     resolve(cfg, comm.world_size());
     check_ranks_agree(cfg, comm);  // dist/config_check.h: one config, one binary
     if (cfg.ranks_per_node == 0) cfg.ranks_per_node = launch.local_size;
@@ -104,11 +110,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
     trainer.set_peak_tflops(built.peak_tflops);
-    if (is_rank0) {
-        make_dirs(cfg.output_dir);
-        for (const std::string& line : remove_stale_temporaries(cfg.output_dir)) printf("output: %s\n", line.c_str());
-    }
-    all_ranks(groups.world(), true);  // the directory exists before any rank looks into it
+    claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is
     TrainSummary summary = trainer.run([&] {
         if (is_rank0) write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
         g_training_started = true;
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
                 install_termination_report();
             }
 #endif
-            if (cfg.prompt.empty()) train(cfg, *comm, launch);
+            if (!cfg.given.count("prompt")) train(cfg, *comm, launch);
             else prompt(cfg, *comm, launch);
         }
     } catch (const std::exception& e) {
@@ -181,6 +183,7 @@ int main(int argc, char** argv) {
         fflush(stderr);
         const Error* error = dynamic_cast<const Error*>(&e);
         int code = error && error->exit_code ? error->exit_code : g_training_started ? EXIT_RUNTIME : EXIT_CONFIG;
+        flight_recorder().silence_termination_report();  // this error is the cause: no report after it
         if (launch.under_launcher) abort_launch(launch, code);
         return code;
     }

@@ -91,6 +91,7 @@ struct RunConfig {
     int checkpoint_major = 0;     // -nm: also keep every step that is a multiple of M (0: none)
     int resume = 0;               // -y 1: resume from the newest complete checkpoint in output_dir
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
+    bool overwrite = false;       // a new run may delete the checkpoints another run left in output_dir
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     int local_ckpt_every = 0;     // the local tier: every N steps into node-local storage, replicated on the next node
     std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/
@@ -116,6 +117,8 @@ struct RunConfig {
     ParallelDims dims;   // how they are laid out; the batch is split over the dims.dp data-parallel ranks
     int grad_accum_steps = 1;
     bool model_is_file = false;
+    std::string run_id;  // this run's identity (ckpt/output_dir.h), set once the output directory is claimed
+    std::set<std::string> given;  // the options set by a flag or --config, by their long names
 };
 
 // One row per option: how it is spelled, where it is stored and what it means.
@@ -182,6 +185,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-nm", "checkpoint_major", &RunConfig::checkpoint_major, "also keep every checkpoint whose step is a multiple of M (0: none)"},
         {"-y", "resume", &RunConfig::resume, "1: resume from the newest complete checkpoint in output_dir (starts fresh if there is none)"},
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
+        {"", "overwrite", &RunConfig::overwrite, "1: a fresh run (or --resume-from) may delete the checkpoints another run left in output_dir"},
         {"", "local_ckpt_every", &RunConfig::local_ckpt_every, "also a local checkpoint every N steps in node-local storage, replicated on the next node (0: none)"},
         {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>; e.g. /dev/shm or NVMe)"},
         {"", "local_ckpt_keep", &RunConfig::local_ckpt_keep, "local checkpoints kept per node"},
@@ -278,6 +282,7 @@ inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::strin
             cfg.*member = (T)v;
         }
     }, o.field);
+    cfg.given.insert(o.name);
 }
 
 // JSON types are strict: a string option takes a string, a number option a number (an integer one
@@ -515,7 +520,7 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     if (cfg.total_batch_tokens == 0) cfg.total_batch_tokens = (int)micro_tokens;
     require(cfg.total_batch_tokens > 0 && cfg.total_batch_tokens % micro_tokens == 0,
             strformat("-d (total_batch_tokens) %d must be a positive multiple of B*T*ranks = %d*%d*%d = %lld (ranks: "
-                      "the data-parallel ones)",
+                      "the data-parallel ones; on more ranks, a smaller -b keeps the total batch)",
                       cfg.total_batch_tokens, cfg.batch_size, cfg.seq_len, cfg.dims.dp, micro_tokens));
     cfg.grad_accum_steps = (int)(cfg.total_batch_tokens / micro_tokens);
     // The pipeline: the layers cut into stages (fails naming --pp-layers or the stage count), and the

@@ -274,7 +274,8 @@ public:
             }
 
             if (checkpoints && checkpoints->due(step))
-                checkpoints->save(TrainState{step, train_.state(), sample_rng_.state()});
+                checkpoints->save(TrainState{step, train_.state(), sample_rng_.state(),
+                                             !fingerprints || cfg_.zero_stage == 3 || step == last_verified_step_});
             if (checkpoints) log_checkpoints(checkpoints->take_finished());
         }
         if (checkpoints) {
@@ -330,15 +331,7 @@ private:
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
-        for (const CheckpointTier& tier : checkpoint_tiers(cfg_)) {  // each tier's directory, by its leading rank
-            if (!tier.leads(world_.rank())) continue;
-            std::error_code ec;
-            for (const auto& entry : std::filesystem::directory_iterator(tier.rank_root(world_.rank()), ec)) {
-                const int s = checkpoint_step_of(entry.path().filename().string());
-                if (s > m.step && entry.is_directory()) detail::remove_tree(entry.path().string());
-            }
-        }
-        all_ranks(world_, true);  // the removal is done before anyone writes again
+        remove_checkpoints_after(m.step);
         const DataLoaderState d = train_.state();
         log_.log_event(strformat("rollback: %s; rolled back from step %d to %s (step %d); data position %s "
                                  "(epoch %d shard %zu round %zu batch %zu)",
@@ -353,6 +346,42 @@ private:
         consecutive_skips_ = 0;
         updated_since_rollback_ = false;
         return true;
+    }
+
+    // Removes every checkpoint after `step`, on both tiers, each directory by its leading rank
+    // (collective: done before any rank writes again). Returns how many went.
+    int remove_checkpoints_after(int step) {
+        int removed = 0;
+        for (const CheckpointTier& tier : checkpoint_tiers(cfg_)) {
+            if (!tier.leads(world_.rank())) continue;
+            std::error_code ec;
+            for (const auto& entry : std::filesystem::directory_iterator(tier.rank_root(world_.rank()), ec)) {
+                const int s = checkpoint_step_of(entry.path().filename().string());
+                if (s > step && entry.is_directory()) {
+                    detail::remove_tree(entry.path().string());
+                    removed++;
+                }
+            }
+        }
+        all_ranks(world_, true);
+        return removed;
+    }
+
+    // Silent data corruption that cannot be replayed here: the checkpoints written since the last
+    // verified step may hold the corruption, so they go (a later -y 1 must not continue from one),
+    // and the run ends with EXIT_CORRUPTION.
+    [[noreturn]] void stop_corrupted(CheckpointWriter* checkpoints, const std::string& msg) {
+        if (checkpoints) {
+            checkpoints->finish();
+            log_checkpoints(checkpoints->take_finished());
+        }
+        const int removed = remove_checkpoints_after(last_verified_step_);
+        if (removed > 0)
+            log_.log_event(strformat("fingerprint: removed %d checkpoint director%s written after step %d, the last "
+                                     "whose replicas agreed (they may hold the corruption)",
+                                     removed, removed == 1 ? "y" : "ies", last_verified_step_),
+                           {{"step", last_verified_step_}, {"event", "unverified_removed"}, {"directories", removed}});
+        fail_with(EXIT_CORRUPTION, msg);
     }
 
     // Compares the data-parallel replicas' parameter fingerprints after `step` steps (collective).
@@ -429,7 +458,7 @@ private:
                               "at step %d of the replay: faulty hardware; exclude the rank's node and restart",
                               suspects.c_str(), sdc_detected_step_, step);
                 log_.log_event(msg, {{"step", step}, {"event", "sdc_persistent"}, {"ranks", suspects}});
-                fail_with(EXIT_CORRUPTION, msg);
+                stop_corrupted(checkpoints, msg);
             }
         }
         const int detected = step;
@@ -439,7 +468,7 @@ private:
                                               "step %d and there is no checkpoint (at or before step %d, the last "
                                               "verified) to replay from",
                                               suspects.c_str(), detected, last_verified_step_);
-            fail_with(EXIT_CORRUPTION, msg);
+            stop_corrupted(checkpoints, msg);
         }
         sdc_replay_ = true;
         sdc_detected_step_ = detected;
@@ -456,6 +485,10 @@ private:
             return 0;
         }
         std::optional<ResumePoint> point = find_resume_checkpoint(cfg_, world_);
+        if (!point && !cfg_.resume_from.empty())
+            fail(strformat("--resume-from '%s': no complete checkpoint there, nor before it in its directory (the "
+                           "reasons are above)",
+                           cfg_.resume_from.c_str()));
         if (!point) {
             if (world_.rank() == 0)
                 printf("resume: no complete checkpoint in '%s'; starting fresh\n",

@@ -24,4 +24,9 @@ grep -q '^The meaning of life is.' "$dir/a.txt" || { cat "$dir/a.txt"; fail "the
 cmp -s "$dir/a.txt" "$dir/b.txt" || fail "the same seed printed different text"
 "$trainer" "${args[@]}" --bpe-dir "$dir/none" >"$dir/c.txt" 2>&1 && fail "a missing BPE directory was accepted"
 grep -q "encoder.json" "$dir/c.txt" || { cat "$dir/c.txt"; fail "the error does not name encoder.json"; }
+# An empty prompt (an unset shell variable) samples from <|endoftext|> alone: it never trains nor writes.
+before=$(md5sum "$dir/train/model.bin")
+"$trainer" "${args[@]}" --prompt "" -o "$dir/train" >"$dir/e.txt" 2>&1 || { cat "$dir/e.txt"; fail "--prompt \"\" exited with $?"; }
+[ "$before" = "$(md5sum "$dir/train/model.bin")" ] && [ -z "$(ls -A "$dir/cwd")" ] || fail "--prompt \"\" trained or wrote"
+! grep -q "^step " "$dir/e.txt" || fail "--prompt \"\" trained"
 echo "check_prompt.sh: --prompt continued the text, wrote nothing, repeated itself with the same seed: $(tail -1 "$dir/a.txt")"

@@ -160,8 +160,9 @@ inline void remove_tree(const std::string& path) {
 
 // Where a tier of checkpoints goes, how often, and how many are kept. The shared tier is
 // <output_dir>/ckpt_<step>/ on storage every rank sees (-n, -nk, -nm). The local tier
-// (--local-ckpt-every) is frequent and cheap: node k's ranks write into <local dir>/node_<k>/,
-// storage only that node sees (/dev/shm, NVMe), and each rank also sends its file over the
+// (--local-ckpt-every) is frequent and cheap: node k's ranks write into <local dir>/run_<run id>/
+// node_<k, 5 digits>/, storage only that node sees (/dev/shm, NVMe; one directory per run, see
+// ckpt/output_dir.h), and each rank also sends its file over the
 // communicator to the same rank of the next node, which keeps it as a replica, so a node that
 // loses its storage gets its files back from its buddy. A "node" is ranks_per_node consecutive ranks.
 struct CheckpointTier {
@@ -183,13 +184,19 @@ struct CheckpointTier {
     bool leads(int rank) const { return local() ? rank % ranks_per_node == 0 : rank == 0; }
 };
 
+// The local tier's root: one directory per run (ckpt/output_dir.h's run_id), so runs that share a
+// machine's --local-ckpt-dir neither resume from nor prune each other's checkpoints.
+inline std::string local_ckpt_root(const RunConfig& cfg) {
+    return cfg.run_id.empty() ? cfg.local_ckpt_dir : cfg.local_ckpt_dir + "/run_" + cfg.run_id;
+}
+
 // The tiers a run writes: the shared one with -n, the local one with --local-ckpt-every.
 inline std::vector<CheckpointTier> checkpoint_tiers(const RunConfig& cfg) {
     std::vector<CheckpointTier> tiers;
     if (cfg.checkpoint_every > 0)
         tiers.push_back({"shared", cfg.output_dir, cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_major, 0});
     if (cfg.local_ckpt_every > 0)
-        tiers.push_back({"local", cfg.local_ckpt_dir, cfg.local_ckpt_every, cfg.local_ckpt_keep, 0, cfg.ranks_per_node});
+        tiers.push_back({"local", local_ckpt_root(cfg), cfg.local_ckpt_every, cfg.local_ckpt_keep, 0, cfg.ranks_per_node});
     return tiers;
 }
 
@@ -212,6 +219,7 @@ struct TrainState {
     int step = 0;
     DataLoaderState data;
     std::array<uint64_t, 4> sampler_rng{};
+    bool verified = true;  // the replicas' fingerprints agreed at this step, or none are compared
 };
 
 namespace detail {
@@ -451,7 +459,7 @@ private:
                 try {
                     if (r.ok) {
                         detail::commit_checkpoint(dir, t.step, verdict.at("manifest").get<std::string>());
-                        prune(tier, tier.rank_root(rank), t.step);
+                        prune(tier, tier.rank_root(rank), t.step, cfg_.run_id);
                     } else {
                         detail::remove_tree(dir);
                     }
@@ -495,6 +503,8 @@ private:
             m.pp = cfg_.dims.pp;
             if (cfg_.dims.pp > 1) m.pp_layers = pipeline_split(cfg_).describe();
             m.zero_stage = cfg_.zero_stage;
+            m.run_id = cfg_.run_id;
+            m.verified = t.verified;
             m.model = cfg_.model_config;
             m.run_config = run_config_;
             m.data = t.data;
@@ -509,9 +519,10 @@ private:
     }
 
     // Retention in one directory of checkpoints: keep the newest `keep` complete ones (all with 0)
-    // and every step that is a multiple of `major`; never the newest complete one (just written).
-    // Incomplete directories older than it are debris of crashed writes and go too.
-    static void prune(const CheckpointTier& tier, const std::string& root, int newest) {
+    // and every step that is a multiple of `major`; never the newest complete one (just written),
+    // nor the newest verified one (a fingerprint mismatch replays from it), nor another run's.
+    // Incomplete directories older than the newest are debris of crashed writes and go too.
+    static void prune(const CheckpointTier& tier, const std::string& root, int newest, const std::string& run_id) {
         std::vector<int> complete;
         std::vector<std::string> incomplete;
         for (const auto& entry : std::filesystem::directory_iterator(root)) {
@@ -522,13 +533,29 @@ private:
             else if (step < newest) incomplete.push_back(entry.path().string());
         }
         std::sort(complete.rbegin(), complete.rend());
+        int verified = -1;  // the newest verified step
+        for (int step : complete)
+            if (verified < 0 && manifest_field(root, step, "verified", true)) verified = step;
         for (size_t i = 0; i < complete.size(); i++) {
             const int step = complete[i];
-            const bool keep = step == newest || tier.keep == 0 || (int)i < tier.keep ||
-                              (tier.major > 0 && step % tier.major == 0);
+            const bool keep = step == newest || step == verified || tier.keep == 0 || (int)i < tier.keep ||
+                              (tier.major > 0 && step % tier.major == 0) ||
+                              manifest_field(root, step, "run_id", run_id) != run_id;
             if (!keep) detail::remove_tree(root + "/" + checkpoint_dir_name(step));
         }
         for (const std::string& dir : incomplete) detail::remove_tree(dir);
+    }
+
+    // A field of the manifest of root's checkpoint `step`; `otherwise` where it lacks the field or
+    // cannot be read.
+    template <typename T>
+    static T manifest_field(const std::string& root, int step, const char* key, const T& otherwise) {
+        try {
+            const std::string path = root + "/" + checkpoint_dir_name(step) + "/" + CHECKPOINT_MANIFEST;
+            return nlohmann::json::parse(read_text_file(path)).value(key, otherwise);
+        } catch (const std::exception&) {
+            return otherwise;
+        }
     }
 
     const RunConfig& cfg_;
@@ -686,8 +713,11 @@ struct ResumePoint {
 
 namespace detail {
 
-// Why a directory's marker and manifest cannot be used ("" if they can); *out and *text get the manifest.
-inline std::string manifest_problem(const std::string& dir, Manifest* out, std::string* text) {
+// Why a directory's marker and manifest cannot be used ("" if they can); *out and *text get the
+// manifest. The directory's name, the marker and the manifest must agree on the step, and the
+// manifest must be of this run (run_id; "" before run identities, accepted).
+inline std::string manifest_problem(const std::string& dir, const std::string& run_id, Manifest* out,
+                                    std::string* text) {
     try {
         const std::string marker_path = dir + "/" + CHECKPOINT_MARKER;
         if (!std::filesystem::exists(marker_path))
@@ -706,6 +736,14 @@ inline std::string manifest_problem(const std::string& dir, Manifest* out, std::
             return strformat("'%s' has CRC32C %u; the marker expects %s", manifest_path.c_str(), crc,
                              marker.value("manifest_crc32c", nlohmann::json()).dump().c_str());
         *out = parse_manifest(*text, strformat("manifest '%s'", manifest_path.c_str()));
+        const int named = checkpoint_step_of(std::filesystem::path(dir).filename().string());
+        const nlohmann::json marked = marker.value("step", nlohmann::json());
+        if (!marked.is_number_integer() || marked.get<int64_t>() != named || out->step != named)
+            return strformat("'%s' is named for step %d, but its marker says step %s and its manifest step %d",
+                             dir.c_str(), named, marked.dump().c_str(), out->step);
+        if (!out->run_id.empty() && !run_id.empty() && out->run_id != run_id)
+            return strformat("'%s' was written by run %s; this is run %s (ckpt/output_dir.h)", dir.c_str(),
+                             out->run_id.c_str(), run_id.c_str());
         for (size_t i = 0; i < out->files.size(); i++)
             if (out->files[i].rank != (int)i)
                 return strformat("manifest '%s': files[%zu] is rank %d's; expected the files in rank order",
@@ -745,10 +783,11 @@ inline std::string joined_problems(const std::vector<std::string>& all) {
 // A shared-tier directory, checked by every rank: the marker and manifest, and the files with
 // index = rank (mod world). Collective.
 inline std::optional<ResumePoint> check_shared_checkpoint(const std::string& dir, const CheckpointTier& tier,
-                                                          Communicator& world, std::string* problems) {
+                                                          const std::string& run_id, Communicator& world,
+                                                          std::string* problems) {
     ResumePoint point{dir, {}, tier, {}};
     std::string text;
-    std::string mine = manifest_problem(dir, &point.manifest, &text);
+    std::string mine = manifest_problem(dir, run_id, &point.manifest, &text);
     for (size_t i = world.rank(); mine.empty() && i < point.manifest.files.size(); i += world.world_size())
         mine = file_problem(dir, point.manifest.files[i]);
     *problems = joined_problems(all_gather_strings(world, mine));
@@ -765,7 +804,7 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
     const int rank = world.rank(), W = world.world_size(), rpn = tier.ranks_per_node;
     const std::string dir = tier.dir(step, rank);
     Manifest m;
-    std::string text, why = manifest_problem(dir, &m, &text);
+    std::string text, why = manifest_problem(dir, cfg.run_id, &m, &text);
     bool own = false, replica = false;
     if (why.empty() && m.world_size != W)
         why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
@@ -860,7 +899,8 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
         std::string problems;
         std::optional<ResumePoint> point =
             is_local ? detail::check_local_checkpoint(step, *local, world, cfg, &problems)
-                     : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared, world, &problems);
+                     : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared, cfg.run_id,
+                                                               world, &problems);
         if (point) return point;
         if (world.rank() == 0)
             printf("resume: skipping %s%s: %s\n", is_local ? "the local tier's " : "",
@@ -900,7 +940,10 @@ inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) 
         refuse("B*T (window size)", strformat("%lld*%lld", number("batch_size"), number("seq_len")),
                strformat("%d*%d", cfg.batch_size, cfg.seq_len));
     if (number("total_batch_tokens") != cfg.total_batch_tokens)
-        refuse("total_batch_tokens", std::to_string(number("total_batch_tokens")), std::to_string(cfg.total_batch_tokens));
+        fail(strformat("cannot resume from '%s': its total_batch_tokens is %lld but this run's is %d: pass -d %lld "
+                       "to keep the run's total batch (the data order depends on it)",
+                       p.dir.c_str(), number("total_batch_tokens"), cfg.total_batch_tokens,
+                       number("total_batch_tokens")));
     if (!rc.contains("shuffle") || !rc["shuffle"].is_boolean() || rc["shuffle"].get<bool>() != cfg.shuffle)
         refuse("shuffle", rc.value("shuffle", nlohmann::json()).dump(), cfg.shuffle ? "true" : "false");
 }

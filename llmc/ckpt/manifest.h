@@ -76,6 +76,8 @@ struct Manifest {
     int pp = 1;               // its pipeline stages (its data-parallel ranks: world_size / (tp pp))
     std::string pp_layers;    // layers per virtual pipeline stage, "2,2" ("": one stage)
     int zero_stage = 0;
+    std::string run_id;     // the run that wrote it (ckpt/output_dir.h; "" before run identities)
+    bool verified = true;   // the replicas' fingerprints agreed at this step (or none are compared)
     ModelConfig model;
     nlohmann::json run_config;  // the writing run's config.json
     DataLoaderState data;       // the training data position: the next batch to read
@@ -196,6 +198,8 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"pp", m.pp},
             {"pp_layers", m.pp_layers},
             {"zero_stage", m.zero_stage},
+            {"run_id", m.run_id},
+            {"verified", m.verified},
             {"model", model_config_json(m.model)},
             {"run_config", m.run_config},
             {"data", m.data},
@@ -294,6 +298,12 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
     m.pp = j.contains("pp") ? rd.int_at(j, "pp", "manifest") : 1;  // nor did it have pipelines
     if (j.contains("pp_layers")) m.pp_layers = rd.string_at(j, "pp_layers", "manifest");
     m.zero_stage = rd.int_at(j, "zero_stage", "manifest");
+    if (j.contains("run_id")) m.run_id = rd.string_at(j, "run_id", "manifest");  // absent before run identities
+    if (j.contains("verified")) {
+        if (!j["verified"].is_boolean())
+            fail(strformat("%s: verified is %s; expected true or false", where.c_str(), j["verified"].dump().c_str()));
+        m.verified = j["verified"].get<bool>();
+    }
     const nlohmann::json& model = rd.at(j, "model", "manifest");
     m.model.max_seq_len = rd.int_at(model, "max_seq_len", "model");
     m.model.vocab_size = rd.int_at(model, "vocab_size", "model");

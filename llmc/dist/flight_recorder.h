@@ -218,8 +218,12 @@ public:
         term_len_[next] = n;
         term_ready_.store(next, std::memory_order_release);
     }
+    // A rank that has printed its own error and is ending the launch says nothing more when the
+    // launcher's SIGTERM reaches it: its error is the cause, and the report would bury it.
+    void silence_termination_report() { term_silenced_.store(true, std::memory_order_release); }
     // Async-signal-safe.
     void write_termination_text(int fd) const {
+        if (term_silenced_.load(std::memory_order_acquire)) return;
         int ready = term_ready_.load(std::memory_order_acquire);
         size_t n = term_len_[ready], at = 0;
         while (at < n) {
@@ -267,6 +271,7 @@ private:
     char term_text_[2][16384] = {};
     size_t term_len_[2] = {0, 0};
     std::atomic<int> term_ready_{0};
+    std::atomic<bool> term_silenced_{false};
 };
 
 // The process's recorder.

@@ -134,10 +134,11 @@ rc=0
 LLMC_FAULTS=kill@11:2 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -z 1 -n 8 -o "$out" --local-ckpt-every 2 \
     --local-ckpt-dir "$out.local" --ranks-per-node 2 >"$out.log" 2>&1 || rc=$?
 [ $rc != 0 ] && [ ! -e "$out/model.bin" ] || { cat "$out.log"; fail "the run with kill@11:2 was not killed"; }
-[ -e "$out.local/node_00001/ckpt_00000008/COMPLETE" ] || fail "no local checkpoint of step 8 on node 1"
-rm -rf "$out.local/node_00001"  # node 1's storage is gone (replaced hardware)
+local_root="$out.local/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$out/run.json")"  # one directory per run
+[ -e "$local_root/node_00001/ckpt_00000008/COMPLETE" ] || fail "no local checkpoint of step 8 on node 1"
+rm -rf "$local_root/node_00001"  # node 1's storage is gone (replaced hardware)
 run 4 "$out" -z 1 -n 8 --local-ckpt-every 2 --local-ckpt-dir "$out.local" --ranks-per-node 2 -y 1
-grep -q "resumed from $out.local/node_00000/ckpt_000000[01][0-9] (local tier)" "$out.log" || { cat "$out.log"; fail "did not resume from the local tier"; }
+grep -q "resumed from $local_root/node_00000/ckpt_000000[01][0-9] (local tier)" "$out.log" || { cat "$out.log"; fail "did not resume from the local tier"; }
 grep -q "rank 2 recovered its local checkpoint file from rank 0's replica" "$out.log" || fail "rank 2 did not recover from its buddy"
 same_run "$dir/ref_4_1" "$out" "local tier after losing node 1"
 echo "ok killed at step 11, node 1's directory deleted: $(grep -o 'resumed from [^:]*' "$out.log" | sed "s|$dir/||"), node 1 recovered from node 0's replicas, bitwise equal"

@@ -105,4 +105,18 @@ echo "   the same flip in the replay: rank 1 reported faulty, exit 6 (EXIT_CORRU
 run 3 "$dir/nockpt" 6 --fingerprint-every 2 --faults flip_bit@5:1
 has "$dir/nockpt.log" 'rank\(s\) 1 diverged from their replicas at step 6 and there is no checkpoint' "no checkpoint"
 echo "   without a checkpoint: exit 6 at once"
+
+echo "== checkpoints written after the last verified fingerprint"
+run 3 "$dir/keep_verified" 0 -n 2 -nk 1 --fingerprint-every 4 --faults flip_bit@6:1
+has "$dir/keep_verified.log" '^rollback: replicas diverged after step 8 .*ckpt_00000004 \(step 4\)' \
+    "-nk 1 kept the newest verified checkpoint"
+cmp -s "$dir/ref3/model.bin" "$dir/keep_verified/model.bin" || fail "after the replay the final model differs"
+echo "   -nk 1 with fingerprints every 4 steps: ckpt 4 (verified) kept beside ckpt 6; the flip after step 6 replayed from it"
+run 3 "$dir/unverified" 6 -n 2 --fingerprint-every 4 --faults flip_bit@1:1
+has "$dir/unverified.log" 'removed 1 checkpoint directory written after step 0' "unverified checkpoint removed"
+[ ! -e "$dir/unverified/ckpt_00000002" ] || fail "ckpt_00000002, written after the flip, was kept"
+run 3 "$dir/unverified" 0 -n 2 --fingerprint-every 4 -y 1
+! grep -q "resumed from" "$dir/unverified.log" || fail "-y 1 resumed from a checkpoint written after the corruption"
+cmp -s "$dir/ref3/model.bin" "$dir/unverified/model.bin" || fail "the fresh start after exit 6 differs from the uninterrupted run"
+echo "   no verified checkpoint: exit 6 removes ckpt 2 (written after the flip); -y 1 starts afresh, the uninterrupted model"
 echo "guard tests passed"

@@ -104,9 +104,10 @@ local_run() {  # local_run NAME [EXTRA...]
 }
 local_run whole >"$dir/local_whole.log"
 local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
-rm -rf "$dir/local_killed/node_00001"
+local_root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
+rm -rf "$local_root/node_00001"
 local_run killed -y 1 >"$dir/local_resumed.log"
-grep -q "resumed from $dir/local_killed/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
+grep -q "resumed from $local_root/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
     { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
 same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at pp 2 x tp 2"
 echo "ok the local tier at pp 2 x tp 2: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
