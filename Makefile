@@ -4,7 +4,7 @@
 #   make test         prepare test data, build and run the Catch2 tests and the plot check (test/check_plot.sh), check that every .h compiles
 #                     without nvcc (test/check_headers.sh) and that every preset run script's flags
 #                     plan (test/check_scripts.sh), feed the trainer bad inputs
-#                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi, then test-emu
+#                     (test/bad_inputs/run_bad_input_tests.sh), then test-mpi, test-slurm and test-emu
 #   make test-emu     every CUDA test on the CUDA emulator (dev/emu: the CUDA sources compiled by g++, run
 #                     on the CPU; make/emu.mk, test/emu/run_emu_tests.sh): needs the CUDA headers, not a GPU
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
@@ -14,6 +14,9 @@
 #                     make test: the build alone takes minutes)
 #   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
+#   make test-slurm   a one-node Slurm cluster started by the test (test/slurm/run_slurm_tests.sh): the sbatch
+#                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
+#                     skips (one line) where Slurm is not installed or not as root
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
 #                     data, tensor and pipeline parallelism and checkpoints on the GPU
 #                     (test/mpi/run_gpu_dp_tests.sh, test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_pp_tests.sh,
@@ -60,7 +63,7 @@ MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2
 MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
 
-.PHONY: all deps train test test-sanitize test-mpi test-gpu bench cuda-workbench data default-data clean
+.PHONY: all deps train test test-sanitize test-mpi test-slurm test-gpu bench cuda-workbench data default-data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -140,6 +143,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	test/bad_inputs/run_bad_input_tests.sh ./train_gpt_cpu
 	$(MAKE) --no-print-directory test-mpi
+	$(MAKE) --no-print-directory test-slurm
 	$(if $(HAVE_EMU),$(MAKE) --no-print-directory test-emu,@echo "make test: no CUDA headers or no MPI: the emulated CUDA suite (test-emu) skipped")
 
 # ---- sanitizers: the same sources at -O1 with ASan and UBSan; any report fails the run ----
@@ -211,6 +215,10 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_p
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu
 	test/mpi/run_supervisor_tests.sh ./train_gpt_cpu
+
+# Slurm: the script starts (and stops) its own one-node cluster; it skips where Slurm is not installed.
+test-slurm: train_gpt_cpu default-data
+	test/slurm/run_slurm_tests.sh ./train_gpt_cpu
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt dev/cuda/build

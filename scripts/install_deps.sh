@@ -5,22 +5,31 @@
 #           emulator's fibers, dev/emu)
 #   data:   python3 with numpy and regex (GPT-2 BPE), npm (fetches the BPE files and default corpus)
 #   plots:  python3-matplotlib (dev/plot_metrics.py: the training curves `make train` draws)
+#   Slurm:  slurmctld slurmd slurm-client munge (test/slurm starts a one-node cluster; it skips without
+#           them), without the extra plugins they recommend (HDF5, IPMI, ROCm, ...: dozens of packages)
 # PyTorch (python3-torch) is needed only to regenerate test fixtures: scripts/install_deps.sh --torch
 set -euo pipefail
 
 packages="g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev catch2 libboost-context-dev python3 python3-numpy python3-regex python3-matplotlib"
 command -v npm >/dev/null 2>&1 || packages="$packages npm"
 [ "${1:-}" = "--torch" ] && packages="$packages python3-torch"
+slurm_packages="slurmctld slurmd slurm-client munge"
 
-missing=""
-for p in $packages; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
-done
-[ -z "$missing" ] && exit 0
+not_installed() {  # the arguments that dpkg does not list as installed
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || printf ' %s' "$p"
+    done
+}
+# shellcheck disable=SC2086  # the lists split into package names
+missing=$(not_installed $packages)
+# shellcheck disable=SC2086
+missing_slurm=$(not_installed $slurm_packages)
+[ -z "$missing$missing_slurm" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "llmc needs these Debian packages:$missing" >&2
-    echo "install them with:  sudo apt-get update && sudo apt-get install -y$missing" >&2
+    echo "llmc needs these Debian packages:$missing$missing_slurm" >&2
+    echo "install them with:  sudo apt-get update${missing:+ && sudo apt-get install -y$missing}${missing_slurm:+ && sudo apt-get install -y --no-install-recommends$missing_slurm}" >&2
     exit 1
 fi
 # Another install (unattended-upgrades, a second apt-get) may hold the package manager's locks: wait
@@ -50,9 +59,12 @@ wait_for_package_locks() {
     done
 }
 
-echo "installing:$missing"
+echo "installing:$missing$missing_slurm"
 export DEBIAN_FRONTEND=noninteractive
 wait_for_package_locks
 apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" update -qq
 wait_for_package_locks
-apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" install -y -qq $missing >/dev/null
+if [ -n "$missing" ]; then apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" install -y -qq $missing >/dev/null; fi
+if [ -n "$missing_slurm" ]; then
+    apt-get -o DPkg::Lock::Timeout="$LOCK_WAIT_S" install -y -qq --no-install-recommends $missing_slurm >/dev/null
+fi
