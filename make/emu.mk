@@ -1,7 +1,7 @@
 # make/emu.mk: the emulation build (dev/emu/emu.h): the CUDA sources compiled by g++ and run on the
 # CPU, one emulated H100 per process. Included by the top-level Makefile.
 #   make train_gpt_emu   the CUDA trainer, emulated
-#   make test-emu        every CUDA test on the emulator (part of make test); see the README for its cost
+#   make test-emu        every CUDA test on the emulator (part of make test); see docs/tests.md for its cost
 EMU_DIR      := $(BUILD)/emu
 # -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
 # -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:

@@ -222,7 +222,7 @@ while :; do
 
     case $(exit_action $rc) in
     config) say "not relaunching: $meaning; the same command would fail the same way (fix it and run again)"; break ;;
-    stop) say "not relaunching: $meaning; this needs a person (see the README's Failures section)"; break ;;
+    stop) say "not relaunching: $meaning; this needs a person (see docs/failures.md)"; break ;;
     esac
     if [ $restarts -ge "$max_restarts" ]; then
         say "not relaunching: the restart budget (--max-restarts $max_restarts) is spent"

@@ -9,7 +9,7 @@
 #   - a directory locked by another process is refused, naming it;
 #   - two runs sharing --local-ckpt-dir keep their local checkpoints apart (run_<id>/node_00000);
 #   - -y 1 on 2 ranks continues a 1-rank run of 4 windows per step without -d: it keeps the run's
-#     total batch (the README's example).
+#     total batch (the example in docs/checkpoints.md).
 #   test/check_output_dir.sh [TRAINER]   (default ./train_gpt_cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,8 +8,8 @@
 // depends on how the writing run cut its buffers, so a reader with any other cut (world size, ZeRO
 // stage, tensor-parallel split) assembles its part from the same description. A tensor-parallel
 // rank's piece of a column-split matrix is a strided slice: runs of `run` elements `stride` apart
-// (format version 2; version 1 had contiguous slices only and is still read). README.md
-// ("Checkpoints") documents every field.
+// (format version 2; version 1 had contiguous slices only and is still read). docs/checkpoints.md
+// ("The checkpoint format") documents every field.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad inputs (README "What is checked"): the trainer is fed malformed token shards, tokenizers, model
+# Bad inputs (docs/flags.md, "What is checked"): the trainer is fed malformed token shards, tokenizers, model
 # files, JSON configs and flags, each built here from a good one (truncations, bit flips, wrong fields,
 # extreme values). For every case it must
 #   - exit non-zero, with a code below 128 (an error, not a crash by a signal) and within 20 s (no hang),
