@@ -108,7 +108,12 @@ exit_action() {
     esac
 }
 
-last_step() {  # the last training step recorded in metrics.jsonl (0 if none)
+# Whether metrics.jsonl is this run's: written by an attempt, or the past of a run the command
+# resumes. An earlier run's file, left in the directory by a run that failed before its first step,
+# says nothing of this one.
+metrics_are_ours() { [ "$metrics" -nt "$work/started" ] || has_resume "${run_cmd[@]}"; }
+last_step() {  # the last training step this run recorded in metrics.jsonl (0 if none)
+    metrics_are_ours || { echo 0; return; }
     local s
     s=$(sed -nE 's/.*"step":([0-9]+),.*"train_loss".*/\1/p' "$metrics" 2>/dev/null | tail -n 1)
     echo "${s:-0}"
@@ -133,6 +138,7 @@ without_faults() {  # the command without --faults X / --faults=X, into the arra
 }
 
 work=$(mktemp -d)
+touch "$work/started"
 job_pid=""
 # shellcheck disable=SC2317  # invoked by the traps below
 on_signal() {
@@ -240,8 +246,11 @@ while :; do
 done
 
 wall=$(awk -v a="$start_time" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-steps_s=$(awk '/"train_loss"/ && match($0, /"step_ms":[0-9.e+-]+/) { t += substr($0, RSTART + 10, RLENGTH - 10) }
-               END { printf "%.1f", t / 1000 }' "$metrics" 2>/dev/null)
+steps_s=0
+if metrics_are_ours; then
+    steps_s=$(awk '/"train_loss"/ && match($0, /"step_ms":[0-9.e+-]+/) { t += substr($0, RSTART + 10, RLENGTH - 10) }
+                   END { printf "%.1f", t / 1000 }' "$metrics" 2>/dev/null)
+fi
 steps_s=${steps_s:-0}
 say "summary: $([ $rc = 0 ] && echo "finished" || echo "FAILED (exit code $rc)") after $attempt attempt(s), $restarts restart(s)"
 for c in "${causes[@]}"; do say "    $c"; done

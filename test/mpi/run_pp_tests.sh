@@ -111,9 +111,10 @@ grep -q "resumed from $local_root/node_00000/ckpt_00000004 (local tier): step 4"
     { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
 same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at pp 2 x tp 2"
 echo "ok the local tier at pp 2 x tp 2: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
-# On another mesh the local files are not this run's pieces: skipped, named, and the run starts fresh.
+# The same run continued on another mesh: the local files are not this mesh's pieces: skipped, named,
+# and the run starts fresh.
 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 1 --pp 4 -z 0 --ranks-per-node 2 --local-ckpt-every 4 \
-    --local-ckpt-dir "$dir/local_killed" -o "$dir/local_other.out" -y 1 >"$dir/local_other.log"
+    --local-ckpt-dir "$dir/local_killed" -o "$dir/local_killed.out" -y 1 >"$dir/local_other.log"
 grep -q "skipping the local tier's ckpt_00000008: .*written at tp 2, pp 2 (layers 2,2) and this run is tp 1, pp 4" \
     "$dir/local_other.log" || { echo "FAILED: the local tier on another mesh"; cat "$dir/local_other.log"; exit 1; }
 echo "ok the local tier on another mesh (pp 4): skipped with the reason, the run starts fresh"

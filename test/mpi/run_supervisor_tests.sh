@@ -4,7 +4,8 @@
 #   - a 2-rank run of 12 steps whose rank 1 is killed at step 10 (LLMC_FAULTS=kill@10:1, --faults-once) is
 #     relaunched with -y 1 and finishes; its model.bin and losses are bitwise the uninterrupted run's,
 #     and the supervisor logged the cause (exit 137, rank 1), the steps lost and the recovery time;
-#   - a configuration error (a bad flag) is not relaunched: exit 1 after one attempt;
+#   - a configuration error (a bad flag) is not relaunched: exit 1 after one attempt, and the summary
+#     does not count an earlier run's metrics.jsonl left in the directory;
 #   - the restart budget holds: a fault that fires on every launch stops after --max-restarts;
 #   - a slowed rank (LLMC_FAULTS=slow@300:1) is named as a straggler by the health check: with
 #     --straggler-action warn training goes on, with refuse the run exits 8 (EXIT_STRAGGLER);
@@ -66,10 +67,14 @@ echo "ok killed at step 10: $(grep -o 'recovered: .*' "$out.sup"); bitwise equal
 
 echo "== supervisor: a configuration error is not relaunched"
 out="$dir/config"
+mkdir -p "$out"  # an earlier run's metrics.jsonl, which the summary must not count as this run's
+echo '{"step":77,"train_loss":5.0,"step_ms":1000000}' >"$out/metrics.jsonl"
 supervised "$out" -- --no-such-flag 1
 [ $rc = 1 ] || { show "$out"; fail "a bad flag: expected exit code 1, got $rc"; }
 grep -q "attempt 1 failed: exit code 1, configuration error" "$out.sup" && ! grep -q "attempt 2" "$out.sup" ||
     { show "$out"; fail "a configuration error was relaunched (or not reported)"; }
+grep -q "last step in $out/metrics.jsonl: 0" "$out.sup" && grep -q "effective training time: 0 s of steps" "$out.sup" ||
+    { show "$out"; cat "$out.sup"; fail "the summary read an earlier run's metrics.jsonl"; }
 echo "ok a bad flag: exit 1 after one attempt ($(grep -o 'not relaunching: [^;]*' "$out.sup"))"
 
 echo "== supervisor: the restart budget"
