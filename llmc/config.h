@@ -248,9 +248,14 @@ inline std::string flag_name(const RunOption& o) {
     return "--" + n;
 }
 
+// A number option's text is either not a number of its kind ("expects ...") or one outside what the
+// field holds ("out of range"), each said as such: 1e300 is a number, just not a float.
 inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::string& where, const std::string& text) {
     auto bad = [&](const char* expected) {
         fail(strformat("%s expects %s, got '%s'", where.c_str(), expected, text.c_str()));
+    };
+    auto out_of_range = [&](const char* range) {
+        fail(strformat("%s: '%s' is out of range: the option is %s", where.c_str(), text.c_str(), range));
     };
     std::visit([&](auto member) {
         using T = std::remove_reference_t<decltype(cfg.*member)>;
@@ -265,16 +270,19 @@ inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::strin
         } else if constexpr (std::is_same_v<T, float>) {
             float v = strtof(text.c_str(), &end);
             // inf passes here (a timeout may be "never"); resolve_run_config says which flags take it.
-            if (text.empty() || *end || errno || std::isnan(v)) bad("a number");
+            if (text.empty() || *end || std::isnan(v)) bad("a number");
+            if (errno == ERANGE) out_of_range("a 32-bit float: 0 or a magnitude from about 1.2e-38 to 3.4e+38");
             cfg.*member = v;
         } else if constexpr (std::is_same_v<T, int>) {
             long v = strtol(text.c_str(), &end, 10);
-            if (text.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX) bad("an integer");
+            if (text.empty() || *end) bad("an integer");
+            if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+                out_of_range("a 32-bit integer, from -2147483648 to 2147483647");
             cfg.*member = (int)v;
         } else {
-            if (!text.empty() && text[0] == '-') bad("a non-negative integer");
             unsigned long long v = strtoull(text.c_str(), &end, 10);
-            if (text.empty() || *end || errno) bad("a non-negative integer");
+            if (text.empty() || text[0] == '-' || *end) bad("a non-negative integer");
+            if (errno == ERANGE) out_of_range("a 64-bit unsigned integer, from 0 to 18446744073709551615");
             cfg.*member = (T)v;
         }
     }, o.field);

@@ -215,7 +215,8 @@ run "a missing config" "$tmp/none.json" --config "$tmp/none.json"
 run "lr inf" "-l (lr) must be in (0, 1], got inf" -l inf
 run "lr 1e30" "-l (lr) must be in (0, 1], got 1e+30" -l 1e30
 run "lr nan" "flag -l expects a number, got 'nan'" -l nan
-run "lr 1e50 (beyond float)" "flag -l expects a number, got '1e50'" -l 1e50
+run "lr 1e50 (beyond float)" "flag -l: '1e50' is out of range: the option is a 32-bit float" -l 1e50
+run "straggler factor 1e300 (beyond float)" "flag --straggler-factor: '1e300' is out of range" --straggler-factor 1e300
 run "lr negative" "-l (lr) must be in (0, 1]" -l -0.1
 run "weight decay inf" "-c (weight_decay) must be >= 0 and below 1/lr" -c inf
 run "weight decay above 1/lr" "-c (weight_decay) must be >= 0 and below 1/lr" -c 2000
@@ -239,7 +240,8 @@ run "a model too big for the machine" "the memory plan needs" --channels 32768 -
 run "B too big for the machine" "(largest part: activations" -b 200000
 run "batch 0" "-b (batch_size) must be positive, got 0" -b 0
 run "steps abc" "flag -x expects an integer, got 'abc'" -x abc
-run "steps beyond int" "flag -x expects an integer, got '99999999999'" -x 99999999999
+run "steps beyond int" "flag -x: '99999999999' is out of range: the option is a 32-bit integer" -x 99999999999
+j=$(json huge_int '{"steps": 99999999999}'); run "config integer beyond int" "option 'steps': '99999999999' is out of range" --config "$j"
 run "total batch not a multiple" "-d (total_batch_tokens) 33 must be a positive multiple" -d 33
 run "T beyond max T" "-t (seq_len) 64 exceeds the model's max_seq_len 32" -t 64
 run "unknown flag" "unknown flag '--lr-shedule'" --lr-shedule cosine
