@@ -225,7 +225,10 @@ inline const std::vector<LlmcOnlyFlag>& llmc_only_flags() {
                     "-r is 0 and recomputes it otherwise (see -r)"},
         {"-lg", "", "llm.c's -lg logs GPU state every N steps; llmc has no such log (use nvidia-smi alongside)"},
         {"-pn", "", launcher}, {"-pr", "", launcher}, {"-pg", "", launcher}, {"-pi", "", launcher},
-        {"-pm", "", launcher}, {"-ps", "", launcher}, {"-pf", "", launcher}, {"-pp", "", launcher},
+        {"-pm", "", launcher}, {"-ps", "", launcher}, {"-pf", "", launcher},
+        {"-pp", "", "llm.c's -pp is the shared file system path of NCCL's fs start-up (-pm fs), which llmc does not "
+                    "need (it takes the ranks from mpirun or srun); llmc's --pp (two dashes) is something else, the "
+                    "number of pipeline stages, e.g. --pp 2"},
     };
     return flags;
 }

@@ -278,6 +278,11 @@ TEST_CASE("every letter of llm.c's train_gpt2.cu means what it means in llm.c, o
     CHECK_FALSE(parse_run_args(cfg, 4, help_first));
     CHECK(parse({"--tokenizer", ""}).tokenizer.empty());
     REQUIRE_THROWS_WITH(parse({"-k", "data/gpt2_tokenizer.bin"}), Contains("the tokenizer file is --tokenizer"));
+    // llm.c's -pp (a path) beside llmc's --pp (pipeline stages): the refusal tells them apart.
+    REQUIRE_THROWS_WITH(parse({"-pp", "2"}), Contains("flag -pp 2 is llm.c's") &&
+                                                 Contains("llm.c's -pp is the shared file system path") &&
+                                                 Contains("llmc's --pp (two dashes) is something else, the number of "
+                                                          "pipeline stages"));
 }
 
 TEST_CASE("--config reads options by long name and later flags override it", "[config]") {
