@@ -93,7 +93,7 @@ struct RunConfig {
     std::string resume_from;      // a checkpoint directory to resume from (implies resume)
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     int local_ckpt_every = 0;     // the local tier: every N steps into node-local storage, replicated on the next node
-    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/
+    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/ (node_00001)
     int local_ckpt_keep = 2;      // local checkpoints kept per node
     int ranks_per_node = 0;       // consecutive ranks that share a node's local storage (0: as the launcher says)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
@@ -183,7 +183,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-y", "resume", &RunConfig::resume, "1: resume from the newest complete checkpoint in output_dir (starts fresh if there is none)"},
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
         {"", "local_ckpt_every", &RunConfig::local_ckpt_every, "also a local checkpoint every N steps in node-local storage, replicated on the next node (0: none)"},
-        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>; e.g. /dev/shm or NVMe)"},
+        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>, k in 5 digits: node_00001; e.g. /dev/shm or NVMe)"},
         {"", "local_ckpt_keep", &RunConfig::local_ckpt_keep, "local checkpoints kept per node"},
         {"", "ranks_per_node", &RunConfig::ranks_per_node, "ranks that share one node's local storage (0: the launcher's count)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
