@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -276,6 +277,15 @@ TEST_CASE("checkpoint: damaged checkpoints are named and skipped for the previou
         damage("manifest.json", [](std::string& b) { b.resize(b.size() / 2); });
         REQUIRE(resumed_step() == 5);
         restore();
+    }
+    SECTION("a FIFO as manifest.json (opening it to read would wait for a writer for ever)") {
+        std::filesystem::remove(newest + "/manifest.json");
+        REQUIRE(mkfifo((newest + "/manifest.json").c_str(), 0644) == 0);
+        Manifest m;
+        std::string text;
+        CHECK(detail::manifest_problem(newest, &m, &text) ==
+              "'" + newest + "/manifest.json' is a FIFO (named pipe), expected a regular file");
+        REQUIRE(resumed_step() == 5);
     }
     SECTION("no marker") {
         std::filesystem::remove(newest + "/COMPLETE");
