@@ -72,6 +72,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
     check_ranks_agree(cfg, comm);  // dist/config_check.h: one config, one binary
     if (cfg.ranks_per_node == 0) cfg.ranks_per_node = launch.local_size;
+    faults().refuse_unreachable([&](const Fault& f) { return why_fault_never_fires(f, cfg, launch.under_launcher); });
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
         const ModelConfig& m = cfg.model_config;

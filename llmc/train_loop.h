@@ -70,6 +70,42 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, in
     return (float)(sum_over_ranks(dp, total / batches) / dp.world_size());
 }
 
+// Whether the run validates after `step` steps: every -v steps from 0, and after the last.
+inline bool validates_after(const RunConfig& cfg, int step) {
+    return !cfg.val_data.empty() && cfg.val_every > 0 && step >= 0 && step <= cfg.steps &&
+           (step % cfg.val_every == 0 || step == cfg.steps);
+}
+
+// Why fault `f` (faults.h) cannot fire in the run `cfg` describes ("" where it can): a rank the run
+// does not have; a step it does not run, or one without the validation (nan_val) or the checkpoint
+// (ckpt_fail, ckpt_pause) the fault strikes; a sleep of 0 ms; slow_init from --faults, read only
+// after MPI_Init, or in a run no launcher started (`launched`), which has no MPI_Init.
+inline std::string why_fault_never_fires(const Fault& f, const RunConfig& cfg, bool launched) {
+    if (f.rank >= cfg.world_size)
+        return strformat("rank %d does not exist: the run has %d rank(s), 0 to %d", f.rank, cfg.world_size,
+                         cfg.world_size - 1);
+    if (f.kind == "slow" || f.kind == "slow_init") {
+        if (f.step == 0) return "a sleep of 0 ms does nothing";
+        if (f.kind == "slow_init" && f.source != FAULTS_ENV)
+            return "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS";
+        if (f.kind == "slow_init" && !launched)
+            return "slow_init acts before MPI_Init, and a run that mpirun or srun did not start has none";
+        return "";
+    }
+    if (f.kind == "nan_val")
+        return validates_after(cfg, f.step) ? ""
+               : strformat("there is no validation after step %d (validation after step 0, every -v %d steps and "
+                           "after the last, -x %d%s)", f.step, cfg.val_every, cfg.steps,
+                           cfg.val_data.empty() ? "; and -j is empty" : "");
+    if (f.step < 1 || f.step > cfg.steps)
+        return strformat("step %d is not one of the run's steps, 1 to %d (-x; steps count from 1)", f.step, cfg.steps);
+    if (f.kind != "ckpt_fail" && f.kind != "ckpt_pause") return "";
+    for (const CheckpointTier& tier : checkpoint_tiers(cfg))
+        if (tier.due(f.step, cfg.steps)) return "";
+    return strformat("no checkpoint is written after step %d (-n %d, --local-ckpt-every %d, -x %d)", f.step,
+                     cfg.checkpoint_every, cfg.local_ckpt_every, cfg.steps);
+}
+
 class Trainer {
 public:
     // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where world rank 0
@@ -131,7 +167,7 @@ public:
         int step = first_step;
         while (step <= cfg_.steps) {
             bool last = step == cfg_.steps;
-            if (val_ && (step % cfg_.val_every == 0 || last)) {
+            if (val_ && validates_after(cfg_, step)) {
                 float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
                 if (faults().fire("nan_val", step, -1)) loss = NAN;
                 log_.log_val(step, loss);

@@ -246,6 +246,15 @@ run "total batch not a multiple" "-d (total_batch_tokens) 33 must be a positive 
 run "T beyond max T" "-t (seq_len) 64 exceeds the model's max_seq_len 32" -t 64
 run "unknown flag" "unknown flag '--lr-shedule'" --lr-shedule cosine
 run "bad fault list" "fault 'oops@1' is of an unknown kind" --faults oops@1
+# Faults that can never fire in the run (-x 2, 1 rank): a test relying on one would pass untested.
+run "fault after the last step" "--faults: fault 'nan_grad@500' can never fire in this run: step 500 is not one of the run's steps, 1 to 2" \
+    --faults nan_grad@500
+run "fault on a rank the run lacks" "fault 'kill@1:3' can never fire in this run: rank 3 does not exist: the run has 1 rank(s)" \
+    --faults kill@1:3
+run "fault at step 0" "fault 'hang@0' can never fire in this run: step 0 is not one of the run's steps" --faults hang@0
+LLMC_FAULTS=flip_bit@3 run "LLMC_FAULTS after the last step" "LLMC_FAULTS: fault 'flip_bit@3' can never fire in this run"
+run "slow_init as a flag" "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS" \
+    --faults slow_init@100
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {

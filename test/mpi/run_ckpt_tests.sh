@@ -133,7 +133,8 @@ out="$dir/local"
 rc=0
 LLMC_FAULTS=kill@11:2 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -z 1 -n 8 -o "$out" --local-ckpt-every 2 \
     --local-ckpt-dir "$out.local" --ranks-per-node 2 >"$out.log" 2>&1 || rc=$?
-[ $rc != 0 ] && [ ! -e "$out/model.bin" ] || { cat "$out.log"; fail "the run with kill@11:2 was not killed"; }
+[ $rc != 0 ] && [ ! -e "$out/model.bin" ] && grep -q "^fault injection: rank 2 kills itself (SIGKILL) in step 11" "$out.log" ||
+    { cat "$out.log"; fail "the run with kill@11:2 was not killed by it"; }
 [ -e "$out.local/node_00001/ckpt_00000008/COMPLETE" ] || fail "no local checkpoint of step 8 on node 1"
 rm -rf "$out.local/node_00001"  # node 1's storage is gone (replaced hardware)
 run 4 "$out" -z 1 -n 8 --local-ckpt-every 2 --local-ckpt-dir "$out.local" --ranks-per-node 2 -y 1

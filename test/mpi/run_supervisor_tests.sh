@@ -76,7 +76,8 @@ echo "== supervisor: the restart budget"
 out="$dir/budget"
 LLMC_FAULTS=kill@1:1 supervised "$out" --max-restarts 2 --
 [ $rc = 137 ] || { show "$out"; fail "a fault on every launch: expected the last exit code 137, got $rc"; }
-[ "$(grep -c "attempt [0-9] failed" "$out.sup")" = 3 ] && grep -q "restart budget (--max-restarts 2) is spent" "$out.sup" ||
+[ "$(grep -c "attempt [0-9] failed" "$out.sup")" = 3 ] && grep -q "restart budget (--max-restarts 2) is spent" "$out.sup" &&
+    [ "$(grep -c "^fault injection: rank 1 kills itself (SIGKILL) in step 1" "$out.log")" = 3 ] ||
     { show "$out"; fail "--max-restarts 2 was not honoured"; }
 echo "ok kill@1 on every launch, --max-restarts 2: 3 attempts, exit $rc"
 
