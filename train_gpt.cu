@@ -97,7 +97,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     }
     // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
     ProcessGroups groups(comm, cfg.dims);
-    health_check(cfg, groups.world());  // stragglers, before anything is allocated (health.h)
+    const double straggler_factor = health_check(cfg, groups.world());  // before anything is allocated (health.h)
     BuiltModel built = Backend::make_model(cfg, groups, launch);
     Model* model = built.model.get();
     if (cfg.model_is_file) model->load(cfg.model);
@@ -105,6 +105,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
     trainer.set_peak_tflops(built.peak_tflops);
+    trainer.set_straggler_factor(straggler_factor);
     if (is_rank0) {
         make_dirs(cfg.output_dir);
         for (const std::string& line : remove_stale_temporaries(cfg.output_dir)) printf("output: %s\n", line.c_str());

@@ -135,6 +135,9 @@ public:
 
     // The dense bf16 peak of one rank's device in TFLOP/s (mfu.h), for the step line's MFU; 0: none.
     void set_peak_tflops(double peak_tflops) { peak_tflops_ = peak_tflops; }
+    // The factor over the median past which --log-rank-times names a step's slowest rank (0: never;
+    // health_check's answer, which is 0 where the ranks share CPUs).
+    void set_straggler_factor(double factor) { straggler_factor_ = factor; }
 
     // started: called once the state is loaded and the first step begins (main uses it to tell a
     // configuration error from a failure during training).
@@ -255,7 +258,7 @@ public:
             m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
             m.mfu = model_flops_utilization(flops_per_token, m.tokens_per_s, peak_tflops_, world_.world_size());
             log_.log_step(m);
-            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
+            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, straggler_factor_);  // health.h
             summary.last_train_loss = m.train_loss;
             summary.train_losses.push_back(m.train_loss);
             if (step > first_step) {
@@ -576,6 +579,7 @@ private:
     std::string metrics_path_;
     MetricsLog log_;
     double peak_tflops_ = 0;
+    double straggler_factor_ = cfg_.straggler_factor;
     Rng sample_rng_;
     // guards
     ZScoreWindow loss_window_, norm_window_;
