@@ -127,6 +127,13 @@ public:
         flush();
         if (fsync(fileno(f_)) != 0) fail(strformat("cannot sync '%s': %s", path_.c_str(), strerror(errno)));
     }
+    // Cuts the file back to its first `size` bytes and writes on from there, clearing the error a
+    // failed write left (a record half written when the disk filled up goes); false where the file
+    // cannot be cut (a device).
+    bool truncate(int64_t size) {
+        clearerr(f_);
+        return ftruncate(fileno(f_), (off_t)size) == 0 && fseeko(f_, (off_t)size, SEEK_SET) == 0;
+    }
     void close() {
         FILE* f = f_;
         f_ = nullptr;

@@ -285,6 +285,18 @@ expect_ok "a rerun after a killed save" "$bin" "${data[@]}" "${shape[@]}" -o "$t
 grep -qF "removed '$tmp/inf/model.bin.tmp.999999999'" "$tmp/stdout" || problem "the stale temporary's removal was not reported"
 ls "$tmp"/inf/*.tmp.* >/dev/null 2>&1 && problem "temporary files left behind: $(ls "$tmp"/inf/*.tmp.*)"
 
+# A metrics.jsonl that cannot take a record (as on a full disk: /dev/full): one warning naming it and
+# the error, and training goes on to the end.
+cases=$((cases + 1))
+mkdir -p "$tmp/full"
+ln -s /dev/full "$tmp/full/metrics.jsonl"
+rc=0
+timeout 60 "$bin" "${data[@]}" "${shape[@]}" -o "$tmp/full" >"$tmp/stdout" 2>"$tmp/stderr" || rc=$?
+[ "$rc" = 0 ] && grep -q "^step 2/2" "$tmp/stdout" && [ -s "$tmp/full/model.bin" ] ||
+    problem "a metrics.jsonl on a full disk stopped training: exit $rc: $(tail -2 "$tmp/stderr")"
+[ "$(grep -c "warning: metrics: cannot write.* to '$tmp/full/metrics.jsonl': No space left on device" "$tmp/stderr")" = 1 ] ||
+    problem "a metrics.jsonl on a full disk: expected one warning naming it and the error: $(head -3 "$tmp/stderr")"
+
 # ---- several ranks (skipped without mpirun) ----
 if command -v mpirun >/dev/null; then
     # Under make test-sanitize, LeakSanitizer would report Open MPI's plugins, unloaded at exit with
