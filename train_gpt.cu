@@ -124,9 +124,23 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                model_path.c_str());
 }
 
+// --prompt: the prompt's tokens and -g more must fit the model's context of max_seq_len tokens.
+static void check_prompt_fits(size_t prompt_tokens, int new_tokens, int max_seq_len) {
+    if (prompt_tokens >= (size_t)max_seq_len)
+        fail(strformat("--prompt is %zu tokens (with the <|endoftext|> before it), but the model attends to at most "
+                       "%d (its max_seq_len) and needs room for -g tokens after it: shorten the prompt",
+                       prompt_tokens, max_seq_len));
+    const int room = max_seq_len - (int)prompt_tokens;
+    if (new_tokens > room)
+        fail(strformat("-g %d with --prompt: the model attends to %d tokens (its max_seq_len) and the prompt takes %zu "
+                       "of them (with the <|endoftext|> before it), so at most %d can follow: give -g %d or less",
+                       new_tokens, max_seq_len, prompt_tokens, room, room));
+}
+
 // --prompt: the text, encoded with GPT-2's BPE after an <|endoftext|> (as every training document
-// starts), continued by -g tokens sampled from the -e model at --temperature; printed, then exit.
-// Nothing is trained or written.
+// starts), continued by -g tokens sampled from the -e model at --temperature, each printed as it is
+// drawn. The prompt and its continuation must fit the model's context (max_seq_len), which is all it
+// attends to. Nothing is trained or written.
 static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (comm.world_size() > 1) fail("--prompt runs on one rank: start it without mpirun or srun");
     resolve(cfg, 1);
@@ -138,7 +152,8 @@ static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                        tokenizer.vocab_size(), cfg.model_config.vocab_size));
     std::vector<int> tokens = {tokenizer.eot_token()};
     for (int id : bpe.encode(cfg.prompt)) tokens.push_back(id);
-    // One sequence, with the model's whole context: the latest max_seq_len tokens condition each one.
+    check_prompt_fits(tokens.size(), cfg.sample_tokens, cfg.model_config.max_seq_len);
+    // One sequence, with the model's whole context.
     cfg.batch_size = 1;
     cfg.seq_len = cfg.model_config.max_seq_len;
     ProcessGroups groups(comm, cfg.dims);  // one rank: every group is the world
@@ -146,10 +161,14 @@ static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) built.model->load(cfg.model);
     else built.model->init_random(cfg.seed);
     Rng rng(sampling_seed(cfg.seed));
-    const size_t prompt_tokens = tokens.size();
-    generate(*built.model, tokens, cfg.sample_tokens, cfg.temperature, rng);
-    printf("%s%s\n", cfg.prompt.c_str(),
-           tokenizer.decode(std::vector<int>(tokens.begin() + prompt_tokens, tokens.end())).c_str());
+    printf("%s", cfg.prompt.c_str());
+    fflush(stdout);
+    generate(*built.model, tokens, cfg.sample_tokens, cfg.temperature, rng, [&](int id) {
+        const std::string& bytes = tokenizer.decode(id);
+        fwrite(bytes.data(), 1, bytes.size(), stdout);
+        fflush(stdout);
+    });
+    printf("\n");
 }
 
 int main(int argc, char** argv) {
