@@ -167,6 +167,9 @@ if mount -t tmpfs -o size=64k tmpfs "$small" 2>/dev/null; then
     umount "$small"
     grep -q "rank_0000[01].bin.tmp': No space left on device" "$dir/small.log" || { cat "$dir/small.log"; fail "a full tmpfs was not reported"; }
     ! grep -q ckpt_ "$dir/small.ls" || fail "a partial checkpoint was left on the full tmpfs"
+    # Every step runs (only the final model.bin cannot be saved): a metrics.jsonl append that meets
+    # the disk full while a checkpoint fills it is warned about, not fatal.
+    grep -q "^step 8/8" "$dir/small.log" || { cat "$dir/small.log"; fail "training stopped on the full tmpfs"; }
     echo "ok a real full filesystem (64 KiB tmpfs): $(grep -m1 -o 'cannot write.*' "$dir/small.log" | sed "s|$small/||")"
 else
     echo "skip a real full filesystem: mounting a tmpfs is not allowed here (the injected error above covers it)"
