@@ -78,6 +78,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     resolve(cfg, comm.world_size());
     check_ranks_agree(cfg, comm);  // dist/config_check.h: one config, one binary
     if (cfg.ranks_per_node == 0) cfg.ranks_per_node = launch.local_size;
+    faults().refuse_unreachable([&](const Fault& f) { return why_fault_never_fires(f, cfg, launch.under_launcher); });
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
         const ModelConfig& m = cfg.model_config;
@@ -102,7 +103,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     }
     // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
     ProcessGroups groups(comm, cfg.dims);
-    health_check(cfg, groups.world());  // stragglers, before anything is allocated (health.h)
+    const double straggler_factor = health_check(cfg, groups.world());  // before anything is allocated (health.h)
     BuiltModel built = Backend::make_model(cfg, groups, launch);
     Model* model = built.model.get();
     if (cfg.model_is_file) model->load(cfg.model);
@@ -110,6 +111,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
 
     Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
     trainer.set_peak_tflops(built.peak_tflops);
+    trainer.set_straggler_factor(straggler_factor);
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is
     TrainSummary summary = trainer.run([&] {
         if (is_rank0) write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");
@@ -124,9 +126,23 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                model_path.c_str());
 }
 
+// --prompt: the prompt's tokens and -g more must fit the model's context of max_seq_len tokens.
+static void check_prompt_fits(size_t prompt_tokens, int new_tokens, int max_seq_len) {
+    if (prompt_tokens >= (size_t)max_seq_len)
+        fail(strformat("--prompt is %zu tokens (with the <|endoftext|> before it), but the model attends to at most "
+                       "%d (its max_seq_len) and needs room for -g tokens after it: shorten the prompt",
+                       prompt_tokens, max_seq_len));
+    const int room = max_seq_len - (int)prompt_tokens;
+    if (new_tokens > room)
+        fail(strformat("-g %d with --prompt: the model attends to %d tokens (its max_seq_len) and the prompt takes %zu "
+                       "of them (with the <|endoftext|> before it), so at most %d can follow: give -g %d or less",
+                       new_tokens, max_seq_len, prompt_tokens, room, room));
+}
+
 // --prompt: the text, encoded with GPT-2's BPE after an <|endoftext|> (as every training document
-// starts), continued by -g tokens sampled from the -e model at --temperature; printed, then exit.
-// Nothing is trained or written.
+// starts), continued by -g tokens sampled from the -e model at --temperature, each printed as it is
+// drawn. The prompt and its continuation must fit the model's context (max_seq_len), which is all it
+// attends to. Nothing is trained or written.
 static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (comm.world_size() > 1) fail("--prompt runs on one rank: start it without mpirun or srun");
     resolve(cfg, 1);
@@ -138,7 +154,8 @@ static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                        tokenizer.vocab_size(), cfg.model_config.vocab_size));
     std::vector<int> tokens = {tokenizer.eot_token()};
     for (int id : bpe.encode(cfg.prompt)) tokens.push_back(id);
-    // One sequence, with the model's whole context: the latest max_seq_len tokens condition each one.
+    check_prompt_fits(tokens.size(), cfg.sample_tokens, cfg.model_config.max_seq_len);
+    // One sequence, with the model's whole context.
     cfg.batch_size = 1;
     cfg.seq_len = cfg.model_config.max_seq_len;
     ProcessGroups groups(comm, cfg.dims);  // one rank: every group is the world
@@ -146,10 +163,14 @@ static void prompt(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) built.model->load(cfg.model);
     else built.model->init_random(cfg.seed);
     Rng rng(sampling_seed(cfg.seed));
-    const size_t prompt_tokens = tokens.size();
-    generate(*built.model, tokens, cfg.sample_tokens, cfg.temperature, rng);
-    printf("%s%s\n", cfg.prompt.c_str(),
-           tokenizer.decode(std::vector<int>(tokens.begin() + prompt_tokens, tokens.end())).c_str());
+    printf("%s", cfg.prompt.c_str());
+    fflush(stdout);
+    generate(*built.model, tokens, cfg.sample_tokens, cfg.temperature, rng, [&](int id) {
+        const std::string& bytes = tokenizer.decode(id);
+        fwrite(bytes.data(), 1, bytes.size(), stdout);
+        fflush(stdout);
+    });
+    printf("\n");
 }
 
 int main(int argc, char** argv) {

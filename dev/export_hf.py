@@ -13,13 +13,20 @@ things differ in Hugging Face's layout:
   - the vocabulary is the real one: wte's padding rows (vocab_size..padded_vocab_size) are cut.
 The lm head is tied to wte (tie_word_embeddings), as in GPT-2, so it is not stored. The numbers are
 kept as they are (fp32 stays F32, bf16 stays BF16) unless --dtype says otherwise. Needs numpy only.
+Every error (no numpy, a model path that is not a file, a file that is not a model, a failed write) is
+one line on stderr and exit status 1.
 """
 import argparse
 import json
 import os
 import struct
+import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:
+    sys.exit(f"error: dev/export_hf.py needs numpy ({e}): install it (Debian: apt install python3-numpy; "
+             f"elsewhere: pip install numpy) or run it with /usr/bin/python3")
 
 MODEL_MAGIC = 20240326
 HEADER_INTS = 256
@@ -28,8 +35,13 @@ EOT_TOKEN = 50256
 
 def read_model_file(path):
     """(config dict, {llm.c name: array}) with arrays of float32, or of uint16 holding bf16 bits."""
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "does not exist" if not os.path.exists(path) \
+            else "is not a regular file"
+        raise SystemExit(f"error: '{path}' {what}; expected an llmc or llm.c model file (e.g. out/model.bin)")
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(HEADER_INTS * 4), dtype=np.int32)
+        head = f.read(HEADER_INTS * 4)
+        header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
         if len(header) != HEADER_INTS or header[0] != MODEL_MAGIC:
             raise SystemExit(f"error: '{path}' is not an llm.c model file (magic {header[0] if len(header) else '?'}, "
                              f"expected {MODEL_MAGIC})")
@@ -46,9 +58,10 @@ def read_model_file(path):
         params = {}
         for name, shape in shapes:
             count = int(np.prod(shape))
-            data = np.frombuffer(f.read(count * np.dtype(dtype).itemsize), dtype=dtype)
-            if len(data) != count:
+            raw = f.read(count * np.dtype(dtype).itemsize)
+            if len(raw) != count * np.dtype(dtype).itemsize:
                 raise SystemExit(f"error: '{path}' is truncated in tensor {name}")
+            data = np.frombuffer(raw, dtype=dtype)
             params[name] = data.reshape(shape)
         if f.read(1):
             raise SystemExit(f"error: '{path}' has bytes after the last tensor; the header does not describe it")
@@ -143,7 +156,13 @@ def main():
     ap.add_argument("out_dir", help="directory for model.safetensors and config.json")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], help="the exported numbers (default: the file's)")
     args = ap.parse_args()
-    config, dtype = export(args.model, args.out_dir, args.dtype)
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        sys.exit(f"error: '{args.out_dir}' is a file; expected a directory (made if missing) for model.safetensors "
+                 f"and config.json")
+    try:
+        config, dtype = export(args.model, args.out_dir, args.dtype)
+    except OSError as e:
+        sys.exit(f"error: {e.filename or args.model}: {e.strerror or e}")
     print(f"wrote {args.out_dir}/model.safetensors ({dtype}) and config.json: GPT-2 with {config['num_layers']} "
           f"layers, {config['num_heads']} heads, {config['channels']} channels, vocab {config['vocab_size']} "
           f"(padded {config['padded_vocab_size']} in the file)")

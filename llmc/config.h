@@ -94,7 +94,7 @@ struct RunConfig {
     bool overwrite = false;       // a new run may delete the checkpoints another run left in output_dir
     bool ckpt_sync = false;       // write checkpoints on the training thread (for comparison)
     int local_ckpt_every = 0;     // the local tier: every N steps into node-local storage, replicated on the next node
-    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k writes <dir>/node_<k>/
+    std::string local_ckpt_dir = "/dev/shm/llmc";  // its root: node k of run <id> writes <dir>/run_<id>/node_<k>/ (node_00001)
     int local_ckpt_keep = 2;      // local checkpoints kept per node
     int ranks_per_node = 0;       // consecutive ranks that share a node's local storage (0: as the launcher says)
     bool ckpt_fail_stop = false;  // a failed checkpoint write stops training (else logged, training goes on)
@@ -187,7 +187,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "resume_from", &RunConfig::resume_from, "resume from this checkpoint directory (or the newest complete one before it)"},
         {"", "overwrite", &RunConfig::overwrite, "1: a fresh run (or --resume-from) may delete the checkpoints another run left in output_dir"},
         {"", "local_ckpt_every", &RunConfig::local_ckpt_every, "also a local checkpoint every N steps in node-local storage, replicated on the next node (0: none)"},
-        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k uses <dir>/node_<k>; e.g. /dev/shm or NVMe)"},
+        {"", "local_ckpt_dir", &RunConfig::local_ckpt_dir, "the local checkpoints' directory (node k of run <id> uses <dir>/run_<id>/node_<k>, k in 5 digits: node_00001; e.g. /dev/shm or NVMe)"},
         {"", "local_ckpt_keep", &RunConfig::local_ckpt_keep, "local checkpoints kept per node"},
         {"", "ranks_per_node", &RunConfig::ranks_per_node, "ranks that share one node's local storage (0: the launcher's count)"},
         {"", "ckpt_sync", &RunConfig::ckpt_sync, "write checkpoints synchronously, stalling training (0 or 1; for comparison)"},
@@ -229,7 +229,10 @@ inline const std::vector<LlmcOnlyFlag>& llmc_only_flags() {
                     "-r is 0 and recomputes it otherwise (see -r)"},
         {"-lg", "", "llm.c's -lg logs GPU state every N steps; llmc has no such log (use nvidia-smi alongside)"},
         {"-pn", "", launcher}, {"-pr", "", launcher}, {"-pg", "", launcher}, {"-pi", "", launcher},
-        {"-pm", "", launcher}, {"-ps", "", launcher}, {"-pf", "", launcher}, {"-pp", "", launcher},
+        {"-pm", "", launcher}, {"-ps", "", launcher}, {"-pf", "", launcher},
+        {"-pp", "", "llm.c's -pp is the shared file system path of NCCL's fs start-up (-pm fs), which llmc does not "
+                    "need (it takes the ranks from mpirun or srun); llmc's --pp (two dashes) is something else, the "
+                    "number of pipeline stages, e.g. --pp 2"},
     };
     return flags;
 }
@@ -252,9 +255,14 @@ inline std::string flag_name(const RunOption& o) {
     return "--" + n;
 }
 
+// A number option's text is either not a number of its kind ("expects ...") or one outside what the
+// field holds ("out of range"), each said as such: 1e300 is a number, just not a float.
 inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::string& where, const std::string& text) {
     auto bad = [&](const char* expected) {
         fail(strformat("%s expects %s, got '%s'", where.c_str(), expected, text.c_str()));
+    };
+    auto out_of_range = [&](const char* range) {
+        fail(strformat("%s: '%s' is out of range: the option is %s", where.c_str(), text.c_str(), range));
     };
     std::visit([&](auto member) {
         using T = std::remove_reference_t<decltype(cfg.*member)>;
@@ -269,16 +277,19 @@ inline void set_from_string(RunConfig& cfg, const RunOption& o, const std::strin
         } else if constexpr (std::is_same_v<T, float>) {
             float v = strtof(text.c_str(), &end);
             // inf passes here (a timeout may be "never"); resolve_run_config says which flags take it.
-            if (text.empty() || *end || errno || std::isnan(v)) bad("a number");
+            if (text.empty() || *end || std::isnan(v)) bad("a number");
+            if (errno == ERANGE) out_of_range("a 32-bit float: 0 or a magnitude from about 1.2e-38 to 3.4e+38");
             cfg.*member = v;
         } else if constexpr (std::is_same_v<T, int>) {
             long v = strtol(text.c_str(), &end, 10);
-            if (text.empty() || *end || errno || v < INT32_MIN || v > INT32_MAX) bad("an integer");
+            if (text.empty() || *end) bad("an integer");
+            if (errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+                out_of_range("a 32-bit integer, from -2147483648 to 2147483647");
             cfg.*member = (int)v;
         } else {
-            if (!text.empty() && text[0] == '-') bad("a non-negative integer");
             unsigned long long v = strtoull(text.c_str(), &end, 10);
-            if (text.empty() || *end || errno) bad("a non-negative integer");
+            if (text.empty() || text[0] == '-' || *end) bad("a non-negative integer");
+            if (errno == ERANGE) out_of_range("a 64-bit unsigned integer, from 0 to 18446744073709551615");
             cfg.*member = (T)v;
         }
     }, o.field);

@@ -17,12 +17,17 @@
 // Steps are 1-based, as the log prints them. A fault fires once per process (a relaunched job
 // fires it again unless its step is behind the resume point). nan_grad and flip_bit, whose steps an
 // in-process rollback replays, fire once per entry: list one twice to have it strike the replay too.
+// A fault that cannot fire in the run (a rank it does not have, a step it does not reach, a sleep of
+// 0 ms; the trainer says which: why_fault_never_fires in train_loop.h) is refused before training,
+// so a test that relies on it cannot pass without it. slow_init acts before MPI_Init, which runs
+// before the flags are read, so it is taken from LLMC_FAULTS only.
 #pragma once
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <string>
@@ -32,10 +37,13 @@
 
 namespace llmc {
 
+inline constexpr const char* FAULTS_ENV = "LLMC_FAULTS";
+
 struct Fault {
     std::string kind;
-    int step = 0;   // or milliseconds, for slow
+    int step = 0;   // or milliseconds, for slow and slow_init
     int rank = -1;  // -1: every rank
+    std::string item, source;  // as written ("nan_grad@5:1"), and where ("--faults" or LLMC_FAULTS)
 };
 
 class FaultPlan {
@@ -59,7 +67,16 @@ public:
     void add_from_environment() {
         if (env_read_) return;
         env_read_ = true;
-        if (const char* v = std::getenv("LLMC_FAULTS")) add(v, "LLMC_FAULTS");
+        if (const char* v = std::getenv(FAULTS_ENV)) add(v, FAULTS_ENV);
+    }
+    // Refuses the first fault that cannot fire, with the reason never(fault) gives ("" where it can).
+    void refuse_unreachable(const std::function<std::string(const Fault&)>& never) const {
+        for (const Fault& f : faults_) {
+            const std::string why = never(f);
+            if (!why.empty())
+                fail(strformat("%s: fault '%s' can never fire in this run: %s", f.source.c_str(), f.item.c_str(),
+                               why.c_str()));
+        }
     }
 
     bool empty() const { return faults_.empty(); }
@@ -100,6 +117,8 @@ private:
         const size_t at = item.find('@');
         if (at == std::string::npos) bad("has no '@'");
         Fault f;
+        f.item = item;
+        f.source = where;
         f.kind = item.substr(0, at);
         bool known = false;
         for (const char* k : KINDS) known |= f.kind == k;

@@ -9,6 +9,9 @@
 // refuse stops the job with EXIT_STRAGGLER (8) before the first step. --straggler-factor 0 skips the
 // check; one rank has nothing to compare with and skips it too. The median of an even number of
 // ranks is the lower of the middle two, so with 2 ranks the slower one is compared with the faster.
+// Where a node runs more ranks than the CPUs they may run on (mpirun --oversubscribe), the ranks take
+// turns on the CPUs and their timings measure the sharing, not the hardware: the check says so
+// once, and names no straggler, at start or during training.
 //
 // The matrix product is a plain host loop, the same on the CPU and the CUDA trainer (it times each
 // rank's host, not its GPU; on the GPU a slow device shows in the per-step times). The fault
@@ -23,9 +26,15 @@
 // also prints a line naming it.
 #pragma once
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +64,38 @@ inline std::vector<int> find_stragglers(const std::vector<double>& ms, double fa
     const double median = lower_median(ms);
     for (size_t r = 0; r < ms.size(); r++)
         if (ms[r] > factor * median && ms[r] > median + STRAGGLER_FLOOR_MS) out.push_back((int)r);
+    return out;
+}
+
+// This process's host and the CPUs it may run on: "host 0,1,5".
+inline std::string host_and_cpus() {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    std::string cpus;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const bool known = sched_getaffinity(0, sizeof set, &set) == 0;
+    for (int c = 0; c < (known ? CPU_SETSIZE : (int)std::thread::hardware_concurrency()); c++)
+        if (!known || CPU_ISSET(c, &set)) cpus += strformat("%s%d", cpus.empty() ? "" : ",", c);
+    return std::string(host) + " " + cpus;
+}
+
+// Of every rank's host_and_cpus(), the hosts with more ranks than CPUs among them, as
+// "host: 3 ranks on 2 CPU(s)" ("" for none).
+inline std::string crowded_hosts(const std::vector<std::string>& ranks) {
+    std::map<std::string, std::pair<int, std::set<std::string>>> hosts;  // host -> ranks, CPUs
+    for (const std::string& r : ranks) {
+        const size_t space = r.find(' ');
+        auto& [count, cpus] = hosts[r.substr(0, space)];
+        count++;
+        std::istringstream list(space == std::string::npos ? "" : r.substr(space + 1));
+        for (std::string cpu; std::getline(list, cpu, ',');) cpus.insert(cpu);
+    }
+    std::string out;
+    for (const auto& [host, node] : hosts)
+        if (node.first > (int)node.second.size())
+            out += strformat("%s%s: %d ranks on %zu CPU(s)", out.empty() ? "" : "; ", host.c_str(), node.first,
+                             node.second.size());
     return out;
 }
 
@@ -92,8 +133,20 @@ inline double time_all_reduce_ms(Communicator& comm, size_t floats = 1 << 20) {
 
 // The start-up check (collective over world; every rank calls it). Prints the timings on rank 0,
 // names the stragglers, and under --straggler-action refuse fails on every rank with EXIT_STRAGGLER.
-inline void health_check(const RunConfig& cfg, Communicator& world) {
-    if (cfg.straggler_factor <= 0 || world.world_size() < 2) return;
+// Returns the factor for the per-step check (log_rank_times): --straggler-factor, or 0 (no check)
+// where ranks share CPUs, which is said once instead.
+inline double health_check(const RunConfig& cfg, Communicator& world) {
+    if (cfg.straggler_factor <= 0 || world.world_size() < 2) return cfg.straggler_factor;
+    const std::string crowded = crowded_hosts(all_gather_strings(world, host_and_cpus()));
+    if (!crowded.empty()) {
+        if (world.rank() == 0) {
+            printf("health check: skipped, and no straggler is named during training: %s (oversubscribed: the ranks "
+                   "take turns on the CPUs, so their timings measure the sharing, not the hardware)\n",
+                   crowded.c_str());
+            fflush(stdout);
+        }
+        return 0;
+    }
     double matmul = 1e30, comm_ms = 1e30;
     for (int i = 0; i < 3; i++) {
         world.barrier().wait();
@@ -119,7 +172,7 @@ inline void health_check(const RunConfig& cfg, Communicator& world) {
     };
     name(matmuls, matmul_median, "matmul");
     name(comms, comm_median, "all-reduce");
-    if (named.empty()) return;
+    if (named.empty()) return cfg.straggler_factor;
     if (cfg.straggler_action == "refuse")
         fail_with(EXIT_STRAGGLER, "health check: " + named + "; --straggler-action refuse: not training (exclude the "
                                   "rank's node, or --straggler-action warn to train anyway)");
@@ -127,6 +180,7 @@ inline void health_check(const RunConfig& cfg, Communicator& world) {
         fprintf(stderr, "warning: health check: %s; training anyway (--straggler-action warn)\n", named.c_str());
         fflush(stderr);
     }
+    return cfg.straggler_factor;
 }
 
 // --log-rank-times 1: every rank's compute time of one step, gathered over world; world rank 0 adds

@@ -4,6 +4,9 @@
 // (one JSON object per line, flushed at once, so a crashed run still leaves every finished step;
 // each with its wall-clock "time"). dev/plot_metrics.py draws the curves from it.
 // A log made with an empty path is silent: the ranks other than 0 keep one of those.
+// A record that cannot be written (a full disk) does not stop training, which matters more than its
+// log: the first failure is warned about, naming the file and the error, the part of the record
+// written is cut off so the file keeps whole lines, and later records are tried again.
 #pragma once
 
 #include <chrono>
@@ -74,6 +77,7 @@ public:
         file_ = std::make_unique<File>(path, "wb");
         file_->write(kept.data(), kept.size());
         file_->flush();
+        written_bytes_ = (int64_t)kept.size();
     }
 
     void log_step(const StepMetrics& m) {
@@ -128,10 +132,23 @@ private:
         record["time"] = now_ms / 1000.0;
         // Decoded samples may end mid-way through a multi-byte character; replace, don't throw.
         std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-        file_->write(line.data(), line.size());
-        file_->flush();
+        try {
+            file_->write(line.data(), line.size());
+            file_->flush();
+            written_bytes_ += (int64_t)line.size();
+        } catch (const Error& e) {
+            file_->truncate(written_bytes_);
+            if (!warned_) {
+                fprintf(stderr, "warning: metrics: %s; training goes on, without the records that cannot be written "
+                                "(said once)\n", e.what());
+                fflush(stderr);
+                warned_ = true;
+            }
+        }
     }
     std::unique_ptr<File> file_;
+    int64_t written_bytes_ = 0;  // the whole records in the file
+    bool warned_ = false;  // of a record that could not be written
 };
 
 }  // namespace llmc

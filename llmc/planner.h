@@ -30,25 +30,30 @@ struct MemoryPlan {
     }
 };
 
-// Bytes one rank sends in its tensor-parallel group per micro-batch (forward and backward), as the
-// CPU model (gpt2_cpu.h) communicates: with sequence parallelism, per layer 6 all-gathers and 4
-// reduce-scatters of the B x T x C activations (forward: gather before qkv and fc, reduce-scatter
-// after the two projections; backward: the mirror, with the LayerNorm outputs gathered again) plus
-// the embedding's, the final norm's and the LayerNorm weight gradients' all-reduce; without it, 4
-// all-reduces per layer. Either way each row's cross-entropy statistics (3 floats) are all-gathered.
-// activation_bytes: the size of an activation element (4: the CPU model's fp32; 2: the CUDA model's
-// bf16); the statistics and the LayerNorm weight gradients travel in fp32 in both.
-inline double tensor_parallel_comm_bytes(const RunConfig& cfg, size_t activation_bytes = sizeof(float)) {
+// Bytes one rank of pipeline stage `pp_rank` sends in its tensor-parallel group per micro-batch
+// (forward and backward) for the layers it holds, as the CPU model (gpt2_cpu.h) communicates: with
+// sequence parallelism, per layer 6 all-gathers and 4 reduce-scatters of the B x T x C activations
+// (forward: gather before qkv and fc, reduce-scatter after the two projections; backward: the
+// mirror, with the LayerNorm outputs gathered again) and an all-reduce of its 4 LayerNorm weight
+// gradients; the embedding (first stage) 1 of each; the head (last stage) 2 gathers, 1
+// reduce-scatter and the final norm's weight gradients. Without it, 4 all-reduces per layer and 1
+// each for the embedding and the head. Either way the head all-gathers each row's cross-entropy
+// statistics (3 floats). So every layer is counted on the one stage that runs it, and the job's
+// total does not depend on --pp. activation_bytes: the size of an activation element (4: the CPU
+// model's fp32; 2: the CUDA model's bf16); the statistics and the LayerNorm weight gradients
+// travel in fp32 in both.
+inline double tensor_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size_t activation_bytes = sizeof(float)) {
     const double tp = cfg.dims.tp;
     if (tp <= 1) return 0;
-    const ModelConfig& m = cfg.model_config;
-    const double L = m.num_layers, C = m.channels;
+    const PipelineSplit split = pipeline_split(cfg);
+    const double L = (double)split.rank_layers(pp_rank).size(), C = cfg.model_config.channels;
+    const double embedding = split.holds_first(pp_rank), head = split.holds_last(pp_rank);
     const double activation = (double)cfg.batch_size * cfg.seq_len * C * activation_bytes;
     const double share = (tp - 1) / tp;  // of a gathered or scattered buffer, what one rank sends in a ring
-    const double stats = (tp - 1) * (double)cfg.batch_size * cfg.seq_len * 3 * sizeof(float);
-    if (!cfg.sequence_parallel) return (4 * L + 2) * 2 * share * activation + stats;
-    const double gathers = 6 * L + 3, scatters = 4 * L + 2;
-    const double layernorm_grads = 2 * share * (4 * L + 2) * C * sizeof(float);
+    const double stats = head * (tp - 1) * (double)cfg.batch_size * cfg.seq_len * 3 * sizeof(float);
+    if (!cfg.sequence_parallel) return (4 * L + embedding + head) * 2 * share * activation + stats;
+    const double gathers = 6 * L + embedding + 2 * head, scatters = 4 * L + embedding + head;
+    const double layernorm_grads = 2 * share * (4 * L + 2 * head) * C * sizeof(float);
     return (gathers + scatters) * share * activation + layernorm_grads + stats;
 }
 
@@ -95,7 +100,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
     }
     // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
-    plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, precision.param_bytes) * accum;
+    plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes) * accum;
     if (cfg.dims.pp > 1) {
         const PipelineSplit split = pipeline_split(cfg);
         size_t embedding = 0;  // the tied embedding's gradient floats this rank updates (and swaps)
@@ -150,7 +155,8 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     return out;
 }
 
-// --plan with --pp: one line per stage (its layers, memory, messages) and the schedule's bubble.
+// --plan with --pp: one line per stage (its layers, memory, messages to its neighbours and, with --tp,
+// in its tensor-parallel group) and the schedule's bubble.
 inline std::string pipeline_plan_report(const RunConfig& cfg, const PipelineSplit& split,
                                         const std::vector<MemoryPlan>& stages) {
     const int P = split.stages, m = cfg.grad_accum_steps;
@@ -159,8 +165,9 @@ inline std::string pipeline_plan_report(const RunConfig& cfg, const PipelineSpli
                                 P, cfg.pp_schedule.c_str(),
                                 split.chunks > 1 ? strformat(" (%d chunks per rank)", split.chunks).c_str() : "", m,
                                 split.describe().c_str());
-    out += strformat("  %-5s %-12s %12s %12s %12s %12s %12s %12s\n", "stage", "layers", "parameters", "gradients",
-                     "optimizer", "activations", "total", "p2p sent");
+    const bool with_tp = cfg.dims.tp > 1;
+    out += strformat("  %-5s %-12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "layers", "parameters", "gradients",
+                     "optimizer", "activations", "total", "p2p sent", with_tp ? "      tp sent" : "");
     for (int r = 0; r < P; r++) {
         const MemoryPlan& plan = stages.at(r);
         std::string layers;
@@ -174,13 +181,14 @@ inline std::string pipeline_plan_report(const RunConfig& cfg, const PipelineSpli
         if (split.holds_first(r)) layers += "+emb";
         if (split.holds_last(r)) layers += "+head";
         using K = MemoryKind;
-        out += strformat("  %-5d %-12s %12s %12s %12s %12s %12s %12s\n", r, layers.c_str(),
+        out += strformat("  %-5d %-12s %12s %12s %12s %12s %12s %12s%s\n", r, layers.c_str(),
                          format_bytes(plan.bytes[(int)K::Parameters] + plan.bytes[(int)K::MasterWeights]).c_str(),
                          format_bytes(plan.bytes[(int)K::Gradients]).c_str(),
                          format_bytes(plan.bytes[(int)K::OptimizerState]).c_str(),
                          format_bytes(plan.bytes[(int)K::Activations]).c_str(),
                          format_bytes((double)plan.total_bytes()).c_str(),
-                         format_bytes(plan.pp_comm_bytes_per_rank).c_str());
+                         format_bytes(plan.pp_comm_bytes_per_rank).c_str(),
+                         with_tp ? strformat(" %12s", format_bytes(plan.tp_comm_bytes_per_rank).c_str()).c_str() : "");
     }
     out += strformat("  bubble: (P - 1) / (m + P - 1)%s = %.1f%% of the step idle per stage (P %d, m %d%s)\n",
                      split.chunks > 1 ? " / V" : "", 100 * pipeline_bubble_fraction(P, m, split.chunks), P, m,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "llmc/model.h"
@@ -29,14 +30,17 @@ inline int sample_token(const float* logits, int vocab_size, float temperature, 
     return vocab_size - 1;  // only reachable through rounding in the last bucket
 }
 
-// Extends `tokens` by num_new tokens. The model sees at most its max_seq_len latest tokens.
-inline void generate(Model& model, std::vector<int>& tokens, int num_new, float temperature, Rng& rng) {
+// Extends `tokens` by num_new tokens, handing each to `on_token` as soon as it is drawn (so a caller
+// can print them as they come). The model sees at most its max_seq_len latest tokens.
+inline void generate(Model& model, std::vector<int>& tokens, int num_new, float temperature, Rng& rng,
+                     const std::function<void(int)>& on_token = nullptr) {
     const ModelConfig& c = model.config();
     std::vector<float> logits(c.padded_vocab_size);
     for (int i = 0; i < num_new; i++) {
         int context = std::min((int)tokens.size(), model.max_seq_len());
         model.next_token_logits(tokens.data() + tokens.size() - context, context, logits.data());
         tokens.push_back(sample_token(logits.data(), c.vocab_size, temperature, rng));
+        if (on_token) on_token(tokens.back());
     }
 }
 

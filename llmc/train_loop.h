@@ -70,6 +70,42 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, in
     return (float)(sum_over_ranks(dp, total / batches) / dp.world_size());
 }
 
+// Whether the run validates after `step` steps: every -v steps from 0, and after the last.
+inline bool validates_after(const RunConfig& cfg, int step) {
+    return !cfg.val_data.empty() && cfg.val_every > 0 && step >= 0 && step <= cfg.steps &&
+           (step % cfg.val_every == 0 || step == cfg.steps);
+}
+
+// Why fault `f` (faults.h) cannot fire in the run `cfg` describes ("" where it can): a rank the run
+// does not have; a step it does not run, or one without the validation (nan_val) or the checkpoint
+// (ckpt_fail, ckpt_pause) the fault strikes; a sleep of 0 ms; slow_init from --faults, read only
+// after MPI_Init, or in a run no launcher started (`launched`), which has no MPI_Init.
+inline std::string why_fault_never_fires(const Fault& f, const RunConfig& cfg, bool launched) {
+    if (f.rank >= cfg.world_size)
+        return strformat("rank %d does not exist: the run has %d rank(s), 0 to %d", f.rank, cfg.world_size,
+                         cfg.world_size - 1);
+    if (f.kind == "slow" || f.kind == "slow_init") {
+        if (f.step == 0) return "a sleep of 0 ms does nothing";
+        if (f.kind == "slow_init" && f.source != FAULTS_ENV)
+            return "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS";
+        if (f.kind == "slow_init" && !launched)
+            return "slow_init acts before MPI_Init, and a run that mpirun or srun did not start has none";
+        return "";
+    }
+    if (f.kind == "nan_val")
+        return validates_after(cfg, f.step) ? ""
+               : strformat("there is no validation after step %d (validation after step 0, every -v %d steps and "
+                           "after the last, -x %d%s)", f.step, cfg.val_every, cfg.steps,
+                           cfg.val_data.empty() ? "; and -j is empty" : "");
+    if (f.step < 1 || f.step > cfg.steps)
+        return strformat("step %d is not one of the run's steps, 1 to %d (-x; steps count from 1)", f.step, cfg.steps);
+    if (f.kind != "ckpt_fail" && f.kind != "ckpt_pause") return "";
+    for (const CheckpointTier& tier : checkpoint_tiers(cfg))
+        if (tier.due(f.step, cfg.steps)) return "";
+    return strformat("no checkpoint is written after step %d (-n %d, --local-ckpt-every %d, -x %d)", f.step,
+                     cfg.checkpoint_every, cfg.local_ckpt_every, cfg.steps);
+}
+
 class Trainer {
 public:
     // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where world rank 0
@@ -99,6 +135,9 @@ public:
 
     // The dense bf16 peak of one rank's device in TFLOP/s (mfu.h), for the step line's MFU; 0: none.
     void set_peak_tflops(double peak_tflops) { peak_tflops_ = peak_tflops; }
+    // The factor over the median past which --log-rank-times names a step's slowest rank (0: never;
+    // health_check's answer, which is 0 where the ranks share CPUs).
+    void set_straggler_factor(double factor) { straggler_factor_ = factor; }
 
     // started: called once the state is loaded and the first step begins (main uses it to tell a
     // configuration error from a failure during training).
@@ -131,7 +170,7 @@ public:
         int step = first_step;
         while (step <= cfg_.steps) {
             bool last = step == cfg_.steps;
-            if (val_ && (step % cfg_.val_every == 0 || last)) {
+            if (val_ && validates_after(cfg_, step)) {
                 float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
                 if (faults().fire("nan_val", step, -1)) loss = NAN;
                 log_.log_val(step, loss);
@@ -219,7 +258,7 @@ public:
             m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
             m.mfu = model_flops_utilization(flops_per_token, m.tokens_per_s, peak_tflops_, world_.world_size());
             log_.log_step(m);
-            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
+            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, straggler_factor_);  // health.h
             summary.last_train_loss = m.train_loss;
             summary.train_losses.push_back(m.train_loss);
             if (step > first_step) {
@@ -573,6 +612,7 @@ private:
     std::string metrics_path_;
     MetricsLog log_;
     double peak_tflops_ = 0;
+    double straggler_factor_ = cfg_.straggler_factor;
     Rng sample_rng_;
     // guards
     ZScoreWindow loss_window_, norm_window_;

@@ -68,19 +68,24 @@ inline std::chrono::steady_clock::time_point deadline_after(double seconds) {
 // An error whose exit code (exit_codes.h) is decided here.
 [[noreturn]] inline void fail_with(int exit_code, const std::string& message) { throw Error(message, exit_code); }
 
+// A file to read must be a regular one, and is checked before it is opened: opening a FIFO for
+// reading blocks until a writer comes (for ever, if none does), fopen opens a directory, and neither
+// they nor a device have a size to read by. A path that does not exist is left to fopen to report.
+inline void require_regular_file(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+    const char* what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                     : S_ISSOCK(st.st_mode) ? "a socket" : "a device";
+    fail(strformat("'%s' is %s, expected a regular file", path.c_str(), what));
+}
+
 // A FILE* that closes itself. Reads and writes are checked and report the path and the byte offset.
 class File {
 public:
     File(const std::string& path, const char* mode) : path_(path) {
+        if (mode[0] == 'r') require_regular_file(path);
         f_ = fopen(path.c_str(), mode);
         if (!f_) fail(strformat("cannot open '%s' (mode %s): %s", path.c_str(), mode, strerror(errno)));
-        // fopen opens a directory for reading; its "size" would then be read as a file's.
-        struct stat st;
-        if (fstat(fileno(f_), &st) == 0 && S_ISDIR(st.st_mode)) {
-            fclose(f_);
-            f_ = nullptr;
-            fail(strformat("'%s' is a directory, expected a file", path.c_str()));
-        }
     }
     ~File() { if (f_) fclose(f_); }
     File(const File&) = delete;
@@ -121,6 +126,13 @@ public:
     void sync() {
         flush();
         if (fsync(fileno(f_)) != 0) fail(strformat("cannot sync '%s': %s", path_.c_str(), strerror(errno)));
+    }
+    // Cuts the file back to its first `size` bytes and writes on from there, clearing the error a
+    // failed write left (a record half written when the disk filled up goes); false where the file
+    // cannot be cut (a device).
+    bool truncate(int64_t size) {
+        clearerr(f_);
+        return ftruncate(fileno(f_), (off_t)size) == 0 && fseeko(f_, (off_t)size, SEEK_SET) == 0;
     }
     void close() {
         FILE* f = f_;

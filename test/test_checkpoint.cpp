@@ -4,6 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -28,6 +33,37 @@ struct TempDir {
         path = name;
     }
     ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// What the code under test prints to stderr while this is alive (read by text()), through a pipe,
+// which a file-size limit does not touch (a few KiB at most: the pipe must not fill up).
+class StderrCapture {
+public:
+    StderrCapture() {
+        REQUIRE(pipe(fds_) == 0);
+        fflush(stderr);
+        saved_ = dup(2);
+        dup2(fds_[1], 2);
+        close(fds_[1]);
+    }
+    ~StderrCapture() { text(); }
+    std::string text() {
+        if (saved_ >= 0) {
+            fflush(stderr);
+            dup2(saved_, 2);  // the pipe's last write end closes: the read below ends
+            close(saved_);
+            saved_ = -1;
+            char buf[4096];
+            for (ssize_t n; (n = read(fds_[0], buf, sizeof buf)) > 0;) text_.append(buf, (size_t)n);
+            close(fds_[0]);
+        }
+        return text_;
+    }
+
+private:
+    int fds_[2] = {-1, -1};
+    int saved_ = -1;
+    std::string text_;
 };
 
 ModelConfig tiny_model() {
@@ -277,6 +313,15 @@ TEST_CASE("checkpoint: damaged checkpoints are named and skipped for the previou
         REQUIRE(resumed_step() == 5);
         restore();
     }
+    SECTION("a FIFO as manifest.json (opening it to read would wait for a writer for ever)") {
+        std::filesystem::remove(newest + "/manifest.json");
+        REQUIRE(mkfifo((newest + "/manifest.json").c_str(), 0644) == 0);
+        Manifest m;
+        std::string text;
+        CHECK(detail::manifest_problem(newest, &m, &text) ==
+              "'" + newest + "/manifest.json' is a FIFO (named pipe), expected a regular file");
+        REQUIRE(resumed_step() == 5);
+    }
     SECTION("no marker") {
         std::filesystem::remove(newest + "/COMPLETE");
         REQUIRE(resumed_step() == 5);
@@ -375,4 +420,40 @@ TEST_CASE("metrics: a resumed run keeps the records before its step and drops th
     }
     std::string kept = read_text_file(path);
     REQUIRE(kept == "{\"step\": 0, \"val_loss\": 11}\n{\"step\": 1, \"train_loss\": 10}\n{\"step\": 2, \"train_loss\": 9}\n");
+}
+
+TEST_CASE("metrics: a record the disk refuses is cut off whole and warned about once, and the log goes on",
+          "[checkpoint]") {
+    TempDir dir;
+    const std::string path = dir.path + "/metrics.jsonl";
+    MetricsLog log(path);
+    log.log_record({{"step", 1}});
+    const rlim_t whole = (rlim_t)std::filesystem::file_size(path);
+    // The file may grow by 10 bytes only, as on a disk that fills up: the next records are cut off
+    // mid-line (a file-size limit fails writes past it with EFBIG; its signal would end the process).
+    rlimit saved{};
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    rlimit full = saved;
+    full.rlim_cur = whole + 10;
+    void (*saved_signal)(int) = signal(SIGXFSZ, SIG_IGN);
+    std::string warnings;
+    {
+        StderrCapture captured;
+        REQUIRE(setrlimit(RLIMIT_FSIZE, &full) == 0);
+        const std::string padding(200, 'x');
+        CHECK_NOTHROW(log.log_record({{"step", 2}, {"padding", padding}}));
+        CHECK_NOTHROW(log.log_record({{"step", 3}, {"padding", padding}}));
+        setrlimit(RLIMIT_FSIZE, &saved);
+        signal(SIGXFSZ, saved_signal);
+        warnings = captured.text();
+    }
+    CHECK(std::filesystem::file_size(path) == whole);  // the partial record is gone
+    log.log_record({{"step", 4}});                       // room again: the log goes on
+    std::istringstream lines(read_text_file(path));
+    std::vector<int> steps;
+    for (std::string line; std::getline(lines, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int>());
+    CHECK(steps == std::vector<int>{1, 4});
+    CHECK_THAT(warnings, Contains("warning: metrics: cannot write") && Contains(path) &&
+                             Contains("training goes on, without the records that cannot be written (said once)"));
+    CHECK(warnings.find("warning:") == warnings.rfind("warning:"));  // once, though two records were lost
 }

@@ -164,6 +164,37 @@ TEST_CASE("invalid values are rejected with the value and the expectation", "[co
     REQUIRE_THROWS_WITH(parse({"--seed", "-3"}), Contains("expects a non-negative integer"));
 }
 
+TEST_CASE("every number flag tells a value that is not a number from one out of its range", "[config]") {
+    int numeric = 0;
+    for (const RunOption& o : run_options()) {
+        const char* huge = std::visit([](auto member) -> const char* {
+            using T = std::remove_reference_t<decltype(RunConfig{}.*member)>;
+            if constexpr (std::is_same_v<T, float>) return "1e300";
+            else if constexpr (std::is_same_v<T, int>) return "99999999999";
+            else if constexpr (std::is_same_v<T, uint64_t>) return "99999999999999999999999";
+            else return nullptr;
+        }, o.field);
+        if (!huge) continue;
+        numeric++;
+        const std::string flag = "--" + std::string(o.name);
+        RunConfig cfg;
+        std::vector<const char*> out_of_range = {"train_gpt", flag.c_str(), huge};
+        CHECK_THROWS_WITH(parse_run_args(cfg, 3, out_of_range.data()),
+                          Contains(strformat("flag %s: '%s' is out of range: the option is a ", flag.c_str(), huge)));
+        std::vector<const char*> not_a_number = {"train_gpt", flag.c_str(), "12abc"};
+        CHECK_THROWS_WITH(parse_run_args(cfg, 3, not_a_number.data()),
+                          Contains(strformat("flag %s expects a", flag.c_str())) && !Contains("out of range"));
+    }
+    CHECK(numeric > 30);
+    REQUIRE_THROWS_WITH(parse({"--straggler-factor", "1e300"}),
+                        Contains("flag --straggler-factor: '1e300' is out of range: the option is a 32-bit float"));
+    REQUIRE_THROWS_WITH(parse({"-l", "1e-50"}), Contains("flag -l: '1e-50' is out of range"));
+    CHECK(parse({"-l", "0.5"}).lr == 0.5f);
+    std::string config = temp_json(R"({"steps": 99999999999})");
+    REQUIRE_THROWS_WITH(parse({"--config", config.c_str()}), Contains("option 'steps': '99999999999' is out of range"));
+    remove(config.c_str());
+}
+
 TEST_CASE("unknown flags, missing values and missing files are errors", "[config]") {
     REQUIRE_THROWS_WITH(parse({"--batchsize", "4"}), Contains("unknown flag '--batchsize'"));
     REQUIRE_THROWS_WITH(parse({"-b"}), Contains("flag -b needs a value"));
@@ -247,6 +278,11 @@ TEST_CASE("every letter of llm.c's train_gpt2.cu means what it means in llm.c, o
     CHECK_FALSE(parse_run_args(cfg, 4, help_first));
     CHECK(parse({"--tokenizer", ""}).tokenizer.empty());
     REQUIRE_THROWS_WITH(parse({"-k", "data/gpt2_tokenizer.bin"}), Contains("the tokenizer file is --tokenizer"));
+    // llm.c's -pp (a path) beside llmc's --pp (pipeline stages): the refusal tells them apart.
+    REQUIRE_THROWS_WITH(parse({"-pp", "2"}), Contains("flag -pp 2 is llm.c's") &&
+                                                 Contains("llm.c's -pp is the shared file system path") &&
+                                                 Contains("llmc's --pp (two dashes) is something else, the number of "
+                                                          "pipeline stages"));
 }
 
 TEST_CASE("--config reads options by long name and later flags override it", "[config]") {

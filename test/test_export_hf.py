@@ -7,7 +7,9 @@ stored [in, out]; tied lm head; gelu_new; LayerNorm eps 1e-5) in float64 with nu
 a dependency of llmc's tests; on a GPU session transformers itself can load the export, see README). The logits must match,
 to 1e-5, the fixture's logits, which are the ones llmc's CPU model is held to (test_gpt2_cpu.cpp
 checks the model against this very file). A bf16 (version 5) file of the same model exports to
-BF16 tensors holding exactly its bits. Run: /usr/bin/python3 test/test_export_hf.py (make test).
+BF16 tensors holding exactly its bits. Bad uses (no numpy, a directory or a truncated file as the
+model, a file as the output directory) end with one line naming the problem and exit status 1, no
+traceback. Run: /usr/bin/python3 test/test_export_hf.py (make test).
 """
 import json
 import math
@@ -84,6 +86,34 @@ def export(model, out):
         return json.load(f), read_safetensors(os.path.join(out, "model.safetensors"))
 
 
+def check_refused(args, expected, env=None):
+    """dev/export_hf.py with `args` exits 1 with one line on stderr holding `expected`."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "dev/export_hf.py")] + args, capture_output=True,
+                         text=True, env=env)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1 and expected in lines[0] and "Traceback" not in run.stderr, \
+        f"{args}: exit {run.returncode}, expected 1 with one line holding {expected!r}; stderr:\n{run.stderr}"
+
+
+def check_bad_uses(tmp):
+    check_refused([tmp, os.path.join(tmp, "out")], f"'{tmp}' is a directory; expected an llmc or llm.c model file")
+    missing = os.path.join(tmp, "none.bin")
+    check_refused([missing, os.path.join(tmp, "out")], f"'{missing}' does not exist")
+    truncated = os.path.join(tmp, "truncated.bin")
+    with open(MODEL, "rb") as m, open(truncated, "wb") as t:
+        t.write(m.read(1024 + 4001))  # the header and an odd number of bytes of wte
+    check_refused([truncated, os.path.join(tmp, "out")], "is truncated in tensor wte")
+    check_refused([MODEL, MODEL], f"'{MODEL}' is a file; expected a directory")
+    # Without numpy: a module of that name that fails to import, ahead of the real one on the path.
+    fake = os.path.join(tmp, "no_numpy")
+    os.makedirs(fake)
+    with open(os.path.join(fake, "numpy.py"), "w") as f:
+        f.write("raise ImportError('No module named numpy (simulated)')\n")
+    check_refused([MODEL, os.path.join(tmp, "out")], "dev/export_hf.py needs numpy",
+                  env=dict(os.environ, PYTHONPATH=fake))
+    print("bad uses: each refused with one line and exit status 1")
+
+
 def main():
     with open(STATE, "rb") as f:
         header = np.frombuffer(f.read(1024), dtype=np.int32)
@@ -129,6 +159,7 @@ def main():
         err16 = float(np.abs(logits16 - llmc_logits).max())
         print(f"bf16 export: every tensor holds the file's bf16 bits; logits within {err16:.2e} of fp32's")
         assert err16 < 0.5
+        check_bad_uses(tmp)
     print("test_export_hf.py: OK")
 
 

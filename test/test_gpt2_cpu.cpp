@@ -15,6 +15,7 @@
 
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/model_file.h"
+#include "llmc/sampler.h"
 #include "llmc/utils.h"
 #include "test/file_order.h"
 #include "test/rel_error.h"
@@ -145,6 +146,24 @@ TEST_CASE("next_token_logits is the last position's row of the causal forward", 
         const float* expected = fx.logits.data() + ((size_t)b * fx.T + T - 1) * V;
         CHECK(rel_error(out.data(), expected, V) <= 1e-4);
     }
+}
+
+TEST_CASE("generate hands each token to the caller as it is drawn (--prompt prints them as they come)", "[gpt2]") {
+    const Fixture& fx = fixture();
+    GPT2CPU model(fx.config, fx.B, fx.T);
+    model.load(MODEL_PATH);
+    std::vector<int> tokens = {fx.inputs[0], fx.inputs[1]};
+    std::vector<int> handed;
+    Rng rng(7);
+    generate(model, tokens, 5, 1.0f, rng, [&](int id) {
+        CHECK(id == tokens.back());  // handed over right after it was drawn, before the next one
+        handed.push_back(id);
+    });
+    CHECK(handed == std::vector<int>(tokens.begin() + 2, tokens.end()));
+    std::vector<int> again = {fx.inputs[0], fx.inputs[1]};
+    Rng same(7);
+    generate(model, again, 5, 1.0f, same);
+    CHECK(again == tokens);  // the callback changes nothing drawn
 }
 
 TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") {

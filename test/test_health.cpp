@@ -28,6 +28,18 @@ TEST_CASE("health: the lower median and the straggler rule", "[health]") {
 TEST_CASE("health: one rank has nothing to compare and skips the check", "[health]") {
     RunConfig cfg;
     cfg.straggler_action = "refuse";
-    health_check(cfg, local_communicator());  // does not throw, prints nothing
+    CHECK(health_check(cfg, local_communicator()) == cfg.straggler_factor);  // does not throw, prints nothing
     REQUIRE(time_matmul_ms(0, 64) >= 0);
+}
+
+TEST_CASE("health: a host with more ranks than CPUs among them is named as oversubscribed", "[health]") {
+    CHECK(crowded_hosts({"a 0", "a 1"}) == "");                  // bound to a CPU each
+    CHECK(crowded_hosts({"a 0,1", "a 0,1"}) == "");              // two ranks free on two CPUs
+    CHECK(crowded_hosts({"a 0", "b 0", "c 0"}) == "");           // one rank per host
+    CHECK(crowded_hosts({"a 0,1", "a 0,1", "a 0,1"}) == "a: 3 ranks on 2 CPU(s)");
+    CHECK(crowded_hosts({"a 0", "a 0", "b 0", "b 1"}) == "a: 2 ranks on 1 CPU(s)");
+    CHECK(crowded_hosts({"a 0", "a 0", "b 3", "b 3"}) == "a: 2 ranks on 1 CPU(s); b: 2 ranks on 1 CPU(s)");
+    const std::string mine = host_and_cpus();
+    CHECK(mine.find(' ') != std::string::npos);
+    CHECK(crowded_hosts({mine}) == "");
 }

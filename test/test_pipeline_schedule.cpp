@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include "llmc/ckpt/manifest.h"
+#include "llmc/config.h"
 #include "llmc/dist/pipeline_schedule.h"
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/models/gpt2/params.h"
+#include "llmc/planner.h"
 
 using namespace llmc;
 using Catch::Matchers::Contains;
@@ -201,4 +203,39 @@ TEST_CASE("stage layouts: each stage's layers, the tied embedding's copy, whole 
                       Catch::Contains("file offsets are for a whole-model layout"));
     CHECK_THROWS_WITH(P::layout(c, {}, P::stage_slice(make_pipeline_split(6, 3, 1), 1)).bucket_of(P::WTE),
                       Catch::Contains("does not hold wte"));
+}
+
+// The tensor-parallel bytes --plan gives every rank of the job, summed: the same work (model,
+// tokens per step, tp) over 8 ranks, cut into `pp` stages of `virtual_stages` chunks each.
+static double job_tensor_parallel_bytes(int pp, int virtual_stages, int sequence_parallel) {
+    RunConfig cfg;
+    cfg.model = "d12";
+    cfg.batch_size = 4;
+    cfg.seq_len = 64;
+    cfg.total_batch_tokens = 4 * 64 * 8;
+    cfg.tp = 2;
+    cfg.sequence_parallel = sequence_parallel;
+    cfg.pp = pp;
+    cfg.pp_virtual = virtual_stages;
+    if (virtual_stages > 1) cfg.pp_schedule = "interleaved";
+    resolve_run_config(cfg, 8, nullptr);
+    double job = 0;
+    for (int stage = 0; stage < pp; stage++) {
+        const ParamLayout layout = GPT2Params::layout(cfg.model_config, {0, cfg.dims.tp},
+                                                      GPT2Params::stage_slice(pipeline_split(cfg), stage));
+        const ZeroPlan zero(layout, cfg.zero_stage, 0, cfg.dims.dp);
+        job += plan_memory(cfg, zero, {}, FP32_PARAMETERS, stage).tp_comm_bytes_per_rank * cfg.dims.dp * cfg.dims.tp;
+    }
+    return job;
+}
+
+TEST_CASE("--plan counts each stage's own layers' tensor-parallel traffic: the job's total does not depend on --pp",
+          "[pipeline][plan]") {
+    for (int sp : {1, 0}) {
+        const double whole = job_tensor_parallel_bytes(1, 1, sp);
+        REQUIRE(whole > 0);
+        CHECK(job_tensor_parallel_bytes(2, 1, sp) == Approx(whole));
+        CHECK(job_tensor_parallel_bytes(4, 1, sp) == Approx(whole));
+        CHECK(job_tensor_parallel_bytes(2, 2, sp) == Approx(whole));  // interleaved: each rank's chunks
+    }
 }

@@ -215,7 +215,8 @@ run "a missing config" "$tmp/none.json" --config "$tmp/none.json"
 run "lr inf" "-l (lr) must be in (0, 1], got inf" -l inf
 run "lr 1e30" "-l (lr) must be in (0, 1], got 1e+30" -l 1e30
 run "lr nan" "flag -l expects a number, got 'nan'" -l nan
-run "lr 1e50 (beyond float)" "flag -l expects a number, got '1e50'" -l 1e50
+run "lr 1e50 (beyond float)" "flag -l: '1e50' is out of range: the option is a 32-bit float" -l 1e50
+run "straggler factor 1e300 (beyond float)" "flag --straggler-factor: '1e300' is out of range" --straggler-factor 1e300
 run "lr negative" "-l (lr) must be in (0, 1]" -l -0.1
 run "weight decay inf" "-c (weight_decay) must be >= 0 and below 1/lr" -c inf
 run "weight decay above 1/lr" "-c (weight_decay) must be >= 0 and below 1/lr" -c 2000
@@ -239,11 +240,21 @@ run "a model too big for the machine" "the memory plan needs" --channels 32768 -
 run "B too big for the machine" "(largest part: activations" -b 200000
 run "batch 0" "-b (batch_size) must be positive, got 0" -b 0
 run "steps abc" "flag -x expects an integer, got 'abc'" -x abc
-run "steps beyond int" "flag -x expects an integer, got '99999999999'" -x 99999999999
+run "steps beyond int" "flag -x: '99999999999' is out of range: the option is a 32-bit integer" -x 99999999999
+j=$(json huge_int '{"steps": 99999999999}'); run "config integer beyond int" "option 'steps': '99999999999' is out of range" --config "$j"
 run "total batch not a multiple" "-d (total_batch_tokens) 33 must be a positive multiple" -d 33
 run "T beyond max T" "-t (seq_len) 64 exceeds the model's max_seq_len 32" -t 64
 run "unknown flag" "unknown flag '--lr-shedule'" --lr-shedule cosine
 run "bad fault list" "fault 'oops@1' is of an unknown kind" --faults oops@1
+# Faults that can never fire in the run (-x 2, 1 rank): a test relying on one would pass untested.
+run "fault after the last step" "--faults: fault 'nan_grad@500' can never fire in this run: step 500 is not one of the run's steps, 1 to 2" \
+    --faults nan_grad@500
+run "fault on a rank the run lacks" "fault 'kill@1:3' can never fire in this run: rank 3 does not exist: the run has 1 rank(s)" \
+    --faults kill@1:3
+run "fault at step 0" "fault 'hang@0' can never fire in this run: step 0 is not one of the run's steps" --faults hang@0
+LLMC_FAULTS=flip_bit@3 run "LLMC_FAULTS after the last step" "LLMC_FAULTS: fault 'flip_bit@3' can never fire in this run"
+run "slow_init as a flag" "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS" \
+    --faults slow_init@100
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {
@@ -273,6 +284,18 @@ expect_ok "a rerun after a killed save" "$bin" "${data[@]}" "${shape[@]}" -o "$t
 [ ! -e "$tmp/inf/model.bin.tmp.999999999" ] || problem "a stale model.bin.tmp.<pid> was not removed"
 grep -qF "removed '$tmp/inf/model.bin.tmp.999999999'" "$tmp/stdout" || problem "the stale temporary's removal was not reported"
 ls "$tmp"/inf/*.tmp.* >/dev/null 2>&1 && problem "temporary files left behind: $(ls "$tmp"/inf/*.tmp.*)"
+
+# A metrics.jsonl that cannot take a record (as on a full disk: /dev/full): one warning naming it and
+# the error, and training goes on to the end.
+cases=$((cases + 1))
+mkdir -p "$tmp/full"
+ln -s /dev/full "$tmp/full/metrics.jsonl"
+rc=0
+timeout 60 "$bin" "${data[@]}" "${shape[@]}" -o "$tmp/full" >"$tmp/stdout" 2>"$tmp/stderr" || rc=$?
+[ "$rc" = 0 ] && grep -q "^step 2/2" "$tmp/stdout" && [ -s "$tmp/full/model.bin" ] ||
+    problem "a metrics.jsonl on a full disk stopped training: exit $rc: $(tail -2 "$tmp/stderr")"
+[ "$(grep -c "warning: metrics: cannot write.* to '$tmp/full/metrics.jsonl': No space left on device" "$tmp/stderr")" = 1 ] ||
+    problem "a metrics.jsonl on a full disk: expected one warning naming it and the error: $(head -3 "$tmp/stderr")"
 
 # ---- several ranks (skipped without mpirun) ----
 if command -v mpirun >/dev/null; then

@@ -133,7 +133,8 @@ out="$dir/local"
 rc=0
 LLMC_FAULTS=kill@11:2 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -z 1 -n 8 -o "$out" --local-ckpt-every 2 \
     --local-ckpt-dir "$out.local" --ranks-per-node 2 >"$out.log" 2>&1 || rc=$?
-[ $rc != 0 ] && [ ! -e "$out/model.bin" ] || { cat "$out.log"; fail "the run with kill@11:2 was not killed"; }
+[ $rc != 0 ] && [ ! -e "$out/model.bin" ] && grep -q "^fault injection: rank 2 kills itself (SIGKILL) in step 11" "$out.log" ||
+    { cat "$out.log"; fail "the run with kill@11:2 was not killed by it"; }
 local_root="$out.local/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$out/run.json")"  # one directory per run
 [ -e "$local_root/node_00001/ckpt_00000008/COMPLETE" ] || fail "no local checkpoint of step 8 on node 1"
 rm -rf "$local_root/node_00001"  # node 1's storage is gone (replaced hardware)
@@ -167,6 +168,9 @@ if mount -t tmpfs -o size=64k tmpfs "$small" 2>/dev/null; then
     umount "$small"
     grep -q "rank_0000[01].bin.tmp': No space left on device" "$dir/small.log" || { cat "$dir/small.log"; fail "a full tmpfs was not reported"; }
     ! grep -q ckpt_ "$dir/small.ls" || fail "a partial checkpoint was left on the full tmpfs"
+    # Every step runs (only the final model.bin cannot be saved): a metrics.jsonl append that meets
+    # the disk full while a checkpoint fills it is warned about, not fatal.
+    grep -q "^step 8/8" "$dir/small.log" || { cat "$dir/small.log"; fail "training stopped on the full tmpfs"; }
     echo "ok a real full filesystem (64 KiB tmpfs): $(grep -m1 -o 'cannot write.*' "$dir/small.log" | sed "s|$small/||")"
 else
     echo "skip a real full filesystem: mounting a tmpfs is not allowed here (the injected error above covers it)"

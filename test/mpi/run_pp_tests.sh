@@ -104,6 +104,8 @@ local_run() {  # local_run NAME [EXTRA...]
 }
 local_run whole >"$dir/local_whole.log"
 local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
+grep -q "^fault injection: rank 3 kills itself (SIGKILL) in step 6" "$dir/local_killed.log" ||
+    { echo "FAILED: the run failed, but not by the injected kill"; cat "$dir/local_killed.log"; exit 1; }
 local_root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
 rm -rf "$local_root/node_00001"
 local_run killed -y 1 >"$dir/local_resumed.log"
@@ -136,7 +138,8 @@ start=$SECONDS
 timeout 120 mpirun --oversubscribe -np 2 "$trainer" "${common[@]}" -x 8 --pp 2 --heartbeat-s 0.2 --peer-dead-s 2 \
     --comm-timeout-s 30 --faults kill@3:1 -o "$dir/dead" >"$dir/dead.log" 2>&1 || rc=$?
 elapsed=$((SECONDS - start))
-if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -qiE "dead|did not join|rank 1" "$dir/dead.log"; then
+if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -qiE "dead|did not join|rank 1" "$dir/dead.log" ||
+    ! grep -q "^fault injection: rank 1 kills itself (SIGKILL) in step 3" "$dir/dead.log"; then
     echo "FAILED: a dead pipeline stage: exit code $rc after ${elapsed}s"; cat "$dir/dead.log"; exit 1
 fi
 echo "ok a pipeline stage killed in step 3: the launch ends with exit code $rc after ${elapsed}s: $(grep -m1 -iE "dead|did not join" "$dir/dead.log")"
