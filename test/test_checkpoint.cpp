@@ -318,7 +318,7 @@ TEST_CASE("checkpoint: damaged checkpoints are named and skipped for the previou
         REQUIRE(mkfifo((newest + "/manifest.json").c_str(), 0644) == 0);
         Manifest m;
         std::string text;
-        CHECK(detail::manifest_problem(newest, &m, &text) ==
+        CHECK(detail::manifest_problem(newest, "", &m, &text) ==
               "'" + newest + "/manifest.json' is a FIFO (named pipe), expected a regular file");
         REQUIRE(resumed_step() == 5);
     }
