@@ -625,11 +625,14 @@ inline LrSchedule lr_schedule_of(const RunConfig& cfg) {
     return s;
 }
 
-// The resolved configuration as written to <output_dir>/config.json: every option by its long name
-// (so the file can be fed back with --config) plus, under "resolved", what was derived.
+// The resolved configuration as written to <output_dir>/config.json: every training option by its
+// long name (so the file can be fed back with --config; not --prompt, another mode) plus, under
+// "resolved", what was derived.
 inline nlohmann::json run_config_json(const RunConfig& cfg) {
     nlohmann::json j;
     for (const RunOption& o : run_options()) {
+        // A training run's record: "prompt" in a --config file, even "", asks for the other mode.
+        if (std::string(o.name) == "prompt") continue;
         std::visit([&](auto member) { j[o.name] = detail::json_value(cfg.*member); }, o.field);
     }
     const ModelConfig& m = cfg.model_config;
