@@ -57,17 +57,30 @@ struct TrainSummary {
     int replays = 0;               // replays after a fingerprint mismatch
 };
 
-// Mean loss over the first val_steps batches of every data-parallel rank's validation windows (the
-// same batches every time); dp is the data-parallel communicator.
+// The validation loss: the mean over the first val_steps windows of B*T+1 tokens of the validation
+// shards, in file order (`val` is a one-rank loader, so the windows do not depend on the mesh).
+// Data-parallel rank r evaluates windows r, r + dp, ...; the losses are gathered and summed in window
+// order, so every mesh reports the same number (bitwise where the windows' losses are). Evaluation
+// may be collective over the data-parallel group (ZeRO-3 gathers parameters), so every rank makes as
+// many passes as the busiest: a rank past the last window evaluates its batch again, unused.
 inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, int val_steps, int B, int T) {
+    const int windows = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
+    const int ranks = dp.world_size(), passes = (windows + ranks - 1) / ranks;
+    std::vector<double> mine(passes, 0.0);
     val.reset();
-    int batches = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
-    double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        val.next_batch();
-        total += model.evaluate(val.inputs(), val.targets(), B, T);
+    for (int pass = 0; pass < passes; pass++) {
+        const bool has_window = pass * ranks + dp.rank() < windows;
+        if (has_window) {
+            for (int skip = pass == 0 ? dp.rank() : ranks - 1; skip > 0; skip--) val.skip_batch();
+            val.next_batch();
+        }
+        const float loss = model.evaluate(val.inputs(), val.targets(), B, T);
+        if (has_window) mine[pass] = loss;
     }
-    return (float)(sum_over_ranks(dp, total / batches) / dp.world_size());
+    const std::vector<double> all = all_gather_doubles(dp, mine);  // rank r's pass p at r * passes + p
+    double total = 0.0;
+    for (int w = 0; w < windows; w++) total += all[(size_t)(w % ranks) * passes + w / ranks];
+    return (float)(total / windows);
 }
 
 class Trainer {
@@ -86,8 +99,10 @@ public:
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
                            "communicator has %d",
                            cfg.dims.dp, dp.world_size()));
+        // The validation loader is a one-rank one: every rank sees the windows in file order, and
+        // validation_loss takes each rank's share of them.
         if (!cfg.val_data.empty() && cfg.val_every > 0)
-            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
+            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, 0, 1,
                                                 cfg.model_config.vocab_size, false, cfg.seed);
         if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
             tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
