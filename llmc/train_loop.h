@@ -48,14 +48,32 @@
 namespace llmc {
 
 struct TrainSummary {
+    int first_step = 0;  // the step the run started from (> 0: resumed from a checkpoint)
+    int steps_run = 0;   // optimizer steps this process ran (a replayed step counts again)
+    int first_val_step = -1, last_val_step = -1;  // -1: no validation ran
     float first_val_loss = NAN, last_val_loss = NAN;
     float last_train_loss = NAN;
     std::vector<float> train_losses;  // every step's loss, averaged over ranks
-    double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
+    double mean_tokens_per_s = 0;  // over the steps but the first (which warms caches up), unless it is the only one
     int skipped_steps = 0;         // updates the guards skipped
     int rollbacks = 0;             // in-process rollbacks after too many skips in a row
     int replays = 0;               // replays after a fingerprint mismatch
 };
+
+// What a run did, for its closing line, and nothing of what it did not do: where it resumed, the
+// validation loss from its first evaluation to its last, the last training loss and the throughput.
+inline std::string summary_text(const TrainSummary& s) {
+    std::string text;
+    auto add = [&](const std::string& part) { text += (text.empty() ? "" : " | ") + part; };
+    if (s.first_step > 0) add(strformat("resumed at step %d", s.first_step));
+    if (s.steps_run == 0) add("nothing left to train");
+    if (s.first_val_step >= 0)
+        add(strformat("val loss %.4f (step %d)", s.first_val_loss, s.first_val_step) +
+            (s.last_val_step != s.first_val_step ? strformat(" -> %.4f (step %d)", s.last_val_loss, s.last_val_step)
+                                                 : ""));
+    if (s.steps_run > 0) add(strformat("train loss %.4f | %.0f tok/s mean", s.last_train_loss, s.mean_tokens_per_s));
+    return text;
+}
 
 // The validation loss: the mean over the first val_steps windows of B*T+1 tokens of the validation
 // shards, in file order (`val` is a one-rank loader, so the windows do not depend on the mesh).
@@ -128,7 +146,7 @@ public:
         if (fingerprints_on() && cfg_.zero_stage == 3)
             log_.log_event("fingerprints: off under ZeRO-3 (the parameters are sharded, no rank holds a replica to compare)",
                            {{"step", first_step}, {"event", "fingerprints_off"}, {"reason", "zero_stage 3"}});
-        first_step_ = last_verified_step_ = first_step;
+        summary_.first_step = last_verified_step_ = first_step;
         run_start_ = std::chrono::steady_clock::now();  // elapsed time and ETA count from here
         int step = first_step;
         while (step <= cfg_.steps) {
@@ -147,7 +165,7 @@ public:
             checkpoints->finish();
             log_checkpoints(checkpoints->take_finished());
         }
-        if (timed_ms_ > 0) summary_.mean_tokens_per_s = timed_tokens_ / (timed_ms_ / 1000.0);
+        summary_.mean_tokens_per_s = mean_tokens_per_s();
         return summary_;
     }
 
@@ -170,7 +188,11 @@ private:
         if (!std::isfinite(loss))  // the same on every rank (summed over them)
             fail_with(EXIT_DIVERGED, strformat("validation loss is %g after step %d: the model's outputs are "
                                                "not finite (training diverged: try a lower -l)", loss, step));
-        if (std::isnan(summary_.first_val_loss)) summary_.first_val_loss = loss;
+        if (summary_.first_val_step < 0) {
+            summary_.first_val_step = step;
+            summary_.first_val_loss = loss;
+        }
+        summary_.last_val_step = step;
         summary_.last_val_loss = loss;
     }
 
@@ -268,19 +290,25 @@ private:
         m.step_ms = step_ms;
         m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
         m.skipped = !v.skip_reason.empty();
-        steps_run_++;
+        const int steps_run = ++summary_.steps_run;
         m.elapsed_s = ms_since(run_start_) / 1000.0;
-        m.eta_s = m.elapsed_s / steps_run_ * (cfg_.steps - m.step);
+        m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
         m.mfu = model_flops_utilization(model_flops_per_token(cfg_.model_config, cfg_.seq_len), m.tokens_per_s,
                                         peak_tflops_, world_.world_size());
         log_.log_step(m);
         if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, cfg_.straggler_factor);  // health.h
         summary_.last_train_loss = m.train_loss;
         summary_.train_losses.push_back(m.train_loss);
-        if (step > first_step_ + 1) {  // the first step warms caches and allocators up
-            timed_ms_ += step_ms;
-            timed_tokens_ += cfg_.total_batch_tokens;
-        }
+        (steps_run == 1 ? first_step_ms_ : later_steps_ms_) += step_ms;
+    }
+
+    // Tokens per second over this process's steps but the first, which warms caches and allocators
+    // up, unless it is the only one; 0 when no step ran.
+    double mean_tokens_per_s() const {
+        const int n = summary_.steps_run;
+        if (n == 0) return 0;
+        const double ms = n > 1 ? later_steps_ms_ : first_step_ms_;
+        return (n > 1 ? n - 1 : 1) * (double)cfg_.total_batch_tokens / (ms / 1000.0);
     }
 
     // A skipped update is counted and logged with its data position; an applied one ends a run of skips.
@@ -349,7 +377,7 @@ private:
 
     // After a rollback to step `to`, the losses of the steps undone are dropped.
     void truncate_losses(int to) {
-        const size_t keep = (size_t)std::max(0, to - first_step_);
+        const size_t keep = (size_t)std::max(0, to - summary_.first_step);
         if (summary_.train_losses.size() > keep) summary_.train_losses.resize(keep);
     }
 
@@ -587,11 +615,8 @@ private:
     Rng sample_rng_;
     // this run()
     TrainSummary summary_;
-    int first_step_ = 0;  // the step it started from (> 0: resumed)
     std::chrono::steady_clock::time_point run_start_;
-    int steps_run_ = 0;
-    double timed_ms_ = 0;  // the steps after the first
-    long long timed_tokens_ = 0;
+    double first_step_ms_ = 0, later_steps_ms_ = 0;
     // guards
     ZScoreWindow loss_window_, norm_window_;
     int consecutive_skips_ = 0;

@@ -13,7 +13,9 @@
 #   - a failed write (LLMC_FAULTS=ckpt_fail@8:1 injects ENOSPC; and a real full tmpfs where mounting one
 #     is allowed): error with path and reason, directory removed, earlier ones intact, training goes
 #     on; with --ckpt-fail-stop 1 the run stops non-zero;
-#   - refusals (another seed) and -y 1 with nothing to resume.
+#   - refusals (another seed) and -y 1 with nothing to resume;
+#   - the closing line says what was done: nothing left to train after a finished run's resume, no
+#     validation under -v 0, the one step's throughput.
 #   test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 set -euo pipefail
 
@@ -152,6 +154,10 @@ for out in "$dir/val_2_2_1_0" "$dir/val_2_1_2_0"; do
         'BEGIN { d = a - b; exit !((d < 0 ? -d : d) <= 1e-5 * b) }' || fail "$out: val loss beyond fp32 rounding of 1 rank's"
 done
 echo "ok the validation loss of ckpt_00000012: bitwise the same on 1, 2 and 4 ranks, within 1e-5 at tp 2 and pp 2"
+# Nothing was left to train: the closing line says so, and names no training loss or throughput.
+grep -qE "^done: resumed at step 12 \| nothing left to train \| val loss [0-9.]+ \(step 12\) \| model saved to" \
+    "$dir/val_1_1_1_0.log" || { cat "$dir/val_1_1_1_0.log"; fail "the closing line of a resumed finished run"; }
+echo "ok $(grep '^done:' "$dir/val_1_1_1_0.log" | sed "s|$dir/||")"
 
 echo "== the local tier: a node loses its storage, its files come back from the buddy node's replicas"
 out="$dir/local"
@@ -202,9 +208,13 @@ rc=0
 [ $rc = 1 ] && grep -q "its seed is 1337 but this run's is 5" "$dir/seed.log" ||
     { cat "$dir/seed.log"; fail "another seed was not refused with exit code 1, a configuration error (got $rc)"; }
 echo "ok another seed: $(grep -m1 -o 'cannot resume.*' "$dir/seed.log" | sed "s|$dir/||")"
-run 1 "$dir/fresh" -y 1 -x 2
+run 1 "$dir/fresh" -y 1 -x 1
 grep -q "no complete checkpoint in '$dir/fresh'; starting fresh" "$dir/fresh.log" || fail "-y 1 without checkpoints did not say it starts fresh"
 echo "ok -y 1 with no checkpoint starts fresh and says so"
+# One step without validation (-v 0): the closing line has that step's throughput and no validation.
+grep -qE "^done: train loss [0-9.]+ \| [1-9][0-9]* tok/s mean \| model saved to" "$dir/fresh.log" ||
+    { cat "$dir/fresh.log"; fail "the closing line of a one-step run without validation"; }
+echo "ok $(grep '^done:' "$dir/fresh.log" | sed "s|$dir/||")"
 
 echo "== model files: llm.c's bf16 (version 5) written with --model-dtype bf16 and read back with -e"
 run 1 "$dir/bf16" -x 2 -n 0 --model-dtype bf16
