@@ -410,6 +410,7 @@ private:
             }
         }
         all_ranks(world_, true);  // the removal is done before anyone writes again
+        log_.supersede_after(m.step);
         const DataLoaderState d = train_.state();
         log_.log_event(strformat("rollback: %s; rolled back from step %d to %s (step %d); data position %s "
                                  "(epoch %d shard %zu round %zu batch %zu)",
