@@ -85,12 +85,15 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
         printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters\n",
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
                m.max_seq_len, num_params(m) / 1e6);
-        printf("batch: B %d x T %d x %d rank(s) x %d accumulation = %d tokens per step, %d steps, ZeRO-%d over %s\n",
+        printf("batch: B %d x T %d x %d data-parallel rank(s) x %d accumulation = %d tokens per step, %d steps, "
+               "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
         if (cfg.dims.tp > 1 || cfg.dims.pp > 1)
-            printf("mesh: %d rank(s) = dp %d x pp %d x tp %d; tensor parallel with%s sequence parallelism\n",
-                   cfg.world_size, cfg.dims.dp, cfg.dims.pp, cfg.dims.tp, cfg.sequence_parallel ? "" : "out");
+            printf("mesh: %d rank(s) = dp %d x pp %d x tp %d%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
+                   cfg.dims.tp, cfg.dims.tp == 1 ? ""
+                                : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
+                                                        : "; tensor parallel without sequence parallelism");
         if (cfg.dims.pp > 1) {
             const PipelineSplit split = pipeline_split(cfg);
             printf("pipeline: %d stages, %s schedule, layers per virtual stage %s, %d micro-batches, bubble %.1f%%\n",
@@ -120,10 +123,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
 
     std::string model_path = cfg.output_dir + "/model.bin";
     model->save(model_path, cfg.model_dtype == "bf16");  // a collective: rank 0 writes
-    if (is_rank0)
-        printf("done: val loss %.4f -> %.4f | train loss %.4f | %.0f tok/s mean | model saved to %s\n",
-               summary.first_val_loss, summary.last_val_loss, summary.last_train_loss, summary.mean_tokens_per_s,
-               model_path.c_str());
+    if (is_rank0) printf("done: %s | model saved to %s\n", summary_text(summary).c_str(), model_path.c_str());
 }
 
 // --prompt: the prompt's tokens and -g more must fit the model's context of max_seq_len tokens.

@@ -6,8 +6,9 @@
 Panels: train and validation loss against steps, the same against tokens seen, learning rate,
 gradient norm and tokens/s (and MFU where the run recorded it). Several files are overlaid, one
 color per run, with a legend. The records read are the trainer's (llmc/metrics.h): a step record
-has "train_loss", an evaluation "val_loss"; tokens per step come from the run's config.json next
-to the metrics file when it is there (resolved total_batch_tokens), else tokens are not drawn.
+has "train_loss", an evaluation "val_loss" (those marked "superseded" by a rollback or replay are
+left out); tokens per step come from the run's config.json next to the metrics file when it is
+there (resolved total_batch_tokens), else tokens are not drawn.
 
 Needs matplotlib (Debian: python3-matplotlib, installed by scripts/install_deps.sh). Without it the
 script says so and exits with status 3, which `make train` reports without failing the training.
@@ -21,14 +22,17 @@ EXIT_NO_MATPLOTLIB = 3
 
 
 def read_run(path):
-    """Step and validation records of one metrics.jsonl. A resumed run's file already reads as one run
-    (metrics.h drops repeated steps); a line cut off by a crash is skipped."""
+    """Step and validation records of one metrics.jsonl, as one curve: a resumed run's file has no
+    repeated steps (metrics.h drops them), and the records a rollback or replay made obsolete are
+    marked "superseded" and skipped here. A line cut off by a crash is skipped."""
     steps, vals = [], []
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
+                continue
+            if r.get("superseded"):
                 continue
             if "train_loss" in r:
                 steps.append(r)

@@ -59,7 +59,7 @@ struct RunConfig {
     bool shuffle = true;
     // evaluation and sampling
     int val_every = 100;  // 0 disables
-    int val_steps = 10;   // validation batches per evaluation
+    int val_steps = 10;   // validation windows (B x T tokens each) per evaluation, over all ranks together
     int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;
@@ -159,7 +159,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "seed", &RunConfig::seed, "seed for weight init, data shuffling and sampling"},
         {"", "shuffle", &RunConfig::shuffle, "shuffle training windows each epoch (0 or 1)"},
         {"-v", "val_every", &RunConfig::val_every, "evaluate validation loss every N steps (0: never)"},
-        {"-m", "val_steps", &RunConfig::val_steps, "validation batches per evaluation"},
+        {"-m", "val_steps", &RunConfig::val_steps, "validation windows of B x T tokens per evaluation, over all data-parallel ranks together (the same set on any mesh)"},
         {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},

@@ -100,6 +100,12 @@ public:
             inputs_[i] = window_tokens_[i];
             targets_[i] = window_tokens_[i + 1];
         }
+        skip_batch();
+    }
+
+    // Moves state() to the following batch without reading the one at state().
+    void skip_batch() {
+        const Shard& shard = shards_[shard_order_[pos_.shard_index]];
         DataLoaderState next = pos_;
         if (++next.batch_in_round < (size_t)batches_per_round_) {
             move_to(next);

@@ -2,7 +2,9 @@
 //
 // The console is for a human glancing at a run's health; <output_dir>/metrics.jsonl is for tools
 // (one JSON object per line, flushed at once, so a crashed run still leaves every finished step;
-// each with its wall-clock "time"). dev/plot_metrics.py draws the curves from it.
+// each with its wall-clock "time"). dev/plot_metrics.py draws the curves from it. A run that goes
+// back (a resume rewrites the file without the steps it repeats; a rollback or replay marks their
+// records "superseded": true and keeps them) still reads as one curve.
 // A log made with an empty path is silent: the ranks other than 0 keep one of those.
 // A record that cannot be written (a full disk) does not stop training, which matters more than its
 // log: the first failure is warned about, naming the file and the error, the part of the record
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -48,13 +51,13 @@ public:
     MetricsLog() = default;
     explicit MetricsLog(const std::string& path) { open(path); }
 
-    // Starts the file (path "" for a silent log). A run resumed after `resumed_step` steps keeps
-    // the records of the steps before it (and that step's own training record) and appends; the
-    // records of the steps it will run again are dropped, so the file reads as one run. A fresh
-    // run that finds a file there (an earlier run into the same directory) keeps it under the
-    // first free name <path>.<n>: a rerun never destroys another run's metrics.
+    // Starts the file (path "" for a silent log). A run resumed after `resumed_step` steps keeps the
+    // records up to that step but the ones it writes again (repeated_after) and appends, so the file
+    // reads as one run. A fresh run that finds a file there (an earlier run into the same directory)
+    // keeps it under the first free name <path>.<n>: a rerun never destroys another run's metrics.
     void open(const std::string& path, int resumed_step = -1) {
         file_.reset();
+        path_ = path;
         if (path.empty()) return;
         std::error_code ec;
         if (resumed_step < 0 && std::filesystem::file_size(path, ec) > 0 && !ec) {
@@ -64,20 +67,23 @@ public:
                 fail(strformat("cannot rename '%s' to '%s': %s", path.c_str(), kept_as.c_str(), strerror(errno)));
             printf("metrics: an earlier run's %s is kept as %s\n", path.c_str(), kept_as.c_str());
         }
-        std::string kept;
-        if (resumed_step >= 0 && std::filesystem::exists(path)) {
-            std::istringstream lines(read_text_file(path));
-            for (std::string line; std::getline(lines, line);) {
-                nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-                if (r.is_discarded() || !r.is_object() || !r.contains("step") || !r["step"].is_number()) continue;
-                const int step = r["step"].get<int>();
-                if (step < resumed_step || (step == resumed_step && r.contains("train_loss"))) kept += line + "\n";
-            }
+        if (resumed_step < 0 || !std::filesystem::exists(path)) {
+            file_ = std::make_unique<File>(path, "wb");
+            return;
         }
-        file_ = std::make_unique<File>(path, "wb");
-        file_->write(kept.data(), kept.size());
-        file_->flush();
-        written_bytes_ = (int64_t)kept.size();
+        rewrite([&](nlohmann::json& r) { return !repeated_after(r, resumed_step); });
+    }
+
+    // After the run went back to the state after `step` steps (a rollback, a replay): the records
+    // of the abandoned history that the run writes again are marked "superseded": true, so that a
+    // reader sees one curve (dev/plot_metrics.py skips them). Events stay as they are: they tell
+    // what happened.
+    void supersede_after(int step) {
+        if (!file_) return;
+        rewrite([&](nlohmann::json& r) {
+            if (!r.contains("event") && repeated_after(r, step)) r["superseded"] = true;
+            return true;
+        });
     }
 
     void log_step(const StepMetrics& m) {
@@ -125,13 +131,41 @@ public:
 
 private:
     static int digits(int n) { return (int)std::to_string(n).size(); }
+
+    // Whether a run that goes back to the state after `step` steps writes the record again: it is of
+    // a later step, or an evaluation or sample of that step (the loop evaluates before each step).
+    static bool repeated_after(const nlohmann::json& r, int step) {
+        const int s = r["step"].get<int>();
+        return s > step || (s == step && (r.contains("val_loss") || r.contains("sample")));
+    }
+
+    // Writes the file anew (whole or not at all) from its records, each passed through edit(record),
+    // which may change it and returns whether it stays; then appends after them. A line that is not
+    // a record with a step (one cut off by a crash) is dropped; an unchanged record keeps its text.
+    void rewrite(const std::function<bool(nlohmann::json&)>& edit) {
+        std::string kept;
+        std::istringstream lines(read_text_file(path_));
+        for (std::string line; std::getline(lines, line);) {
+            nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+            if (r.is_discarded() || !r.is_object() || !r.contains("step") || !r["step"].is_number()) continue;
+            const nlohmann::json before = r;
+            if (edit(r)) kept += (r == before ? line : dump(r)) + "\n";
+        }
+        file_.reset();
+        write_text_file_atomic(path_, kept);
+        file_ = std::make_unique<File>(path_, "ab");
+        written_bytes_ = (int64_t)kept.size();
+    }
+    static std::string dump(const nlohmann::json& record) {
+        // Decoded samples may end mid-way through a multi-byte character; replace, don't throw.
+        return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
     // Every record carries its wall-clock time ("time": seconds since the Unix epoch, to the ms).
     void write(nlohmann::json record) {
         const double now_ms = (double)std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch()).count();
         record["time"] = now_ms / 1000.0;
-        // Decoded samples may end mid-way through a multi-byte character; replace, don't throw.
-        std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        const std::string line = dump(record) + "\n";
         try {
             file_->write(line.data(), line.size());
             file_->flush();
@@ -146,6 +180,7 @@ private:
             }
         }
     }
+    std::string path_;
     std::unique_ptr<File> file_;
     int64_t written_bytes_ = 0;  // the whole records in the file
     bool warned_ = false;  // of a record that could not be written

@@ -48,26 +48,57 @@
 namespace llmc {
 
 struct TrainSummary {
+    int first_step = 0;  // the step the run started from (> 0: resumed from a checkpoint)
+    int steps_run = 0;   // optimizer steps this process ran (a replayed step counts again)
+    int first_val_step = -1, last_val_step = -1;  // -1: no validation ran
     float first_val_loss = NAN, last_val_loss = NAN;
     float last_train_loss = NAN;
     std::vector<float> train_losses;  // every step's loss, averaged over ranks
-    double mean_tokens_per_s = 0;  // over all steps but the first (warm-up of caches and allocators)
+    double mean_tokens_per_s = 0;  // over the steps but the first (which warms caches up), unless it is the only one
     int skipped_steps = 0;         // updates the guards skipped
     int rollbacks = 0;             // in-process rollbacks after too many skips in a row
     int replays = 0;               // replays after a fingerprint mismatch
 };
 
-// Mean loss over the first val_steps batches of every data-parallel rank's validation windows (the
-// same batches every time); dp is the data-parallel communicator.
+// What a run did, for its closing line, and nothing of what it did not do: where it resumed, the
+// validation loss from its first evaluation to its last, the last training loss and the throughput.
+inline std::string summary_text(const TrainSummary& s) {
+    std::string text;
+    auto add = [&](const std::string& part) { text += (text.empty() ? "" : " | ") + part; };
+    if (s.first_step > 0) add(strformat("resumed at step %d", s.first_step));
+    if (s.steps_run == 0) add("nothing left to train");
+    if (s.first_val_step >= 0)
+        add(strformat("val loss %.4f (step %d)", s.first_val_loss, s.first_val_step) +
+            (s.last_val_step != s.first_val_step ? strformat(" -> %.4f (step %d)", s.last_val_loss, s.last_val_step)
+                                                 : ""));
+    if (s.steps_run > 0) add(strformat("train loss %.4f | %.0f tok/s mean", s.last_train_loss, s.mean_tokens_per_s));
+    return text;
+}
+
+// The validation loss: the mean over the first val_steps windows of B*T+1 tokens of the validation
+// shards, in file order (`val` is a one-rank loader, so the windows do not depend on the mesh).
+// Data-parallel rank r evaluates windows r, r + dp, ...; the losses are gathered and summed in window
+// order, so every mesh reports the same number (bitwise where the windows' losses are). Evaluation
+// may be collective over the data-parallel group (ZeRO-3 gathers parameters), so every rank makes as
+// many passes as the busiest: a rank past the last window evaluates its batch again, unused.
 inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, int val_steps, int B, int T) {
+    const int windows = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
+    const int ranks = dp.world_size(), passes = (windows + ranks - 1) / ranks;
+    std::vector<double> mine(passes, 0.0);
     val.reset();
-    int batches = (int)std::min<size_t>(val_steps, val.batches_per_epoch());
-    double total = 0.0;
-    for (int i = 0; i < batches; i++) {
-        val.next_batch();
-        total += model.evaluate(val.inputs(), val.targets(), B, T);
+    for (int pass = 0; pass < passes; pass++) {
+        const bool has_window = pass * ranks + dp.rank() < windows;
+        if (has_window) {
+            for (int skip = pass == 0 ? dp.rank() : ranks - 1; skip > 0; skip--) val.skip_batch();
+            val.next_batch();
+        }
+        const float loss = model.evaluate(val.inputs(), val.targets(), B, T);
+        if (has_window) mine[pass] = loss;
     }
-    return (float)(sum_over_ranks(dp, total / batches) / dp.world_size());
+    const std::vector<double> all = all_gather_doubles(dp, mine);  // rank r's pass p at r * passes + p
+    double total = 0.0;
+    for (int w = 0; w < windows; w++) total += all[(size_t)(w % ranks) * passes + w / ranks];
+    return (float)(total / windows);
 }
 
 // Whether the run validates after `step` steps: every -v steps from 0, and after the last.
@@ -113,7 +144,7 @@ public:
     // writes its own checkpoint file (null: dp is the world).
     Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path,
             Communicator* world = nullptr)
-        : cfg_(cfg), model_(model), dp_(dp), world_(world ? *world : dp),
+        : cfg_(cfg), schedule_(lr_schedule_of(cfg)), model_(model), dp_(dp), world_(world ? *world : dp),
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
           metrics_path_((world ? world->rank() : dp.rank()) == 0 ? metrics_path : ""),
@@ -122,8 +153,10 @@ public:
             fail(strformat("Trainer: the config was resolved for %d data-parallel rank(s) but the data-parallel "
                            "communicator has %d",
                            cfg.dims.dp, dp.world_size()));
+        // The validation loader is a one-rank one: every rank sees the windows in file order, and
+        // validation_loss takes each rank's share of them.
         if (!cfg.val_data.empty() && cfg.val_every > 0)
-            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
+            val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, 0, 1,
                                                 cfg.model_config.vocab_size, false, cfg.seed);
         if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
             tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
@@ -142,190 +175,228 @@ public:
     // started: called once the state is loaded and the first step begins (main uses it to tell a
     // configuration error from a failure during training).
     TrainSummary run(const std::function<void()>& started = nullptr) {
-        TrainSummary summary;
-        LrSchedule schedule = lr_schedule_of(cfg_);
-        AdamWConfig opt{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
-        const int B = cfg_.batch_size, T = cfg_.seq_len;
-        // Each data-parallel rank's micro-batch loss is a mean over its B*T tokens; this scale makes
-        // the summed gradient the mean over the whole global batch.
-        const float grad_scale = 1.0f / ((float)cfg_.grad_accum_steps * cfg_.dims.dp);
-        double timed_ms = 0;
-        long long timed_tokens = 0;
-
+        summary_ = TrainSummary{};
         const int first_step = resume();
         std::unique_ptr<CheckpointWriter> checkpoints;
         if (cfg_.checkpoint_every > 0 || cfg_.local_ckpt_every > 0)
             checkpoints = std::make_unique<CheckpointWriter>(cfg_, run_config_json(cfg_), model_.sharded_state(),
                                                              model_.layout(), world_);
-
         if (started) started();
-        const bool fingerprints = cfg_.fingerprint_every > 0 && cfg_.dims.dp > 1;
-        if (fingerprints && cfg_.zero_stage == 3)
+        if (fingerprints_on() && cfg_.zero_stage == 3)
             log_.log_event("fingerprints: off under ZeRO-3 (the parameters are sharded, no rank holds a replica to compare)",
                            {{"step", first_step}, {"event", "fingerprints_off"}, {"reason", "zero_stage 3"}});
-        last_verified_step_ = first_step;
-        const auto run_start = std::chrono::steady_clock::now();  // elapsed time and ETA count from here
-        const double flops_per_token = model_flops_per_token(cfg_.model_config, T);
-        int steps_run = 0;
+        summary_.first_step = last_verified_step_ = first_step;
+        run_start_ = std::chrono::steady_clock::now();  // elapsed time and ETA count from here
         int step = first_step;
         while (step <= cfg_.steps) {
-            bool last = step == cfg_.steps;
-            if (val_ && validates_after(cfg_, step)) {
-                float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, B, T);
-                if (faults().fire("nan_val", step, -1)) loss = NAN;
-                log_.log_val(step, loss);
-                if (!std::isfinite(loss))  // the same on every rank (summed over them)
-                    fail_with(EXIT_DIVERGED, strformat("validation loss is %g after step %d: the model's outputs are "
-                                                       "not finite (training diverged: try a lower -l)", loss, step));
-                if (std::isnan(summary.first_val_loss)) summary.first_val_loss = loss;
-                summary.last_val_loss = loss;
-            }
+            const bool last = step == cfg_.steps;
+            if (val_ && validates_after(cfg_, step)) validate(step);
             if (tokenizer_ && step > 0 && (step % cfg_.sample_every == 0 || last)) print_samples(step);
             if (last) break;
-
-            auto start = std::chrono::steady_clock::now();
-            flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
-            const DataLoaderState data_at = train_.state();  // where this step's batches come from
-            model_.take_exposed_comm_ms();  // the step's own: not validation's or sampling's waits
-            model_.zero_grad();
-            // The step's micro-batches, read first: a pipeline runs them in its own order.
-            const size_t BT = (size_t)B * T;
-            step_inputs_.resize(BT * cfg_.grad_accum_steps);
-            step_targets_.resize(BT * cfg_.grad_accum_steps);
-            for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
-                train_.next_batch();
-                std::copy(train_.inputs(), train_.inputs() + BT, step_inputs_.begin() + micro * BT);
-                std::copy(train_.targets(), train_.targets() + BT, step_targets_.begin() + micro * BT);
-            }
-            const double loss_sum = model_.forward_backward_step(step_inputs_.data(), step_targets_.data(),
-                                                                 cfg_.grad_accum_steps, B, T, grad_scale);
-            inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
-            if (faults().fire("nan_grad", step + 1, world_.rank())) {
-                fprintf(stderr, "fault injection: rank %d puts a NaN into its gradient in step %d\n", world_.rank(),
-                        step + 1);
-                model_.sharded_state().poison_gradient();
-            }
-            const double compute_ms = ms_since(start);
-            float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
-            // One gather gives every rank every rank's loss and gradient norm: the loss is summed in
-            // rank order (as sum_over_ranks does: the same bits everywhere) and the guards decide on
-            // the largest norm, so every rank takes the same decision even where one rank's
-            // gradient went bad after the all-reduce (ZeRO-0 computes the norm locally).
-            const std::vector<double> all = all_gather_doubles(dp_, {loss_sum, (double)grad_norm});
-            double loss_total = 0.0;
-            float agreed_norm = 0.0f;
-            for (size_t r = 0; r < all.size(); r += 2) {
-                loss_total += all[r];
-                const float n = (float)all[r + 1];
-                if (std::isfinite(agreed_norm) && (!std::isfinite(n) || n > agreed_norm)) agreed_norm = n;
-            }
-            const double step_loss = loss_total / (cfg_.grad_accum_steps * cfg_.dims.dp);
-            std::string skip_reason = guard_reason((float)step_loss, agreed_norm);
-            // Other data-parallel groups (tensor or pipeline parallel ranks) must skip together too.
-            if (world_.world_size() != dp_.world_size() && !all_ranks(world_, skip_reason.empty()) &&
-                skip_reason.empty())
-                skip_reason = "another data-parallel group skips this step";
-            const bool skip = !skip_reason.empty();
-            // --max-skips 0 turns the rollback off: a non-finite value then ends the run instead of
-            // being skipped for ever (and the run ending with exit 0).
-            if (skip && cfg_.max_skips == 0 && (!std::isfinite(step_loss) || !std::isfinite(agreed_norm)))
-                fail_with(EXIT_DIVERGED, strformat("training diverged: step %d has a non-finite %s (loss %g, gradient "
-                                                   "norm %g) and --max-skips 0 allows no rollback (try a lower -l)",
-                                                   step + 1, !std::isfinite(step_loss) ? "loss" : "gradient norm",
-                                                   step_loss, agreed_norm));
-            // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
-            float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
-            float grad_multiplier = clip_coef < 1.0f ? clip_coef : 1.0f;
-            opt.lr = schedule.lr_at(step);
-            if (!skip) {
-                if (checkpoints) checkpoints->before_update();
-                model_.adamw_step(opt, step + 1, grad_multiplier);
-            }
-            double step_ms = ms_since(start);
-
-            StepMetrics m;
-            m.step = step + 1;
-            m.total_steps = cfg_.steps;
-            m.train_loss = (float)step_loss;
-            m.comm_ms = model_.take_exposed_comm_ms();
-            m.lr = opt.lr;
-            m.grad_norm = agreed_norm;
-            m.step_ms = step_ms;
-            m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
-            m.skipped = skip;
-            steps_run++;
-            m.elapsed_s = ms_since(run_start) / 1000.0;
-            m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
-            m.mfu = model_flops_utilization(flops_per_token, m.tokens_per_s, peak_tflops_, world_.world_size());
-            log_.log_step(m);
-            if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, straggler_factor_);  // health.h
-            summary.last_train_loss = m.train_loss;
-            summary.train_losses.push_back(m.train_loss);
-            if (step > first_step) {
-                timed_ms += step_ms;
-                timed_tokens += cfg_.total_batch_tokens;
-            }
-            if (skip) {
-                summary.skipped_steps++;
-                consecutive_skips_++;
-                log_.log_event(strformat("guard: step %d update skipped: %s (loss %g, grad norm %g); data position "
-                                         "epoch %d shard %zu round %zu batch %zu; %d skipped so far, %d in a row",
-                                         m.step, skip_reason.c_str(), m.train_loss, agreed_norm, data_at.epoch,
-                                         data_at.shard_index, data_at.round_index, data_at.batch_in_round,
-                                         summary.skipped_steps, consecutive_skips_),
-                               {{"step", m.step}, {"event", "skip"}, {"reason", skip_reason},
-                                {"loss", m.train_loss}, {"grad_norm", agreed_norm}, {"data", data_at},
-                                {"skipped_total", summary.skipped_steps}, {"consecutive", consecutive_skips_}});
-            } else {
-                consecutive_skips_ = 0;
-                updated_since_rollback_ = true;
-            }
-            if (faults().fire("flip_bit", step + 1, world_.rank())) {
-                const std::string what = model_.sharded_state().flip_parameter_bit();
-                fprintf(stderr, "fault injection: rank %d flips %s after step %d\n", world_.rank(), what.c_str(),
-                        step + 1);
-            }
+            const bool skipped = train_step(step, checkpoints.get());
             step++;
-
-            // Too many skips in a row: back to the newest checkpoint, the data loader left where it
-            // is so training moves past the batches that caused them.
-            if (skip && cfg_.max_skips > 0 && consecutive_skips_ >= cfg_.max_skips) {
-                const std::string why = strformat("%d updates skipped in a row (steps %d-%d)", consecutive_skips_,
-                                                  step - consecutive_skips_ + 1, step);
-                if (!updated_since_rollback_ && rollbacks_ > 0)
-                    fail_with(EXIT_DIVERGED, strformat("training diverged: %s right after a rollback, without one "
-                                                       "update in between (try a lower -l)", why.c_str()));
-                if (!rollback(checkpoints.get(), step, false, INT32_MAX, why))
-                    fail_with(EXIT_DIVERGED, strformat("training diverged: %s and there is no checkpoint to roll "
-                                                       "back to (use -n; or try a lower -l)", why.c_str()));
-                truncate_losses(summary, first_step, step);
-                summary.rollbacks++;
-                continue;
-            }
-
-            // Silent data corruption: the replicas' parameters must be bitwise equal.
-            if (fingerprints && cfg_.zero_stage != 3 && step % cfg_.fingerprint_every == 0) {
-                if (check_fingerprints(checkpoints.get(), step)) {
-                    truncate_losses(summary, first_step, step);
-                    summary.replays++;
-                    continue;
-                }
-            }
-
+            if (went_back(checkpoints.get(), step, skipped)) continue;
             if (checkpoints && checkpoints->due(step))
                 checkpoints->save(TrainState{step, train_.state(), sample_rng_.state(),
-                                             !fingerprints || cfg_.zero_stage == 3 || step == last_verified_step_});
+                                             !fingerprints_on() || cfg_.zero_stage == 3 || step == last_verified_step_});
             if (checkpoints) log_checkpoints(checkpoints->take_finished());
         }
         if (checkpoints) {
             checkpoints->finish();
             log_checkpoints(checkpoints->take_finished());
         }
-        if (timed_ms > 0) summary.mean_tokens_per_s = timed_tokens / (timed_ms / 1000.0);
-        return summary;
+        summary_.mean_tokens_per_s = mean_tokens_per_s();
+        return summary_;
     }
 
 private:
+    // What the data-parallel ranks agreed on for one step: its loss (the mean over every rank's
+    // micro-batches), the gradient norm the guards judged, and why the update is skipped ("" if not).
+    struct StepVerdict {
+        double loss;
+        float grad_norm;
+        std::string skip_reason;
+    };
+
+    bool fingerprints_on() const { return cfg_.fingerprint_every > 0 && cfg_.dims.dp > 1; }
+
+    // The validation after `step` steps (collective); a non-finite loss ends the run.
+    void validate(int step) {
+        float loss = validation_loss(model_, *val_, dp_, cfg_.val_steps, cfg_.batch_size, cfg_.seq_len);
+        if (faults().fire("nan_val", step, -1)) loss = NAN;
+        log_.log_val(step, loss);
+        if (!std::isfinite(loss))  // the same on every rank (summed over them)
+            fail_with(EXIT_DIVERGED, strformat("validation loss is %g after step %d: the model's outputs are "
+                                               "not finite (training diverged: try a lower -l)", loss, step));
+        if (summary_.first_val_step < 0) {
+            summary_.first_val_step = step;
+            summary_.first_val_loss = loss;
+        }
+        summary_.last_val_step = step;
+        summary_.last_val_loss = loss;
+    }
+
+    // Optimizer step step + 1 (collective): the forward and backward of its micro-batches, the
+    // ranks' joint decision on its update, the update, and its log. Returns whether it was skipped.
+    bool train_step(int step, CheckpointWriter* checkpoints) {
+        const auto start = std::chrono::steady_clock::now();
+        flight_recorder().set_step(step + 1);  // dist/flight_recorder.h: reports name the step
+        const DataLoaderState data_at = train_.state();  // where this step's batches come from
+        model_.take_exposed_comm_ms();  // the step's own: not validation's or sampling's waits
+        model_.zero_grad();
+        read_step_batches();
+        // Each data-parallel rank's micro-batch loss is a mean over its B*T tokens; this scale makes
+        // the summed gradient the mean over the whole global batch.
+        const float grad_scale = 1.0f / ((float)cfg_.grad_accum_steps * cfg_.dims.dp);
+        const double loss_sum = model_.forward_backward_step(step_inputs_.data(), step_targets_.data(),
+                                                             cfg_.grad_accum_steps, cfg_.batch_size, cfg_.seq_len,
+                                                             grad_scale);
+        inject_step_faults(step + 1, world_.rank());  // faults.h: off unless asked for
+        if (faults().fire("nan_grad", step + 1, world_.rank())) {
+            fprintf(stderr, "fault injection: rank %d puts a NaN into its gradient in step %d\n", world_.rank(),
+                    step + 1);
+            model_.sharded_state().poison_gradient();
+        }
+        const double compute_ms = ms_since(start);
+        const float grad_norm = (float)std::sqrt(model_.grad_norm_squared());
+        const StepVerdict verdict = agree_on_step(step + 1, loss_sum, grad_norm);
+        // torch.nn.utils.clip_grad_norm_'s rule, so the CPU reference matches PyTorch exactly.
+        const float clip_coef = cfg_.grad_clip > 0 ? cfg_.grad_clip / (grad_norm + 1e-6f) : 1.0f;
+        const AdamWConfig opt{schedule_.lr_at(step), cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay};
+        const bool skip = !verdict.skip_reason.empty();
+        if (!skip) {
+            if (checkpoints) checkpoints->before_update();
+            model_.adamw_step(opt, step + 1, clip_coef < 1.0f ? clip_coef : 1.0f);
+        }
+        log_step(step + 1, verdict, opt.lr, ms_since(start), compute_ms);
+        count_skip(step + 1, verdict, data_at);
+        if (faults().fire("flip_bit", step + 1, world_.rank())) {
+            const std::string what = model_.sharded_state().flip_parameter_bit();
+            fprintf(stderr, "fault injection: rank %d flips %s after step %d\n", world_.rank(), what.c_str(), step + 1);
+        }
+        return skip;
+    }
+
+    // The step's micro-batches, read first, back to back: a pipeline runs them in its own order.
+    void read_step_batches() {
+        const size_t BT = (size_t)cfg_.batch_size * cfg_.seq_len;
+        step_inputs_.resize(BT * cfg_.grad_accum_steps);
+        step_targets_.resize(BT * cfg_.grad_accum_steps);
+        for (int micro = 0; micro < cfg_.grad_accum_steps; micro++) {
+            train_.next_batch();
+            std::copy(train_.inputs(), train_.inputs() + BT, step_inputs_.begin() + micro * BT);
+            std::copy(train_.targets(), train_.targets() + BT, step_targets_.begin() + micro * BT);
+        }
+    }
+
+    // One gather gives every rank every rank's loss and gradient norm: the loss is summed in rank
+    // order (as sum_over_ranks does: the same bits everywhere) and the guards decide on the largest
+    // norm, so every rank takes the same decision even where one rank's gradient went bad after the
+    // all-reduce (ZeRO-0 computes the norm locally). Collective.
+    StepVerdict agree_on_step(int step, double loss_sum, float grad_norm) {
+        const std::vector<double> all = all_gather_doubles(dp_, {loss_sum, (double)grad_norm});
+        double loss_total = 0.0;
+        float agreed_norm = 0.0f;
+        for (size_t r = 0; r < all.size(); r += 2) {
+            loss_total += all[r];
+            const float n = (float)all[r + 1];
+            if (std::isfinite(agreed_norm) && (!std::isfinite(n) || n > agreed_norm)) agreed_norm = n;
+        }
+        StepVerdict v{loss_total / (cfg_.grad_accum_steps * cfg_.dims.dp), agreed_norm, ""};
+        v.skip_reason = guard_reason((float)v.loss, agreed_norm);
+        // Other data-parallel groups (tensor or pipeline parallel ranks) must skip together too.
+        if (world_.world_size() != dp_.world_size() && !all_ranks(world_, v.skip_reason.empty()) &&
+            v.skip_reason.empty())
+            v.skip_reason = "another data-parallel group skips this step";
+        // --max-skips 0 turns the rollback off: a non-finite value then ends the run instead of
+        // being skipped for ever (and the run ending with exit 0).
+        if (!v.skip_reason.empty() && cfg_.max_skips == 0 && (!std::isfinite(v.loss) || !std::isfinite(agreed_norm)))
+            fail_with(EXIT_DIVERGED, strformat("training diverged: step %d has a non-finite %s (loss %g, gradient "
+                                               "norm %g) and --max-skips 0 allows no rollback (try a lower -l)",
+                                               step, !std::isfinite(v.loss) ? "loss" : "gradient norm", v.loss,
+                                               agreed_norm));
+        return v;
+    }
+
+    // The step's line and record, and its part of the summary.
+    void log_step(int step, const StepVerdict& v, float lr, double step_ms, double compute_ms) {
+        StepMetrics m;
+        m.step = step;
+        m.total_steps = cfg_.steps;
+        m.train_loss = (float)v.loss;
+        m.comm_ms = model_.take_exposed_comm_ms();
+        m.lr = lr;
+        m.grad_norm = v.grad_norm;
+        m.step_ms = step_ms;
+        m.tokens_per_s = cfg_.total_batch_tokens / (step_ms / 1000.0);
+        m.skipped = !v.skip_reason.empty();
+        const int steps_run = ++summary_.steps_run;
+        m.elapsed_s = ms_since(run_start_) / 1000.0;
+        m.eta_s = m.elapsed_s / steps_run * (cfg_.steps - m.step);
+        m.mfu = model_flops_utilization(model_flops_per_token(cfg_.model_config, cfg_.seq_len), m.tokens_per_s,
+                                        peak_tflops_, world_.world_size());
+        log_.log_step(m);
+        if (cfg_.log_rank_times) log_rank_times(world_, log_, m.step, compute_ms, straggler_factor_);  // health.h
+        summary_.last_train_loss = m.train_loss;
+        summary_.train_losses.push_back(m.train_loss);
+        (steps_run == 1 ? first_step_ms_ : later_steps_ms_) += step_ms;
+    }
+
+    // Tokens per second over this process's steps but the first, which warms caches and allocators
+    // up, unless it is the only one; 0 when no step ran.
+    double mean_tokens_per_s() const {
+        const int n = summary_.steps_run;
+        if (n == 0) return 0;
+        const double ms = n > 1 ? later_steps_ms_ : first_step_ms_;
+        return (n > 1 ? n - 1 : 1) * (double)cfg_.total_batch_tokens / (ms / 1000.0);
+    }
+
+    // A skipped update is counted and logged with its data position; an applied one ends a run of skips.
+    void count_skip(int step, const StepVerdict& v, const DataLoaderState& data_at) {
+        if (v.skip_reason.empty()) {
+            consecutive_skips_ = 0;
+            updated_since_rollback_ = true;
+            return;
+        }
+        summary_.skipped_steps++;
+        consecutive_skips_++;
+        log_.log_event(strformat("guard: step %d update skipped: %s (loss %g, grad norm %g); data position "
+                                 "epoch %d shard %zu round %zu batch %zu; %d skipped so far, %d in a row",
+                                 step, v.skip_reason.c_str(), (float)v.loss, v.grad_norm, data_at.epoch,
+                                 data_at.shard_index, data_at.round_index, data_at.batch_in_round,
+                                 summary_.skipped_steps, consecutive_skips_),
+                       {{"step", step}, {"event", "skip"}, {"reason", v.skip_reason}, {"loss", (float)v.loss},
+                        {"grad_norm", v.grad_norm}, {"data", data_at}, {"skipped_total", summary_.skipped_steps},
+                        {"consecutive", consecutive_skips_}});
+    }
+
+    // After `step` steps: too many skips in a row roll back to the newest checkpoint, the data
+    // loader left where it is so training moves past the batches that caused them; replicas whose
+    // fingerprints differ replay from a verified one. Returns whether `step` went back (collective).
+    bool went_back(CheckpointWriter* checkpoints, int& step, bool skipped) {
+        if (skipped && cfg_.max_skips > 0 && consecutive_skips_ >= cfg_.max_skips) {
+            const std::string why = strformat("%d updates skipped in a row (steps %d-%d)", consecutive_skips_,
+                                              step - consecutive_skips_ + 1, step);
+            if (!updated_since_rollback_ && rollbacks_ > 0)
+                fail_with(EXIT_DIVERGED, strformat("training diverged: %s right after a rollback, without one "
+                                                   "update in between (try a lower -l)", why.c_str()));
+            if (!rollback(checkpoints, step, false, INT32_MAX, why))
+                fail_with(EXIT_DIVERGED, strformat("training diverged: %s and there is no checkpoint to roll "
+                                                   "back to (use -n; or try a lower -l)", why.c_str()));
+            truncate_losses(step);
+            summary_.rollbacks++;
+            return true;
+        }
+        // Silent data corruption: the replicas' parameters must be bitwise equal.
+        if (fingerprints_on() && cfg_.zero_stage != 3 && step % cfg_.fingerprint_every == 0 &&
+            check_fingerprints(checkpoints, step)) {
+            truncate_losses(step);
+            summary_.replays++;
+            return true;
+        }
+        return false;
+    }
+
     // Why this step's update must be skipped ("" if it need not): a non-finite loss or gradient
     // norm, or a z-score above -sl / -sg. Both values are the same on every rank, so is the answer;
     // finite values then join the windows (as in llm.c, outliers too).
@@ -345,9 +416,9 @@ private:
     }
 
     // After a rollback to step `to`, the losses of the steps undone are dropped.
-    static void truncate_losses(TrainSummary& summary, int first_step, int to) {
-        const size_t keep = (size_t)std::max(0, to - first_step);
-        if (summary.train_losses.size() > keep) summary.train_losses.resize(keep);
+    void truncate_losses(int to) {
+        const size_t keep = (size_t)std::max(0, to - summary_.first_step);
+        if (summary_.train_losses.size() > keep) summary_.train_losses.resize(keep);
     }
 
     // In-process rollback to the newest complete checkpoint at or before at_most_step (collective).
@@ -371,6 +442,7 @@ private:
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         remove_checkpoints_after(m.step);
+        log_.supersede_after(m.step);
         const DataLoaderState d = train_.state();
         log_.log_event(strformat("rollback: %s; rolled back from step %d to %s (step %d); data position %s "
                                  "(epoch %d shard %zu round %zu batch %zu)",
@@ -602,6 +674,7 @@ private:
     }
 
     const RunConfig& cfg_;
+    const LrSchedule schedule_;
     Model& model_;
     Communicator& dp_;
     Communicator& world_;
@@ -614,6 +687,10 @@ private:
     double peak_tflops_ = 0;
     double straggler_factor_ = cfg_.straggler_factor;
     Rng sample_rng_;
+    // this run()
+    TrainSummary summary_;
+    std::chrono::steady_clock::time_point run_start_;
+    double first_step_ms_ = 0, later_steps_ms_ = 0;
     // guards
     ZScoreWindow loss_window_, norm_window_;
     int consecutive_skips_ = 0;

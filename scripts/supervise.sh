@@ -115,7 +115,7 @@ metrics_are_ours() { [ "$metrics" -nt "$work/started" ] || has_resume "${run_cmd
 last_step() {  # the last training step this run recorded in metrics.jsonl (0 if none)
     metrics_are_ours || { echo 0; return; }
     local s
-    s=$(sed -nE 's/.*"step":([0-9]+),.*"train_loss".*/\1/p' "$metrics" 2>/dev/null | tail -n 1)
+    s=$(sed -nE '/"superseded"/d; s/.*"step":([0-9]+),.*"train_loss".*/\1/p' "$metrics" 2>/dev/null | tail -n 1)
     echo "${s:-0}"
 }
 has_resume() {  # whether the command already resumes (-y 1, --resume 1, --resume-from)
@@ -248,7 +248,7 @@ done
 wall=$(awk -v a="$start_time" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 steps_s=0
 if metrics_are_ours; then
-    steps_s=$(awk '/"train_loss"/ && match($0, /"step_ms":[0-9.e+-]+/) { t += substr($0, RSTART + 10, RLENGTH - 10) }
+    steps_s=$(awk '/"train_loss"/ && !/"superseded"/ && match($0, /"step_ms":[0-9.e+-]+/) { t += substr($0, RSTART + 10, RLENGTH - 10) }
                    END { printf "%.1f", t / 1000 }' "$metrics" 2>/dev/null)
 fi
 steps_s=${steps_s:-0}

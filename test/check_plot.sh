@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # dev/plot_metrics.py on a short run: a 6-step run of a tiny model (validation every 3 steps) writes
 # metrics.jsonl; the plot of it, and of it overlaid with itself under two labels, must each be a
-# non-empty PNG. Fails (naming the package) where matplotlib is missing.
+# non-empty PNG. Then the same run with a rollback (NaN gradients in steps 3 and 4, --max-skips 2:
+# back to step 2's checkpoint): the records of the abandoned steps 3-4 and of step 3's validation
+# stay in the file, and plot_metrics.py still reads one curve (steps 1-6 once each, in order).
+# Fails (naming the package) where matplotlib is missing.
 #   test/check_plot.sh [TRAINER] [PYTHON]   (defaults ./train_gpt_cpu, /usr/bin/python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +23,21 @@ is_png "$dir/curves.png" || fail "no PNG (or an empty one) at $dir/curves.png"
     fail "plot_metrics.py with two runs exited with $?"
 is_png "$dir/two.png" || fail "no PNG for two overlaid runs"
 echo "check_plot.sh: plot_metrics.py drew one run ($(stat -c %s "$dir/curves.png") bytes) and two overlaid ($(stat -c %s "$dir/two.png") bytes)"
+
+"$trainer" --num-layers 1 --channels 32 --num-heads 2 -b 2 -t 32 -x 6 -v 3 -m 2 -s 0 -n 2 --max-skips 2 \
+    --faults nan_grad@3:0,nan_grad@4:0 -o "$dir/rollback" >"$dir/rollback.log" 2>&1 ||
+    { cat "$dir/rollback.log"; fail "the training run with a rollback failed"; }
+grep -q "^rollback: 2 updates skipped in a row (steps 3-4)" "$dir/rollback.log" || { cat "$dir/rollback.log"; fail "no rollback"; }
+[ "$(grep -c '"train_loss"' "$dir/rollback/metrics.jsonl")" = 8 ] || fail "expected 8 step records (6 and the 2 abandoned)"
+curve=$("$python" - "$dir/rollback/metrics.jsonl" <<'PY'
+import sys
+sys.path.insert(0, "dev")
+import plot_metrics
+steps, vals = plot_metrics.read_run(sys.argv[1])
+print([r["step"] for r in steps], [r["step"] for r in vals])
+PY
+) || fail "plot_metrics.read_run failed on the run with a rollback"
+[ "$curve" = "[1, 2, 3, 4, 5, 6] [0, 3, 6]" ] || fail "the run with a rollback reads as steps and evaluations $curve"
+"$python" dev/plot_metrics.py "$dir/rollback/metrics.jsonl" -o "$dir/rollback.png" || fail "plot_metrics.py exited with $?"
+is_png "$dir/rollback.png" || fail "no PNG for the run with a rollback"
+echo "check_plot.sh: a run with a rollback reads as one curve: steps and evaluations $curve"

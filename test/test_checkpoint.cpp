@@ -411,15 +411,55 @@ TEST_CASE("metrics: a resumed run keeps the records before its step and drops th
           << R"({"step": 1, "train_loss": 10})" << "\n"
           << R"({"step": 2, "train_loss": 9})" << "\n"
           << R"({"step": 2, "val_loss": 9.5})" << "\n"
+          << R"({"checkpoint": "ckpt_00000002", "step": 2})" << "\n"
           << R"({"step": 3, "train_loss": 8})" << "\n"
           << "{\"step\": 4, \"tra";  // cut off by the kill
     }
     {
         MetricsLog log;
         log.open(path, 2);
+        log.log_val(2, 9.5f);
     }
+    // The step's own record and its checkpoint's stay; its evaluation, written again, comes once.
     std::string kept = read_text_file(path);
-    REQUIRE(kept == "{\"step\": 0, \"val_loss\": 11}\n{\"step\": 1, \"train_loss\": 10}\n{\"step\": 2, \"train_loss\": 9}\n");
+    REQUIRE(kept.substr(0, kept.rfind("{\"step\":2,")) ==
+            "{\"step\": 0, \"val_loss\": 11}\n{\"step\": 1, \"train_loss\": 10}\n{\"step\": 2, \"train_loss\": 9}\n"
+            "{\"checkpoint\": \"ckpt_00000002\", \"step\": 2}\n");
+    REQUIRE(kept.find("\"val_loss\":9.5") != std::string::npos);
+}
+
+TEST_CASE("metrics: after a rollback the abandoned records are marked superseded, the events kept", "[checkpoint]") {
+    TempDir dir;
+    const std::string path = dir.path + "/metrics.jsonl";
+    MetricsLog log(path);
+    for (int step = 1; step <= 3; step++) {
+        StepMetrics m;
+        m.step = step;
+        log.log_step(m);
+        if (step == 2) log.log_val(2, 9.0f);
+    }
+    log.log_event("guard: step 3 update skipped", {{"step", 3}, {"event", "skip"}});
+    log.supersede_after(2);  // back to the state after step 2
+    log.log_val(2, 9.0f);
+    log.log_step(StepMetrics{3});
+    std::vector<nlohmann::json> records;
+    std::istringstream lines(read_text_file(path));
+    for (std::string line; std::getline(lines, line);) records.push_back(nlohmann::json::parse(line));
+    REQUIRE(records.size() == 7);
+    auto superseded = [&](size_t i) { return records[i].value("superseded", false); };
+    CHECK_FALSE(superseded(0));  // step 1
+    CHECK_FALSE(superseded(1));  // step 2
+    CHECK(superseded(2));        // step 2's evaluation: the run repeats it
+    CHECK(superseded(3));        // step 3
+    CHECK_FALSE(superseded(4));  // the skip event: what happened stays
+    CHECK_FALSE(superseded(5));  // the evaluation of step 2 again, and step 3 again, appended
+    CHECK_FALSE(superseded(6));
+    CHECK(records[6]["step"] == 3);
+    // What a reader keeps: one record per step, in order.
+    std::vector<int> steps;
+    for (const nlohmann::json& r : records)
+        if (r.contains("train_loss") && !r.value("superseded", false)) steps.push_back(r["step"].get<int>());
+    CHECK(steps == std::vector<int>{1, 2, 3});
 }
 
 TEST_CASE("metrics: a record the disk refuses is cut off whole and warned about once, and the log goes on",

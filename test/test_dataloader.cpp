@@ -198,6 +198,20 @@ TEST_CASE("dataloader: epochs wrap and reset returns to the start", "[dataloader
     }
 }
 
+TEST_CASE("dataloader: skip_batch moves to the next batch as next_batch does, without reading", "[dataloader]") {
+    TempDir dir;
+    write_three_shards(dir);
+    DataLoader reader(dir.file("s*.bin"), kB, kT, 0, 1, kVocab, true, 3);
+    DataLoader skipper(dir.file("s*.bin"), kB, kT, 0, 1, kVocab, true, 3);
+    for (size_t k = 0; k < 2 * reader.batches_per_epoch() + 1; k++) {
+        const std::vector<int> held = batch_of(skipper);
+        reader.next_batch();
+        skipper.skip_batch();
+        REQUIRE(skipper.state() == reader.state());
+        REQUIRE(batch_of(skipper) == held);
+    }
+}
+
 TEST_CASE("dataloader: a restored state continues exactly, across epochs and through JSON", "[dataloader]") {
     TempDir dir;
     write_three_shards(dir);

@@ -86,3 +86,54 @@ TEST_CASE("MFU: the peak comes from the device name's table, durations read as h
     CHECK(format_duration(59.6) == "0:01:00");
     CHECK(format_duration(3 * 3600 + 25 * 60 + 7) == "3:25:07");
 }
+
+TEST_CASE("the closing line says what the run did: no validation, a resume, nothing left to train", "[training]") {
+    TrainSummary fresh;
+    fresh.steps_run = 8;
+    fresh.first_val_step = 0;
+    fresh.first_val_loss = 10.8583f;
+    fresh.last_val_step = 8;
+    fresh.last_val_loss = 10.8158f;
+    fresh.last_train_loss = 10.8019f;
+    fresh.mean_tokens_per_s = 2480;
+    CHECK(summary_text(fresh) ==
+          "val loss 10.8583 (step 0) -> 10.8158 (step 8) | train loss 10.8019 | 2480 tok/s mean");
+
+    TrainSummary no_validation = fresh;  // -v 0: no "val loss nan -> nan"
+    no_validation.first_val_step = no_validation.last_val_step = -1;
+    no_validation.first_val_loss = no_validation.last_val_loss = NAN;
+    CHECK(summary_text(no_validation) == "train loss 10.8019 | 2480 tok/s mean");
+
+    TrainSummary resumed = fresh;  // its first validation is the resume step's, not the run's start
+    resumed.first_step = resumed.first_val_step = 4;
+    CHECK(summary_text(resumed) ==
+          "resumed at step 4 | val loss 10.8583 (step 4) -> 10.8158 (step 8) | train loss 10.8019 | 2480 tok/s mean");
+
+    TrainSummary finished;  // a finished run resumed: one validation, no step, no "train loss nan | 0 tok/s"
+    finished.first_step = finished.first_val_step = finished.last_val_step = 8;
+    finished.first_val_loss = finished.last_val_loss = 10.8158f;
+    CHECK(summary_text(finished) == "resumed at step 8 | nothing left to train | val loss 10.8158 (step 8)");
+}
+
+TEST_CASE("a one-step run reports that step's throughput, not 0 tok/s", "[training][data]") {
+    const char* shard = "data/default/default_train_000000.bin";
+    if (!std::ifstream(shard).good()) FAIL("the default corpus is missing: run `make data` (make test does it first)");
+    RunConfig cfg;
+    cfg.num_layers = 1;
+    cfg.channels = 32;
+    cfg.num_heads = 2;
+    cfg.max_seq_len = 32;
+    cfg.batch_size = 2;
+    cfg.seq_len = 32;
+    cfg.steps = 1;
+    cfg.val_every = 0;
+    cfg.sample_every = 0;
+    resolve_run_config(cfg, 1, nullptr);
+    GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    model.init_random(cfg.seed);
+    LocalComm comm;
+    const TrainSummary summary = Trainer(cfg, model, comm, "").run();  // "": no metrics file
+    CHECK(summary.steps_run == 1);
+    CHECK(summary.mean_tokens_per_s > 0);
+    CHECK(summary.first_val_step == -1);
+}

@@ -6,7 +6,7 @@
 set -euo pipefail
 [ $# = 4 ] || { echo "usage: $0 REF_RUN_DIR RUN_DIR STEPS LIMIT" >&2; exit 2; }
 ref=$1 run=$2 steps=$3 limit=$4
-losses() { sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$1/metrics.jsonl" | head -n "$steps"; }
+losses() { sed -nE '/"superseded"/d; s/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$1/metrics.jsonl" | head -n "$steps"; }
 paste <(losses "$ref") <(losses "$run") | awk -v steps="$steps" -v limit="$limit" -v what="$run vs $ref" '
     $1 != $3 { print "FAIL " what ": step " $1 " beside step " $3; bad = 1; exit }
     { d = ($2 - $4) / $2; if (d < 0) d = -d; if (d > worst) { worst = d; at = $1 } n++; last_ref = $2; last = $4 }

@@ -26,7 +26,7 @@ common=(-i 'data/default/default_train_*.bin' -j "" --tokenizer "" --num-layers 
 cat >"$OUT/job.sh" <<'JOB'
 #!/usr/bin/env bash
 out=$1; shift
-last=$(sed -nE 's/.*"step":([0-9]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" 2>/dev/null | tail -1)
+last=$(sed -nE '/"superseded"/d; s/.*"step":([0-9]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" 2>/dev/null | tail -1)
 resume=$(ls -d "$out"/ckpt_* "$out".local/node_00000/ckpt_* 2>/dev/null | sed -E 's/.*ckpt_0*//' | sort -n | tail -1)
 at=$(( ${resume:-0} + KILL_EVERY ))
 faults=""
@@ -48,7 +48,7 @@ row() {  # row NAME FLAGS...
     local restarts lost kept
     restarts=$(grep -c "relaunching with -y 1" "$out.log" || true)
     lost=$(sed -nE 's/.*recovered: resumed from step [0-9]+.*, ([0-9]+) step\(s\) lost.*/\1/p' "$out.log" | paste -sd, -)
-    kept=$(sed -nE 's/.*"step_ms":([0-9.]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" | awk '{ s += $1 } END { printf "%.1f", s / 1000 }')
+    kept=$(sed -nE '/"superseded"/d; s/.*"step_ms":([0-9.]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" | awk '{ s += $1 } END { printf "%.1f", s / 1000 }')
     awk -v n="$name" -v w="$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" -v k="$kept" -v r="$restarts" -v l="$lost" \
         'BEGIN { split(l, a, ","); t = 0; for (i in a) t += a[i];
                  printf "| %s | %.1f | %.1f | %.0f%% | %d | %s (mean %.1f) |\n", n, w, k, 100 * k / w, r, l, (r ? t / r : 0) }'
@@ -57,7 +57,7 @@ undisturbed() {  # undisturbed NAME FLAGS...: median step time of a run without 
     local out="$OUT/$1"
     shift
     LLMC_FAULTS="" mpirun --oversubscribe -np 4 ./train_gpt_cpu "${common[@]}" -x 60 -o "$out" "$@" >"$out.log" 2>&1
-    sed -nE 's/.*"step_ms":([0-9.]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" | tail -50 | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
+    sed -nE '/"superseded"/d; s/.*"step_ms":([0-9.]+),.*"train_loss".*/\1/p' "$out/metrics.jsonl" | tail -50 | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
 }
 
 echo "goodput: $STEPS steps on 4 ranks (2 nodes of 2), rank 1 killed $KILL_EVERY steps after each start"

@@ -2,7 +2,8 @@
 // world size and ZeRO stage.
 //
 // A checkpoint is a directory <output_dir>/ckpt_<step, 8 digits>/ holding
-//   rank_<rank, 5 digits>.bin  every rank's part of the training state (ShardedState's snapshot)
+//   rank_<rank, 5 digits>.bin  every rank's part of the training state (ShardedState's snapshot,
+//                              less the copies that another rank's file holds: each element once)
 //   manifest.json              what every file holds, its size and CRC32C, and the run's state
 //                              (step, data position, random states, config): manifest.h
 //   COMPLETE                   written last, by rank 0, once every rank's file is durable; it holds
@@ -33,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -250,6 +252,17 @@ inline std::vector<char> exchange_file(Communicator& comm, const void* data, uin
     return theirs;
 }
 
+// Moves the runs of a snapshot to its front, back to back, in place (each run moves towards the
+// front, so none is overwritten before it moves): the snapshot then starts with the file's bytes.
+inline void squeeze(void* snapshot, const std::vector<SnapshotRun>& runs) {
+    char* base = static_cast<char*>(snapshot);
+    uint64_t at = 0;
+    for (const SnapshotRun& r : runs) {
+        if (r.snapshot_offset != at) std::memmove(base + at, base + r.snapshot_offset, r.bytes);
+        at += r.bytes;
+    }
+}
+
 // Writes the manifest and then the marker into a checkpoint directory.
 inline void commit_checkpoint(const std::string& dir, int step, const std::string& manifest) {
     const uint32_t crc = write_file_durably(dir, CHECKPOINT_MANIFEST, manifest.data(), manifest.size());
@@ -386,8 +399,9 @@ private:
         return due;
     }
 
-    // The local tier first: it is the quick one, and the shared one may take long.
-    std::vector<CheckpointReport> write_all(const TrainState& t, std::vector<CheckpointTier> tiers, const void* host) {
+    // The local tier first: it is the quick one, and the shared one may take long; and it writes
+    // the whole snapshot, out of which the shared one then squeezes the copies it does not write.
+    std::vector<CheckpointReport> write_all(const TrainState& t, std::vector<CheckpointTier> tiers, void* host) {
         std::stable_sort(tiers.begin(), tiers.end(),
                          [](const CheckpointTier& a, const CheckpointTier& b) { return a.local() > b.local(); });
         std::vector<CheckpointReport> reports;
@@ -397,7 +411,7 @@ private:
 
     // The whole write of one checkpoint on one tier, on the writer thread (or the trainer's,
     // --ckpt-sync). Never throws: every failure ends in a report, and in a removed directory.
-    CheckpointReport write(const TrainState& t, const CheckpointTier& tier, const void* host) {
+    CheckpointReport write(const TrainState& t, const CheckpointTier& tier, void* host) {
         auto start = std::chrono::steady_clock::now();
         Communicator& comm = *comm_;
         const int rank = comm.rank(), world = comm.world_size();
@@ -420,7 +434,10 @@ private:
         try {
             for (const std::string& e : all_gather_strings(comm, error))
                 if (!e.empty() && error.empty()) error = "another rank could not prepare its checkpoint directory";
-            ManifestFile mine = describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank), tier.local());
+            std::vector<SnapshotRun> runs;
+            ManifestFile mine =
+                describe_rank_file(layout_, buffers_, owned_, rank, rank_file_name(rank), tier.local(), &runs);
+            detail::squeeze(host, runs);
             if (error.empty()) {
                 try {
                     const bool inject = faults().at("ckpt_fail", t.step, rank);  // faults.h: a full disk

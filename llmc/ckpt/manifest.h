@@ -133,29 +133,40 @@ inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRan
     return out;
 }
 
+// Bytes [snapshot_offset, snapshot_offset + bytes) of a rank's snapshot (ShardedState: every buffer's
+// owned ranges back to back), one run of what its file holds.
+struct SnapshotRun {
+    uint64_t snapshot_offset, bytes;
+};
+
 // What a rank's file holds, before its size and checksum are known: `buffers` in order, each the
-// rank's `owned` ranges back to back.
-// every_copy: list the replicas and stage copies too (the local tier, where each rank restores
-// from its own file alone), not only the primary copies (the shared tier, read as one whole).
+// rank's `owned` ranges back to back, as in its snapshot, but only the pieces the manifest lists.
+// Every rank of a tensor-parallel group holds the replicated tensors (LayerNorms, wpe, some biases)
+// whole and equal, and the last pipeline stage a copy of the tied embedding; only the primary copy
+// (ParamLayout::is_primary) is listed and written, so each element is in the checkpoint once.
+// every_copy: the replicas and stage copies too (the local tier, where each rank restores from its
+// own file alone: once in the file). runs (if not null): where the file's bytes are in the snapshot.
 inline ManifestFile describe_rank_file(const ParamLayout& layout, const std::vector<StateBuffer>& buffers,
                                        const std::vector<FlatRange>& owned, int rank, const std::string& path,
-                                       bool every_copy = false) {
+                                       bool every_copy = false, std::vector<SnapshotRun>* runs = nullptr) {
     ManifestFile f;
     f.rank = rank;
     f.path = path;
-    uint64_t at = 0;
+    uint64_t at = 0, snapshot_at = 0;
     for (const StateBuffer& b : buffers) {
         ManifestBuffer mb{b.name, b.dtype, {}};
         for (const FlatRange& r : owned)
             for (const TensorPiece& p : tensor_pieces(layout, r)) {
-                // Every rank of a tensor-parallel group holds the replicated tensors (LayerNorms,
-                // wpe, some biases) whole and equal, and the last pipeline stage a copy of the tied
-                // embedding; the file keeps this rank's copy where its snapshot put it, but only
-                // the primary copy is listed (ParamLayout::is_primary), so each element is
-                // described once (in the whole checkpoint; in a local-tier file, once in the file).
-                if (every_copy || layout.is_primary(p.tensor))
+                const uint64_t bytes = p.size() * state_dtype_bytes(b.dtype);
+                if (every_copy || layout.is_primary(p.tensor)) {
                     mb.slices.push_back({p.tensor, p.begin, p.end, at, p.run, p.stride});
-                at += p.size() * state_dtype_bytes(b.dtype);
+                    if (runs && !runs->empty() && runs->back().snapshot_offset + runs->back().bytes == snapshot_at)
+                        runs->back().bytes += bytes;
+                    else if (runs)
+                        runs->push_back({snapshot_at, bytes});
+                    at += bytes;
+                }
+                snapshot_at += bytes;
             }
         f.buffers.push_back(std::move(mb));
     }

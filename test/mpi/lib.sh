@@ -3,6 +3,8 @@
 #   dir           a scratch directory, removed on exit
 #   expect_failure WHAT PATTERN MPIRUN_ARGS...   the launch must exit non-zero with PATTERN on stderr
 #   curve METRICS / same_curve A B WHAT           a run's training curve, and two runs' compared
+#   checkpoint_bytes DIR                          a checkpoint's bytes, each file checked to hold what its
+#                                                 manifest lists
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMP_NUM_THREADS=1  # ranks share the cores
 mpirun=(timeout 300 mpirun --oversubscribe)
@@ -20,8 +22,9 @@ expect_failure() {
     echo "ok $what: $(grep -m1 -- "$pattern" "$dir/err")"
 }
 
-# "step loss norm" for every training record of a metrics.jsonl (keys are written sorted).
-curve() { grep '"train_loss"' "$1" | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
+# "step loss norm" for every training record of a metrics.jsonl (keys are written sorted), but those
+# a rollback or replay superseded.
+curve() { grep '"train_loss"' "$1" | grep -v '"superseded"' | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
 # same_curve A B WHAT: every step of B is in A with the loss within 1e-5 and the norm within 1e-4 relative.
 same_curve() {
     local expected
@@ -32,4 +35,29 @@ same_curve() {
         END { exit !(count == n && n > 0 && bad == 0) }'; then
         echo "FAILED: $3: the curves differ"; exit 1
     fi
+}
+# checkpoint_bytes DIR: the bytes of a checkpoint's rank files, once each file is found to hold exactly
+# what the manifest lists for it (its size is the sum of its slices, which lie back to back).
+checkpoint_bytes() {
+    "${PYTHON:-/usr/bin/python3}" - "$1" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+manifest = json.load(open(os.path.join(d, "manifest.json")))
+total = 0
+for f in manifest["files"]:
+    at = 0
+    for b in f["buffers"]:
+        size = {"f32": 4, "bf16": 2}[b["dtype"]]
+        for s in b["slices"]:
+            begin, end, offset = s[1:4]
+            run, stride = (s[4], s[5]) if len(s) > 4 else (end - begin, end - begin)
+            if offset != at:
+                sys.exit(f"{f['path']}: a slice of {s[0]} at byte {offset}, expected {at}: unlisted bytes before it")
+            at += ((end - begin - run) // stride + 1) * run * size
+    on_disk = os.path.getsize(os.path.join(d, f["path"]))
+    if not at == f["bytes"] == on_disk:
+        sys.exit(f"{f['path']}: {on_disk} bytes, the manifest says {f['bytes']} and lists {at}")
+    total += on_disk
+print(total)
+PY
 }

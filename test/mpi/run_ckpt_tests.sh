@@ -8,10 +8,14 @@
 #   - a flipped byte or a truncated rank file: named, skipped, the previous one used, same result;
 #   - resharding: resumed on another world size or ZeRO stage (4 -> 2, 2 -> 3, 1 -> 4, ZeRO-1 ->
 #     ZeRO-3 and back), every later loss within 1e-5 relative of the reference;
+#   - validation: a checkpoint's validation loss is the same resumed on 1, 2 or 4 ranks (bitwise),
+#     at tp 2 or pp 2 (within fp32 rounding): -m counts windows of the whole run, not per rank;
 #   - a failed write (LLMC_FAULTS=ckpt_fail@8:1 injects ENOSPC; and a real full tmpfs where mounting one
 #     is allowed): error with path and reason, directory removed, earlier ones intact, training goes
 #     on; with --ckpt-fail-stop 1 the run stops non-zero;
-#   - refusals (another seed) and -y 1 with nothing to resume.
+#   - refusals (another seed) and -y 1 with nothing to resume;
+#   - the closing line says what was done: nothing left to train after a finished run's resume, no
+#     validation under -v 0, the one step's throughput.
 #   test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 set -euo pipefail
 
@@ -128,6 +132,33 @@ for case in "4 1 2 1" "2 1 3 1" "1 0 4 0" "4 1 4 3" "4 3 2 1"; do
     close_run "$dir/ref_${from_np}_${from_z}" "$out" 12 "$from_np/ZeRO-$from_z -> $np/ZeRO-$z"
 done
 
+echo "== validation: the same windows on any mesh, so a resume elsewhere reports the same loss"
+# ckpt_00000012 of the 4-rank run resumed with -x 12: nothing left to train, one validation of its
+# weights (-m 5 windows: not a multiple of 2 or 4 ranks). Data parallelism gives the same bits; tensor
+# and pipeline parallelism the same loss to fp32 rounding.
+val_loss() { sed -nE 's/.*"step":12,.*"val_loss":([-0-9.e+]+).*/\1/p' "$1/metrics.jsonl"; }
+reference 4 1
+for mesh in "1 1 1 0" "2 1 1 1" "4 1 1 3" "2 2 1 0" "2 1 2 0"; do
+    read -r np tp pp z <<<"$mesh"
+    out="$dir/val_${np}_${tp}_${pp}_$z"
+    run "$np" "$out" -x 12 -n 0 -v 12 -m 5 -j 'data/default/default_val_*.bin' --tp "$tp" --pp "$pp" -z "$z" \
+        --resume-from "$dir/ref_4_1/ckpt_00000012"
+    [ -n "$(val_loss "$out")" ] || { cat "$out.log"; fail "$np rank(s), tp $tp, pp $pp: no validation after step 12"; }
+    echo "   $np rank(s), tp $tp, pp $pp, ZeRO-$z: val loss $(val_loss "$out")"
+done
+for out in "$dir/val_2_1_1_1" "$dir/val_4_1_1_3"; do
+    [ "$(val_loss "$out")" = "$(val_loss "$dir/val_1_1_1_0")" ] || fail "data parallelism changed the validation loss ($out)"
+done
+for out in "$dir/val_2_2_1_0" "$dir/val_2_1_2_0"; do
+    awk -v a="$(val_loss "$out")" -v b="$(val_loss "$dir/val_1_1_1_0")" \
+        'BEGIN { d = a - b; exit !((d < 0 ? -d : d) <= 1e-5 * b) }' || fail "$out: val loss beyond fp32 rounding of 1 rank's"
+done
+echo "ok the validation loss of ckpt_00000012: bitwise the same on 1, 2 and 4 ranks, within 1e-5 at tp 2 and pp 2"
+# Nothing was left to train: the closing line says so, and names no training loss or throughput.
+grep -qE "^done: resumed at step 12 \| nothing left to train \| val loss [0-9.]+ \(step 12\) \| model saved to" \
+    "$dir/val_1_1_1_0.log" || { cat "$dir/val_1_1_1_0.log"; fail "the closing line of a resumed finished run"; }
+echo "ok $(grep '^done:' "$dir/val_1_1_1_0.log" | sed "s|$dir/||")"
+
 echo "== the local tier: a node loses its storage, its files come back from the buddy node's replicas"
 out="$dir/local"
 rc=0
@@ -182,9 +213,13 @@ rc=0
 [ $rc = 1 ] && grep -q "its seed is 1337 but this run's is 5" "$dir/seed.log" ||
     { cat "$dir/seed.log"; fail "another seed was not refused with exit code 1, a configuration error (got $rc)"; }
 echo "ok another seed: $(grep -m1 -o 'cannot resume.*' "$dir/seed.log" | sed "s|$dir/||")"
-run 1 "$dir/fresh" -y 1 -x 2
+run 1 "$dir/fresh" -y 1 -x 1
 grep -q "no complete checkpoint in '$dir/fresh'; starting fresh" "$dir/fresh.log" || fail "-y 1 without checkpoints did not say it starts fresh"
 echo "ok -y 1 with no checkpoint starts fresh and says so"
+# One step without validation (-v 0): the closing line has that step's throughput and no validation.
+grep -qE "^done: train loss [0-9.]+ \| [1-9][0-9]* tok/s mean \| model saved to" "$dir/fresh.log" ||
+    { cat "$dir/fresh.log"; fail "the closing line of a one-step run without validation"; }
+echo "ok $(grep '^done:' "$dir/fresh.log" | sed "s|$dir/||")"
 
 echo "== model files: llm.c's bf16 (version 5) written with --model-dtype bf16 and read back with -e"
 run 1 "$dir/bf16" -x 2 -n 0 --model-dtype bf16

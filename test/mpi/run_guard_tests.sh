@@ -7,11 +7,12 @@
 #     step 4 (every rank's checkpoint file, AdamW moments included) where the uninterrupted run's
 #     differs; the run goes on finite; the same NaN on rank 0 instead gives the very same run;
 #   - NaNs at steps 6, 7, 8 with --max-skips 3: rollback to the step-4 checkpoint, the data loader
-#     kept where it was (step 5 is run again on other batches), the run finishes; with no
+#     kept where it was (step 5 is run again on other batches), the run finishes, and metrics.jsonl
+#     reads as one curve (the abandoned steps marked superseded, for plot_metrics.py too); with no
 #     checkpoint the run stops with EXIT_DIVERGED (5);
 #   - flip_bit@5:1 on 3 ZeRO-0 replicas with --fingerprint-every 2: rank 1 named after step 6,
-#     replay from the step-4 checkpoint, classified transient, and the final model bitwise that of
-#     an uninterrupted run; the flip listed twice (so it strikes the replay too): rank 1 reported
+#     replay from the step-4 checkpoint, classified transient, and the final model and the curve
+#     (read as one) those of an uninterrupted run; the flip listed twice (so it strikes the replay too): rank 1 reported
 #     faulty, EXIT_CORRUPTION (6); with no checkpoint: EXIT_CORRUPTION at once.
 #   test/mpi/run_guard_tests.sh ./train_gpt_cpu
 set -euo pipefail
@@ -20,12 +21,9 @@ trainer=${1:-./train_gpt_cpu}
 [ -x "$trainer" ] || { echo "run_guard_tests.sh: $trainer is not built" >&2; exit 1; }
 train_glob='data/default/default_train_*.bin'
 compgen -G "$train_glob" >/dev/null || { echo "run_guard_tests.sh: no $train_glob (make data)" >&2; exit 1; }
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMP_NUM_THREADS=1  # ranks share the cores
+source "$(dirname "$0")/lib.sh"
 unset LLMC_FAULTS
-mpirun=(timeout 120 mpirun --oversubscribe)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+mpirun=(timeout 120 mpirun --oversubscribe)  # short runs: a hang fails sooner
 
 # 10 steps of a 2-layer model; 12 windows per step, so 2 and 3 ranks keep the same batch.
 common=(-i "$train_glob" -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2 --max-seq-len 64
@@ -46,6 +44,14 @@ has() {  # has FILE PATTERN WHAT
 }
 rank_files() {  # rank_files RUN STEP: the rank files of that checkpoint
     echo "$1/ckpt_$(printf %08d "$2")"/rank_*.bin
+}
+one_curve() {  # one_curve RUN WHAT: the records not superseded, and plot_metrics.py, read steps 1-10 once each
+    local kept plotted
+    kept=$(grep '"train_loss"' "$1/metrics.jsonl" | grep -v '"superseded"' | sed -E 's/.*"step":([0-9]+),.*/\1/' | xargs)
+    plotted=$(/usr/bin/python3 -c 'import sys; sys.path.insert(0, "dev"); import plot_metrics
+print(*(r["step"] for r in plot_metrics.read_run(sys.argv[1])[0]))' "$1/metrics.jsonl")
+    [ "$kept" = "$(seq -s ' ' 1 10)" ] && [ "$plotted" = "$kept" ] ||
+        { cat "$1/metrics.jsonl"; fail "$2: the steps read as '$kept' (plot_metrics.py: '$plotted'), expected 1-10 once each"; }
 }
 same_state() {  # same_state RUN STEP_A STEP_B: whether every rank file of the two checkpoints is equal
     local a b
@@ -83,7 +89,11 @@ has "$dir/roll/metrics.jsonl" '"event":"rollback"' "rollback record"
 # Step 5 ran twice: after the rollback on the batches after step 8's, so with another loss.
 [ "$(losses "$dir/roll" | awk '$1 == 5' | sort -u | wc -l)" = 2 ] || fail "step 5 after the rollback read the same batches"
 [ "$(losses "$dir/roll" | tail -1 | cut -d' ' -f1)" = 10 ] || fail "the run did not finish its 10 steps after the rollback"
-echo "   rolled back to step 4 with the data position kept; finished"
+# The abandoned steps 5-8 stay in metrics.jsonl, marked superseded; the skip events stay as they are.
+[ "$(grep '"train_loss"' "$dir/roll/metrics.jsonl" | grep -c '"superseded":true')" = 4 ] || fail "expected steps 5-8 superseded"
+[ "$(grep '"event":"skip"' "$dir/roll/metrics.jsonl" | grep -vc '"superseded"')" = 3 ] || fail "expected 3 skip events kept"
+one_curve "$dir/roll" "after the rollback"
+echo "   rolled back to step 4 with the data position kept; finished; metrics.jsonl reads as one curve"
 run 2 "$dir/diverged" 5 --max-skips 3 --faults nan_grad@3:1,nan_grad@4:1,nan_grad@5:1
 has "$dir/diverged.log" 'training diverged: 3 updates skipped in a row \(steps 3-5\) and there is no checkpoint' \
     "no checkpoint: diverged"
@@ -97,7 +107,10 @@ has "$dir/flip.log" '^rollback: replicas diverged after step 6 .*ckpt_00000004 \
 has "$dir/flip.log" '^fingerprint: replayed to step 6 and the replicas agree: the divergence of rank\(s\) 1 at step 6 was transient' \
     "transient"
 cmp -s "$dir/ref3/model.bin" "$dir/flip/model.bin" || fail "after the replay the final model differs from the uninterrupted run"
-echo "   rank 1 named after step 6 (flip after step 5), replayed, transient; final model bitwise the uninterrupted one"
+one_curve "$dir/flip" "after the replay"
+diff <(curve "$dir/ref3/metrics.jsonl" | cut -d' ' -f1,2) <(curve "$dir/flip/metrics.jsonl" | cut -d' ' -f1,2) >/dev/null ||
+    fail "after the replay the curve differs from the uninterrupted run's"
+echo "   rank 1 named after step 6 (flip after step 5), replayed, transient; final model and curve those of the uninterrupted run"
 run 3 "$dir/faulty" 6 -n 4 --fingerprint-every 2 --faults flip_bit@5:1,flip_bit@5:1
 has "$dir/faulty.log" 'silent data corruption: rank\(s\) 1 diverged from their replicas at step 6 and again at step 6 of the replay: faulty' \
     "persistent"

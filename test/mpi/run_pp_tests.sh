@@ -5,8 +5,10 @@
 #      allocated bytes on every stage; interleaved pp 2 and 4 with a communicator per edge (NCCL's way);
 #   2. the trainer: bad pipeline configs fail naming the flag and the numbers; --plan and
 #      --pp-print-schedule print the stages and the schedule; a pp = 2 run prints the same losses as
-#      1 rank; checkpoints written at pp = 2 resume as 1 rank, dp 2 x pp 2, pp 2 x tp 2, pp 4 and
-#      dp 2 x pp 2 interleaved (and one written on 1 rank as pp 2) and continue the uninterrupted run;
+#      1 rank (and a mesh line without tensor parallelism), and its checkpoints are as big as 1
+#      rank's (no copy of the tied embedding), each file what the manifest lists; they resume as 1
+#      rank, dp 2 x pp 2, pp 2 x tp 2, pp 4 and dp 2 x pp 2 interleaved (and one written on 1 rank as
+#      pp 2) and continue the uninterrupted run;
 #   3. the local checkpoint tier on a pp 2 x tp 2 mesh, a node's directory lost;
 #   4. a NaN in the last stage's copy of the tied embedding's gradient skips the step everywhere;
 #   5. a stage that dies mid-schedule: the other ranks report it and exit, no hang.
@@ -66,6 +68,16 @@ sys.exit(0 if a.shape == b.shape and d <= 1e-4 else 1)
 PY
     { echo "FAILED: the pp 2 run's model.bin is not the 1-rank run's"; exit 1; }
 echo "ok the trainer at pp 2 reproduces 1 rank's losses, gradient norms and model.bin for 8 steps"
+# Its mesh line says pipeline stages and nothing of tensor parallelism, which it does not use.
+grep -q "^mesh: 2 rank(s) = dp 1 x pp 2 x tp 1$" "$dir/pp2.log" && grep -q "^pipeline: 2 stages" "$dir/pp2.log" ||
+    { echo "FAILED: the mesh line of a pp 2 run"; cat "$dir/pp2.log"; exit 1; }
+echo "ok a pp 2 run's log: the mesh without a word of tensor or sequence parallelism"
+# Its checkpoint holds each element once, as the 1-rank one does: the last stage writes no copy of
+# the tied embedding (nor its moments). That the checkpoint resumes exactly is shown below.
+bytes_one=$(checkpoint_bytes "$dir/one/ckpt_00000004") && bytes_pp2=$(checkpoint_bytes "$dir/pp2/ckpt_00000004") ||
+    { echo "FAILED: a checkpoint's files hold what their manifest does not list"; exit 1; }
+[ "$bytes_pp2" = "$bytes_one" ] || { echo "FAILED: the pp 2 checkpoint has $bytes_pp2 bytes, the 1-rank one $bytes_one"; exit 1; }
+echo "ok the pp 2 checkpoint: $bytes_pp2 bytes, as the 1-rank one, each file exactly what the manifest lists"
 
 # GPT-2's vocabulary: the tied embedding's gradient (50304 x 32 floats) outgrows the first stage's
 # activation buffer, so its sum over the first and the last stage travels in pieces, as big as the

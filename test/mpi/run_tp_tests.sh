@@ -3,8 +3,10 @@
 #   1. test_tp (test_tp.cpp): tp = 2, tp = 4 and dp = 2 x tp = 2 reproduce the 1-rank run, ZeRO 0-3,
 #      sequence parallelism on and off, planned bytes = allocated bytes;
 #   2. the trainer: bad meshes fail naming the flag and the numbers; a tp = 2 run prints the same
-#      losses as 1 rank; checkpoints written at tp = 2 resume as tp = 1, dp = 2 x tp = 2 and tp = 4
-#      (and one written at tp = 1 as dp 2 x tp 2 at ZeRO-3) and continue the uninterrupted run.
+#      losses as 1 rank, and its batch and mesh lines count 1 data-parallel rank; its checkpoints are
+#      as big as 1 rank's (no replicas), each file what the manifest lists; checkpoints written
+#      at tp = 2 resume as tp = 1, dp = 2 x tp = 2 and tp = 4 (and one written at tp = 1 as dp 2 x
+#      tp 2 at ZeRO-3) and continue the uninterrupted run.
 #   test/mpi/run_tp_tests.sh build/test_tp ./train_gpt_cpu
 set -euo pipefail
 
@@ -38,6 +40,17 @@ expect_failure "a sequence-parallel length that tp does not divide" "needs -t (s
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -x 8 -n 4 --tp 2 -o "$dir/tp2" >"$dir/tp2.log"
 same_curve "$dir/one/metrics.jsonl" "$dir/tp2/metrics.jsonl" "tp 2 against 1 rank"
 echo "ok the trainer at tp 2 reproduces 1 rank's losses and gradient norms for 8 steps"
+# Its start-up lines count the data-parallel ranks (1 here, of 2) and say what the mesh is.
+grep -q "^batch: B 2 x T 32 x 1 data-parallel rank(s) x 4 accumulation = 256 tokens per step" "$dir/tp2.log" &&
+    grep -q "^mesh: 2 rank(s) = dp 1 x pp 1 x tp 2; tensor parallel with sequence parallelism$" "$dir/tp2.log" ||
+    { echo "FAILED: the batch and mesh lines of a tp 2 run"; cat "$dir/tp2.log"; exit 1; }
+echo "ok a tp 2 run's log: 1 data-parallel rank of 2, tensor parallel with sequence parallelism"
+# Its checkpoint holds each element once, as the 1-rank one does: rank 1 writes no replica of the
+# tensors both ranks hold whole (LayerNorms, biases, wpe).
+bytes_one=$(checkpoint_bytes "$dir/one/ckpt_00000004") && bytes_tp2=$(checkpoint_bytes "$dir/tp2/ckpt_00000004") ||
+    { echo "FAILED: a checkpoint's files hold what their manifest does not list"; exit 1; }
+[ "$bytes_tp2" = "$bytes_one" ] || { echo "FAILED: the tp 2 checkpoint has $bytes_tp2 bytes, the 1-rank one $bytes_one"; exit 1; }
+echo "ok the tp 2 checkpoint: $bytes_tp2 bytes, as the 1-rank one, each file exactly what the manifest lists"
 
 # Resume step 4's checkpoint onto other splits: steps 5-8 must continue the uninterrupted run.
 resume() {  # resume NP TP ZERO FROM
