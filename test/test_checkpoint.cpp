@@ -400,6 +400,12 @@ TEST_CASE("manifest: round trip, and malformed manifests are errors naming the f
                         Contains("must be a plain file name"));
     REQUIRE_THROWS_WITH(parse_manifest(broken([](auto& j) { j["files"][0]["buffers"][0]["dtype"] = "f16"; }), "m"),
                         Contains("dtype 'f16'"));
+    // A changed dtype: the same elements in half the bytes would be read as garbage.
+    REQUIRE_THROWS_WITH(parse_manifest(broken([](auto& j) { j["files"][0]["buffers"][0]["dtype"] = "bf16"; }), "m"),
+                        Contains("expected the slices back to back (a changed dtype or slice?)"));
+    const uint64_t longer = layout.num_params * 4 + 4;
+    REQUIRE_THROWS_WITH(parse_manifest(broken([&](auto& j) { j["files"][0]["bytes"] = longer; }), "m"),
+                        Contains("the slices end at byte"));
 }
 
 TEST_CASE("metrics: a resumed run keeps the records before its step and drops the ones it repeats", "[checkpoint]") {

@@ -283,10 +283,34 @@ struct ManifestReader {
     }
 };
 
+// A rank file holds its slices back to back from byte 0 to its end, nothing else: a slice whose
+// dtype or extent was changed moves the bytes of every one after it, and is refused here rather
+// than read as garbage.
+inline void check_slices_tile_file(const ManifestFile& f, const std::string& where, const std::string& path) {
+    std::vector<std::pair<uint64_t, uint64_t>> extents;  // [first byte, end) of every slice
+    for (const ManifestBuffer& b : f.buffers)
+        for (const ManifestSlice& s : b.slices)
+            extents.push_back({s.byte_offset, s.byte_offset + s.elements() * state_dtype_bytes(b.dtype)});
+    std::sort(extents.begin(), extents.end());
+    uint64_t at = 0;
+    for (const auto& [begin, end] : extents) {
+        if (begin != at)
+            fail(strformat("%s: %s ('%s'): a slice starts at byte %llu where the one before ends at %llu; expected "
+                           "the slices back to back (a changed dtype or slice?)",
+                           where.c_str(), path.c_str(), f.path.c_str(), (unsigned long long)begin,
+                           (unsigned long long)at));
+        at = end;
+    }
+    if (at != f.bytes)
+        fail(strformat("%s: %s ('%s'): the slices end at byte %llu but the file has %llu (a changed dtype or slice?)",
+                       where.c_str(), path.c_str(), f.path.c_str(), (unsigned long long)at,
+                       (unsigned long long)f.bytes));
+}
+
 }  // namespace detail
 
 // Parses and checks a manifest: every field present with the right type, every slice inside its
-// tensor and its file. `where` names the file in errors.
+// tensor and its file, the slices of each file back to back. `where` names the file in errors.
 inline Manifest parse_manifest(const std::string& text, const std::string& where) {
     nlohmann::json j;
     try {
@@ -392,6 +416,7 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
             }
             f.buffers.push_back(std::move(mb));
         }
+        detail::check_slices_tile_file(f, where, path);
         m.files.push_back(std::move(f));
     }
     return m;
