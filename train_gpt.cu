@@ -5,9 +5,11 @@
 // the same host code: launch (MPI when started by mpirun/srun), config, data loading, schedule,
 // ZeRO sharding, train loop, metrics. Only the backend that makes the model differs. With --prompt
 // either binary instead continues a text with the -e model and exits.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "llmc/bpe_encoder.h"
 #include "llmc/ckpt/output_dir.h"
@@ -205,6 +207,10 @@ int main(int argc, char** argv) {
         const Error* error = dynamic_cast<const Error*>(&e);
         int code = error && error->exit_code ? error->exit_code : g_training_started ? EXIT_RUNTIME : EXIT_CONFIG;
         flight_recorder().silence_termination_report();  // this error is the cause: no report after it
+        // A configuration error is found by every rank at about the same point: a moment's grace
+        // lets the others print it too, and so end silenced, before the abort kills them; a rank
+        // that is not failing is waiting in a collective, and prints its report when killed.
+        if (launch.under_launcher && code == EXIT_CONFIG) std::this_thread::sleep_for(std::chrono::milliseconds(500));
         if (launch.under_launcher) abort_launch(launch, code);
         return code;
     }

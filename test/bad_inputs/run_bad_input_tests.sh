@@ -7,7 +7,8 @@
 #   - leave the output directory exactly as it was (an earlier run's files are not touched).
 # Errors that can only show during training (a NaN gradient norm or validation loss) must exit 5 with
 # their message and keep the earlier run's metrics.jsonl. Valid inputs that were once refused (the
-# run's own config.json fed back, an infinite --comm-timeout-s) must run. With mpirun: ranks with
+# run's own config.json fed back, an infinite --comm-timeout-s) must run. With mpirun: a config error
+# every rank finds comes first on stderr, with no flight record after it; ranks with
 # different configs are refused, naming the rank and the field; a rank that never reaches MPI_Init
 # is reported within LLMC_BOOTSTRAP_TIMEOUT_S.
 #   test/bad_inputs/run_bad_input_tests.sh [path/to/train_gpt_cpu]
@@ -309,6 +310,16 @@ if command -v mpirun >/dev/null; then
     [ "$rc" != 0 ] && [ "$rc" != 124 ] || problem "ranks with different seeds: exit $rc"
     grep -qF "rank 1 differs from rank 0 in config: seed (2 vs 1)" "$tmp/stderr" ||
         problem "ranks with different seeds: not named: $(grep error "$tmp/stderr" | head -2)"
+    # A configuration error every rank finds: the first line on stderr is the error, and no rank
+    # buries it under a flight record.
+    cases=$((cases + 1))
+    rc=0
+    timeout 60 "${mpirun[@]}" -np 2 "$bin" "${data[@]}" "${shape[@]}" -o "$tmp/cfg" --resume-from "$tmp/none/ckpt_00000004" \
+        >"$tmp/stdout" 2>"$tmp/stderr" || rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || problem "a config error on 2 ranks: exit $rc"
+    head -1 "$tmp/stderr" | grep -qF "resume-from '$tmp/none/ckpt_00000004': no such checkpoint directory" ||
+        problem "a config error on 2 ranks: the first line on stderr is not the error: $(head -1 "$tmp/stderr")"
+    ! grep -q "terminated by a signal" "$tmp/stderr" || problem "a config error on 2 ranks: a flight record follows it"
     expect_ok "comm timeout inf on 2 ranks" "${mpirun[@]}" -np 2 "$bin" "${data[@]}" "${shape[@]}" --comm-timeout-s inf \
         -o "$tmp/mpi"
     cases=$((cases + 1))
