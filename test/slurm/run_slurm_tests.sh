@@ -211,14 +211,14 @@ echo "== sbatch $sbatch_script: completes, bitwise the mpirun run"
 out="$dir/sbatch"
 submit "$out"
 finished "$out"
-grep -q "batch: .* x 2 rank(s) x 6 accumulation" "$out.log" || { cat "$out.log"; fail "the batch job did not train on 2 ranks"; }
+grep -q "batch: .* x 2 data-parallel rank(s) x 6 accumulation" "$out.log" || { cat "$out.log"; fail "the batch job did not train on 2 ranks"; }
 same_bits "$dir/ref" "$out" "sbatch"
 echo "ok job $job: $(grep -o 'attempt 1: the run finished' "$out.log"), bitwise equal ($(grep -m1 -o 'srun --mpi=pmix [^ ]* [^ ]*' "$out.log"))"
 
 echo "== srun --mpi=pmix -n 2: bitwise the mpirun run with the same flags"
 out="$dir/srun"
 timeout 300 srun --mpi=pmix -n 2 "$trainer" "${common[@]}" -o "$out" >"$out.log" 2>&1 || { cat "$out.log"; fail "srun exited non-zero"; }
-grep -q "batch: .* x 2 rank(s) x 6 accumulation" "$out.log" || { cat "$out.log"; fail "srun did not start 2 ranks of one job"; }
+grep -q "batch: .* x 2 data-parallel rank(s) x 6 accumulation" "$out.log" || { cat "$out.log"; fail "srun did not start 2 ranks of one job"; }
 same_bits "$dir/ref" "$out" "srun"
 echo "ok srun: 2 ranks, bitwise equal"
 
