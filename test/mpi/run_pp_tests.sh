@@ -108,10 +108,12 @@ resume 2 2 1 0 one
 # The local checkpoint tier on a pp 2 x tp 2 mesh (2 ranks per node): killed in step 6, node 1's
 # directory lost, resumed from step 4's local checkpoint (its files from node 0's replicas), ZeRO-0
 # (each rank restores its owned part and its data-parallel group shares them): the uninterrupted curve.
+# --ckpt-sync 1: step 4's checkpoint is complete before step 5 starts, so the kill in step 6 always
+# finds it (written in the background, a loaded machine could still be writing it then).
 local_run() {  # local_run NAME [EXTRA...]
     local name=$1
     shift
-    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --pp 2 --tp 2 -z 0 --local-ckpt-every 4 --ranks-per-node 2 \
+    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --pp 2 --tp 2 -z 0 --local-ckpt-every 4 --ranks-per-node 2 --ckpt-sync 1 \
         --local-ckpt-dir "$dir/local_$name" -o "$dir/local_$name.out" "$@"
 }
 local_run whole >"$dir/local_whole.log"
