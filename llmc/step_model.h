@@ -1,0 +1,223 @@
+// step_model.h: the predicted time of one optimizer step per rank, and where it goes.
+//
+// One description of the run (the resolved RunConfig: mesh, batch, ZeRO stage, recompute, pipeline
+// split) and the cluster (cluster.h) give every operation's FLOPs and bytes per micro-batch on the
+// busiest pipeline stage; a kernel takes the longer of its FLOPs at its kind's efficiency and its
+// bytes at the memory bandwidth. Collectives cost alpha-beta: a latency per step of the algorithm
+// and the bytes each rank sends over the link its group crosses. The mesh puts tp innermost (a
+// group of consecutive ranks), then pp, then dp, so a group of stride s and size g stays on NVLink
+// while s x g ranks fit in a node, and crosses the network otherwise.
+//
+// What is exposed follows what the CUDA model (gpt2_cuda.cuh) and ZeroEngine (zero.h) overlap:
+//   tp   forward gathers and reductions are exposed (the next kernel needs them); in backward the
+//        LayerNorm rows' gathers and the input gradients' reductions run under the weight-gradient
+//        matmuls, the gathers of the residual's gradient are exposed;
+//   dp   each bucket's gradient is reduced as soon as the last micro-batch's backward finishes it
+//        (ZeRO-2 and 3: every micro-batch's), hidden under the rest of that backward but for the
+//        last bucket; ZeRO-1/2 all-gather the updated parameters after the step (exposed); ZeRO-3
+//        gathers each layer while the previous one computes;
+//   pp   activations and their gradients cross between stages per micro-batch (exposed), and the
+//        schedule idles each stage for pipeline_bubble_fraction of the step.
+// Recomputation (-r) adds the forward work backward redoes: 1 the GELU, 2 also the LayerNorms,
+// 3 each layer's whole forward with its tp collectives.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "llmc/cluster.h"
+#include "llmc/config.h"
+
+namespace llmc {
+
+// ---- collectives (alpha-beta; bytes: the whole buffer, g ranks, link bandwidth GB/s per direction)
+
+struct Link {
+    double gbps = 0, latency_s = 0;
+    bool network = false;
+};
+
+inline double ring_reduce_scatter_s(double bytes, int g, Link l) {
+    if (g <= 1) return 0;
+    return (g - 1) * l.latency_s + (g - 1.0) / g * bytes / (l.gbps * 1e9);
+}
+inline double ring_all_gather_s(double bytes, int g, Link l) { return ring_reduce_scatter_s(bytes, g, l); }
+inline double ring_all_reduce_s(double bytes, int g, Link l) { return 2 * ring_reduce_scatter_s(bytes, g, l); }
+// NCCL's double binary tree: 2 log2(g) latency steps, each rank sends the buffer twice (up, down).
+inline double tree_all_reduce_s(double bytes, int g, Link l) {
+    if (g <= 1) return 0;
+    return 2 * std::ceil(std::log2((double)g)) * l.latency_s + 2 * bytes / (l.gbps * 1e9);
+}
+// NCCL picks the faster algorithm for the size.
+inline double all_reduce_s(double bytes, int g, Link l) {
+    return std::min(ring_all_reduce_s(bytes, g, l), tree_all_reduce_s(bytes, g, l));
+}
+inline double p2p_s(double bytes, Link l) { return l.latency_s + bytes / (l.gbps * 1e9); }
+
+// The link a mesh axis's group crosses: `stride` ranks between its members, `size` members.
+inline Link axis_link(const Topology& t, int stride, int size) {
+    if ((long long)stride * size <= t.gpus_per_node) return {t.nvlink_gbps, t.nvlink_latency_s, false};
+    return {t.network_gbps, t.network_latency_s, true};
+}
+inline Link tp_link(const RunConfig& c, const Topology& t) { return axis_link(t, 1, c.dims.tp); }
+inline Link pp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp, c.dims.pp); }
+inline Link dp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp * c.dims.pp, c.dims.dp); }
+
+// ---- the step
+
+struct StepEstimate {
+    // seconds per optimizer step, adding up to step_s
+    double compute_s = 0, recompute_s = 0, tp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0, bubble_s = 0,
+           optimizer_s = 0;
+    double step_s = 0;
+    double tokens_per_s_per_gpu = 0;
+    double model_tflops_per_gpu = 0;  // model FLOPs per token (mfu.h's count) x tokens/s
+    double hw_tflops_per_gpu = 0;     // also counting recomputation
+    double mfu = 0;
+    double bubble_fraction = 0;
+};
+
+// One micro-batch's work on one rank of the stage holding `layers` layers (+ head / embedding).
+struct MicroBatchWork {
+    double forward_s = 0, backward_s = 0, weight_grad_s = 0, recompute_s = 0;
+    double tp_exposed_s = 0;
+    double forward_flops = 0, recompute_flops = 0;  // per rank
+};
+
+namespace detail {
+
+struct Kernel {
+    double flops = 0, bytes = 0;
+};
+// A kernel runs at its kind's share of the peak or of the memory bandwidth, whichever binds.
+inline double kernel_s(Kernel k, double efficiency, const Topology& t) {
+    return std::max(k.flops / (t.peak_tflops * 1e12 * efficiency), k.bytes / (t.hbm_gbps * 1e9 * t.memory_efficiency));
+}
+
+// One layer's forward on one tensor rank, bf16 activations: matmuls, attention, and the elementwise
+// kernels (2 LayerNorms and 2 residual adds on the rank's rows, the MLP activation on its columns).
+struct LayerForward {
+    Kernel matmul, attention, elementwise, gelu, layernorm;
+};
+inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
+    const double n = (double)c.batch_size * c.seq_len, tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden;
+    const double rows = c.dims.tp > 1 && c.sequence_parallel ? n / tp : n;
+    LayerForward f;
+    f.matmul = {2 * n * s.layer_matmul_params() / tp, 2 * (4 * n * C + 2 * n * F / tp) + 2 * s.layer_matmul_params() / tp};
+    f.attention = {2 * n * c.seq_len * C / tp, 2 * 4 * n * C / tp};  // causal QK^T and PV: half of 4 n T C
+    f.layernorm = {0, 2 * 2 * 2 * rows * C};                          // 2 norms, read + write
+    f.gelu = {0, 2 * 2 * n * F / tp * (s.swiglu ? 1.5 : 1)};
+    f.elementwise = {0, 2 * 2 * 3 * rows * C};                        // 2 residual adds with bias
+    return f;
+}
+
+// The tp collectives of one layer's forward, all exposed: with SP 2 gathers and 2 reduce-scatters
+// of the B x T x C activation, without it 2 all-reduces.
+inline double layer_tp_forward_s(const ModelShape& s, const RunConfig& c, Link l) {
+    const int tp = c.dims.tp;
+    const double act = 2.0 * c.batch_size * c.seq_len * s.hidden;
+    if (tp <= 1) return 0;
+    if (c.sequence_parallel) return 2 * (ring_all_gather_s(act, tp, l) + ring_reduce_scatter_s(act, tp, l));
+    return 2 * all_reduce_s(act, tp, l);
+}
+
+}  // namespace detail
+
+// What one micro-batch costs the rank of the busiest stage (`layers` layers, the head if `head`).
+inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, const Topology& t, int layers,
+                                       bool head) {
+    using detail::kernel_s;
+    const detail::LayerForward f = detail::layer_forward(s, c);
+    const double matmul = kernel_s(f.matmul, t.matmul_efficiency, t), attn = kernel_s(f.attention, t.attention_efficiency, t);
+    const double elementwise = kernel_s(f.elementwise, 1, t), gelu = kernel_s(f.gelu, 1, t), ln = kernel_s(f.layernorm, 1, t);
+    const double layer_fwd = matmul + attn + elementwise + gelu + ln;
+    const double tp_fwd = detail::layer_tp_forward_s(s, c, tp_link(c, t));
+    MicroBatchWork w;
+    w.forward_s = layers * layer_fwd;
+    w.weight_grad_s = layers * matmul;
+    w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln));
+    w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
+    // backward: the residual gradient's 2 gathers exposed, the rest (as much again) under weight gradients
+    w.tp_exposed_s = layers * (tp_fwd + tp_fwd / 2 + std::max(0.0, tp_fwd / 2 - matmul));
+    const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp_fwd};
+    w.recompute_s = layers * recompute[c.recompute];
+    w.recompute_flops = c.recompute == 3 ? w.forward_flops : 0;
+    if (head) {
+        const double n = (double)c.batch_size * c.seq_len, tp = c.dims.tp;
+        const detail::Kernel logits{2 * n * s.vocab * s.hidden / tp, 2 * (n * s.hidden + (double)s.vocab * s.hidden / tp)};
+        const detail::Kernel loss{0, 2 * 3 * n * s.vocab / tp};  // logits read, dlogits written, in place
+        const double h = kernel_s(logits, t.matmul_efficiency, t);
+        w.forward_s += h + kernel_s(loss, 1, t);
+        w.backward_s += 2 * h;
+        w.weight_grad_s += h;
+        w.forward_flops += logits.flops;
+    }
+    return w;
+}
+
+// Data-parallel communication per step that no compute hides. `rank_params`: the parameters of
+// one rank of the busiest stage (its tp piece); `window_s`: one micro-batch's backward, under which
+// gradient reduction runs; `layers`: buckets in flight one after another.
+inline double dp_exposed_s(const RunConfig& c, const Topology& t, double rank_params, double window_s,
+                           double forward_s, int layers) {
+    const int dp = c.dims.dp, m = c.grad_accum_steps;
+    if (dp <= 1) return 0;
+    const Link l = dp_link(c, t);
+    const double grads = 4 * rank_params, params = 2 * rank_params;  // fp32 gradients, bf16 parameters
+    const double bucket = 1.0 / std::max(1, layers);
+    auto hidden_under = [&](double comm_s, double compute_s) {
+        return std::max(0.0, comm_s - compute_s) + comm_s * bucket;  // the last bucket waits anyway
+    };
+    switch (c.zero_stage) {
+    case 0: return hidden_under(all_reduce_s(grads, dp, l), window_s);
+    case 1: return hidden_under(ring_reduce_scatter_s(grads, dp, l), window_s) + ring_all_gather_s(params, dp, l);
+    case 2: return m * hidden_under(ring_reduce_scatter_s(grads, dp, l), window_s) + ring_all_gather_s(params, dp, l);
+    default:
+        return m * (hidden_under(ring_reduce_scatter_s(grads, dp, l) + ring_all_gather_s(params, dp, l), window_s) +
+                    hidden_under(ring_all_gather_s(params, dp, l), forward_s));
+    }
+}
+
+// The busiest pipeline stage: the most layers, and the head where it breaks the tie.
+inline int busiest_stage(const PipelineSplit& split) {
+    int best = 0;
+    for (int r = 1; r < split.stages; r++) {
+        const size_t a = split.rank_layers(r).size(), b = split.rank_layers(best).size();
+        if (a > b || (a == b && split.holds_last(r))) best = r;
+    }
+    return best;
+}
+
+// The step of rank 0 of the busiest stage. `flops_per_token`: shape_flops_per_token's.
+inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const Topology& t, double flops_per_token) {
+    const PipelineSplit split = pipeline_split(c);
+    const int stage = busiest_stage(split), m = c.grad_accum_steps, layers = (int)split.rank_layers(stage).size();
+    const MicroBatchWork w = micro_batch_work(s, c, t, layers, split.holds_last(stage));
+    StepEstimate e;
+    e.compute_s = m * (w.forward_s + w.backward_s);
+    e.recompute_s = m * w.recompute_s;
+    e.tp_exposed_s = m * w.tp_exposed_s;
+    if (c.dims.pp > 1) {
+        const double rows = c.dims.tp > 1 && c.sequence_parallel ? 1.0 / c.dims.tp : 1.0;
+        const double message = 2.0 * c.batch_size * c.seq_len * s.hidden * rows;
+        e.pp_exposed_s = m * split.chunks * 2 * p2p_s(message, pp_link(c, t));  // a send forward, one back
+    }
+    const double rank_params = (layers * s.layer_matmul_params() + (double)s.vocab * s.hidden / c.dims.pp) / c.dims.tp;
+    e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers);
+    const double shard = c.zero_stage >= 1 ? rank_params / c.dims.dp : rank_params;
+    e.optimizer_s = shard * 30 / (t.hbm_gbps * 1e9 * t.memory_efficiency);  // AdamW: ~30 bytes per parameter
+    const double busy = e.compute_s + e.recompute_s + e.tp_exposed_s + e.pp_exposed_s;
+    e.bubble_fraction = c.dims.pp > 1 ? pipeline_bubble_fraction(c.dims.pp, m, split.chunks) : 0;
+    e.bubble_s = busy * e.bubble_fraction / (1 - e.bubble_fraction);
+    e.step_s = busy + e.bubble_s + e.dp_exposed_s + e.optimizer_s;
+    const double gpus = c.world_size;
+    e.tokens_per_s_per_gpu = c.total_batch_tokens / e.step_s / gpus;
+    e.model_tflops_per_gpu = flops_per_token * e.tokens_per_s_per_gpu / 1e12;
+    const double recompute_per_token = w.recompute_flops * c.dims.tp * c.dims.pp / ((double)c.batch_size * c.seq_len);
+    e.hw_tflops_per_gpu = (flops_per_token + recompute_per_token) * e.tokens_per_s_per_gpu / 1e12;
+    e.mfu = e.model_tflops_per_gpu / t.peak_tflops;
+    return e;
+}
+
+}  // namespace llmc

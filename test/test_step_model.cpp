@@ -1,0 +1,163 @@
+// The step-time model (step_model.h, cluster.h): collective costs, where the mesh puts its groups,
+// the bubble, the throughput identities, the input files' errors, and Megatron-LM's 2021 table.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "llmc/step_model.h"
+
+using namespace llmc;
+using Catch::Contains;
+
+namespace {
+
+RunConfig resolved(const char* model, int gpus, int tp, int pp, int batch, int seq, int total_sequences) {
+    RunConfig c;
+    c.model = model;
+    c.tp = tp, c.pp = pp, c.batch_size = batch, c.seq_len = seq;
+    c.total_batch_tokens = total_sequences * seq;
+    resolve_run_config(c, gpus, nullptr);
+    return c;
+}
+
+std::string write_temp(const char* name, const std::string& text) {
+    const std::string path = std::string("/tmp/llmc_test_") + name;
+    std::ofstream(path) << text;
+    return path;
+}
+
+}  // namespace
+
+TEST_CASE("a ring all-reduce costs 2 (g-1) latencies and sends 2 (g-1)/g of the buffer", "[plan]") {
+    const Link l{100, 1e-5, false};
+    const double bytes = 1e9, g = 8;
+    CHECK(ring_all_reduce_s(bytes, 8, l) == Approx(2 * 7 * 1e-5 + 2 * 7 / g * bytes / 100e9));
+    CHECK(ring_reduce_scatter_s(bytes, 8, l) == Approx(ring_all_reduce_s(bytes, 8, l) / 2));
+    CHECK(ring_all_gather_s(bytes, 1, l) == 0);
+    // tiny messages: the tree's log2(g) steps beat the ring's g - 1
+    CHECK(all_reduce_s(8, 1024, l) == Approx(tree_all_reduce_s(8, 1024, l)));
+    CHECK(all_reduce_s(bytes, 8, l) == Approx(ring_all_reduce_s(bytes, 8, l)));
+    CHECK(p2p_s(1e9, l) == Approx(1e-5 + 0.01));
+}
+
+TEST_CASE("tp groups stay inside a node on NVLink; pp and dp cross the network once the node is full", "[plan]") {
+    const Topology t = topology_preset("h100");
+    const RunConfig c = resolved("d12", 64, 4, 4, 1, 64, 4);  // pp spans 4 x 4 = 16 ranks: two nodes
+    CHECK_FALSE(tp_link(c, t).network);
+    CHECK(tp_link(c, t).gbps == 450);
+    CHECK(pp_link(c, t).network);
+    CHECK(dp_link(c, t).network);
+    CHECK(dp_link(c, t).gbps == 50);
+    const RunConfig small = resolved("d12", 8, 2, 2, 1, 64, 2);
+    CHECK_FALSE(dp_link(small, t).network);  // 2 x 2 x 2 = 8 ranks: one node
+}
+
+TEST_CASE("the step adds up, and tokens/s, model TFLOP/s and MFU follow from it", "[plan]") {
+    const Topology t = topology_preset("h100");
+    const RunConfig c = resolved("d12", 16, 2, 2, 4, 1024, 64);
+    const double fpt = shape_flops_per_token(shape_of(c.model_config), c.model_config, c.seq_len);
+    const StepEstimate e = estimate_step(shape_of(c.model_config), c, t, fpt);
+    CHECK(e.step_s == Approx(e.compute_s + e.recompute_s + e.tp_exposed_s + e.pp_exposed_s + e.dp_exposed_s +
+                             e.bubble_s + e.optimizer_s));
+    CHECK(e.tokens_per_s_per_gpu == Approx(64.0 * 1024 / e.step_s / 16));
+    CHECK(e.model_tflops_per_gpu == Approx(fpt * e.tokens_per_s_per_gpu / 1e12));
+    CHECK(e.mfu == Approx(e.model_tflops_per_gpu / 989));
+    CHECK(e.hw_tflops_per_gpu == Approx(e.model_tflops_per_gpu));  // no recomputation
+    // the bubble is the schedule's share of the step's busy time
+    CHECK(e.bubble_fraction == Approx(pipeline_bubble_fraction(2, c.grad_accum_steps)));
+    CHECK(e.bubble_s / (e.step_s - e.dp_exposed_s - e.optimizer_s) == Approx(e.bubble_fraction));
+}
+
+TEST_CASE("recomputing whole blocks adds a forward: hardware FLOPs exceed model FLOPs, the step is slower", "[plan]") {
+    const Topology t = topology_preset("a100");
+    RunConfig c = resolved("d12", 8, 1, 1, 4, 1024, 32);
+    const double fpt = shape_flops_per_token(shape_of(c.model_config), c.model_config, c.seq_len);
+    const StepEstimate none = estimate_step(shape_of(c.model_config), c, t, fpt);
+    c.recompute = 3;
+    const StepEstimate block = estimate_step(shape_of(c.model_config), c, t, fpt);
+    CHECK(block.step_s > none.step_s);
+    CHECK(block.hw_tflops_per_gpu > block.model_tflops_per_gpu * 1.2);
+    c.recompute = 1;
+    CHECK(estimate_step(shape_of(c.model_config), c, t, fpt).recompute_s < block.recompute_s);
+}
+
+TEST_CASE("a GPT-2 shape counts the same model FLOPs as the MFU line", "[plan]") {
+    const ModelConfig m = model_preset("d12", 1024, 50257);
+    ModelShape s = shape_of(m);
+    const double preset = shape_flops_per_token(s, m, 1024);
+    s.is_gpt2 = false;  // the generic formula leaves out only biases and LayerNorms
+    CHECK(shape_flops_per_token(s, m, 1024) == Approx(preset).epsilon(0.002));
+}
+
+TEST_CASE("--model-shape and --topology files: every bad value is named", "[plan]") {
+    const std::string good = R"({"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672,
+                                 "ffn": "swiglu", "vocab": 128256, "tied": false})";
+    const ModelShape s = read_model_shape(write_temp("shape.json", good));
+    CHECK(s.swiglu);
+    CHECK(s.params() == Approx(70.6e9).epsilon(0.01));  // Llama-3-70B's published 70.6B
+    CHECK_THROWS_WITH(read_model_shape("/nonexistent.json"), Contains("--model-shape '/nonexistent.json' cannot be opened"));
+    CHECK_THROWS_WITH(read_model_shape(write_temp("bad.json", "{")), Contains("is not valid JSON"));
+    std::string no_heads = good;
+    no_heads.replace(no_heads.find("\"heads\": 64,"), 12, "");
+    CHECK_THROWS_WITH(read_model_shape(write_temp("s1.json", no_heads)), Contains("has no \"heads\""));
+    std::string bad_ffn = good;
+    bad_ffn.replace(bad_ffn.find("swiglu"), 6, "relu");
+    CHECK_THROWS_WITH(read_model_shape(write_temp("s2.json", bad_ffn)), Contains("\"ffn\" must be \"gelu\" or \"swiglu\""));
+    CHECK_THROWS_WITH(read_model_shape(write_temp("s3.json", R"({"layers": -1})")),
+                      Contains("\"layers\" must be a positive integer, got -1"));
+    CHECK_THROWS_WITH(read_model_shape(write_temp("s4.json", R"({"layer": 1})")), Contains("unknown key \"layer\""));
+
+    CHECK(read_topology("a100").nvlink_gbps == 300);
+    CHECK_THROWS_WITH(read_topology("v100"), Contains("--topology must be h100, a100 or a .json file, got 'v100'"));
+    const Topology t = read_topology(write_temp("topo.json", R"({"base": "h100", "gpus_per_node": 4, "network_gbps": 100})"));
+    CHECK(t.gpus_per_node == 4);
+    CHECK(t.network_gbps == 100);
+    CHECK(t.peak_tflops == 989);
+    CHECK_THROWS_WITH(read_topology(write_temp("t1.json", R"({"gpus_per_node": 4})")), Contains("\"base\" must be"));
+    CHECK_THROWS_WITH(read_topology(write_temp("t2.json", R"({"base": "h100", "matmul_efficiency": 2})")),
+                      Contains("at most 1"));
+    CHECK_THROWS_WITH(read_topology(write_temp("t3.json", R"({"base": "h100", "nvlink_gbps": "fast"})")),
+                      Contains("\"nvlink_gbps\" must be a positive number, got \"fast\""));
+}
+
+// Megatron-LM's weak-scaling table (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+// Training on GPU Clusters", Table 1; the same table as NVIDIA/Megatron-LM's
+// images/cases_april2021.png): GPT models with vocabulary 51,200 and sequence length 2048 on DGX A100
+// nodes, full activation recomputation, TFLOP/s per GPU counting it. The table gives the model-
+// parallel size; the repository's README says tensor parallelism was 8 wherever it exceeds 8
+// (tp = min(mp, 8), pp = mp / tp). Not in the table: the head count (taken as hidden / 128; the
+// FLOPs do not depend on it), the micro-batch size (taken as 1) and the schedule (taken as 1F1B).
+// With the a100 preset's assumed efficiencies the model predicts too much on every row, by +17% to
+// +34% (1.7B +29.8, 3.6B +26.1, 7.5B +17.3, 18B +28.7, 39B +34.4, 76B +33.7, 145B +29.9, 310B
+// +25.0, 530B +18.3, 1T +19.3): its attention is a fused kernel, Megatron's of 2021 was not, and
+// its matmul efficiency is assumed, not measured. The test keeps every row within +-35%
+// (LLMC_PRINT_MEGATRON=1 prints the rows).
+TEST_CASE("Megatron-LM 2021's table, row by row on the a100 topology, within the tolerance reached", "[plan]") {
+    struct Row {
+        int hidden, layers, mp, gpus, batch;
+        double tflops;
+    } rows[] = {
+        {2304, 24, 1, 32, 512, 137},     {3072, 30, 2, 64, 512, 138},     {4096, 36, 4, 128, 512, 142},
+        {6144, 40, 8, 256, 1024, 135},   {8192, 48, 16, 512, 1536, 138},  {10240, 60, 32, 1024, 1792, 140},
+        {12288, 80, 64, 1536, 2304, 148}, {16384, 96, 128, 1920, 2160, 155}, {20480, 105, 280, 2520, 2520, 163},
+        {25600, 128, 512, 3072, 3072, 163},
+    };
+    const Topology t = topology_preset("a100");
+    for (const Row& r : rows) {
+        RunConfig c;
+        c.num_layers = r.layers, c.channels = r.hidden, c.num_heads = r.hidden / 128;
+        c.vocab_size = 51200, c.max_seq_len = 2048, c.seq_len = 2048, c.batch_size = 1;
+        c.tp = std::min(r.mp, 8), c.pp = r.mp / c.tp, c.recompute = 3;
+        c.total_batch_tokens = r.batch * 2048;
+        resolve_run_config(c, r.gpus, nullptr);
+        const ModelShape s = shape_of(c.model_config);
+        const StepEstimate e = estimate_step(s, c, t, shape_flops_per_token(s, c.model_config, c.seq_len));
+        const double error = e.hw_tflops_per_gpu / r.tflops - 1;
+        CAPTURE(r.hidden, r.layers, e.hw_tflops_per_gpu, r.tflops);
+        CHECK(std::abs(error) <= 0.35);
+        if (getenv("LLMC_PRINT_MEGATRON"))
+            printf("megatron %5.1fB: %6.1f TFLOP/s predicted, %6.1f published (%+.1f%%) mfu %.2f\n", s.params() / 1e9,
+               e.hw_tflops_per_gpu, r.tflops, 100 * (e.hw_tflops_per_gpu / r.tflops - 1), e.mfu);
+    }
+}
