@@ -27,6 +27,7 @@
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/rng.h"
 #include "llmc/sampler.h"
+#include "llmc/step_plan.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -44,6 +45,7 @@ using namespace llmc;
 
 // Resolves the config for world_size ranks, reading the -e model file's header if it names one.
 static void resolve(RunConfig& cfg, int world_size) {
+    if (!cfg.model_shape.empty()) apply_model_shape(cfg, read_model_shape(cfg.model_shape));
     ModelConfig file_config;
     bool from_file = !is_model_preset(cfg.model);
     if (from_file) {
@@ -57,10 +59,32 @@ static void resolve(RunConfig& cfg, int world_size) {
     resolve_run_config(cfg, world_size, from_file ? &file_config : nullptr);
 }
 
-// --plan N: the memory plan of rank 0 of N, computed without allocating anything.
+static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend::memory_plan(cfg, 0, 0, pp_rank); }
+
+// --plan N: the memory plan of rank 0 of N, computed without allocating anything, and the step
+// predicted on --topology (step_plan.h); with --plan-format json only the prediction, as one object.
 static void print_plan(RunConfig cfg) {
+    const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
+    const StepEstimate step = estimate_run(cfg, topology);
+    const double memory = peak_rank_bytes(cfg, stage_plan);
+    if (cfg.plan_format == "json") {
+        printf("%s\n", step_json(cfg, topology, step, memory).dump(2).c_str());
+        return;
+    }
     fputs(Backend::plan_report(cfg).c_str(), stdout);
+    if (!cfg.model_shape.empty())
+        printf("--model-shape: planned as the GPT-2 of its layers, width, heads and vocabulary; its %.2fB parameters "
+               "need %s on the busiest rank\n", run_shape(cfg).params() / 1e9, format_bytes(memory).c_str());
+    fputs(step_report(cfg, topology, step).c_str(), stdout);
+}
+
+// --plan-search N: every layout of N GPUs for the -d batch, best first (step_plan.h).
+static void print_plan_search(const RunConfig& cfg) {
+    if (!cfg.given.count("total_batch_tokens"))
+        fail("--plan-search needs the global batch: give -d (tokens per optimizer step)");
+    const Topology topology = read_topology(cfg.topology);
+    fputs(search_report(search_layouts(cfg, cfg.plan_search, topology, resolve, stage_plan), topology).c_str(), stdout);
 }
 
 // Set once the first training step starts: an error after it is a runtime failure, not a
@@ -184,6 +208,8 @@ int main(int argc, char** argv) {
             if (launch.rank == 0) fputs(run_config_help(argv[0]).c_str(), stdout);
         } else if (cfg.plan > 0) {
             if (launch.rank == 0) print_plan(cfg);
+        } else if (cfg.plan_search > 0) {
+            if (launch.rank == 0) print_plan_search(cfg);
         } else {
             faults().add(cfg.faults, "--faults");
             std::unique_ptr<Communicator> comm = make_host_communicator(launch);

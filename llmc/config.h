@@ -73,6 +73,10 @@ struct RunConfig {
     std::string gpu_comm = "nccl";  // CUDA model on several ranks: nccl (a GPU per rank) or mpi (via host memory)
     float peak_tflops = 0;        // one device's dense bf16 peak for MFU (0: the GPU's from mfu.h's table)
     int plan = 0;                 // >0: print the memory plan for this many ranks and exit
+    std::string plan_format = "text";  // --plan's output: text, or json (the predicted step as one object)
+    int plan_search = 0;          // >0: rank every layout of this many GPUs (step_plan.h) and exit
+    std::string topology = "h100";     // --plan's cluster: h100, a100 or a JSON file (cluster.h)
+    std::string model_shape;      // --plan's model: a JSON shape file instead of the -e preset (cluster.h)
     // tensor parallelism (gpt2_cpu.h)
     int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
@@ -201,7 +205,11 @@ inline const std::vector<RunOption>& run_options() {
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
         {"", "straggler_action", &RunConfig::straggler_action, "warn (train anyway) or refuse (exit 8) when the health check names a straggler"},
         {"", "log_rank_times", &RunConfig::log_rank_times, "1: every step, each rank's compute time into metrics.jsonl, naming the slowest rank"},
-        {"", "plan", &RunConfig::plan, "print the per-rank memory plan for this many ranks, then exit (0: train)"},
+        {"", "plan", &RunConfig::plan, "print the per-rank memory plan and the predicted step time for this many ranks, then exit (0: train)"},
+        {"", "plan_format", &RunConfig::plan_format, "--plan's output: text, or json (one object: step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, hw_tflops_per_gpu, mfu, memory_gib, breakdown)"},
+        {"", "plan_search", &RunConfig::plan_search, "rank every layout (dp, tp, pp, ZeRO stage, -r, -b) of this many GPUs for the -d batch, print the best and why the others lose, then exit"},
+        {"", "topology", &RunConfig::topology, "the cluster --plan predicts on: h100 (DGX H100), a100 (DGX A100) or a JSON file (keys in llmc/cluster.h)"},
+        {"", "model_shape", &RunConfig::model_shape, "with --plan: the model as a JSON file of layers, hidden, heads, kv_heads, ffn_hidden, ffn (gelu|swiglu), vocab, tied"},
     };
     return options;
 }
@@ -612,6 +620,13 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.straggler_action == "warn" || cfg.straggler_action == "refuse",
             strformat("--straggler-action must be warn or refuse, got '%s'", cfg.straggler_action.c_str()));
     require(cfg.plan >= 0, strformat("--plan must be a rank count >= 1 (or 0 to train), got %d", cfg.plan));
+    require(cfg.plan_search >= 0, strformat("--plan-search must be a GPU count >= 1 (or 0: no search), got %d", cfg.plan_search));
+    require(cfg.plan == 0 || cfg.plan_search == 0, "--plan and --plan-search are two modes: give one");
+    require(cfg.plan_format == "text" || cfg.plan_format == "json",
+            strformat("--plan-format must be text or json, got '%s'", cfg.plan_format.c_str()));
+    require(cfg.model_shape.empty() || cfg.plan > 0 || cfg.plan_search > 0,
+            strformat("--model-shape '%s' describes a model for --plan or --plan-search only; llmc trains GPT-2 (-e)",
+                      cfg.model_shape.c_str()));
 }
 
 inline LrSchedule lr_schedule_of(const RunConfig& cfg) {

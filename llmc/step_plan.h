@@ -1,0 +1,195 @@
+// step_plan.h: what --plan adds to the memory plan: the predicted step (step_model.h) as text or
+// JSON (--plan-format), and --plan-search, which ranks every layout of N GPUs for the global batch.
+//
+// Memory and time come from one description of the run: each layout is a resolved RunConfig, its
+// memory the backend's own plan (the buffers the model would allocate) and its time estimate_step's.
+// A --model-shape that GPT-2 cannot express (SwiGLU, fewer KV heads, an untied head) is planned as
+// the GPT-2 of the same layers, width, heads and vocabulary, with the parameter-sized buffers scaled
+// by the two models' parameter ratio.
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/planner.h"
+#include "llmc/step_model.h"
+
+namespace llmc {
+
+// --model-shape: the preset's shape flags take the file's values, so the mesh checks, the pipeline
+// split and the memory plan see the model's layers, width, heads and vocabulary.
+inline void apply_model_shape(RunConfig& cfg, const ModelShape& s) {
+    if (cfg.given.count("model"))
+        fail(strformat("--model-shape '%s' replaces the -e model: give one of them", cfg.model_shape.c_str()));
+    for (const char* flag : {"num_layers", "num_heads", "channels", "vocab_size", "max_seq_len"})
+        if (cfg.given.count(flag))
+            fail(strformat("--model-shape '%s' gives the model's shape: drop --%s", cfg.model_shape.c_str(), flag));
+    cfg.num_layers = s.layers, cfg.num_heads = s.heads, cfg.channels = s.hidden, cfg.vocab_size = s.vocab;
+    cfg.max_seq_len = std::max(1024, cfg.seq_len);
+}
+
+// The run's shape: the --model-shape file's, or the resolved GPT-2's.
+inline ModelShape run_shape(const RunConfig& cfg) {
+    return cfg.model_shape.empty() ? shape_of(cfg.model_config) : read_model_shape(cfg.model_shape);
+}
+
+inline StepEstimate estimate_run(const RunConfig& cfg, const Topology& t) {
+    const ModelShape s = run_shape(cfg);
+    return estimate_step(s, cfg, t, shape_flops_per_token(s, cfg.model_config, cfg.seq_len));
+}
+
+// A rank's bytes from its memory plan, the parameter-sized parts scaled to the shape's parameters.
+inline double shape_memory_bytes(const MemoryPlan& plan, const ModelShape& s, const ModelConfig& m) {
+    const double ratio = s.is_gpt2 ? 1.0 : s.params() / (double)num_params(m);
+    double bytes = 0;
+    for (int k = 0; k < (int)MemoryKind::Count; k++)
+        bytes += plan.bytes[k] * ((MemoryKind)k == MemoryKind::Activations ? 1.0 : ratio);
+    return bytes;
+}
+
+// The most any pipeline stage's rank 0 needs: `stage_plan(cfg, stage)` is the backend's memory plan.
+using StagePlan = std::function<MemoryPlan(const RunConfig&, int)>;
+inline double peak_rank_bytes(const RunConfig& cfg, const StagePlan& stage_plan) {
+    const ModelShape s = run_shape(cfg);
+    const PipelineSplit split = pipeline_split(cfg);
+    double most = 0;
+    for (int stage : {0, busiest_stage(split), split.last_rank()})
+        most = std::max(most, shape_memory_bytes(stage_plan(cfg, stage), s, cfg.model_config));
+    return most;
+}
+
+inline std::string link_name(Link l) { return l.network ? "network" : "NVLink"; }
+
+inline std::string format_seconds(double s) { return s >= 1 ? strformat("%.2f s", s) : strformat("%.1f ms", 1e3 * s); }
+
+inline std::string step_report(const RunConfig& c, const Topology& t, const StepEstimate& e) {
+    auto share = [&](double s) { return strformat("%s (%.1f%%)", format_seconds(s).c_str(), 100 * s / e.step_s); };
+    std::string out = strformat(
+        "predicted step on %s (%d GPUs per node): %s, %.0f tokens/s per GPU, %.1f model TFLOP/s per GPU "
+        "(%.1f with recomputation), MFU %.1f%%\n",
+        t.name.c_str(), t.gpus_per_node, format_seconds(e.step_s).c_str(), e.tokens_per_s_per_gpu, e.model_tflops_per_gpu,
+        e.hw_tflops_per_gpu, 100 * e.mfu);
+    out += strformat("  compute %s, recompute %s, optimizer %s\n", share(e.compute_s).c_str(),
+                     share(e.recompute_s).c_str(), share(e.optimizer_s).c_str());
+    out += strformat("  exposed: tp %s over %s, pp %s over %s, dp %s over %s; bubble %s\n", share(e.tp_exposed_s).c_str(),
+                     link_name(tp_link(c, t)).c_str(), share(e.pp_exposed_s).c_str(), link_name(pp_link(c, t)).c_str(),
+                     share(e.dp_exposed_s).c_str(), link_name(dp_link(c, t)).c_str(), share(e.bubble_s).c_str());
+    return out;
+}
+
+inline nlohmann::json step_json(const RunConfig& c, const Topology& t, const StepEstimate& e, double memory_bytes) {
+    return {
+        {"step_time_s", e.step_s},
+        {"tokens_per_s_per_gpu", e.tokens_per_s_per_gpu},
+        {"model_tflops_per_gpu", e.model_tflops_per_gpu},
+        {"hw_tflops_per_gpu", e.hw_tflops_per_gpu},
+        {"mfu", e.mfu},
+        {"memory_gib", memory_bytes / (1024.0 * 1024 * 1024)},
+        {"fits", memory_bytes <= t.memory_gib * 1024 * 1024 * 1024},
+        {"topology", t.name},
+        {"layout", {{"gpus", c.world_size}, {"dp", c.dims.dp}, {"tp", c.dims.tp}, {"pp", c.dims.pp},
+                    {"zero_stage", c.zero_stage}, {"recompute", c.recompute}, {"micro_batch", c.batch_size},
+                    {"grad_accum_steps", c.grad_accum_steps}}},
+        {"breakdown_s", {{"compute", e.compute_s}, {"recompute", e.recompute_s}, {"tp_exposed", e.tp_exposed_s},
+                         {"pp_exposed", e.pp_exposed_s}, {"dp_exposed", e.dp_exposed_s}, {"bubble", e.bubble_s},
+                         {"optimizer", e.optimizer_s}}},
+        {"bubble_fraction", e.bubble_fraction},
+    };
+}
+
+// ---- --plan-search
+
+struct Layout {
+    RunConfig cfg;
+    StepEstimate step;
+    double memory_bytes = 0;
+    bool fits = false;
+};
+
+// Every layout of `gpus` ranks (tp x pp dividing them, ZeRO 0-3, -r 0-3, micro-batches of powers of
+// two) that the run can take: `resolve` refuses the others (a head count tp does not divide, a
+// batch the micro-batches do not divide, ...). 1F1B pipelines only.
+using Resolve = std::function<void(RunConfig&, int)>;
+inline std::vector<Layout> search_layouts(const RunConfig& base, int gpus, const Topology& t, const Resolve& resolve,
+                                          const StagePlan& stage_plan) {
+    std::vector<Layout> out;
+    for (int tp = 1; tp <= gpus; tp++) {
+        if (gpus % tp) continue;
+        for (int pp = 1; pp <= gpus / tp; pp++) {
+            if ((gpus / tp) % pp) continue;
+            for (int zero = 0; zero <= 3; zero++)
+                for (int r = 0; r <= 3; r++)
+                    for (int b = 1; (long long)b * base.seq_len * (gpus / tp / pp) <= base.total_batch_tokens; b *= 2) {
+                        Layout l;
+                        l.cfg = base;
+                        l.cfg.tp = tp, l.cfg.pp = pp, l.cfg.zero_stage = zero, l.cfg.recompute = r, l.cfg.batch_size = b;
+                        try {
+                            resolve(l.cfg, gpus);
+                        } catch (const Error&) {
+                            continue;
+                        }
+                        l.step = estimate_run(l.cfg, t);
+                        l.memory_bytes = peak_rank_bytes(l.cfg, stage_plan);
+                        l.fits = l.memory_bytes <= t.memory_gib * 1024 * 1024 * 1024;
+                        out.push_back(l);
+                    }
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const Layout& a, const Layout& b) {
+        return a.fits != b.fits ? a.fits : a.step.step_s < b.step.step_s;
+    });
+    return out;
+}
+
+inline std::string layout_name(const RunConfig& c) {
+    return strformat("dp %d x tp %d x pp %d, ZeRO-%d, -r %d, -b %d", c.dims.dp, c.dims.tp, c.dims.pp, c.zero_stage,
+                     c.recompute, c.batch_size);
+}
+
+// Why `l` loses to `best`: it does not fit, or the part of the step where it spends the most more.
+// The reason's name comes first, its figures after a colon.
+inline std::string why_it_loses(const Layout& l, const Layout& best, const Topology& t) {
+    if (!l.fits)
+        return strformat("does not fit in memory: %.1f GiB per rank > %.0f GiB", l.memory_bytes / (1024.0 * 1024 * 1024),
+                         t.memory_gib);
+    const StepEstimate &a = l.step, &b = best.step;
+    const std::pair<const char*, double> parts[] = {
+        {"compute", a.compute_s - b.compute_s},          {"recomputation", a.recompute_s - b.recompute_s},
+        {"exposed tp traffic", a.tp_exposed_s - b.tp_exposed_s}, {"pipeline sends", a.pp_exposed_s - b.pp_exposed_s},
+        {"exposed dp traffic", a.dp_exposed_s - b.dp_exposed_s}, {"bubble", a.bubble_s - b.bubble_s},
+        {"optimizer", a.optimizer_s - b.optimizer_s},
+    };
+    const auto* worst = std::max_element(std::begin(parts), std::end(parts),
+                                         [](const auto& x, const auto& y) { return x.second < y.second; });
+    return strformat("%s: +%s", worst->first, format_seconds(worst->second).c_str());
+}
+
+// The best `show` layouts in full, the next ones a line each with why they lose, and how many lose
+// for each reason.
+inline std::string search_report(const std::vector<Layout>& layouts, const Topology& t, int show = 5) {
+    if (layouts.empty()) return "plan search: no layout of these GPUs can run this model and batch\n";
+    std::string out = strformat("plan search: %zu layouts on %s, the best %d:\n", layouts.size(), t.name.c_str(),
+                                std::min(show, (int)layouts.size()));
+    for (int i = 0; i < show && i < (int)layouts.size(); i++)
+        out += strformat("%d. %s: %.1f GiB per rank%s\n", i + 1, layout_name(layouts[i].cfg).c_str(),
+                         layouts[i].memory_bytes / (1024.0 * 1024 * 1024), layouts[i].fits ? "" : " (does not fit)") +
+               step_report(layouts[i].cfg, t, layouts[i].step);
+    std::map<std::string, int> reasons;
+    for (int i = show; i < (int)layouts.size(); i++) {
+        const std::string why = why_it_loses(layouts[i], layouts[0], t);
+        reasons[why.substr(0, why.find(':'))]++;
+        if (i < show + 15)
+            out += strformat("  %-44s %10s  loses on %s\n", layout_name(layouts[i].cfg).c_str(),
+                             format_seconds(layouts[i].step.step_s).c_str(), why.c_str());
+    }
+    out += "why the other layouts lose:\n";
+    for (const auto& [why, count] : reasons) out += strformat("  %5d  %s\n", count, why.c_str());
+    return out;
+}
+
+}  // namespace llmc
