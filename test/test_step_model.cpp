@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "llmc/step_model.h"
+#include "llmc/step_plan.h"
 
 using namespace llmc;
 using Catch::Contains;
@@ -160,4 +160,64 @@ TEST_CASE("Megatron-LM 2021's table, row by row on the a100 topology, within the
             printf("megatron %5.1fB: %6.1f TFLOP/s predicted, %6.1f published (%+.1f%%) mfu %.2f\n", s.params() / 1e9,
                e.hw_tflops_per_gpu, r.tflops, 100 * (e.hw_tflops_per_gpu / r.tflops - 1), e.mfu);
     }
+}
+
+TEST_CASE("--plan-format json holds the keys the issue names, consistent with the estimate", "[plan]") {
+    const Topology t = topology_preset("h100");
+    const RunConfig c = resolved("d12", 16, 2, 2, 4, 1024, 64);
+    const StepEstimate e = estimate_run(c, t);
+    const nlohmann::json j = step_json(c, t, e, 3.0 * 1024 * 1024 * 1024);
+    for (const char* key : {"step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "hw_tflops_per_gpu", "mfu",
+                            "memory_gib", "breakdown_s", "layout"})
+        CHECK(j.contains(key));
+    CHECK(j["step_time_s"].get<double>() == Approx(e.step_s));
+    CHECK(j["memory_gib"].get<double>() == Approx(3.0));
+    CHECK(j["fits"].get<bool>());
+    CHECK(j["layout"]["tp"] == 2);
+    CHECK(j["layout"]["dp"] == 4);
+}
+
+TEST_CASE("--model-shape replaces the preset's shape flags, and refuses them or -e beside it", "[plan]") {
+    RunConfig c;
+    c.model_shape = write_temp("shape_ok.json", R"({"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 1,
+        "ffn_hidden": 768, "ffn": "swiglu", "vocab": 1000, "tied": false})");
+    c.plan = 8;
+    apply_model_shape(c, read_model_shape(c.model_shape));
+    resolve_run_config(c, 8, nullptr);
+    CHECK(c.model_config.num_layers == 4);
+    CHECK(c.model_config.channels == 256);
+    CHECK(run_shape(c).swiglu);
+    RunConfig with_layers = c;
+    with_layers.given.insert("num_layers");
+    CHECK_THROWS_WITH(apply_model_shape(with_layers, run_shape(c)), Contains("drop --num_layers"));
+    RunConfig with_model = c;
+    with_model.given.insert("model");
+    CHECK_THROWS_WITH(apply_model_shape(with_model, run_shape(c)), Contains("replaces the -e model"));
+    RunConfig training = c;
+    training.plan = 0;
+    CHECK_THROWS_WITH(resolve_run_config(training, 1, nullptr), Contains("for --plan or --plan-search only"));
+}
+
+TEST_CASE("--plan-search puts layouts that fit first, fastest first, and says why the others lose", "[plan]") {
+    const Topology t = topology_preset("h100");
+    RunConfig base;
+    base.model = "d12", base.seq_len = 1024, base.total_batch_tokens = 64 * 1024;
+    // a memory plan by hand: 1 GiB per rank, 100 GiB without tensor parallelism
+    const StagePlan plan = [](const RunConfig& c, int) {
+        MemoryPlan p;
+        p.bytes[(int)MemoryKind::Parameters] = (c.dims.tp > 1 ? 1ull : 100ull) << 30;
+        return p;
+    };
+    const std::vector<Layout> layouts = search_layouts(base, 8, t, [](RunConfig& c, int n) { resolve_run_config(c, n, nullptr); }, plan);
+    REQUIRE(layouts.size() > 10);
+    CHECK(layouts.front().fits);
+    CHECK(layouts.front().cfg.dims.tp > 1);
+    for (size_t i = 1; i < layouts.size(); i++) {
+        CHECK(layouts[i - 1].fits >= layouts[i].fits);
+        if (layouts[i - 1].fits == layouts[i].fits) CHECK(layouts[i - 1].step.step_s <= layouts[i].step.step_s);
+    }
+    CHECK_THAT(why_it_loses(layouts.back(), layouts.front(), t), Contains("does not fit in memory: 100.0 GiB per rank > 80 GiB"));
+    const std::string report = search_report(layouts, t);
+    CHECK_THAT(report, Contains("the best 5"));
+    CHECK_THAT(report, Contains("why the other layouts lose"));
 }
