@@ -76,10 +76,15 @@ inline std::string step_report(const RunConfig& c, const Topology& t, const Step
         e.hw_tflops_per_gpu, 100 * e.mfu);
     out += strformat("  compute %s, recompute %s, optimizer %s\n", share(e.compute_s).c_str(),
                      share(e.recompute_s).c_str(), share(e.optimizer_s).c_str());
-    out += strformat("  exposed: tp %s over %s, pp %s over %s, dp %s over %s; bubble %s\n", share(e.tp_exposed_s).c_str(),
-                     link_name(tp_link(c, t)).c_str(), share(e.pp_exposed_s).c_str(), link_name(pp_link(c, t)).c_str(),
-                     share(e.dp_exposed_s).c_str(), link_name(dp_link(c, t)).c_str(), share(e.bubble_s).c_str());
-    return out;
+    std::string exposed;
+    auto axis = [&](const char* name, int size, double s, Link l) {
+        if (size > 1) exposed += strformat(" %s %s over %s,", name, share(s).c_str(), link_name(l).c_str());
+    };
+    axis("tp", c.dims.tp, e.tp_exposed_s, tp_link(c, t));
+    axis("pp", c.dims.pp, e.pp_exposed_s, pp_link(c, t));
+    axis("dp", c.dims.dp, e.dp_exposed_s, dp_link(c, t));
+    return out + strformat("  exposed communication:%s bubble %s\n", exposed.empty() ? " none," : exposed.c_str(),
+                           share(e.bubble_s).c_str());
 }
 
 inline nlohmann::json step_json(const RunConfig& c, const Topology& t, const StepEstimate& e, double memory_bytes) {

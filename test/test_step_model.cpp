@@ -156,9 +156,12 @@ TEST_CASE("Megatron-LM 2021's table, row by row on the a100 topology, within the
         const double error = e.hw_tflops_per_gpu / r.tflops - 1;
         CAPTURE(r.hidden, r.layers, e.hw_tflops_per_gpu, r.tflops);
         CHECK(std::abs(error) <= 0.35);
-        if (getenv("LLMC_PRINT_MEGATRON"))
-            printf("megatron %5.1fB: %6.1f TFLOP/s predicted, %6.1f published (%+.1f%%) mfu %.2f\n", s.params() / 1e9,
-               e.hw_tflops_per_gpu, r.tflops, 100 * (e.hw_tflops_per_gpu / r.tflops - 1), e.mfu);
+        if (getenv("LLMC_PRINT_MEGATRON")) {
+            const StepEstimate h100 = estimate_run(c, topology_preset("h100"));
+            printf("megatron %6.1fB on %4d: a100 %5.1f TFLOP/s predicted, %5.1f published (%+.1f%%); h100 %5.1f "
+                   "(MFU %.0f%%)\n", s.params() / 1e9, r.gpus, e.hw_tflops_per_gpu, r.tflops, 100 * error,
+                   h100.hw_tflops_per_gpu, 100 * h100.mfu);
+        }
     }
 }
 
