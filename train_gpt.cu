@@ -45,7 +45,7 @@ using namespace llmc;
 
 // Resolves the config for world_size ranks, reading the -e model file's header if it names one.
 static void resolve(RunConfig& cfg, int world_size) {
-    if (!cfg.model_shape.empty()) apply_model_shape(cfg, read_model_shape(cfg.model_shape));
+    if (!cfg.model_shape.empty()) apply_model_shape(cfg);
     ModelConfig file_config;
     bool from_file = !is_model_preset(cfg.model);
     if (from_file) {

@@ -624,9 +624,6 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.plan == 0 || cfg.plan_search == 0, "--plan and --plan-search are two modes: give one");
     require(cfg.plan_format == "text" || cfg.plan_format == "json",
             strformat("--plan-format must be text or json, got '%s'", cfg.plan_format.c_str()));
-    require(cfg.model_shape.empty() || cfg.plan > 0 || cfg.plan_search > 0,
-            strformat("--model-shape '%s' describes a model for --plan or --plan-search only; llmc trains GPT-2 (-e)",
-                      cfg.model_shape.c_str()));
 }
 
 inline LrSchedule lr_schedule_of(const RunConfig& cfg) {

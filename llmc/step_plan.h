@@ -21,14 +21,22 @@
 
 namespace llmc {
 
-// --model-shape: the preset's shape flags take the file's values, so the mesh checks, the pipeline
-// split and the memory plan see the model's layers, width, heads and vocabulary.
-inline void apply_model_shape(RunConfig& cfg, const ModelShape& s) {
+// --model-shape (with --plan or --plan-search only): the preset's shape flags take the file's
+// values, so the mesh checks, the pipeline split and the memory plan see the model's layers, width,
+// heads and vocabulary.
+inline void apply_model_shape(RunConfig& cfg) {
+    if (cfg.plan == 0 && cfg.plan_search == 0)
+        fail(strformat("--model-shape '%s' describes a model for --plan or --plan-search only; llmc trains GPT-2 (-e)",
+                       cfg.model_shape.c_str()));
     if (cfg.given.count("model"))
         fail(strformat("--model-shape '%s' replaces the -e model: give one of them", cfg.model_shape.c_str()));
-    for (const char* flag : {"num_layers", "num_heads", "channels", "vocab_size", "max_seq_len"})
-        if (cfg.given.count(flag))
+    for (const char* flag : {"num-layers", "num-heads", "channels", "vocab-size", "max-seq-len"}) {
+        std::string name = flag;
+        std::replace(name.begin(), name.end(), '-', '_');
+        if (cfg.given.count(name))
             fail(strformat("--model-shape '%s' gives the model's shape: drop --%s", cfg.model_shape.c_str(), flag));
+    }
+    const ModelShape s = read_model_shape(cfg.model_shape);
     cfg.num_layers = s.layers, cfg.num_heads = s.heads, cfg.channels = s.hidden, cfg.vocab_size = s.vocab;
     cfg.max_seq_len = std::max(1024, cfg.seq_len);
 }
@@ -181,8 +189,8 @@ inline std::string search_report(const std::vector<Layout>& layouts, const Topol
     std::string out = strformat("plan search: %zu layouts on %s, the best %d:\n", layouts.size(), t.name.c_str(),
                                 std::min(show, (int)layouts.size()));
     for (int i = 0; i < show && i < (int)layouts.size(); i++)
-        out += strformat("%d. %s: %.1f GiB per rank%s\n", i + 1, layout_name(layouts[i].cfg).c_str(),
-                         layouts[i].memory_bytes / (1024.0 * 1024 * 1024), layouts[i].fits ? "" : " (does not fit)") +
+        out += strformat("%d. %s: %s per rank%s\n", i + 1, layout_name(layouts[i].cfg).c_str(),
+                         format_bytes(layouts[i].memory_bytes).c_str(), layouts[i].fits ? "" : " (does not fit)") +
                step_report(layouts[i].cfg, t, layouts[i].step);
     std::map<std::string, int> reasons;
     for (int i = show; i < (int)layouts.size(); i++) {

@@ -185,20 +185,20 @@ TEST_CASE("--model-shape replaces the preset's shape flags, and refuses them or 
     c.model_shape = write_temp("shape_ok.json", R"({"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 1,
         "ffn_hidden": 768, "ffn": "swiglu", "vocab": 1000, "tied": false})");
     c.plan = 8;
-    apply_model_shape(c, read_model_shape(c.model_shape));
+    apply_model_shape(c);
     resolve_run_config(c, 8, nullptr);
     CHECK(c.model_config.num_layers == 4);
     CHECK(c.model_config.channels == 256);
     CHECK(run_shape(c).swiglu);
     RunConfig with_layers = c;
     with_layers.given.insert("num_layers");
-    CHECK_THROWS_WITH(apply_model_shape(with_layers, run_shape(c)), Contains("drop --num_layers"));
+    CHECK_THROWS_WITH(apply_model_shape(with_layers), Contains("drop --num-layers"));
     RunConfig with_model = c;
     with_model.given.insert("model");
-    CHECK_THROWS_WITH(apply_model_shape(with_model, run_shape(c)), Contains("replaces the -e model"));
+    CHECK_THROWS_WITH(apply_model_shape(with_model), Contains("replaces the -e model"));
     RunConfig training = c;
     training.plan = 0;
-    CHECK_THROWS_WITH(resolve_run_config(training, 1, nullptr), Contains("for --plan or --plan-search only"));
+    CHECK_THROWS_WITH(apply_model_shape(training), Contains("for --plan or --plan-search only"));
 }
 
 TEST_CASE("--plan-search puts layouts that fit first, fastest first, and says why the others lose", "[plan]") {

@@ -257,6 +257,21 @@ LLMC_FAULTS=flip_bit@3 run "LLMC_FAULTS after the last step" "LLMC_FAULTS: fault
 run "slow_init as a flag" "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS" \
     --faults slow_init@100
 
+# ---- --plan's cluster and model files (llmc/cluster.h) ----
+echo '{"layers": 0}' >"$tmp/shape_zero.json"
+echo '{"base": "h100", "nvlink_gbps": -1}' >"$tmp/topology_negative.json"
+expect_fail "--model-shape that is missing" "--model-shape '$tmp/none.json' cannot be opened" \
+    "${data[@]}" --plan 8 --model-shape "$tmp/none.json"
+expect_fail "--model-shape with 0 layers" "\"layers\" must be a positive integer, got 0" \
+    "${data[@]}" --plan 8 --model-shape "$tmp/shape_zero.json"
+expect_fail "--model-shape for training" "describes a model for --plan or --plan-search only" \
+    "${data[@]}" --model-shape "$tmp/shape_zero.json"
+run "unknown --topology" "--topology must be h100, a100 or a .json file, got 'v100'" --plan 8 --topology v100
+run "--topology file with a negative bandwidth" "\"nvlink_gbps\" must be a positive number, got -1" \
+    --plan 8 --topology "$tmp/topology_negative.json"
+run "--plan-format yaml" "--plan-format must be text or json, got 'yaml'" --plan 8 --plan-format yaml
+run "--plan-search without -d" "--plan-search needs the global batch: give -d" --plan-search 8
+
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {
     local name=$1 message=$2 rc=0
