@@ -112,14 +112,22 @@ inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
     return f;
 }
 
-// The tp collectives of one layer's forward, all exposed: with SP 2 gathers and 2 reduce-scatters
-// of the B x T x C activation, without it 2 all-reduces.
-inline double layer_tp_forward_s(const ModelShape& s, const RunConfig& c, Link l) {
+// One layer's tp collectives on the B x T x C activation (bf16). With SP the forward gathers twice
+// and reduce-scatters twice; backward gathers the residual's gradient twice (exposed), and gathers
+// the LayerNorm rows twice and reduce-scatters the input gradients twice under the weight-gradient
+// matmuls. Without SP the forward all-reduces twice and backward twice, under the weight gradients.
+// (The LayerNorm weight-gradient sums and the classifier's statistics, a few floats a row, are
+// left out.)
+struct LayerTp {
+    double forward_s = 0, backward_exposed_s = 0, backward_overlapped_s = 0;
+};
+inline LayerTp layer_tp(const ModelShape& s, const RunConfig& c, Link l) {
     const int tp = c.dims.tp;
     const double act = 2.0 * c.batch_size * c.seq_len * s.hidden;
-    if (tp <= 1) return 0;
-    if (c.sequence_parallel) return 2 * (ring_all_gather_s(act, tp, l) + ring_reduce_scatter_s(act, tp, l));
-    return 2 * all_reduce_s(act, tp, l);
+    if (tp <= 1) return {};
+    if (!c.sequence_parallel) return {2 * all_reduce_s(act, tp, l), 0, 2 * all_reduce_s(act, tp, l)};
+    const double gather = ring_all_gather_s(act, tp, l), scatter = ring_reduce_scatter_s(act, tp, l);
+    return {2 * (gather + scatter), 2 * gather, 2 * (gather + scatter)};
 }
 
 }  // namespace detail
@@ -132,15 +140,14 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
     const double matmul = kernel_s(f.matmul, t.matmul_efficiency, t), attn = kernel_s(f.attention, t.attention_efficiency, t);
     const double elementwise = kernel_s(f.elementwise, 1, t), gelu = kernel_s(f.gelu, 1, t), ln = kernel_s(f.layernorm, 1, t);
     const double layer_fwd = matmul + attn + elementwise + gelu + ln;
-    const double tp_fwd = detail::layer_tp_forward_s(s, c, tp_link(c, t));
+    const detail::LayerTp tp = detail::layer_tp(s, c, tp_link(c, t));
     MicroBatchWork w;
     w.forward_s = layers * layer_fwd;
     w.weight_grad_s = layers * matmul;
     w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln));
     w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
-    // backward: the residual gradient's 2 gathers exposed, the rest (as much again) under weight gradients
-    w.tp_exposed_s = layers * (tp_fwd + tp_fwd / 2 + std::max(0.0, tp_fwd / 2 - matmul));
-    const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp_fwd};
+    w.tp_exposed_s = layers * (tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul));
+    const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp.forward_s};
     w.recompute_s = layers * recompute[c.recompute];
     w.recompute_flops = c.recompute == 3 ? w.forward_flops : 0;
     if (head) {
@@ -203,7 +210,8 @@ inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const
         const double message = 2.0 * c.batch_size * c.seq_len * s.hidden * rows;
         e.pp_exposed_s = m * split.chunks * 2 * p2p_s(message, pp_link(c, t));  // a send forward, one back
     }
-    const double rank_params = (layers * s.layer_matmul_params() + (double)s.vocab * s.hidden / c.dims.pp) / c.dims.tp;
+    const bool embedding = split.holds_first(stage) || split.holds_last(stage);
+    const double rank_params = (layers * s.layer_matmul_params() + embedding * (double)s.vocab * s.hidden) / c.dims.tp;
     e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers);
     const double shard = c.zero_stage >= 1 ? rank_params / c.dims.dp : rank_params;
     e.optimizer_s = shard * 30 / (t.hbm_gbps * 1e9 * t.memory_efficiency);  // AdamW: ~30 bytes per parameter

@@ -126,13 +126,13 @@ TEST_CASE("--model-shape and --topology files: every bad value is named", "[plan
 // images/cases_april2021.png): GPT models with vocabulary 51,200 and sequence length 2048 on DGX A100
 // nodes, full activation recomputation, TFLOP/s per GPU counting it. The table gives the model-
 // parallel size; the repository's README says tensor parallelism was 8 wherever it exceeds 8
-// (tp = min(mp, 8), pp = mp / tp). Not in the table: the head count (taken as hidden / 128; the
+// (tp = min(mp, 8), pp = mp / tp), without sequence parallelism (it came in 2022). Not in the table: the head count (taken as hidden / 128; the
 // FLOPs do not depend on it), the micro-batch size (taken as 1) and the schedule (taken as 1F1B).
-// With the a100 preset's assumed efficiencies the model predicts too much on every row, by +17% to
-// +34% (1.7B +29.8, 3.6B +26.1, 7.5B +17.3, 18B +28.7, 39B +34.4, 76B +33.7, 145B +29.9, 310B
-// +25.0, 530B +18.3, 1T +19.3): its attention is a fused kernel, Megatron's of 2021 was not, and
-// its matmul efficiency is assumed, not measured. The test keeps every row within +-35%
-// (LLMC_PRINT_MEGATRON=1 prints the rows).
+// With the a100 preset's assumed efficiencies the model predicts too much on every row, by +11% to
+// +30% (1.7B +29.8, 3.6B +23.9, 7.5B +13.1, 18B +21.5, 39B +26.3, 76B +25.9, 145B +22.4, 310B
+// +18.1, 530B +10.7, 1T +11.3; +20% on average): its attention is a fused kernel, Megatron's of
+// 2021 was not, and its matmul efficiency is assumed, not measured. The test keeps every row within
+// +-32% (LLMC_PRINT_MEGATRON=1 prints the rows, with the H100 prediction for each).
 TEST_CASE("Megatron-LM 2021's table, row by row on the a100 topology, within the tolerance reached", "[plan]") {
     struct Row {
         int hidden, layers, mp, gpus, batch;
@@ -148,14 +148,14 @@ TEST_CASE("Megatron-LM 2021's table, row by row on the a100 topology, within the
         RunConfig c;
         c.num_layers = r.layers, c.channels = r.hidden, c.num_heads = r.hidden / 128;
         c.vocab_size = 51200, c.max_seq_len = 2048, c.seq_len = 2048, c.batch_size = 1;
-        c.tp = std::min(r.mp, 8), c.pp = r.mp / c.tp, c.recompute = 3;
+        c.tp = std::min(r.mp, 8), c.pp = r.mp / c.tp, c.recompute = 3, c.sequence_parallel = 0;
         c.total_batch_tokens = r.batch * 2048;
         resolve_run_config(c, r.gpus, nullptr);
         const ModelShape s = shape_of(c.model_config);
         const StepEstimate e = estimate_step(s, c, t, shape_flops_per_token(s, c.model_config, c.seq_len));
         const double error = e.hw_tflops_per_gpu / r.tflops - 1;
         CAPTURE(r.hidden, r.layers, e.hw_tflops_per_gpu, r.tflops);
-        CHECK(std::abs(error) <= 0.35);
+        CHECK(std::abs(error) <= 0.32);
         if (getenv("LLMC_PRINT_MEGATRON")) {
             const StepEstimate h100 = estimate_run(c, topology_preset("h100"));
             printf("megatron %6.1fB on %4d: a100 %5.1f TFLOP/s predicted, %5.1f published (%+.1f%%); h100 %5.1f "
