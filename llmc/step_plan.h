@@ -124,34 +124,40 @@ struct Layout {
     bool fits = false;
 };
 
-// Every layout of `gpus` ranks (tp x pp dividing them, ZeRO 0-3, -r 0-3, micro-batches of powers of
-// two) that the run can take: `resolve` refuses the others (a head count tp does not divide, a
-// batch the micro-batches do not divide, ...). 1F1B pipelines only.
+// Every layout of `gpus` ranks to try: tp x pp dividing them, ZeRO 0-3, -r 0-3, micro-batches of
+// 1, 2, 4, ... up to the -d batch. 1F1B pipelines only.
+inline std::vector<RunConfig> candidate_layouts(const RunConfig& base, int gpus) {
+    std::vector<RunConfig> out;
+    for (int tp = 1; tp <= gpus; tp++)
+        for (int pp = 1; gpus % tp == 0 && pp <= gpus / tp; pp++) {
+            if ((gpus / tp) % pp) continue;
+            const long long tokens_per_sequence_row = (long long)base.seq_len * (gpus / tp / pp);
+            for (int zero = 0; zero <= 3; zero++)
+                for (int r = 0; r <= 3; r++)
+                    for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
+                        RunConfig c = base;
+                        c.tp = tp, c.pp = pp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
+                        out.push_back(c);
+                    }
+        }
+    return out;
+}
+
+// The candidates the run can take (`resolve` refuses the others: a head count tp does not divide,
+// a batch the micro-batches do not divide, ...), those that fit first, fastest first.
 using Resolve = std::function<void(RunConfig&, int)>;
 inline std::vector<Layout> search_layouts(const RunConfig& base, int gpus, const Topology& t, const Resolve& resolve,
                                           const StagePlan& stage_plan) {
     std::vector<Layout> out;
-    for (int tp = 1; tp <= gpus; tp++) {
-        if (gpus % tp) continue;
-        for (int pp = 1; pp <= gpus / tp; pp++) {
-            if ((gpus / tp) % pp) continue;
-            for (int zero = 0; zero <= 3; zero++)
-                for (int r = 0; r <= 3; r++)
-                    for (int b = 1; (long long)b * base.seq_len * (gpus / tp / pp) <= base.total_batch_tokens; b *= 2) {
-                        Layout l;
-                        l.cfg = base;
-                        l.cfg.tp = tp, l.cfg.pp = pp, l.cfg.zero_stage = zero, l.cfg.recompute = r, l.cfg.batch_size = b;
-                        try {
-                            resolve(l.cfg, gpus);
-                        } catch (const Error&) {
-                            continue;
-                        }
-                        l.step = estimate_run(l.cfg, t);
-                        l.memory_bytes = peak_rank_bytes(l.cfg, stage_plan);
-                        l.fits = l.memory_bytes <= t.memory_gib * 1024 * 1024 * 1024;
-                        out.push_back(l);
-                    }
+    for (RunConfig& c : candidate_layouts(base, gpus)) {
+        try {
+            resolve(c, gpus);
+        } catch (const Error&) {
+            continue;
         }
+        Layout l{c, estimate_run(c, t), peak_rank_bytes(c, stage_plan)};
+        l.fits = l.memory_bytes <= t.memory_gib * 1024 * 1024 * 1024;
+        out.push_back(l);
     }
     std::stable_sort(out.begin(), out.end(), [](const Layout& a, const Layout& b) {
         return a.fits != b.fits ? a.fits : a.step.step_s < b.step.step_s;
