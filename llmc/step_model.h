@@ -80,7 +80,7 @@ struct StepEstimate {
 
 // One micro-batch's work on one rank of the stage holding `layers` layers (+ head / embedding).
 struct MicroBatchWork {
-    double forward_s = 0, backward_s = 0, weight_grad_s = 0, recompute_s = 0;
+    double forward_s = 0, backward_s = 0, recompute_s = 0;
     double tp_exposed_s = 0;
     double forward_flops = 0, recompute_flops = 0;  // per rank
 };
@@ -143,7 +143,6 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
     const detail::LayerTp tp = detail::layer_tp(s, c, tp_link(c, t));
     MicroBatchWork w;
     w.forward_s = layers * layer_fwd;
-    w.weight_grad_s = layers * matmul;
     w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln));
     w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
     w.tp_exposed_s = layers * (tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul));
@@ -157,7 +156,6 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
         const double h = kernel_s(logits, t.matmul_efficiency, t);
         w.forward_s += h + kernel_s(loss, 1, t);
         w.backward_s += 2 * h;
-        w.weight_grad_s += h;
         w.forward_flops += logits.flops;
     }
     return w;
