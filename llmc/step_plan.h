@@ -137,6 +137,7 @@ inline std::vector<RunConfig> candidate_layouts(const RunConfig& base, int gpus)
                     for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
                         RunConfig c = base;
                         c.tp = tp, c.pp = pp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
+                        c.pp_schedule = "1f1b", c.pp_virtual = 1, c.pp_layers = "";
                         out.push_back(c);
                     }
         }
