@@ -51,6 +51,9 @@ TEST_CASE("tp groups stay inside a node on NVLink; pp and dp cross the network o
     CHECK(dp_link(c, t).gbps == 50);
     const RunConfig small = resolved("d12", 8, 2, 2, 1, 64, 2);
     CHECK_FALSE(dp_link(small, t).network);  // 2 x 2 x 2 = 8 ranks: one node
+    const RunConfig wide = resolved("d24", 16, 16, 1, 1, 64, 1);  // 16 heads over 16 ranks: two nodes
+    CHECK(tp_link(wide, t).network);
+    CHECK(tp_link(wide, t).gbps == 50);
 }
 
 TEST_CASE("the step adds up, and tokens/s, model TFLOP/s and MFU follow from it", "[plan]") {
