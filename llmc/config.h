@@ -463,10 +463,14 @@ inline PipelineSplit pipeline_split(const RunConfig& cfg) {
 // The pipeline a config asks for (one stage without --pp): its split, and a step's micro-batches.
 inline PipelineParallel pipeline_of(const RunConfig& cfg) { return {pipeline_split(cfg), cfg.grad_accum_steps}; }
 
-// Validates the options and derives the model shape and batch arithmetic for world_size ranks.
-// model_from_file is the header of the -e model file when -e names a file, else nullptr.
-inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
-    auto require = [](bool ok, const std::string& message) { if (!ok) fail(message); };
+namespace detail {
+
+inline void require(bool ok, const std::string& message) {
+    if (!ok) fail(message);
+}
+
+// The mesh: the launch's rank count, and dp x pp x tp with the pipeline schedule's options.
+inline void resolve_mesh(RunConfig& cfg, int world_size) {
     require(cfg.expected_world_size >= 0,
             strformat("--world-size must be a rank count >= 1 (or 0: any), got %d", cfg.expected_world_size));
     if (cfg.expected_world_size > 0 && cfg.expected_world_size != world_size)
@@ -496,6 +500,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     cfg.dims.tp = cfg.tp;
     cfg.dims.pp = cfg.pp;
     cfg.dims.validate(world_size);
+}
+
+// The model shape: the -e model file's header, or a preset with the shape flags.
+inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     cfg.model_is_file = model_from_file != nullptr;
     if (model_from_file) {
         cfg.model_config = *model_from_file;
@@ -516,7 +524,11 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     }
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
+}
 
+// The batch arithmetic: tokens per micro-batch over the data-parallel ranks, the accumulation steps
+// that make -d, and what the pipeline and sequence parallelism need of them.
+inline void resolve_batch(RunConfig& cfg) {
     require(cfg.batch_size > 0, strformat("-b (batch_size) must be positive, got %d", cfg.batch_size));
     require(cfg.seq_len > 0, strformat("-t (seq_len) must be positive, got %d", cfg.seq_len));
     require(cfg.seq_len <= cfg.model_config.max_seq_len,
@@ -554,7 +566,10 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
             strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d divisible by "
                       "them (change -t, or --sp 0)",
                       cfg.tp, cfg.seq_len));
+}
 
+// Every other option in its range.
+inline void check_training_options(const RunConfig& cfg, int world_size) {
     require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d%s", cfg.steps,
                                      cfg.steps == -1 ? " (llm.c's -x -1, one epoch, is not offered: give the step count)" : ""));
     // Float options are finite and in range (a NaN fails every comparison, so each check is written
@@ -624,6 +639,18 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     require(cfg.plan == 0 || cfg.plan_search == 0, "--plan and --plan-search are two modes: give one");
     require(cfg.plan_format == "text" || cfg.plan_format == "json",
             strformat("--plan-format must be text or json, got '%s'", cfg.plan_format.c_str()));
+}
+
+}  // namespace detail
+
+// Validates the options and derives the model shape and batch arithmetic for world_size ranks.
+// model_from_file is the header of the -e model file when -e names a file, else nullptr. The
+// checks run in this order, so an error names the first problem a reader of the flags would see.
+inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig* model_from_file) {
+    detail::resolve_mesh(cfg, world_size);
+    detail::resolve_model(cfg, model_from_file);
+    detail::resolve_batch(cfg);
+    detail::check_training_options(cfg, world_size);
 }
 
 inline LrSchedule lr_schedule_of(const RunConfig& cfg) {
