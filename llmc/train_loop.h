@@ -465,14 +465,11 @@ private:
         int removed = 0;
         for (const CheckpointTier& tier : checkpoint_tiers(cfg_)) {
             if (!tier.leads(world_.rank())) continue;
-            std::error_code ec;
-            for (const auto& entry : std::filesystem::directory_iterator(tier.rank_root(world_.rank()), ec)) {
-                const int s = checkpoint_step_of(entry.path().filename().string());
-                if (s > step && entry.is_directory()) {
-                    detail::remove_tree(entry.path().string());
+            for (int s : checkpoint_steps_in(tier.rank_root(world_.rank())))
+                if (s > step) {
+                    detail::remove_tree(tier.dir(s, world_.rank()));
                     removed++;
                 }
-            }
         }
         all_ranks(world_, true);
         return removed;

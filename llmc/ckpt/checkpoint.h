@@ -70,6 +70,38 @@ inline int checkpoint_step_of(const std::string& name) {
         if (name[i] < '0' || name[i] > '9') return -1;
     return std::atoi(name.c_str() + 5);
 }
+// The steps of the ckpt_<step> directories in root, complete or not, oldest first (none where root
+// cannot be read).
+inline std::vector<int> checkpoint_steps_in(const std::string& root) {
+    std::vector<int> steps;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+        const int step = checkpoint_step_of(entry.path().filename().string());
+        if (step >= 0 && entry.is_directory()) steps.push_back(step);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+// --resume-from's checkpoint directory, normalized ("out/ckpt_00000008/" is out/ckpt_00000008), and
+// the directory that holds it.
+inline std::filesystem::path resume_from_path(const std::string& resume_from) {
+    std::filesystem::path p = std::filesystem::path(resume_from).lexically_normal();
+    return p.filename().empty() ? p.parent_path() : p;
+}
+inline std::string resume_from_root(const std::string& resume_from) {
+    const std::filesystem::path parent = resume_from_path(resume_from).parent_path();
+    return parent.empty() ? "." : parent.string();
+}
+// A field of the manifest in checkpoint directory `dir`; `otherwise` where it lacks the field or
+// cannot be read (an incomplete checkpoint).
+template <typename T>
+inline T manifest_field(const std::string& dir, const char* key, const T& otherwise) {
+    try {
+        return nlohmann::json::parse(read_text_file(dir + "/" + CHECKPOINT_MANIFEST)).value(key, otherwise);
+    } catch (const std::exception&) {
+        return otherwise;
+    }
+}
 
 namespace detail {
 
@@ -540,38 +572,22 @@ private:
     // nor the newest verified one (a fingerprint mismatch replays from it), nor another run's.
     // Incomplete directories older than the newest are debris of crashed writes and go too.
     static void prune(const CheckpointTier& tier, const std::string& root, int newest, const std::string& run_id) {
-        std::vector<int> complete;
-        std::vector<std::string> incomplete;
-        for (const auto& entry : std::filesystem::directory_iterator(root)) {
-            const std::string name = entry.path().filename().string();
-            const int step = checkpoint_step_of(name);
-            if (step < 0 || !entry.is_directory()) continue;
-            if (std::filesystem::exists(entry.path() / CHECKPOINT_MARKER)) complete.push_back(step);
-            else if (step < newest) incomplete.push_back(entry.path().string());
+        std::vector<int> complete;  // newest first
+        for (int step : checkpoint_steps_in(root)) {
+            const std::string dir = root + "/" + checkpoint_dir_name(step);
+            if (std::filesystem::exists(dir + "/" + CHECKPOINT_MARKER)) complete.insert(complete.begin(), step);
+            else if (step < newest) detail::remove_tree(dir);
         }
-        std::sort(complete.rbegin(), complete.rend());
         int verified = -1;  // the newest verified step
         for (int step : complete)
-            if (verified < 0 && manifest_field(root, step, "verified", true)) verified = step;
+            if (verified < 0 && manifest_field(root + "/" + checkpoint_dir_name(step), "verified", true)) verified = step;
         for (size_t i = 0; i < complete.size(); i++) {
             const int step = complete[i];
+            const std::string dir = root + "/" + checkpoint_dir_name(step);
             const bool keep = step == newest || step == verified || tier.keep == 0 || (int)i < tier.keep ||
                               (tier.major > 0 && step % tier.major == 0) ||
-                              manifest_field(root, step, "run_id", run_id) != run_id;
-            if (!keep) detail::remove_tree(root + "/" + checkpoint_dir_name(step));
-        }
-        for (const std::string& dir : incomplete) detail::remove_tree(dir);
-    }
-
-    // A field of the manifest of root's checkpoint `step`; `otherwise` where it lacks the field or
-    // cannot be read.
-    template <typename T>
-    static T manifest_field(const std::string& root, int step, const char* key, const T& otherwise) {
-        try {
-            const std::string path = root + "/" + checkpoint_dir_name(step) + "/" + CHECKPOINT_MANIFEST;
-            return nlohmann::json::parse(read_text_file(path)).value(key, otherwise);
-        } catch (const std::exception&) {
-            return otherwise;
+                              manifest_field(dir, "run_id", run_id) != run_id;
+            if (!keep) detail::remove_tree(dir);
         }
     }
 
@@ -871,13 +887,11 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
     CheckpointTier shared{"shared", cfg.output_dir};
     int newest_step = INT32_MAX;
     if (!cfg.resume_from.empty()) {
-        std::filesystem::path p = std::filesystem::path(cfg.resume_from).lexically_normal();
-        if (p.filename().empty()) p = p.parent_path();
-        newest_step = checkpoint_step_of(p.filename().string());
+        newest_step = checkpoint_step_of(resume_from_path(cfg.resume_from).filename().string());
         if (newest_step < 0)
             fail(strformat("--resume-from '%s': expected a checkpoint directory named ckpt_<8 digits>",
                            cfg.resume_from.c_str()));
-        shared.root = p.parent_path().empty() ? "." : p.parent_path().string();
+        shared.root = resume_from_root(cfg.resume_from);
     }
     std::optional<CheckpointTier> local;
     for (const CheckpointTier& t : checkpoint_tiers(cfg))
@@ -886,12 +900,8 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
     // rank tries the same ones in the same order: (step, is local), newest first.
     auto steps_in = [&](const std::string& root) {
         std::string listing;
-        std::error_code ec;
-        for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-            const int step = checkpoint_step_of(entry.path().filename().string());
-            if (step >= 0 && step <= newest_step && step <= at_most_step && entry.is_directory())
-                listing += std::to_string(step) + " ";
-        }
+        for (int step : checkpoint_steps_in(root))
+            if (step <= newest_step && step <= at_most_step) listing += std::to_string(step) + " ";
         return listing;
     };
     std::string mine;
@@ -916,8 +926,8 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
         std::string problems;
         std::optional<ResumePoint> point =
             is_local ? detail::check_local_checkpoint(step, *local, world, cfg, &problems)
-                     : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared, cfg.run_id,
-                                                               world, &problems);
+                     : detail::check_shared_checkpoint(shared.root + "/" + checkpoint_dir_name(step), shared,
+                                                       cfg.run_id, world, &problems);
         if (point) return point;
         if (world.rank() == 0)
             printf("resume: skipping %s%s: %s\n", is_local ? "the local tier's " : "",
@@ -931,9 +941,10 @@ inline std::optional<ResumePoint> find_resume_checkpoint(const RunConfig& cfg, C
 // (B*T), total batch or shuffling. The message names the field and both values. Steps, learning
 // rate, intervals, world size, tensor-parallel split and ZeRO stage may change.
 inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) {
-    auto refuse = [&](const char* field, const std::string& theirs, const std::string& ours) {
-        fail(strformat("cannot resume from '%s': its %s is %s but this run's is %s", p.dir.c_str(), field,
-                       theirs.c_str(), ours.c_str()));
+    auto refuse = [&](const char* field, const std::string& theirs, const std::string& ours,
+                      const std::string& hint = "") {
+        fail(strformat("cannot resume from '%s': its %s is %s but this run's is %s%s", p.dir.c_str(), field,
+                       theirs.c_str(), ours.c_str(), hint.c_str()));
     };
     const ModelConfig &a = p.manifest.model, &b = cfg.model_config;
     const std::pair<const char*, std::pair<int, int>> model_fields[] = {
@@ -957,10 +968,9 @@ inline void check_resume_compatible(const ResumePoint& p, const RunConfig& cfg) 
         refuse("B*T (window size)", strformat("%lld*%lld", number("batch_size"), number("seq_len")),
                strformat("%d*%d", cfg.batch_size, cfg.seq_len));
     if (number("total_batch_tokens") != cfg.total_batch_tokens)
-        fail(strformat("cannot resume from '%s': its total_batch_tokens is %lld but this run's is %d: pass -d %lld "
-                       "to keep the run's total batch (the data order depends on it)",
-                       p.dir.c_str(), number("total_batch_tokens"), cfg.total_batch_tokens,
-                       number("total_batch_tokens")));
+        refuse("total_batch_tokens", std::to_string(number("total_batch_tokens")), std::to_string(cfg.total_batch_tokens),
+               strformat(": pass -d %lld to keep the run's total batch (the data order depends on it)",
+                         number("total_batch_tokens")));
     if (!rc.contains("shuffle") || !rc["shuffle"].is_boolean() || rc["shuffle"].get<bool>() != cfg.shuffle)
         refuse("shuffle", rc.value("shuffle", nlohmann::json()).dump(), cfg.shuffle ? "true" : "false");
 }

@@ -67,21 +67,16 @@ inline std::string read_run_id(const std::string& dir) {
                    path.c_str()));
 }
 
-// The checkpoint directories (complete or not) in dir, oldest first.
-inline std::vector<std::string> checkpoint_dirs_in(const std::string& dir) {
-    std::vector<std::string> names;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
-        if (checkpoint_step_of(entry.path().filename().string()) >= 0 && entry.is_directory())
-            names.push_back(entry.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+inline std::string describe_run(const std::string& run_id) {
+    return run_id.empty() ? "a run without a run id" : "run " + run_id;
 }
 
-inline std::string describe_checkpoints(const std::vector<std::string>& names, const std::string& run_id) {
-    std::string what = names.size() == 1 ? names[0] : names.front() + " ... " + names.back();
-    return strformat("%zu checkpoint(s), %s, of %s", names.size(), what.c_str(),
-                     run_id.empty() ? "a run without a run id" : ("run " + run_id).c_str());
+// steps: checkpoint_steps_in's, not empty.
+inline std::string describe_checkpoints(const std::vector<int>& steps, const std::string& run_id) {
+    const std::string what = steps.size() == 1 ? checkpoint_dir_name(steps[0])
+                                               : checkpoint_dir_name(steps.front()) + " ... " +
+                                                     checkpoint_dir_name(steps.back());
+    return strformat("%zu checkpoint(s), %s, of %s", steps.size(), what.c_str(), describe_run(run_id).c_str());
 }
 
 // Holds dir/.lock for the life of the process (the kernel lets go when it ends, however it ends),
@@ -94,10 +89,11 @@ inline int lock_output_dir(const std::string& dir) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) fail(strformat("cannot open the lock file '%s': %s", path.c_str(), strerror(errno)));
     const auto give_up = deadline_after(LOCK_WAIT_S);
-    while (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK && std::chrono::steady_clock::now() < give_up)
+    int err = 0;  // flock's errno, 0 once the lock is held
+    while ((err = ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno) == EWOULDBLOCK &&
+           std::chrono::steady_clock::now() < give_up)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        const int err = errno;
+    if (err != 0) {
         if (err == EWOULDBLOCK) {
             char holder[256] = {0};
             const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
@@ -132,30 +128,24 @@ inline void note_lock_holder(int fd, const std::string& dir) {
 // The run id in a checkpoint's manifest; "" where it has none or cannot be read (an incomplete
 // checkpoint: the resume skips it and says why).
 inline std::string run_id_in_manifest(const std::string& checkpoint_dir) {
-    try {
-        return nlohmann::json::parse(read_text_file(checkpoint_dir + "/" + CHECKPOINT_MANIFEST)).value("run_id", "");
-    } catch (const std::exception&) {
-        return "";
-    }
+    return manifest_field(checkpoint_dir, "run_id", std::string());
 }
 
 // The run that --resume-from DIR continues: DIR's directory's run.json, else DIR's manifest.
 inline std::string run_id_of_checkpoint(const std::string& resume_from) {
-    std::filesystem::path p = std::filesystem::path(resume_from).lexically_normal();
-    if (p.filename().empty()) p = p.parent_path();
+    const std::filesystem::path p = resume_from_path(resume_from);
     if (!std::filesystem::is_directory(p))
         fail(strformat("--resume-from '%s': no such checkpoint directory", resume_from.c_str()));
-    const std::string id = read_run_id(p.parent_path().empty() ? "." : p.parent_path().string());
+    const std::string id = read_run_id(resume_from_root(resume_from));
     return id.empty() ? run_id_in_manifest(p.string()) : id;
 }
 
 // The run -y 1 continues: the directory's run.json, else (checkpoints copied into a directory of
 // their own) the newest checkpoint's manifest that names one.
-inline std::string run_id_to_continue(const std::string& dir, const std::string& owner,
-                                      const std::vector<std::string>& checkpoints) {
+inline std::string run_id_to_continue(const std::string& dir, const std::string& owner, const std::vector<int>& steps) {
     if (!owner.empty()) return owner;
-    for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
-        const std::string id = run_id_in_manifest(dir + "/" + *it);
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        const std::string id = run_id_in_manifest(dir + "/" + checkpoint_dir_name(*it));
         if (!id.empty()) return id;
     }
     return "";
@@ -167,16 +157,14 @@ inline std::string claim_on_rank0(const RunConfig& cfg) {
     const int lock = lock_output_dir(cfg.output_dir);
     for (const std::string& line : remove_stale_temporaries(cfg.output_dir)) printf("output: %s\n", line.c_str());
     const std::string owner = read_run_id(cfg.output_dir);
-    const std::vector<std::string> checkpoints = checkpoint_dirs_in(cfg.output_dir);
+    const std::vector<int> checkpoints = checkpoint_steps_in(cfg.output_dir);
     std::string run_id;
     bool continues = false;  // this run is the one whose checkpoints the directory holds
     if (!cfg.resume_from.empty()) {
         run_id = run_id_of_checkpoint(cfg.resume_from);
         std::error_code ec;
-        const std::filesystem::path from = std::filesystem::path(cfg.resume_from).lexically_normal();
         continues = (!owner.empty() && run_id == owner) ||
-                    std::filesystem::equivalent((from.filename().empty() ? from.parent_path() : from).parent_path(),
-                                                cfg.output_dir, ec);
+                    std::filesystem::equivalent(resume_from_root(cfg.resume_from), cfg.output_dir, ec);
     } else if (cfg.resume) {
         run_id = run_id_to_continue(cfg.output_dir, owner, checkpoints);
         continues = true;
@@ -191,10 +179,9 @@ inline std::string claim_on_rank0(const RunConfig& cfg) {
             fail(strformat("--resume-from '%s' continues %s, but output directory '%s' holds another run's "
                            "checkpoints (%s): use the checkpoint's own directory as -o, choose another -o, or pass "
                            "--overwrite 1 to delete them",
-                           cfg.resume_from.c_str(), run_id.empty() ? "a run without a run id" : ("run " + run_id).c_str(),
-                           cfg.output_dir.c_str(), held.c_str()));
+                           cfg.resume_from.c_str(), describe_run(run_id).c_str(), cfg.output_dir.c_str(), held.c_str()));
         }
-        for (const std::string& name : checkpoints) remove_tree(cfg.output_dir + "/" + name);
+        for (int step : checkpoints) remove_tree(cfg.output_dir + "/" + checkpoint_dir_name(step));
         printf("output: --overwrite 1: removed %s from '%s'\n", held.c_str(), cfg.output_dir.c_str());
     }
     if (run_id.empty()) run_id = new_run_id();
@@ -212,11 +199,8 @@ inline std::string claim_on_rank0(const RunConfig& cfg) {
 // Returns the config.json it took it from ("": none).
 inline std::string inherit_total_batch(RunConfig& cfg) {
     if ((!cfg.resume && cfg.resume_from.empty()) || cfg.given.count("total_batch_tokens")) return "";
-    std::filesystem::path from = std::filesystem::path(cfg.resume_from).lexically_normal();
-    if (!cfg.resume_from.empty() && from.filename().empty()) from = from.parent_path();
-    const std::string dir = cfg.resume_from.empty() ? cfg.output_dir
-                            : from.parent_path().empty() ? "." : from.parent_path().string();
-    if (detail::checkpoint_dirs_in(dir).empty()) return "";  // nothing to continue
+    const std::string dir = cfg.resume_from.empty() ? cfg.output_dir : resume_from_root(cfg.resume_from);
+    if (checkpoint_steps_in(dir).empty()) return "";  // nothing to continue
     const std::string path = dir + "/config.json";
     try {
         const nlohmann::json j = nlohmann::json::parse(read_text_file(path));
