@@ -61,3 +61,12 @@ for f in manifest["files"]:
 print(total)
 PY
 }
+# same_checkpoint_bytes REF OUT WHAT: OUT's checkpoint holds each element once, as REF's does: the
+# same bytes in all, each file exactly what its manifest lists.
+same_checkpoint_bytes() {
+    local ref out
+    ref=$(checkpoint_bytes "$1") && out=$(checkpoint_bytes "$2") ||
+        { echo "FAILED: $3: a checkpoint's files hold what their manifest does not list"; exit 1; }
+    [ "$out" = "$ref" ] || { echo "FAILED: $3: the checkpoint has $out bytes, the reference $ref"; exit 1; }
+    echo "ok $3: $out bytes, as the reference, each file exactly what the manifest lists"
+}

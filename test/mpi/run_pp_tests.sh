@@ -74,10 +74,7 @@ grep -q "^mesh: 2 rank(s) = dp 1 x pp 2 x tp 1$" "$dir/pp2.log" && grep -q "^pip
 echo "ok a pp 2 run's log: the mesh without a word of tensor or sequence parallelism"
 # Its checkpoint holds each element once, as the 1-rank one does: the last stage writes no copy of
 # the tied embedding (nor its moments). That the checkpoint resumes exactly is shown below.
-bytes_one=$(checkpoint_bytes "$dir/one/ckpt_00000004") && bytes_pp2=$(checkpoint_bytes "$dir/pp2/ckpt_00000004") ||
-    { echo "FAILED: a checkpoint's files hold what their manifest does not list"; exit 1; }
-[ "$bytes_pp2" = "$bytes_one" ] || { echo "FAILED: the pp 2 checkpoint has $bytes_pp2 bytes, the 1-rank one $bytes_one"; exit 1; }
-echo "ok the pp 2 checkpoint: $bytes_pp2 bytes, as the 1-rank one, each file exactly what the manifest lists"
+same_checkpoint_bytes "$dir/one/ckpt_00000004" "$dir/pp2/ckpt_00000004" "the pp 2 checkpoint against the 1-rank one"
 
 # GPT-2's vocabulary: the tied embedding's gradient (50304 x 32 floats) outgrows the first stage's
 # activation buffer, so its sum over the first and the last stage travels in pieces, as big as the

@@ -47,10 +47,7 @@ grep -q "^batch: B 2 x T 32 x 1 data-parallel rank(s) x 4 accumulation = 256 tok
 echo "ok a tp 2 run's log: 1 data-parallel rank of 2, tensor parallel with sequence parallelism"
 # Its checkpoint holds each element once, as the 1-rank one does: rank 1 writes no replica of the
 # tensors both ranks hold whole (LayerNorms, biases, wpe).
-bytes_one=$(checkpoint_bytes "$dir/one/ckpt_00000004") && bytes_tp2=$(checkpoint_bytes "$dir/tp2/ckpt_00000004") ||
-    { echo "FAILED: a checkpoint's files hold what their manifest does not list"; exit 1; }
-[ "$bytes_tp2" = "$bytes_one" ] || { echo "FAILED: the tp 2 checkpoint has $bytes_tp2 bytes, the 1-rank one $bytes_one"; exit 1; }
-echo "ok the tp 2 checkpoint: $bytes_tp2 bytes, as the 1-rank one, each file exactly what the manifest lists"
+same_checkpoint_bytes "$dir/one/ckpt_00000004" "$dir/tp2/ckpt_00000004" "the tp 2 checkpoint against the 1-rank one"
 
 # Resume step 4's checkpoint onto other splits: steps 5-8 must continue the uninterrupted run.
 resume() {  # resume NP TP ZERO FROM
