@@ -61,15 +61,19 @@ static void resolve(RunConfig& cfg, int world_size) {
 
 static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend::memory_plan(cfg, 0, 0, pp_rank); }
 
-// --plan N: the memory plan of rank 0 of N, computed without allocating anything, and the step
-// predicted on --topology (step_plan.h); with --plan-format json only the prediction, as one object.
+// --plan N: the memory plan of rank 0 of N, computed without allocating anything, the step predicted
+// on --topology and the goodput at the best checkpoint intervals (step_plan.h); with --plan-format
+// json only the predictions, as one object.
 static void print_plan(RunConfig cfg) {
     const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
     const StepEstimate step = estimate_run(cfg, topology);
     const double memory = peak_rank_bytes(cfg, stage_plan);
+    const GoodputPlan goodput = plan_goodput(cfg, topology, step.step_s, checkpoint_rank_bytes(cfg, stage_plan));
     if (cfg.plan_format == "json") {
-        printf("%s\n", step_json(cfg, topology, step, memory).dump(2).c_str());
+        nlohmann::json j = step_json(cfg, topology, step, memory);
+        j["goodput"] = goodput_json(goodput);
+        printf("%s\n", j.dump(2).c_str());
         return;
     }
     fputs(Backend::plan_report(cfg).c_str(), stdout);
@@ -77,6 +81,7 @@ static void print_plan(RunConfig cfg) {
         printf("--model-shape: planned as the GPT-2 of its layers, width, heads and vocabulary; its %.2fB parameters "
                "need %s on the busiest rank\n", run_shape(cfg).params() / 1e9, format_bytes(memory).c_str());
     fputs(step_report(cfg, topology, step).c_str(), stdout);
+    fputs(goodput_report(cfg, goodput).c_str(), stdout);
 }
 
 // --plan-search N: every layout of N GPUs for the -d batch, best first (step_plan.h).

@@ -120,6 +120,7 @@ struct Topology {
     double memory_gib = 0;          // memory per GPU
     double nvlink_gbps = 0;         // per GPU per direction, inside a node
     double network_gbps = 0;        // per GPU per direction, between nodes (the node's NICs / its GPUs)
+    double host_gbps = 0;           // per GPU per direction, to host memory (PCIe): checkpoint snapshots
     double nvlink_latency_s = 0, network_latency_s = 0;
     // Share of the peak a kernel kind reaches (assumptions, see the presets).
     double matmul_efficiency = 0;     // large bf16 GEMMs (cuBLASLt)
@@ -129,20 +130,21 @@ struct Topology {
 
 // DGX H100 (NVIDIA DGX H100 datasheet; H100 SXM5 datasheet): 8 GPUs, 989 TFLOP/s dense bf16, HBM3
 // 3.35 TB/s, 80 GB; NVLink 4 900 GB/s per GPU = 450 GB/s per direction; 8 ConnectX-7 of 400 Gb/s
-// per node = 50 GB/s per GPU. DGX A100 (DGX A100 datasheet; A100 SXM4 80GB datasheet): 312 TFLOP/s,
-// HBM2e 2.0 TB/s, 80 GB; NVLink 3 600 GB/s = 300 per direction; 8 x 200 Gb/s HDR = 25 GB/s per
-// GPU. Latencies (assumed): 3 us per collective step over NVLink, 8 us over InfiniBand, the order of
-// NCCL's small-message times. Efficiencies (assumed): cuBLASLt reaches about 70% of the
-// H100's dense peak and 80% of the A100's on transformer-sized GEMMs; fused attention about half;
-// elementwise kernels about 80% of the memory bandwidth.
+// per node = 50 GB/s per GPU; PCIe Gen5 x16, 64 GB/s per direction. DGX A100 (DGX A100 datasheet;
+// A100 SXM4 80GB datasheet): 312 TFLOP/s, HBM2e 2.0 TB/s, 80 GB; NVLink 3 600 GB/s = 300 per
+// direction; 8 x 200 Gb/s HDR = 25 GB/s per GPU; PCIe Gen4 x16, 32 GB/s per direction. Latencies
+// (assumed): 3 us per collective step over NVLink, 8 us over InfiniBand, the order of NCCL's
+// small-message times. Efficiencies (assumed): cuBLASLt reaches about 70% of the H100's dense peak
+// and 80% of the A100's on transformer-sized GEMMs; fused attention about half; elementwise kernels
+// about 80% of the memory bandwidth.
 inline Topology topology_preset(const std::string& name) {
     Topology t;
     t.name = name;
     if (name == "h100") {
-        t.peak_tflops = 989, t.hbm_gbps = 3350, t.memory_gib = 80, t.nvlink_gbps = 450, t.network_gbps = 50;
+        t.peak_tflops = 989, t.hbm_gbps = 3350, t.memory_gib = 80, t.nvlink_gbps = 450, t.network_gbps = 50, t.host_gbps = 64;
         t.matmul_efficiency = 0.70;
     } else if (name == "a100") {
-        t.peak_tflops = 312, t.hbm_gbps = 2039, t.memory_gib = 80, t.nvlink_gbps = 300, t.network_gbps = 25;
+        t.peak_tflops = 312, t.hbm_gbps = 2039, t.memory_gib = 80, t.nvlink_gbps = 300, t.network_gbps = 25, t.host_gbps = 32;
         t.matmul_efficiency = 0.80;
     } else {
         fail(strformat("--topology must be h100, a100 or a JSON file, got '%s'", name.c_str()));
@@ -162,7 +164,7 @@ inline Topology read_topology(const std::string& spec) {
     const std::string where = strformat("--topology '%s'", spec.c_str());
     if (!j.is_object()) fail(where + " must hold a JSON object");
     detail::refuse_unknown_keys(j, {"base", "gpus_per_node", "peak_tflops", "hbm_gbps", "memory_gib", "nvlink_gbps",
-                                    "network_gbps", "nvlink_latency_s", "network_latency_s", "matmul_efficiency",
+                                    "network_gbps", "host_gbps", "nvlink_latency_s", "network_latency_s", "matmul_efficiency",
                                     "attention_efficiency", "memory_efficiency"}, where);
     if (!j.contains("base") || !j["base"].is_string() || (j["base"] != "h100" && j["base"] != "a100"))
         fail(where + ": \"base\" must be \"h100\" or \"a100\" (the preset whose values fill the keys not given)");
@@ -175,7 +177,7 @@ inline Topology read_topology(const std::string& spec) {
     set("gpus_per_node", &gpus, true);
     t.gpus_per_node = (int)gpus;
     set("peak_tflops", &t.peak_tflops), set("hbm_gbps", &t.hbm_gbps), set("memory_gib", &t.memory_gib);
-    set("nvlink_gbps", &t.nvlink_gbps), set("network_gbps", &t.network_gbps);
+    set("nvlink_gbps", &t.nvlink_gbps), set("network_gbps", &t.network_gbps), set("host_gbps", &t.host_gbps);
     set("nvlink_latency_s", &t.nvlink_latency_s), set("network_latency_s", &t.network_latency_s);
     set("matmul_efficiency", &t.matmul_efficiency), set("attention_efficiency", &t.attention_efficiency);
     set("memory_efficiency", &t.memory_efficiency);

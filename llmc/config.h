@@ -25,6 +25,7 @@
 
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
+#include "llmc/goodput.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/schedule.h"
 #include "llmc/utils.h"
@@ -77,6 +78,11 @@ struct RunConfig {
     int plan_search = 0;          // >0: rank every layout of this many GPUs (step_plan.h) and exit
     std::string topology = "h100";     // --plan's cluster: h100, a100 or a JSON file (cluster.h)
     std::string model_shape;      // --plan's model: a JSON shape file instead of the -e preset (cluster.h)
+    // --plan's goodput (goodput.h): failures, restarts and the shared storage of the cluster
+    float failure_rate = (float)kLlama3FailuresPerGpuHour;  // failures per GPU-hour
+    float restart_s = 600;        // seconds from a failure to training again, restores not included
+    float storage_gbps = 1;       // shared storage's read and write bandwidth per node, GB/s
+    float local_recovers = 0.9f;  // share of failures the local tier restarts from
     // tensor parallelism (gpt2_cpu.h)
     int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
@@ -206,10 +212,14 @@ inline const std::vector<RunOption>& run_options() {
         {"", "straggler_action", &RunConfig::straggler_action, "warn (train anyway) or refuse (exit 8) when the health check names a straggler"},
         {"", "log_rank_times", &RunConfig::log_rank_times, "1: every step, each rank's compute time into metrics.jsonl, naming the slowest rank"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan and the predicted step time for this many ranks, then exit (0: train)"},
-        {"", "plan_format", &RunConfig::plan_format, "--plan's output: text, or json (one object: step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, hw_tflops_per_gpu, mfu, memory_gib, breakdown)"},
+        {"", "plan_format", &RunConfig::plan_format, "--plan's output: text, or json (one object: step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, hw_tflops_per_gpu, mfu, memory_gib, breakdown, goodput)"},
         {"", "plan_search", &RunConfig::plan_search, "rank every layout (dp, tp, pp, ZeRO stage, -r, -b) of this many GPUs for the -d batch, print the best and why the others lose, then exit"},
         {"", "topology", &RunConfig::topology, "the cluster --plan predicts on: h100 (DGX H100), a100 (DGX A100) or a JSON file (keys in llmc/cluster.h)"},
         {"", "model_shape", &RunConfig::model_shape, "with --plan: the model as a JSON file of layers, hidden, heads, kv_heads, ffn_hidden, ffn (gelu|swiglu), vocab, tied"},
+        {"", "failure_rate", &RunConfig::failure_rate, "--plan's goodput: failures per GPU-hour (default: Llama 3's 1.97e-5, 419 in 54 days on 16,384 H100s)"},
+        {"", "restart_s", &RunConfig::restart_s, "--plan's goodput: seconds from a failure to training again, restoring the checkpoint not included"},
+        {"", "storage_gbps", &RunConfig::storage_gbps, "--plan's goodput: shared storage bandwidth per node, GB/s (default 1: Llama 3's 2 TB/s over 2,048 nodes)"},
+        {"", "local_recovers", &RunConfig::local_recovers, "--plan's goodput: share of failures the local tier (--local-ckpt-every) restarts from; the others need the shared one"},
     };
     return options;
 }
@@ -639,6 +649,14 @@ inline void check_training_options(const RunConfig& cfg, int world_size) {
     require(cfg.plan == 0 || cfg.plan_search == 0, "--plan and --plan-search are two modes: give one");
     require(cfg.plan_format == "text" || cfg.plan_format == "json",
             strformat("--plan-format must be text or json, got '%s'", cfg.plan_format.c_str()));
+    require(cfg.failure_rate > 0 && std::isfinite(cfg.failure_rate),
+            strformat("--failure-rate must be a positive number of failures per GPU-hour, got %g", cfg.failure_rate));
+    require(cfg.restart_s >= 0 && std::isfinite(cfg.restart_s),
+            strformat("--restart-s must be a number of seconds >= 0, got %g", cfg.restart_s));
+    require(cfg.storage_gbps > 0 && std::isfinite(cfg.storage_gbps),
+            strformat("--storage-gbps must be a positive bandwidth in GB/s per node, got %g", cfg.storage_gbps));
+    require(cfg.local_recovers >= 0 && cfg.local_recovers <= 1,
+            strformat("--local-recovers must be a share between 0 and 1, got %g", cfg.local_recovers));
 }
 
 }  // namespace detail

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/goodput.h"
 #include "llmc/planner.h"
 #include "llmc/step_model.h"
 
@@ -62,13 +63,22 @@ inline double shape_memory_bytes(const MemoryPlan& plan, const ModelShape& s, co
 
 // The most any pipeline stage's rank 0 needs: `stage_plan(cfg, stage)` is the backend's memory plan.
 using StagePlan = std::function<MemoryPlan(const RunConfig&, int)>;
-inline double peak_rank_bytes(const RunConfig& cfg, const StagePlan& stage_plan) {
-    const ModelShape s = run_shape(cfg);
+inline double most_over_stages(const RunConfig& cfg, const std::function<double(int stage)>& bytes) {
     const PipelineSplit split = pipeline_split(cfg);
     double most = 0;
-    for (int stage : {0, busiest_stage(split), split.last_rank()})
-        most = std::max(most, shape_memory_bytes(stage_plan(cfg, stage), s, cfg.model_config));
+    for (int stage : {0, busiest_stage(split), split.last_rank()}) most = std::max(most, bytes(stage));
     return most;
+}
+inline double peak_rank_bytes(const RunConfig& cfg, const StagePlan& stage_plan) {
+    const ModelShape s = run_shape(cfg);
+    return most_over_stages(cfg, [&](int stage) { return shape_memory_bytes(stage_plan(cfg, stage), s, cfg.model_config); });
+}
+// The most training state any rank checkpoints (its snapshot: its owned slice of every saved buffer).
+inline double checkpoint_rank_bytes(RunConfig cfg, const StagePlan& stage_plan) {
+    cfg.checkpoint_every = 1;
+    const ModelShape s = run_shape(cfg);
+    const double ratio = s.is_gpt2 ? 1.0 : s.params() / (double)num_params(cfg.model_config);
+    return most_over_stages(cfg, [&](int stage) { return ratio * stage_plan(cfg, stage).snapshot_bytes; });
 }
 
 inline std::string link_name(Link l) { return l.network ? "network" : "NVLink"; }
@@ -112,6 +122,95 @@ inline nlohmann::json step_json(const RunConfig& c, const Topology& t, const Ste
                          {"pp_exposed", e.pp_exposed_s}, {"dp_exposed", e.dp_exposed_s}, {"bubble", e.bubble_s},
                          {"optimizer", e.optimizer_s}}},
         {"bubble_fraction", e.bubble_fraction},
+    };
+}
+
+// ---- goodput (goodput.h)
+
+// What a checkpoint costs the busiest rank, whose state is `rank_bytes`: the copy to host memory over
+// PCIe, counted as stall (the CUDA model overlaps it with the next forward and backward, so this is
+// an upper bound); the local tier's replica sent to the next node over the network (its own copy
+// into node-local memory runs beside it); shared storage written or read by all of a node's ranks
+// at once. A restore reads the file (a replaced node's ranks fetch their replica) and copies it in.
+inline CheckpointCosts checkpoint_costs(const RunConfig& c, const Topology& t, double step_s, double rank_bytes) {
+    CheckpointCosts k;
+    k.step_s = step_s;
+    k.copy_s = rank_bytes / (t.host_gbps * 1e9);
+    k.local_write_s = rank_bytes / (t.network_gbps * 1e9);
+    k.shared_write_s = rank_bytes * std::min(t.gpus_per_node, c.world_size) / (c.storage_gbps * 1e9);
+    k.local_restore_s = k.local_write_s + k.copy_s;
+    k.shared_restore_s = k.shared_write_s + k.copy_s;
+    return k;
+}
+
+struct GoodputPlan {
+    FailureModel failures;
+    CheckpointCosts costs;
+    double rank_bytes = 0;
+    Intervals best, shared_only;  // with the local tier, and without it
+    Goodput expected, expected_shared_only;
+    double simulated = 0;         // simulate_goodput at `best`
+    static constexpr int kSimulatedFailures = 20000;
+};
+
+inline GoodputPlan plan_goodput(const RunConfig& c, const Topology& t, double step_s, double rank_bytes) {
+    GoodputPlan g;
+    g.failures = {c.failure_rate, c.world_size, c.restart_s, c.local_recovers};
+    g.costs = checkpoint_costs(c, t, step_s, rank_bytes);
+    g.rank_bytes = rank_bytes;
+    g.best = best_intervals(g.failures, g.costs, true);
+    g.shared_only = best_intervals(g.failures, g.costs, false);
+    g.expected = expected_goodput(g.failures, g.costs, g.best);
+    g.expected_shared_only = expected_goodput(g.failures, g.costs, g.shared_only);
+    g.simulated = simulate_goodput(g.failures, g.costs, g.best, GoodputPlan::kSimulatedFailures, 1);
+    return g;
+}
+
+// 850 ms, 12.5 s, 9.3 min, 6.3 h
+inline std::string format_span(double s) {
+    if (s < 100) return format_seconds(s);
+    if (s < 2 * 3600) return strformat("%.1f min", s / 60);
+    return strformat("%.1f h", s / 3600);
+}
+
+inline std::string goodput_report(const RunConfig& c, const GoodputPlan& g) {
+    const CheckpointCosts& k = g.costs;
+    const Goodput& e = g.expected;
+    auto every = [&](long long steps) { return format_span(steps * k.step_s); };
+    std::string out = strformat("goodput: a failure every %s on %d GPUs (%.3g per GPU-hour), restart %s\n",
+                                format_span(g.failures.mtbf_s()).c_str(), c.world_size,
+                                g.failures.failures_per_gpu_hour, format_span(g.failures.restart_s).c_str());
+    out += strformat("  checkpoint: %s per rank; copy to host %s, replica to the next node %s, shared write %s "
+                     "(%g GB/s per node); restore %s local, %s shared\n",
+                     format_bytes(g.rank_bytes).c_str(), format_seconds(k.copy_s).c_str(),
+                     format_seconds(k.local_write_s).c_str(), format_span(k.shared_write_s).c_str(), c.storage_gbps,
+                     format_span(k.local_restore_s).c_str(), format_span(k.shared_restore_s).c_str());
+    out += strformat("  best: --local-ckpt-every %lld -n %lld (every %s and %s): %.2f%% effective training time\n"
+                     "    (checkpoint stalls %.2f%%, lost work %.2f%%, restarts %.2f%%; %.0f%% of failures restart "
+                     "from the local tier); simulated over %d failures: %.2f%%\n",
+                     g.best.local_every, g.best.shared_every, every(g.best.local_every).c_str(),
+                     every(g.best.shared_every).c_str(), 100 * e.effective, 100 * e.checkpoint, 100 * e.rework,
+                     100 * e.restart, 100 * g.failures.local_recovers, GoodputPlan::kSimulatedFailures,
+                     100 * g.simulated);
+    return out + strformat("  shared tier only: -n %lld (every %s): %.2f%%, with %.1fx the writes to shared storage\n",
+                           g.shared_only.shared_every, every(g.shared_only.shared_every).c_str(),
+                           100 * g.expected_shared_only.effective,
+                           (double)g.best.shared_every / g.shared_only.shared_every);
+}
+
+inline nlohmann::json goodput_json(const GoodputPlan& g) {
+    const Goodput& e = g.expected;
+    return {
+        {"failures_per_gpu_hour", g.failures.failures_per_gpu_hour},
+        {"mtbf_h", g.failures.mtbf_s() / 3600},
+        {"restart_s", g.failures.restart_s},
+        {"checkpoint_bytes_per_rank", g.rank_bytes},
+        {"local_ckpt_every", g.best.local_every},
+        {"checkpoint_every", g.best.shared_every},
+        {"effective", e.effective},
+        {"shares", {{"checkpoint", e.checkpoint}, {"rework", e.rework}, {"restart", e.restart}}},
+        {"simulated", g.simulated},
+        {"shared_only", {{"checkpoint_every", g.shared_only.shared_every}, {"effective", g.expected_shared_only.effective}}},
     };
 }
 

@@ -271,6 +271,8 @@ run "--topology file with a negative bandwidth" "\"nvlink_gbps\" must be a posit
     --plan 8 --topology "$tmp/topology_negative.json"
 run "--plan-format yaml" "--plan-format must be text or json, got 'yaml'" --plan 8 --plan-format yaml
 run "--plan-search without -d" "--plan-search needs the global batch: give -d" --plan-search 8
+run "--failure-rate 0" "--failure-rate must be a positive number of failures per GPU-hour, got 0" --plan 8 --failure-rate 0
+run "--local-recovers above 1" "--local-recovers must be a share between 0 and 1, got 2" --plan 8 --local-recovers 2
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {
