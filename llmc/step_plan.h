@@ -223,22 +223,23 @@ struct Layout {
     bool fits = false;
 };
 
-// Every layout of `gpus` ranks to try: tp x pp dividing them, ZeRO 0-3, -r 0-3, micro-batches of
-// 1, 2, 4, ... up to the -d batch. 1F1B pipelines only.
+// Every layout of `gpus` ranks to try: tp x pp dividing them, pipelines 1F1B or interleaved with 2
+// or 4 chunks per rank, ZeRO 0-3, -r 0-3, micro-batches of 1, 2, 4, ... up to the -d batch.
 inline std::vector<RunConfig> candidate_layouts(const RunConfig& base, int gpus) {
     std::vector<RunConfig> out;
     for (int tp = 1; tp <= gpus; tp++)
         for (int pp = 1; gpus % tp == 0 && pp <= gpus / tp; pp++) {
             if ((gpus / tp) % pp) continue;
             const long long tokens_per_sequence_row = (long long)base.seq_len * (gpus / tp / pp);
-            for (int zero = 0; zero <= 3; zero++)
-                for (int r = 0; r <= 3; r++)
-                    for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
-                        RunConfig c = base;
-                        c.tp = tp, c.pp = pp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
-                        c.pp_schedule = "1f1b", c.pp_virtual = 1, c.pp_layers = "";
-                        out.push_back(c);
-                    }
+            for (int chunks : {1, 2, 4})
+                for (int zero = 0; zero <= 3 && (pp > 1 || chunks == 1); zero++)
+                    for (int r = 0; r <= 3; r++)
+                        for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
+                            RunConfig c = base;
+                            c.tp = tp, c.pp = pp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
+                            c.pp_schedule = chunks > 1 ? "interleaved" : "1f1b", c.pp_virtual = chunks, c.pp_layers = "";
+                            out.push_back(c);
+                        }
         }
     return out;
 }
@@ -266,8 +267,9 @@ inline std::vector<Layout> search_layouts(const RunConfig& base, int gpus, const
 }
 
 inline std::string layout_name(const RunConfig& c) {
-    return strformat("dp %d x tp %d x pp %d, ZeRO-%d, -r %d, -b %d", c.dims.dp, c.dims.tp, c.dims.pp, c.zero_stage,
-                     c.recompute, c.batch_size);
+    const std::string chunks = c.pp_virtual > 1 ? strformat(" (interleaved, %d chunks)", c.pp_virtual) : "";
+    return strformat("dp %d x tp %d x pp %d%s, ZeRO-%d, -r %d, -b %d", c.dims.dp, c.dims.tp, c.dims.pp, chunks.c_str(),
+                     c.zero_stage, c.recompute, c.batch_size);
 }
 
 // Why `l` loses to `best`: it does not fit, or the part of the step where it spends the most more.

@@ -227,3 +227,21 @@ TEST_CASE("--plan-search puts layouts that fit first, fastest first, and says wh
     CHECK_THAT(report, Contains("the best 5"));
     CHECK_THAT(report, Contains("why the other layouts lose"));
 }
+
+TEST_CASE("--plan-search tries interleaved pipelines, and only where there is a pipeline", "[plan]") {
+    RunConfig base;
+    base.model = "d12", base.seq_len = 1024, base.total_batch_tokens = 64 * 1024;
+    int interleaved = 0;
+    for (const RunConfig& c : candidate_layouts(base, 8)) {
+        CHECK((c.pp_virtual == 1) == (c.pp_schedule == "1f1b"));
+        if (c.pp_virtual > 1) {
+            CHECK(c.pp > 1);
+            interleaved++;
+        }
+    }
+    CHECK(interleaved > 0);
+    RunConfig c = resolved("d12", 8, 1, 4, 1, 1024, 64);
+    CHECK(layout_name(c) == "dp 2 x tp 1 x pp 4, ZeRO-0, -r 0, -b 1");
+    c.pp_virtual = 2;
+    CHECK_THAT(layout_name(c), Contains("pp 4 (interleaved, 2 chunks)"));
+}
