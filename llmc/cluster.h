@@ -155,7 +155,9 @@ inline Topology topology_preset(const std::string& name) {
 }
 
 // --topology: a preset's name, or a JSON file of every Topology field by its name (a "base"
-// preset's values fill the keys it leaves out).
+// preset's values fill the keys it leaves out). Measured rates may stand for the efficiencies:
+// "matmul_tflops" and "attention_tflops" (achieved, dense bf16) and "memory_gbps" (achieved by the
+// elementwise kernels), as dev/bench/measured_topology.sh writes them from a GPU session's timings.
 inline Topology read_topology(const std::string& spec) {
     if (spec == "h100" || spec == "a100") return topology_preset(spec);
     if (spec.size() < 5 || spec.substr(spec.size() - 5) != ".json")
@@ -165,7 +167,8 @@ inline Topology read_topology(const std::string& spec) {
     if (!j.is_object()) fail(where + " must hold a JSON object");
     detail::refuse_unknown_keys(j, {"base", "gpus_per_node", "peak_tflops", "hbm_gbps", "memory_gib", "nvlink_gbps",
                                     "network_gbps", "host_gbps", "nvlink_latency_s", "network_latency_s", "matmul_efficiency",
-                                    "attention_efficiency", "memory_efficiency"}, where);
+                                    "attention_efficiency", "memory_efficiency", "matmul_tflops", "attention_tflops",
+                                    "memory_gbps"}, where);
     if (!j.contains("base") || !j["base"].is_string() || (j["base"] != "h100" && j["base"] != "a100"))
         fail(where + ": \"base\" must be \"h100\" or \"a100\" (the preset whose values fill the keys not given)");
     Topology t = topology_preset(j["base"].get<std::string>());
@@ -181,8 +184,17 @@ inline Topology read_topology(const std::string& spec) {
     set("nvlink_latency_s", &t.nvlink_latency_s), set("network_latency_s", &t.network_latency_s);
     set("matmul_efficiency", &t.matmul_efficiency), set("attention_efficiency", &t.attention_efficiency);
     set("memory_efficiency", &t.memory_efficiency);
+    auto measured = [&](const char* rate_key, const char* efficiency_key, double peak, double* efficiency) {
+        if (!j.contains(rate_key)) return;
+        if (j.contains(efficiency_key))
+            fail(strformat("%s: give \"%s\" or the measured \"%s\", not both", where.c_str(), efficiency_key, rate_key));
+        *efficiency = detail::positive(j, rate_key, false, where) / peak;
+    };
+    measured("matmul_tflops", "matmul_efficiency", t.peak_tflops, &t.matmul_efficiency);
+    measured("attention_tflops", "attention_efficiency", t.peak_tflops, &t.attention_efficiency);
+    measured("memory_gbps", "memory_efficiency", t.hbm_gbps, &t.memory_efficiency);
     for (double e : {t.matmul_efficiency, t.attention_efficiency, t.memory_efficiency})
-        if (e > 1) fail(where + ": an efficiency is a share of the peak, at most 1");
+        if (e > 1) fail(where + ": an efficiency is a share of the peak, at most 1 (a measured rate at most the peak)");
     return t;
 }
 

@@ -122,6 +122,15 @@ TEST_CASE("--model-shape and --topology files: every bad value is named", "[plan
                       Contains("at most 1"));
     CHECK_THROWS_WITH(read_topology(write_temp("t3.json", R"({"base": "h100", "nvlink_gbps": "fast"})")),
                       Contains("\"nvlink_gbps\" must be a positive number, got \"fast\""));
+    // measured rates (dev/bench/measured_topology.sh) stand for the assumed efficiencies
+    const Topology m = read_topology(write_temp("t4.json", R"({"base": "h100", "matmul_tflops": 600,
+        "attention_tflops": 400, "memory_gbps": 2680})"));
+    CHECK(m.matmul_efficiency == Approx(600 / 989.0));
+    CHECK(m.attention_efficiency == Approx(400 / 989.0));
+    CHECK(m.memory_efficiency == Approx(0.8));
+    CHECK_THROWS_WITH(read_topology(write_temp("t5.json", R"({"base": "h100", "matmul_tflops": 600, "matmul_efficiency": 0.6})")),
+                      Contains("give \"matmul_efficiency\" or the measured \"matmul_tflops\", not both"));
+    CHECK_THROWS_WITH(read_topology(write_temp("t6.json", R"({"base": "a100", "matmul_tflops": 400})")), Contains("at most 1"));
 }
 
 // Megatron-LM's weak-scaling table (Narayanan et al. 2021, "Efficient Large-Scale Language Model

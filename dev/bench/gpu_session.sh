@@ -24,7 +24,8 @@
 #                                       short run, compute-sanitizer memcheck and racecheck
 #   dev/bench/gpu_session.sh sanitize   memcheck and racecheck alone (when `test` ran out of budget)
 #   dev/bench/gpu_session.sh train      d4 default run against the CPU trainer, d12 at T = 1024
-#   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA
+#   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA, and
+#                                       the measured rates as a --topology file (measured_topology.json)
 #   dev/bench/gpu_session.sh tp         tensor parallelism: test_tp_cuda (tp 2, dp 2 x tp 2) and the
 #                                       trainer's --tp 2 against 1 rank (test/gpu/run_gpu_tp_tests.sh)
 #   dev/bench/gpu_session.sh pp         pipeline parallelism: test_pp_cuda (pp 2 1F1B and interleaved,
@@ -299,6 +300,8 @@ for stage in "${STAGES[@]}"; do
     kernels)
         for b in dev/cuda/build/*; do step "time_$(basename "$b").log" 90 "$b"; done
         step attention_vs_sdpa.log 120 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
+        # the measured kernel rates as a --topology file for --plan (llmc/cluster.h)
+        step measured_topology.json 10 dev/bench/measured_topology.sh "$LOGS"
         ;;
     bench)
         step bench_d12.log 90 build/bench_train_step -e d12 -t 1024 --profile
