@@ -54,6 +54,9 @@ inline double all_reduce_s(double bytes, int g, Link l) {
     return std::min(ring_all_reduce_s(bytes, g, l), tree_all_reduce_s(bytes, g, l));
 }
 inline double p2p_s(double bytes, Link l) { return l.latency_s + bytes / (l.gbps * 1e9); }
+// All-to-all (expert parallelism's token exchange): each rank sends its buffer's (g-1)/g to the
+// others, one peer per step, as NCCL's pairwise exchange does.
+inline double all_to_all_s(double bytes, int g, Link l) { return ring_reduce_scatter_s(bytes, g, l); }
 
 // The link a mesh axis's group crosses: `stride` ranks between its members, `size` members.
 inline Link axis_link(const Topology& t, int stride, int size) {

@@ -39,6 +39,7 @@ TEST_CASE("a ring all-reduce costs 2 (g-1) latencies and sends 2 (g-1)/g of the 
     CHECK(all_reduce_s(8, 1024, l) == Approx(tree_all_reduce_s(8, 1024, l)));
     CHECK(all_reduce_s(bytes, 8, l) == Approx(ring_all_reduce_s(bytes, 8, l)));
     CHECK(p2p_s(1e9, l) == Approx(1e-5 + 0.01));
+    CHECK(all_to_all_s(bytes, 8, l) == Approx(7 * 1e-5 + 7 / g * bytes / 100e9));
 }
 
 TEST_CASE("tp groups stay inside a node on NVLink; pp and dp cross the network once the node is full", "[plan]") {
