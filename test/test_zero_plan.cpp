@@ -2,6 +2,7 @@
 // ranks' owned ranges partition each bucket exactly, for any parameter count and world size.
 #include <catch2/catch.hpp>
 
+#include "llmc/ckpt/manifest.h"
 #include "llmc/dist/zero_plan.h"
 #include "llmc/dist/host_memory.h"
 #include "llmc/dist/zero.h"
@@ -128,4 +129,51 @@ TEST_CASE("the ZeRO-3 engine serves a table's resident and rotating buckets thro
     view.acquire(layout.bucket_of(3), -1);
     CHECK(view.param(3)[0] == (float)layout.offset(3));
     view.release_all();
+}
+
+// Layers of two kinds (a mixture-of-experts model whose middle layer has experts in place of the
+// MLP): "w" in every layer, "mlp" in layers of kind 0, "experts" in those of kind 1.
+static ParamTable two_kind_table() {
+    ParamTable t = untied_head_table();
+    const ParamInit ones{InitRule::Ones};
+    t.layer_kinds = {0, 1, 0};
+    t.tensors = {{"wte", {10, 4}, 0, true, ones},
+                 {"w", {4, 4}, 1, true, ones},
+                 {"mlp", {6}, 1, false, ones, {}, 0},
+                 {"experts", {2, 5}, 1, true, ones, {}, 1},
+                 {"lnf", {4}, 3, false, ones},
+                 {"head", {12, 4}, 2, true, ones}};
+    return t;
+}
+
+TEST_CASE("layers of different kinds: each bucket holds its kind's tensors, the file each tensor's own layers", "[zero]") {
+    const ParamLayout layout(two_kind_table());
+    CHECK(layout.bucket_size(layout.layer_bucket(0)) == 16 + 6);
+    CHECK(layout.bucket_size(layout.layer_bucket(1)) == 16 + 10);
+    CHECK(layout.bucket_size(layout.layer_bucket(2)) == 16 + 6);
+    CHECK(layout.num_params == 40 + 22 + 26 + 22 + 48 + 4);
+    CHECK((layout.has(2, 0) && !layout.has(2, 1) && layout.has(3, 1) && !layout.has(3, 2)));
+    CHECK(layout.offset(3, 1) == 40 + 22 + 16);  // layer 1's experts, after its w
+    CHECK(layout.offset(2, 2) == 40 + 22 + 26 + 16);
+    REQUIRE_THROWS_WITH(layout.offset(3, 0), Contains("layer 0 has no experts (a tensor of layer kind 1)"));
+    // file: wte, w of 3 layers, mlp of layers 0 and 2, experts of layer 1, lnf, head
+    CHECK(layout.file_offset(2, 2) == 40 + 48 + 6);
+    CHECK(layout.file_offset(3, 1) == 40 + 48 + 12);
+    CHECK(layout.file_offset(4) == 40 + 48 + 12 + 10);
+    size_t segments = 0, covered = 0;
+    for (const ParamLayout::Segment& s : layout.segments()) segments++, covered += s.end - s.begin;
+    CHECK(segments == 1 + 3 + 2 + 1 + 2);  // wte; w, mlp and experts; lnf and head
+    CHECK(covered == layout.num_params);
+    // the manifest's shapes count each tensor's own layers; ZeRO's rotating buffers fit the largest
+    const std::vector<ManifestTensor> tensors = manifest_tensors(layout);
+    CHECK(tensors[2].shape == std::vector<size_t>{2, 6});
+    CHECK(tensors[3].shape == std::vector<size_t>{1, 2, 5});
+    const ZeroPlan plan(layout, 3, 0, 2);
+    CHECK(plan.rotating_extent() == 26);
+    ParamTable bad = two_kind_table();
+    bad.tensors[3].layer_kind = 2;
+    REQUIRE_THROWS_WITH(ParamLayout(bad), Contains("tensor experts of layer kind 2 must be per-layer"));
+    bad = two_kind_table();
+    bad.layer_kinds = {0, 1};
+    REQUIRE_THROWS_WITH(ParamLayout(bad), Contains("layer_kinds names 2 layers, the table has 3"));
 }

@@ -92,7 +92,7 @@ inline std::vector<ManifestTensor> manifest_tensors(const ParamLayout& layout) {
     std::vector<ManifestTensor> out;
     for (int t = 0; t < layout.num_tensors(); t++) {
         ManifestTensor mt{layout.name(t), {}};
-        if (layout.is_per_layer(t)) mt.shape.push_back(layout.table().num_layers);
+        if (layout.is_per_layer(t)) mt.shape.push_back(layout.table().layers_with(t));
         for (size_t d : layout.table().tensors[t].shape) mt.shape.push_back(d);
         out.push_back(mt);
     }
@@ -119,7 +119,7 @@ inline std::vector<TensorPiece> tensor_pieces(const ParamLayout& layout, FlatRan
                                [](size_t x, const ParamLayout::Segment& s) { return x < s.end; });
     for (; it != segs.end() && it->begin < r.end; ++it) {
         const size_t lo = std::max(r.begin, it->begin), hi = std::min(r.end, it->end);
-        const size_t layer_base = (size_t)layout.global_layer(*it) * layout.global_tensor_size(it->tensor);
+        const size_t layer_base = (size_t)layout.slice_index(*it) * layout.global_tensor_size(it->tensor);
         for (const SplitRun& run : layout.split_runs(it->tensor, lo - it->begin, hi - it->begin)) {
             const size_t begin = layer_base + run.global;
             TensorPiece p{it->tensor, begin, begin + (run.count - 1) * run.stride + run.run, it->begin + run.local};

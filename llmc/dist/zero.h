@@ -702,10 +702,10 @@ public:
 
     // A tensor (one layer's slice of a per-layer tensor) in its acquired bucket.
     const Param* param(int tensor, int layer = 0) const {
-        return params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+        return params_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor, layer);
     }
     float* grad(int tensor, int layer = 0) const {
-        return grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor);
+        return grads_[layout_.bucket_of(tensor, layer)] + layout_.offset_in_bucket(tensor, layer);
     }
 
     // Start of a pass: every resident bucket (used at both ends of the pass) is acquired, all their

@@ -21,6 +21,12 @@
 // sits in the global tensor, and copy_between_layouts() moves values between a whole-model layout
 // and a rank's.
 //
+// Layers of different kinds: a table may give each layer a kind (ParamTable::layer_kinds: a mixture-
+// of-experts model whose every N-th block has experts in place of the MLP), and a per-layer tensor
+// may belong to one kind only (TensorSpec::layer_kind). A layer's bucket then holds the tensors of
+// its kind, so buckets of different kinds differ in size, and a model file stores such a tensor for
+// the layers that have it, back to back.
+//
 // Pipeline parallelism: a layout made for a pipeline stage (StageSlice) holds only some layers of
 // the per-layer group (numbered 0.. locally, global_layer() maps them back) and only some of the
 // other groups; a group it holds as a copy of another stage's (GPT-2's tied embedding on the last
@@ -82,6 +88,7 @@ struct TensorSpec {
     bool decayed;               // AdamW's decoupled weight decay applies (matrices, not biases or gains)
     ParamInit init;
     TensorSplit split = {};     // how tensor parallelism cuts it
+    int layer_kind = -1;        // a per-layer tensor in the layers of this kind only (-1: every layer)
 };
 
 // Local elements [local, local + run * count) of a tensor slice are, in the global slice, `count`
@@ -105,6 +112,23 @@ struct ParamTable {
     int num_layers = 0;
     std::vector<BucketGroup> groups;  // flat order; at most one per-layer group
     std::vector<TensorSpec> tensors;  // model-file order
+    std::vector<int> layer_kinds;     // each layer's kind (empty: every layer is of kind 0)
+
+    int kind_of(int layer) const { return layer_kinds.empty() ? 0 : layer_kinds.at(layer); }
+    int num_kinds() const { return layer_kinds.empty() ? 1 : *std::max_element(layer_kinds.begin(), layer_kinds.end()) + 1; }
+    // Whether a tensor of the per-layer group is in layer `layer` (global); other tensors are in no layer.
+    bool in_layer(int tensor, int layer) const {
+        const int kind = tensors.at(tensor).layer_kind;
+        return kind < 0 || kind == kind_of(layer);
+    }
+    // How many layers before `layer` (global) a per-layer tensor is in: its slice's index in the
+    // tensor (the model file's and the manifest's); layers_with: all of them.
+    int slice_index(int tensor, int layer) const {
+        int n = 0;
+        for (int l = 0; l < layer; l++) n += in_layer(tensor, l);
+        return n;
+    }
+    int layers_with(int tensor) const { return slice_index(tensor, num_layers); }
 };
 
 class ParamLayout {
@@ -124,22 +148,26 @@ public:
         : table_(std::move(table)), tp_(tp), stage_(std::move(stage)) {
         validate_table();
         validate_stage();
-        const int num_tensors = (int)table_.tensors.size();
+        const int num_tensors = (int)table_.tensors.size(), kinds = table_.num_kinds();
         sizes_.resize(num_tensors);
         global_sizes_.resize(num_tensors);
-        offset_in_bucket_.resize(num_tensors);
+        offset_in_bucket_.assign(num_tensors, std::vector<size_t>(kinds, 0));
         file_begin_.resize(num_tensors);
-        std::vector<size_t> group_size(table_.groups.size(), 0);  // one bucket of each group
+        // one bucket of each group, for a layer of each kind (a group that is not per-layer: kind 0)
+        std::vector<std::vector<size_t>> group_size(table_.groups.size(), std::vector<size_t>(kinds, 0));
         size_t file_at = 0;
         for (int t = 0; t < num_tensors; t++) {
             const TensorSpec& spec = table_.tensors[t];
             global_sizes_[t] = 1;
             for (size_t d : spec.shape) global_sizes_[t] *= d;
             sizes_[t] = is_split(t) ? global_sizes_[t] / tp_.size : global_sizes_[t];
-            offset_in_bucket_[t] = group_size[spec.group];
-            group_size[spec.group] += sizes_[t];
+            for (int k = 0; k < kinds; k++)
+                if (spec.layer_kind < 0 || spec.layer_kind == k) {
+                    offset_in_bucket_[t][k] = group_size[spec.group][k];
+                    group_size[spec.group][k] += sizes_[t];
+                }
             file_begin_[t] = file_at;
-            file_at += (is_per_layer(t) ? (size_t)table_.num_layers : 1) * sizes_[t];
+            file_at += (is_per_layer(t) ? (size_t)table_.layers_with(t) : 1) * sizes_[t];
         }
         for (int g = 0; g < (int)table_.groups.size(); g++) {
             if (!holds_group(g)) {
@@ -147,16 +175,17 @@ public:
                 continue;
             }
             group_first_bucket_.push_back((int)buckets_.size());
-            if (table_.groups[g].per_layer) first_layer_bucket_ = (int)buckets_.size();
-            const int copies = table_.groups[g].per_layer ? num_layers() : 1;
-            for (int l = 0; l < copies; l++) {
-                buckets_.push_back({num_params, group_size[g], g});
+            const bool per_layer = table_.groups[g].per_layer;
+            if (per_layer) first_layer_bucket_ = (int)buckets_.size();
+            for (int l = 0; l < (per_layer ? num_layers() : 1); l++) {
+                const int kind = per_layer ? kind_of_local(l) : 0;
+                buckets_.push_back({num_params, group_size[g][kind], g});
                 for (int t = 0; t < num_tensors; t++)
-                    if (table_.tensors[t].group == g) {
-                        const size_t begin = num_params + offset_in_bucket_[t];
+                    if (table_.tensors[t].group == g && (!per_layer || has(t, l))) {
+                        const size_t begin = num_params + offset_in_bucket_[t][kind];
                         segments_.push_back({t, l, begin, begin + sizes_[t]});
                     }
-                num_params += group_size[g];
+                num_params += group_size[g][kind];
             }
         }
     }
@@ -168,6 +197,11 @@ public:
     int global_layer(int layer) const { return stage_.layers.empty() ? layer : stage_.layers.at(layer); }
     // The table's layer number of a slice (0 for a tensor that is not per-layer).
     int global_layer(const Segment& s) const { return is_per_layer(s.tensor) ? global_layer(s.layer) : 0; }
+    // The slice's index in its whole tensor: the table's layer number, counting only the layers that
+    // have the tensor (0 for a tensor that is not per-layer).
+    int slice_index(const Segment& s) const {
+        return is_per_layer(s.tensor) ? table_.slice_index(s.tensor, global_layer(s.layer)) : 0;
+    }
     const TpShard& tp() const { return tp_; }
     const StageSlice& stage() const { return stage_; }
     // Whether this layout holds the bucket group, or the tensor; and whether it holds it as a copy of
@@ -187,6 +221,11 @@ public:
     int num_tensors() const { return (int)table_.tensors.size(); }
     const std::string& name(int tensor) const { return spec(tensor).name; }
     bool is_per_layer(int tensor) const { return table_.groups[spec(tensor).group].per_layer; }
+    // Whether layer `layer` (this layout's numbering) has the tensor: always for a tensor of every
+    // layer or of no layer; for one of a layer kind, where the layer is of that kind.
+    bool has(int tensor, int layer) const {
+        return !is_per_layer(tensor) || table_.in_layer(check_tensor(tensor), global_layer(layer));
+    }
     bool is_decayed(int tensor) const { return spec(tensor).decayed; }
     const ParamInit& init(int tensor) const { return spec(tensor).init; }
     // Elements of one layer's slice for a per-layer tensor, of the whole tensor otherwise: the
@@ -234,10 +273,14 @@ public:
         if (at < hi) runs.push_back({at, global_of(at), hi - at, hi - at, 1});  // the partial last row
         return runs;
     }
-    size_t offset_in_bucket(int tensor) const { return offset_in_bucket_[check_tensor(tensor)]; }
+    // Where a tensor's slice starts in its bucket (in layer `layer`'s, for a per-layer tensor).
+    size_t offset_in_bucket(int tensor, int layer = 0) const {
+        check(tensor, layer);
+        return offset_in_bucket_[tensor][is_per_layer(tensor) ? kind_of_local(layer) : 0];
+    }
     // Flat offset of a tensor's slice; `layer` only for per-layer tensors.
     size_t offset(int tensor, int layer = 0) const {
-        return bucket_begin(bucket_of(tensor, layer)) + offset_in_bucket(tensor);
+        return bucket_begin(bucket_of(tensor, layer)) + offset_in_bucket(tensor, layer);
     }
 
     // ---- buckets ----
@@ -270,7 +313,7 @@ public:
     size_t file_offset(int tensor, int layer = 0) const {
         check(tensor, layer);
         if (!is_whole()) fail("ParamLayout: file offsets are for a whole-model layout, not a tensor or pipeline piece");
-        return file_begin_[tensor] + (size_t)layer * sizes_[tensor];
+        return file_begin_[tensor] + (size_t)table_.slice_index(tensor, layer) * sizes_[tensor];
     }
     // The segments in the order a model file stores them (ascending file_offset).
     std::vector<Segment> file_order_segments() const {
@@ -294,10 +337,14 @@ private:
             fail(strformat("ParamLayout: tensor %d is not in [0, %d)", tensor, num_tensors()));
         return tensor;
     }
+    int kind_of_local(int layer) const { return table_.kind_of(global_layer(layer)); }
     void check(int tensor, int layer) const {
         const int layers = (int)layers_of(check_tensor(tensor));
         if (layer < 0 || layer >= layers)
             fail(strformat("ParamLayout: layer %d of %s is not in [0, %d)", layer, name(tensor).c_str(), layers));
+        if (!has(tensor, layer))
+            fail(strformat("ParamLayout: layer %d has no %s (a tensor of layer kind %d)", global_layer(layer),
+                           name(tensor).c_str(), spec(tensor).layer_kind));
     }
     const Bucket& bucket(int b) const {
         if (b < 0 || b >= num_buckets()) fail(strformat("ParamLayout: bucket %d is not in [0, %d)", b, num_buckets()));
@@ -308,6 +355,16 @@ private:
         int per_layer_groups = 0;
         for (const BucketGroup& g : table_.groups) per_layer_groups += g.per_layer;
         if (per_layer_groups > 1) fail("ParamTable: at most one bucket group may be per-layer");
+        if (!table_.layer_kinds.empty() && (int)table_.layer_kinds.size() != table_.num_layers)
+            fail(strformat("ParamTable: layer_kinds names %zu layers, the table has %d", table_.layer_kinds.size(),
+                           table_.num_layers));
+        for (int k : table_.layer_kinds)
+            if (k < 0) fail(strformat("ParamTable: a layer kind must be >= 0, got %d", k));
+        for (const TensorSpec& t : table_.tensors)
+            if (t.layer_kind >= 0 && (t.group < 0 || t.group >= (int)table_.groups.size() ||
+                                      !table_.groups[t.group].per_layer || t.layer_kind >= table_.num_kinds()))
+                fail(strformat("ParamTable: tensor %s of layer kind %d must be per-layer, of a kind some layer has",
+                               t.name.c_str(), t.layer_kind));
         for (const TensorSpec& t : table_.tensors)
             if (t.group < 0 || t.group >= (int)table_.groups.size())
                 fail(strformat("ParamTable: tensor %s names bucket group %d, not in [0, %zu)", t.name.c_str(), t.group,
@@ -351,7 +408,7 @@ private:
     StageSlice stage_;
     std::vector<size_t> sizes_;             // one slice, the piece this layout holds
     std::vector<size_t> global_sizes_;      // one slice, whole
-    std::vector<size_t> offset_in_bucket_;  // within its bucket
+    std::vector<std::vector<size_t>> offset_in_bucket_;  // within its bucket, per layer kind
     std::vector<size_t> file_begin_;        // first element in file order
     std::vector<Bucket> buckets_;
     std::vector<Segment> segments_;
