@@ -280,11 +280,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 
 // ---- context parallelism: the ring's pairs ----
 
-struct RingShape {
-    int B, T, NH, HS, cp;
-};
-
-void run_ring(const RingShape& s, const bench::Options& opt, std::mt19937_64& rng) {
+void run_ring(const ring::Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
     const ring::Split split(s.cp, s.T);
     const int C = s.NH * s.HS;
     const size_t local_rows = (size_t)s.B * split.local_rows(), lse_local_n = (size_t)s.B * s.NH * split.local_rows();
@@ -355,18 +351,11 @@ int main(int argc, char** argv) {
         {8, 1024, 12, 64, true, true},   // GPT-2 124M
         {2, 4096, 12, 64, false, true},
     };
-    const RingShape ring_shapes[] = {
-        {2, 148, 2, 64, 2},    // chunks of 37 rows: one partial tile per pair
-        {1, 296, 2, 64, 4},
-        {2, 280, 1, 32, 2},    // chunks of 70: two tiles, the other head sizes
-        {1, 160, 2, 128, 2},
-        {2, 1024, 12, 64, 4},  // GPT-2 124M's T, chunks of 128
-    };
     return bench::run_and_finish(argv[0], [&] {
         for (const Shape& s : shapes) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-        for (const RingShape& s : ring_shapes) run_ring(s, opt, rng);
+        for (const ring::Shape& s : ring::SHAPES) run_ring(s, opt, rng);
     });
 }

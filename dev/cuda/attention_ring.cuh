@@ -31,6 +31,18 @@ struct Split {
     int chunk(int rank, int half) const { return half == 0 ? rank : 2 * cp - 1 - rank; }
 };
 
+// The workbenches' ring shapes: emulated, the first four (the last is GPT-2 124M's T, GPU only).
+struct Shape {
+    int B, T, NH, HS, cp;
+};
+inline constexpr Shape SHAPES[] = {
+    {2, 148, 2, 64, 2},    // chunks of 37 rows: one partial tile per pair
+    {1, 296, 2, 64, 4},
+    {2, 280, 1, 32, 2},    // chunks of 70: two tiles, the other head sizes
+    {1, 160, 2, 128, 2},
+    {2, 1024, 12, 64, 4},  // chunks of 128
+};
+
 // One (query chunk, key chunk) pair of the ring, in the order a rank runs them.
 struct Pair {
     int rank, q_half;      // the queries: a local chunk of this rank
