@@ -22,8 +22,9 @@
 // sequence and for the pair of a chunk with itself, false for a key chunk before the query chunk
 // (every key visible, only the padding past T masked). The whole-sequence functions are the
 // CAUSAL = true instances with both buffers the same and q_rows = kv_rows = T: their arithmetic, and
-// so their results, are unchanged, and the flag costs nothing at run time (it is resolved at compile
-// time; what remains is two row strides in the per-block address arithmetic).
+// so their results, are unchanged, and the flag costs nothing at run time: it is resolved at compile
+// time, and what remains is the row strides in the per-block address arithmetic (ptxas's registers
+// and spills before and after: dev/cuda/NOTES.md, "Context parallelism's ring pairs").
 //   forward:  attention_forward_pair writes the pair's bf16 out and fp32 lse; attention_merge folds
 //             them into a running fp32 (acc, lse) through the log-sum-exp; attention_merge_finish
 //             rounds acc to out once at the end.
