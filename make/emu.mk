@@ -31,7 +31,7 @@ $(EMU_KERNELS)/test_%.ptx: test/gpu/test_%.cu $(HEADERS) | deps
 $(EMU_KERNELS)/test_%.ptx: dev/emu/test_%.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -ptx $< -o $@
-$(EMU_KERNELS)/cuda/%.ptx: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS) | deps
+$(EMU_KERNELS)/cuda/%.ptx: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -ptx $< -o $@
 $(EMU_KERNELS)/%.o: $(EMU_KERNELS)/%.ptx dev/emu/kernel_table.sh dev/emu/kernel_resources.h
@@ -78,7 +78,7 @@ $(EMU_DIR)/test_nccl: dev/emu/test_nccl.cpp $(EMU_HEADERS) $(EMU_OBJS) | deps
 	$(EMU_LINK)
 # Every kernel workbench, emulated (its --check skips the shapes too large for a CPU).
 EMU_BENCHES  := $(patsubst dev/cuda/%.cu,$(EMU_DIR)/cuda/%,$(filter-out dev/cuda/comm_nccl_check.cu,$(wildcard dev/cuda/*.cu)))
-$(EMU_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) \
+$(EMU_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) \
                    $(call emu_kernels,cuda/%) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
@@ -110,7 +110,7 @@ $(EMU_SAN_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEA
 $(EMU_SAN_DIR)/test_ptx: dev/emu/test_ptx.cu $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o $(EMU_SAN_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_SAN_LINK)
-$(EMU_SAN_DIR)/cuda/%: dev/cuda/%.cu dev/cuda/common.cuh test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_SAN_OBJS) | deps
+$(EMU_SAN_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h $(HEADERS) $(EMU_HEADERS) $(EMU_SAN_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_SAN_LINK)
 EMU_SAN_BENCHES := $(EMU_BENCHES:$(EMU_DIR)/%=$(EMU_SAN_DIR)/%)

@@ -14,6 +14,15 @@
 //         (dq and dk alone can be exactly zero in the reference, e.g. T = 1, where a relative error
 //         has no meaning.)
 //   determinism: v2 run twice, dqkv bitwise equal.
+//   the ring-pair entry point: attention_backward_pair over the whole sequence (one causal pair, fp32
+//         sums from zero) and attention_backward_pair_finish give attention_backward's dqkv, value for
+//         value (the same kernel instances but for the store; a sum from +0 may turn -0 into +0).
+// Ring checks (context parallelism, dev/cuda/attention_ring.cuh): for cp 2 and 4, the forward ring's
+// out and lse, then every simulated rank's backward pairs, dq summed on the rank and dk, dv on the
+// key chunk's owner in fp32; dqkv gathered from the ranks against llmc::cpu::attention_backward of
+// the whole sequence, BF16_TOLERANCE. An info line gives the same with the sums rounded to bf16
+// after every pair, the precision fp32 sums buy. Timed (GPU): all ranks' pairs against
+// attention_backward of the whole sequence.
 // Counted: the backward as 2.5x the forward's 4 B NH T^2 HS / 2 FLOPs (the usual convention: dV, dP,
 // dQ, dK products plus S recomputed). v2 actually does 3.5x: S and dP are computed in both its
 // kernels, the price of having no atomics.
@@ -21,6 +30,7 @@
 // llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
 // Emulated (dev/emu/), the GPT-2 124M shape is skipped (bench::skip_when_emulated); the small
 // shapes still reach the partial tiles, a single key and every head size.
+#include "dev/cuda/attention_ring.cuh"
 #include "dev/cuda/common.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/cpu/ops.h"
@@ -182,6 +192,29 @@ struct Shape {
     bool headline;   // print the "fwd+bwd ms" line compared with torch
 };
 
+// attention_backward_pair over the whole sequence as one causal pair must give `dqkv`, the whole-
+// sequence call's, value for value.
+void check_pair_path(const std::vector<float>& dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                     const float* lse, const Shape& s) {
+    const size_t C = (size_t)s.NH * s.HS, rows = (size_t)s.B * s.T;
+    bench::DeviceBuffer<float> D(llmc::attention_backward_scratch_floats(s.B, s.T, s.NH), "D");
+    bench::DeviceBuffer<float> dq(rows * C, "dq (fp32)"), dkv(rows * 2 * C, "dk, dv (fp32)");
+    bench::DeviceBuffer<floatX> pair_dqkv(rows * 3 * C, "dqkv (pair)");
+    CUDA_CHECK(cudaMemset(dq.get(), 0, rows * C * sizeof(float)));
+    CUDA_CHECK(cudaMemset(dkv.get(), 0, rows * 2 * C * sizeof(float)));
+    bench::poison(pair_dqkv.get(), rows * 3 * C);
+    llmc::attention_backward_rowdot(D.get(), dout, out, s.B, s.T, s.NH, s.HS, 0);
+    llmc::attention_backward_pair(dq.get(), dkv.get(), dout, qkv, qkv, lse, D.get(), s.B,
+                                  llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
+    llmc::attention_backward_pair_finish(pair_dqkv.get(), dq.get(), dkv.get(), s.B, s.T, s.NH, s.HS, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = bench::to_host(pair_dqkv.get(), rows * 3 * C);
+    size_t different = 0;
+    for (size_t i = 0; i < got.size(); i++) different += !(got[i] == dqkv[i]);  // NaN counts as different
+    bench::report_check("dqkv, as one causal pair", different == 0,
+                        different == 0 ? "equal values" : llmc::strformat("%zu of %zu values differ", different, got.size()));
+}
+
 void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
     const int C = s.NH * s.HS;
     const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C, lse_n = (size_t)s.B * s.NH * s.T;
@@ -225,6 +258,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             CUDA_CHECK(cudaDeviceSynchronize());
             // The widened copies compare the bf16 bits: widening keeps every bit.
             bench::check_same_bits("dqkv, run twice", bench::to_host(dqkv2_d.get(), qkv_n), dqkv);
+            check_pair_path(dqkv, dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s);
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms([&] {
@@ -241,6 +275,67 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
                 printf("fwd+bwd ms B=%d T=%d NH=%d HS=%d: %.4f\n", s.B, s.T, s.NH, s.HS, both_ms);
             }
         }
+    }
+}
+
+// ---- context parallelism: the ring's pairs ----
+
+void run_ring(const ring::Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+    const ring::Split split(s.cp, s.T);
+    const int C = s.NH * s.HS;
+    const size_t local_rows = (size_t)s.B * split.local_rows(), lse_local_n = (size_t)s.B * s.NH * split.local_rows();
+    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows\n", s.cp, s.B, s.T, s.NH, s.HS, split.S);
+    if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
+
+    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C;
+    const std::vector<float> qkv = bench::random_bf16(qkv_n, rng), dout = bench::random_bf16(out_n, rng);
+    std::vector<float> out_ref(out_n), att((size_t)s.B * s.NH * s.T * s.T), dqkv_ref(qkv_n);
+    llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+    llmc::cpu::attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+
+    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, 3 * C, split);
+    const ring::PerRank<floatX> dout_d = ring::scatter_bf16(dout, s.B, C, split);
+    ring::PerRank<floatX> out_d = ring::allocate<floatX>(split, local_rows * C, "ring out");
+    ring::PerRank<float> lse_d = ring::allocate<float>(split, lse_local_n, "ring lse");
+    ring::PerRank<floatX> dqkv_d = ring::allocate<floatX>(split, local_rows * 3 * C, "ring dqkv");
+    ring::Forward forward(split, s.B, s.NH, s.HS);
+    forward.run(out_d, lse_d, qkv_d);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::check("ring out (backward input)", ring::gather(out_d, s.B, C, split), out_ref, bench::BF16_TOLERANCE);
+
+    ring::Backward backward(split, s.B, s.NH, s.HS);
+    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * 3 * C);
+    backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> dqkv = ring::gather(dqkv_d, s.B, 3 * C, split);
+    bench::check("ring dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
+    // the same ring, run again: its fp32 sums are in a fixed order
+    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * 3 * C);
+    backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::check_same_bits("ring dqkv, run twice", ring::gather(dqkv_d, s.B, 3 * C, split), dqkv);
+
+    if (opt.check_only) {
+        // what bf16 sums would cost: measured, not checked (a host round trip per pair)
+        backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d, /*round_to_bf16=*/true);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double fp32_err = llmc::rel_error(dqkv.data(), dqkv_ref.data(), qkv_n);
+        const std::vector<float> rounded = ring::gather(dqkv_d, s.B, 3 * C, split);
+        printf("  info ring dqkv, bf16 sums        rel. error %.3e (fp32 sums: %.3e)\n",
+               llmc::rel_error(rounded.data(), dqkv_ref.data(), qkv_n), fp32_err);
+    } else {
+        const double forward_flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
+        bench::DeviceBuffer<floatX> qkv_whole = bench::to_device_bf16(qkv), dout_whole = bench::to_device_bf16(dout);
+        bench::DeviceBuffer<floatX> out_whole(out_n, "out"), dqkv_whole(qkv_n, "dqkv");
+        bench::DeviceBuffer<float> lse_whole((size_t)s.B * s.NH * s.T, "lse"), scratch((size_t)s.B * s.NH * s.T, "D");
+        llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+        const float plain_ms = bench::time_ms([&] {
+            llmc::attention_backward(dqkv_whole.get(), scratch.get(), dout_whole.get(), qkv_whole.get(),
+                                     out_whole.get(), lse_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+        });
+        bench::report_compute_bound("backward, whole sequence", plain_ms, 2.5 * forward_flops);
+        const float ring_ms = bench::time_ms([&] { backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d); });
+        bench::report_compute_bound("ring, all ranks' pairs", ring_ms, 2.5 * forward_flops);
     }
 }
 
@@ -261,5 +356,6 @@ int main(int argc, char** argv) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
+        for (const ring::Shape& s : ring::SHAPES) run_ring(s, opt, rng);
     });
 }

@@ -17,9 +17,16 @@
 //        2 ulp, lse = max ln2 + ln sum), while a wrong mask or index moves a row by far more (one
 //        key more or less in a 1000-key row: ~1e-3).
 //   determinism: v2 run twice, out and lse bitwise equal.
+//   the ring-pair entry point: attention_forward_pair over the whole sequence (one causal pair)
+//        gives attention_forward's out and lse bitwise (the same kernel instance).
+// Ring checks (context parallelism, dev/cuda/attention_ring.cuh): for cp 2 and 4, every simulated
+// rank runs its pairs and merges them; out and exp(lse) gathered from the ranks are checked as
+// above against the CPU reference of the whole sequence. Timed (GPU): all ranks' pairs and merges
+// against attention_forward of the whole sequence, the same FLOPs.
 // Counted: 4 B NH T^2 HS / 2 FLOPs (Q K^T and P V over the causal half), against the bf16 peak.
 // Emulated (dev/emu/), the GPT-2 124M shape is skipped (bench::skip_when_emulated); the small
 // shapes still reach the partial tiles, a single key and every head size.
+#include "dev/cuda/attention_ring.cuh"
 #include "dev/cuda/common.cuh"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/cpu/ops.h"
@@ -179,12 +186,59 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             // The widened copies compare the bf16 bits of out: widening keeps every bit.
             bench::check_same_bits("out, run twice", bench::to_host(out2_d.get(), out_n), out);
             bench::check_same_bits("lse, run twice", bench::to_host(lse2_d.get(), lse_n), lse);
+            bench::poison(out2_d.get(), out_n);
+            bench::poison(lse2_d.get(), lse_n);
+            llmc::attention_forward_pair(out2_d.get(), lse2_d.get(), qkv_d.get(), qkv_d.get(), s.B,
+                                         llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            bench::check_same_bits("out, as one causal pair", bench::to_host(out2_d.get(), out_n), out);
+            bench::check_same_bits("lse, as one causal pair", bench::to_host(lse2_d.get(), lse_n), lse);
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms(
                 [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS); });
             bench::report_compute_bound("forward", ms, flops);
         }
+    }
+}
+
+// ---- context parallelism: the ring's pairs ----
+
+void run_ring(const ring::Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+    const ring::Split split(s.cp, s.T);
+    const int C = s.NH * s.HS;
+    const size_t local_n = (size_t)s.B * split.local_rows() * C, lse_local_n = (size_t)s.B * s.NH * split.local_rows();
+    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows\n", s.cp, s.B, s.T, s.NH, s.HS, split.S);
+    if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
+
+    const std::vector<float> qkv = bench::random_bf16((size_t)s.B * s.T * 3 * C, rng);
+    std::vector<float> out_ref((size_t)s.B * s.T * C), att((size_t)s.B * s.NH * s.T * s.T);
+    llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+    const std::vector<float> denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.HS);
+
+    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, 3 * C, split);
+    ring::PerRank<floatX> out_d = ring::allocate<floatX>(split, local_n, "ring out");
+    ring::PerRank<float> lse_d = ring::allocate<float>(split, lse_local_n, "ring lse");
+    for (int r = 0; r < s.cp; r++) {
+        bench::poison(out_d[r].get(), local_n);
+        bench::poison(lse_d[r].get(), lse_local_n);
+    }
+    ring::Forward forward(split, s.B, s.NH, s.HS);
+    forward.run(out_d, lse_d, qkv_d);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bench::check("ring out", ring::gather(out_d, s.B, C, split), out_ref, bench::BF16_TOLERANCE);
+    check_denominators(ring::gather(lse_d, (size_t)s.B * s.NH, 1, split), denom_ref, 1e-4);
+
+    if (!opt.check_only) {
+        const double flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
+        bench::DeviceBuffer<floatX> qkv_whole = bench::to_device_bf16(qkv), out_whole(out_ref.size(), "out");
+        bench::DeviceBuffer<float> lse_whole((size_t)s.B * s.NH * s.T, "lse");
+        const float plain_ms = bench::time_ms([&] {
+            llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+        });
+        bench::report_compute_bound("forward, whole sequence", plain_ms, flops);
+        const float ring_ms = bench::time_ms([&] { forward.run(out_d, lse_d, qkv_d); });
+        bench::report_compute_bound("ring, all ranks' pairs", ring_ms, flops);
     }
 }
 
@@ -205,5 +259,6 @@ int main(int argc, char** argv) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
+        for (const ring::Shape& s : ring::SHAPES) run_ring(s, opt, rng);
     });
 }

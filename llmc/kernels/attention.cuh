@@ -13,6 +13,28 @@
 // kernel) and never needs another warp's numbers: the row-wise softmax statistics live in the four
 // threads of a quad, and the accumulator of one mma is, element for element, the A operand of the
 // next (S -> P -> P V), so P never leaves registers.
+//
+// Ring pairs (context parallelism, --cp N). Each sequence is cut into 2N equal chunks and a rank
+// holds chunks i and 2N-1-i; its attention is a sum over (query chunk, key chunk) pairs while K and V
+// travel around the ring. The same three kernels compute one pair: queries from one qkv buffer and
+// keys/values from another (AttentionRows: T rows of each, the two chunks being equal, inside
+// buffers of q_rows and kv_rows rows per sequence), and a template flag CAUSAL: true for the whole
+// sequence and for the pair of a chunk with itself, false for a key chunk before the query chunk
+// (every key visible, only the padding past T masked). The whole-sequence functions are the
+// CAUSAL = true instances with both buffers the same and q_rows = kv_rows = T: their arithmetic, and
+// so their results, are unchanged, and the flag costs nothing at run time: it is resolved at compile
+// time, and what remains is the row strides in the per-block address arithmetic (ptxas's registers
+// and spills before and after: dev/cuda/NOTES.md, "Context parallelism's ring pairs").
+//   forward:  attention_forward_pair writes the pair's bf16 out and fp32 lse; attention_merge folds
+//             them into a running fp32 (acc, lse) through the log-sum-exp; attention_merge_finish
+//             rounds acc to out once at the end.
+//   backward: attention_backward_rowdot computes D once from the final out; attention_backward_pair
+//             recomputes each pair's probabilities from the FINAL lse (so the pairs' gradients add
+//             up to the whole softmax's) and adds dQ to an fp32 accumulator of the query rows and
+//             dK, dV to one of the key rows (they belong to another rank's chunk and travel back);
+//             attention_backward_pair_finish rounds the sums into dqkv. The sums are fp32 because a
+//             bf16 sum over up to 2N pairs would round at every pair (dev/cuda/attention_backward.cu
+//             measures the difference), and each element has one owner thread: no atomics.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,11 +42,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/utils.h"
 
 namespace llmc {
+
+// The rows one attention launch works on (see "Ring pairs" above). Every buffer holds its rows
+// sequence after sequence; the host offsets each pointer to the launch's first row.
+struct AttentionRows {
+    int T;        // query rows per sequence, and key rows (a ring pair's two chunks are equal)
+    int q_rows;   // rows per sequence in the query side's buffers: q's qkv, out, dout, lse, D, dq
+    int kv_rows;  // rows per sequence in the key side's buffers: k's and v's qkv, dk, dv
+};
 
 namespace attention_detail {
 
@@ -201,20 +232,30 @@ __device__ inline void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N /
     }
 }
 
-// Stores the warp's 16 x HS accumulator, times `scale`, as bf16 rows: row r of the warp goes to
-// dst + (row0 + r) * ld, for the rows below T only.
-template <int HS>
-__device__ inline void store_rows(floatX* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0,
-                                  int T, int lane) {
+// Writes the warp's 16 x HS accumulator, times `scale`, to rows: row r of the warp goes to
+// dst + (row0 + r) * ld, for the rows below T only. A bf16 dst is overwritten (a whole-sequence
+// call, or a ring pair's forward output); an fp32 dst is added to (a ring pair's gradients, summed
+// over the pairs in fp32: each element belongs to one thread, so the sum is in launch order).
+template <int HS, typename OutT>
+__device__ inline void write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0, int T,
+                                  int lane) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int row = row0 + lane / 4 + 8 * half;
         if (row >= T) continue;
-        floatX* p = dst + (size_t)row * ld + 2 * (lane % 4);
+        OutT* p = dst + (size_t)row * ld + 2 * (lane % 4);
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++)
-            *reinterpret_cast<__nv_bfloat162*>(p + n * 8) =
-                __floats2bfloat162_rn(acc[n][2 * half] * scale, acc[n][2 * half + 1] * scale);
+        for (int n = 0; n < HS / 8; n++) {
+            const float lo = acc[n][2 * half] * scale, hi = acc[n][2 * half + 1] * scale;
+            if constexpr (std::is_same_v<OutT, float>) {
+                float2& sum = *reinterpret_cast<float2*>(p + n * 8);
+                sum.x += lo;
+                sum.y += hi;
+            } else {
+                static_assert(std::is_same_v<OutT, floatX>, "bf16 or fp32 rows");
+                *reinterpret_cast<__nv_bfloat162*>(p + n * 8) = __floats2bfloat162_rn(lo, hi);
+            }
+        }
     }
 }
 
@@ -248,7 +289,8 @@ __device__ inline void load_floats_async(float* dst, const float* src, int row0,
 
 // ---- forward ----
 // Grid (B*NH, query tiles); a block of WARPS warps owns 16*WARPS query rows of one head and loops
-// over the key tiles up to its diagonal, the next tile copied in while this one is used.
+// over the key tiles up to its diagonal (CAUSAL) or over all of them (a ring pair whose key chunk
+// precedes the query chunk), the next tile copied in while this one is used.
 
 template <int HS>
 constexpr int forward_warps() {
@@ -259,9 +301,10 @@ constexpr size_t forward_smem_bytes() {
     return (size_t)(16 * forward_warps<HS>() + 4 * KEY_TILE) * tile_stride<HS>() * sizeof(floatX);
 }
 
-template <int HS, int WARPS>
+template <int HS, int WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
-    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
+    attention_forward_kernel(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, AttentionRows rows,
+                             int NH, float scale_log2) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* k_s = q_s + BM * STRIDE;                          // [2][BN][STRIDE]
@@ -269,16 +312,16 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
 
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
-    const int C = NH * HS;
+    const int T = rows.T, C = NH * HS;
     const size_t ld = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row_first = q0 + 16 * warp;  // this warp's rows: row_first .. row_first + 15
     const bool warp_active = row_first < T;
-    // keys past the last query row below T are never needed
-    const int num_tiles = ceil_div(min(q0 + BM, T), BN);
+    // causal: keys past the last query row below T are never needed
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
 
     load_rows_async<BM, HS, THREADS>(q_s, q_head, ld, q0, T);
     load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, 0, T);
@@ -304,17 +347,18 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
 
         const int key0 = tile * BN;
         // Tile 0 (key 0) is seen by every row, so row_max is finite from then on.
-        if (warp_active && key0 <= row_first + 15) {
+        if (warp_active && (!CAUSAL || key0 <= row_first + 15)) {
             float s[BN / 8][4] = {};
             mma_a_bt<BN, HS, STRIDE>(s, q_frag, k_s + buf * BN * STRIDE, lane);
-            if (key0 + BN - 1 > row_first) {  // the tile crosses this warp's diagonal
+            // causal: the tile crosses this warp's diagonal; all keys: the tile runs past the last key
+            if (CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T) {
 #pragma unroll
                 for (int n = 0; n < BN / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
                         const int row = row_first + lane / 4 + 8 * (e / 2);
-                        if (key > row) s[n][e] = -INFINITY;
+                        if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;
                     }
             }
             float tile_max[2] = {-INFINITY, -INFINITY};
@@ -362,13 +406,13 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
         row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
         inv_sum[r] = 1.0f / row_sum[r];  // >= 1: the row's maximum contributes 2^0
         const int row = row_first + lane / 4 + 8 * r;
-        if (lane % 4 == 0 && row < T) lse[(size_t)bh * T + row] = row_max[r] * LN2 + logf(row_sum[r]);
+        if (lane % 4 == 0 && row < T) lse[(size_t)bh * rows.q_rows + row] = row_max[r] * LN2 + logf(row_sum[r]);
     }
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
-    store_rows<HS>(out + (size_t)b * T * C + h * HS, C, o, 1.0f, row_first, T, lane);
+    write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
 }
 
 // ---- backward ----
@@ -397,8 +441,9 @@ __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, c
 }
 
 // dQ: grid (B*NH, query tiles); each warp owns 16 query rows (Q and dout rows as A operands in
-// registers) and walks the key tiles up to its diagonal: S = Q K^T, P = 2^(S scale log2e - lse log2e),
-// dP = dout V^T, dS = P (dP - D), dQ += dS K. dQ is scaled by 1/sqrt(HS) once at the end.
+// registers) and walks the key tiles up to its diagonal (CAUSAL) or all of them: S = Q K^T,
+// P = 2^(S scale log2e - lse log2e), dP = dout V^T, dS = P (dP - D), dQ += dS K. dQ is scaled by
+// 1/sqrt(HS) once at the end, and written (GradT floatX) or added to an fp32 sum (GradT float).
 
 constexpr int DQ_WARPS = 4;
 template <int HS>
@@ -408,10 +453,11 @@ constexpr size_t dq_smem_bytes() {
 
 // Three blocks per SM for HS <= 64 (12 warps rather than 8 to hide latency): capped at 168
 // registers it still needs no spills (ptxas -v).
-template <int HS, int WARPS>
+template <int HS, int WARPS, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
-    attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                 const float* D, int T, int NH, float scale_log2, float scale) {
+    attention_backward_dq_kernel(GradT* grad_q, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
+                                 const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
+                                 float scale_log2, float scale) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* do_s = q_s + BM * STRIDE;                         // [BM][STRIDE]
@@ -420,16 +466,16 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
 
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;
-    const int C = NH * HS;
+    const int T = rows.T, C = NH * HS;
     const size_t ld = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* do_head = dout + (size_t)b * T * C + h * HS;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row_first = q0 + 16 * warp;
     const bool warp_active = row_first < T;
-    const int num_tiles = ceil_div(min(q0 + BM, T), BN);
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
 
     load_rows_async<BM, HS, THREADS>(q_s, q_head, ld, q0, T);
     load_rows_async<BM, HS, THREADS>(do_s, do_head, C, q0, T);
@@ -442,8 +488,8 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row_first + lane / 4 + 8 * r;
-        lse2[r] = row < T ? lse[(size_t)bh * T + row] * LOG2E : 0.0f;
-        row_d[r] = row < T ? D[(size_t)bh * T + row] : 0.0f;
+        lse2[r] = row < T ? lse[(size_t)bh * rows.q_rows + row] * LOG2E : 0.0f;
+        row_d[r] = row < T ? D[(size_t)bh * rows.q_rows + row] : 0.0f;
     }
 
     uint32_t q_frag[HS / 16][4], do_frag[HS / 16][4];
@@ -464,11 +510,12 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
         }
 
         const int key0 = tile * BN;
-        if (warp_active && key0 <= row_first + 15) {
+        if (warp_active && (!CAUSAL || key0 <= row_first + 15)) {
             const floatX* k_tile = k_s + buf * BN * STRIDE;
             float s[BN / 8][4] = {};
             mma_a_bt<BN, HS, STRIDE>(s, q_frag, k_tile, lane);
-            const bool crosses_diagonal = key0 + BN - 1 > row_first;
+            // causal: the tile crosses this warp's diagonal; all keys: the tile runs past the last key
+            const bool needs_mask = CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T;
 #pragma unroll
             for (int n = 0; n < BN / 8; n++)
 #pragma unroll
@@ -476,7 +523,7 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
                     const float p = fast_exp2(fmaf(s[n][e], scale_log2, -lse2[e / 2]));
                     const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
                     const int row = row_first + lane / 4 + 8 * (e / 2);
-                    s[n][e] = crosses_diagonal && key > row ? 0.0f : p;
+                    s[n][e] = needs_mask && key > (CAUSAL ? row : T - 1) ? 0.0f : p;
                 }
             float dp[BN / 8][4] = {};
             mma_a_bt<BN, HS, STRIDE>(dp, do_frag, v_s + buf * BN * STRIDE, lane);
@@ -492,12 +539,14 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
     }
 
     if (!warp_active) return;
-    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, dq, scale, row_first, T, lane);
+    write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
 }
 
 // dK, dV: grid (B*NH, key tiles); each warp owns 16 keys (K and V rows as A operands in registers)
-// and walks the query tiles from its diagonal to T, working with transposes so that its keys stay
-// the rows: S^T = K Q^T, P^T, dV += P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T - D), dK += dS^T Q.
+// and walks the query tiles from its diagonal (CAUSAL; from 0 otherwise) to T, working with
+// transposes so that its keys stay the rows: S^T = K Q^T, P^T, dV += P^T dout, dP^T = V dout^T,
+// dS^T = P^T (dP^T - D), dK += dS^T Q. dK and dV are written (GradT floatX) or added (GradT float)
+// at grad_k and grad_k + C of each key row.
 
 constexpr int DKV_WARPS = 4;
 template <int HS>
@@ -510,10 +559,11 @@ constexpr size_t dkv_smem_bytes() {
     return (size_t)(2 * 16 * DKV_WARPS + 4 * BQ) * tile_stride<HS>() * sizeof(floatX) + 4 * BQ * sizeof(float);
 }
 
-template <int HS, int WARPS, int BQ>
+template <int HS, int WARPS, int BQ, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, 2)
-    attention_backward_dkv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                  const float* D, int T, int NH, float scale_log2, float scale) {
+    attention_backward_dkv_kernel(GradT* grad_k, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
+                                  const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
+                                  float scale_log2, float scale) {
     constexpr int BN = 16 * WARPS, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* k_s = dynamic_shared_memory<floatX>();  // [BN][STRIDE]
     floatX* v_s = k_s + BN * STRIDE;                          // [BN][STRIDE]
@@ -525,25 +575,27 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
-    const int C = NH * HS;
+    const int T = rows.T, C = NH * HS;
     const size_t ld = 3 * (size_t)C;
-    const floatX* q_head = qkv + (size_t)b * T * ld + h * HS;
-    const floatX* k_head = q_head + C;
-    const floatX* v_head = q_head + 2 * C;
-    const floatX* do_head = dout + (size_t)b * T * C + h * HS;
-    const float* lse_head = lse + (size_t)bh * T;
-    const float* d_head = D + (size_t)bh * T;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
+    const float* lse_head = lse + (size_t)bh * rows.q_rows;
+    const float* d_head = D + (size_t)bh * rows.q_rows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int key_first = kv0 + 16 * warp;  // this warp's keys: key_first .. key_first + 15
     const bool warp_active = key_first < T;
-    const int num_tiles = ceil_div(T - kv0, BQ);  // query tiles start at kv0: earlier ones see no key here
+    // causal: the query tiles start at kv0, earlier ones see no key here
+    const int q_begin = CAUSAL ? kv0 : 0;
+    const int num_tiles = ceil_div(T - q_begin, BQ);
 
     load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, kv0, T);
     load_rows_async<BN, HS, THREADS>(v_s, v_head, ld, kv0, T);
-    load_rows_async<BQ, HS, THREADS>(q_s, q_head, ld, kv0, T);
-    load_rows_async<BQ, HS, THREADS>(do_s, do_head, C, kv0, T);
-    load_floats_async<BQ, THREADS>(lse_s, lse_head, kv0, T);
-    load_floats_async<BQ, THREADS>(d_s, d_head, kv0, T);
+    load_rows_async<BQ, HS, THREADS>(q_s, q_head, ld, q_begin, T);
+    load_rows_async<BQ, HS, THREADS>(do_s, do_head, C, q_begin, T);
+    load_floats_async<BQ, THREADS>(lse_s, lse_head, q_begin, T);
+    load_floats_async<BQ, THREADS>(d_s, d_head, q_begin, T);
     cp_async_commit();
 
     uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
@@ -551,7 +603,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
     for (int tile = 0; tile < num_tiles; tile++) {
         const int buf = tile % 2;
-        const int q0 = kv0 + tile * BQ;
+        const int q0 = q_begin + tile * BQ;
         if (tile + 1 < num_tiles) {
             const int next = q0 + BQ;
             load_rows_async<BQ, HS, THREADS>(q_s + (buf ^ 1) * BQ * STRIDE, q_head, ld, next, T);
@@ -567,13 +619,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             load_a_rows<HS, STRIDE>(v_frag, v_s, 16 * warp, lane);
         }
 
-        if (warp_active && q0 + BQ - 1 >= key_first) {
+        if (warp_active && (!CAUSAL || q0 + BQ - 1 >= key_first)) {
             const floatX* q_tile = q_s + buf * BQ * STRIDE;
             const floatX* do_tile = do_s + buf * BQ * STRIDE;
             const float* lse_tile = lse_s + buf * BQ;
             const float* d_tile = d_s + buf * BQ;
-            // some query of the tile precedes one of the warp's keys, or lies past T
-            const bool needs_mask = q0 < key_first + 15 || q0 + BQ > T;
+            // some query of the tile precedes one of the warp's keys (causal), or lies past T
+            const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
             float pt[BQ / 8][4] = {};  // rows: keys, columns: queries
             mma_a_bt<BQ, HS, STRIDE>(pt, k_frag, q_tile, lane);
 #pragma unroll
@@ -586,7 +638,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                     const float p = fast_exp2(fmaf(pt[n][e], scale_log2, -lse_q * LOG2E));
                     const int query = q0 + col + e % 2;
                     const int key = key_first + lane / 4 + 8 * (e / 2);
-                    pt[n][e] = needs_mask && (query < key || query >= T) ? 0.0f : p;
+                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
                 }
             }
             uint32_t p_frag[BQ / 16][4];
@@ -609,9 +661,61 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 
     if (!warp_active) return;
-    floatX* dk_head = dqkv + (size_t)b * T * ld + C + h * HS;
-    store_rows<HS>(dk_head, ld, dk, scale, key_first, T, lane);
-    store_rows<HS>(dk_head + C, ld, dv, 1.0f, key_first, T, lane);
+    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
+    write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane);
+    write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane);
+}
+
+// ---- ring pairs: merging the forward's partial results ----
+// A ring pair's out and lse cover one query chunk against one key chunk. Over the union of two key
+// sets the softmax normaliser is the sum of the two, so lse = log(e^lse_a + e^lse_b), and the output
+// is the two outputs weighted by their share of it: out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse).
+// The running sum (acc, acc_lse) is fp32; out is rounded to bf16 once, at the end.
+
+// One thread per query row (b, h, t), in lse's layout: folds the pair's (out, lse) into (acc, acc_lse),
+// or, for the first pair of the rows, copies it there.
+template <int HS>
+__global__ void attention_merge_kernel(float* acc, float* acc_lse, const floatX* out, const float* lse, int T,
+                                       int seq_rows, int NH, size_t n, bool first) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const int t = (int)(idx % T);
+    const size_t bh = idx / T;
+    const int h = (int)(bh % NH);
+    const size_t b = bh / NH;
+    const size_t at_lse = bh * seq_rows + t;
+    const size_t at = (b * seq_rows + t) * NH * HS + h * HS;
+    const float pair_lse = lse[at_lse];
+    float w_old = 0.0f, w_pair = 1.0f, new_lse = pair_lse;
+    if (!first) {
+        const float old_lse = acc_lse[at_lse];
+        // log(e^a + e^b) without overflow: both lse are finite (every query row sees a key)
+        new_lse = fmaxf(old_lse, pair_lse) + log1pf(expf(-fabsf(old_lse - pair_lse)));
+        w_old = expf(old_lse - new_lse);
+        w_pair = expf(pair_lse - new_lse);
+    }
+#pragma unroll
+    for (int c = 0; c < HS; c += 8) {
+        const x128 o = load128(out + at + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[at + c + i] = (first ? 0.0f : acc[at + c + i] * w_old) + (float)o[i] * w_pair;
+    }
+    acc_lse[at_lse] = new_lse;
+}
+
+// dst[i] = src[i] rounded to bf16: the merged output, or a gradient summed over the pairs.
+__global__ void attention_round_kernel(floatX* dst, const float* src, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = (floatX)src[i];
+}
+
+// dqkv (rows, 3C) bf16 from the fp32 sums of a ring's pairs: dq (rows, C) and dk|dv (rows, 2C).
+__global__ void attention_gather_grads_kernel(floatX* dqkv, const float* dq, const float* dkv, size_t rows, int C) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * 3 * C) return;
+    const size_t row = i / (3 * C);
+    const int c = (int)(i % (3 * C));
+    dqkv[i] = (floatX)(c < C ? dq[row * C + c] : dkv[row * 2 * C + c - C]);
 }
 
 // ---- launchers ----
@@ -623,6 +727,14 @@ inline void check_attention_shape(const char* who, int B, int T, int NH, int HS)
     if (T > MAX_T) fail(strformat("%s: T=%d exceeds the largest supported sequence length %d", who, T, MAX_T));
     if ((long long)B * NH > 2147483647LL)
         fail(strformat("%s: B*NH = %lld exceeds the grid limit 2^31-1", who, (long long)B * NH));
+}
+
+// The shape checks of a ring pair: those of T rows, and buffers that hold at least T rows per sequence.
+inline void check_pair_shape(const char* who, int B, const AttentionRows& rows, int NH, int HS) {
+    check_attention_shape(who, B, rows.T, NH, HS);
+    if (rows.q_rows < rows.T || rows.kv_rows < rows.T)
+        fail(strformat("%s: buffers of %d query rows and %d key rows per sequence cannot hold a pair of %d rows", who,
+                       rows.q_rows, rows.kv_rows, rows.T));
 }
 
 // Raises the kernel's dynamic shared-memory limit to `bytes`, or fails naming what the device allows.
@@ -637,45 +749,63 @@ inline void set_smem_limit(Kernel kernel, size_t bytes, const char* who, int HS)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-template <int HS>
-inline void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH,
-                                     cudaStream_t stream) {
+template <int HS, bool CAUSAL>
+inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
+                                     const AttentionRows& rows, int NH, cudaStream_t stream) {
     constexpr int WARPS = forward_warps<HS>();
     constexpr size_t smem = forward_smem_bytes<HS>();
-    auto kernel = attention_forward_kernel<HS, WARPS>;
+    auto kernel = attention_forward_kernel<HS, WARPS, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward", HS);
-    const dim3 grid(B * NH, ceil_div(T, 16 * WARPS));
+    const dim3 grid(B * NH, ceil_div(rows.T, 16 * WARPS));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, qkv, T, NH, scale_log2);
+    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-inline void attention_backward_launch(floatX* dqkv, float* D, const floatX* dout, const floatX* qkv,
-                                      const floatX* out, const float* lse, int B, int T, int NH,
-                                      cudaStream_t stream) {
+inline void attention_rowdot_launch(float* D, const floatX* dout, const floatX* out, int B, int T, int NH,
+                                    cudaStream_t stream) {
     const size_t rows = (size_t)B * NH * T;
     constexpr int ROWDOT_THREADS = 256;
     LLMC_LAUNCH(attention_backward_rowdot_kernel<HS>, (unsigned)ceil_div(rows, (size_t)ROWDOT_THREADS), ROWDOT_THREADS, 0, stream)(D, dout, out, T, NH, rows);
     CUDA_CHECK_LAUNCH();
+}
 
+// The dK/dV and dQ kernels for the rows: gradients written as bf16 (GradT floatX) or added to fp32
+// (GradT float); dq at grad_q, dk and dv at grad_k and grad_k + C of each row, grad_ld apart.
+template <int HS, bool CAUSAL, typename GradT>
+inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
+                                      const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv, const float* lse,
+                                      const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
 
     constexpr int BQ = dkv_query_tile<HS>();
     constexpr size_t dkv_smem = dkv_smem_bytes<HS>();
-    auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ>;
+    auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ, CAUSAL, GradT>;
     set_smem_limit(dkv_kernel, dkv_smem, "attention_backward", HS);
-    const dim3 dkv_grid(B * NH, ceil_div(T, 16 * DKV_WARPS));
-    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    const dim3 dkv_grid(B * NH, ceil_div(rows.T, 16 * DKV_WARPS));
+    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 
     constexpr size_t dq_smem = dq_smem_bytes<HS>();
-    auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS>;
+    auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS, CAUSAL, GradT>;
     set_smem_limit(dq_kernel, dq_smem, "attention_backward", HS);
-    const dim3 dq_grid(B * NH, ceil_div(T, 16 * DQ_WARPS));
-    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(dqkv, dout, qkv, lse, D, T, NH, scale_log2, scale);
+    const dim3 dq_grid(B * NH, ceil_div(rows.T, 16 * DQ_WARPS));
+    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale);
     CUDA_CHECK_LAUNCH();
 }
+
+// Calls f.template operator()<HS>() for the head size (32, 64 or 128, checked before).
+template <typename F>
+inline void with_head_size(int HS, F&& f) {
+    switch (HS) {
+        case 32: f.template operator()<32>(); break;
+        case 64: f.template operator()<64>(); break;
+        default: f.template operator()<128>(); break;
+    }
+}
+
+inline unsigned blocks_for(size_t n, int threads) { return (unsigned)ceil_div(n, (size_t)threads); }
 
 }  // namespace attention_detail
 
@@ -686,15 +816,21 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
                               cudaStream_t stream) {
     using namespace attention_detail;
     check_attention_shape("attention_forward", B, T, NH, HS);
-    switch (HS) {
-        case 32: attention_forward_launch<32>(out, lse, qkv, B, T, NH, stream); break;
-        case 64: attention_forward_launch<64>(out, lse, qkv, B, T, NH, stream); break;
-        default: attention_forward_launch<128>(out, lse, qkv, B, T, NH, stream); break;
-    }
+    const AttentionRows rows{T, T, T};
+    with_head_size(HS, [&]<int H>() { attention_forward_launch<H, true>(out, lse, qkv, qkv, B, rows, NH, stream); });
 }
 
 // Floats of device scratch attention_backward needs: D = rowsum(dout * out), one per (b, h, t).
 inline size_t attention_backward_scratch_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
+
+// D (B, NH, T) = the row sums of dout * out per head, in lse's layout: the first step of
+// attention_backward, and what every ring pair's backward needs of the final out.
+inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX* out, int B, int T, int NH, int HS,
+                                      cudaStream_t stream) {
+    using namespace attention_detail;
+    check_attention_shape("attention_backward_rowdot", B, T, NH, HS);
+    with_head_size(HS, [&]<int H>() { attention_rowdot_launch<H>(D, dout, out, B, T, NH, stream); });
+}
 
 // dqkv (B, T, 3C) is fully overwritten (dq, dk, dv of every head). out and lse are the forward's.
 // scratch: attention_backward_scratch_floats(B, T, NH) floats. Deterministic: no atomics.
@@ -703,11 +839,82 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
                                cudaStream_t stream) {
     using namespace attention_detail;
     check_attention_shape("attention_backward", B, T, NH, HS);
-    switch (HS) {
-        case 32: attention_backward_launch<32>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
-        case 64: attention_backward_launch<64>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
-        default: attention_backward_launch<128>(dqkv, scratch, dout, qkv, out, lse, B, T, NH, stream); break;
-    }
+    const AttentionRows rows{T, T, T};
+    const size_t ld = 3 * (size_t)NH * HS;
+    with_head_size(HS, [&]<int H>() {
+        attention_rowdot_launch<H>(scratch, dout, out, B, T, NH, stream);
+        attention_backward_launch<H, true>(dqkv, dqkv + NH * H, ld, ld, dout, qkv, qkv, lse, scratch, B, rows, NH,
+                                           stream);
+    });
+}
+
+// ---- ring pairs (context parallelism) ----
+
+// One ring pair's forward: the T query rows at q_qkv against the T key rows at kv_qkv (qkv layout
+// both; kv_qkv may equal q_qkv), every key (causal false) or keys up to the query's own position
+// (causal true: the pair of a chunk with itself). out and lse are the pair's, in the query side's
+// layout (rows.q_rows rows per sequence); attention_merge folds them into the running result.
+inline void attention_forward_pair(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
+                                   const AttentionRows& rows, bool causal, int NH, int HS, cudaStream_t stream) {
+    using namespace attention_detail;
+    check_pair_shape("attention_forward_pair", B, rows, NH, HS);
+    with_head_size(HS, [&]<int H>() {
+        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);
+        else attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);
+    });
+}
+
+// Folds a pair's (out, lse) of T query rows (seq_rows rows per sequence in every buffer) into the
+// running fp32 (acc, acc_lse), in out's and lse's layouts; `first`: the rows' first pair, copied.
+// After the last pair acc_lse is the final lse, and attention_merge_finish rounds acc to out.
+inline void attention_merge(float* acc, float* acc_lse, const floatX* out, const float* lse, bool first, int B, int T,
+                            int seq_rows, int NH, int HS, cudaStream_t stream) {
+    using namespace attention_detail;
+    check_pair_shape("attention_merge", B, AttentionRows{T, seq_rows, seq_rows}, NH, HS);
+    const size_t n = (size_t)B * NH * T;
+    constexpr int THREADS = 256;
+    with_head_size(HS, [&]<int H>() {
+        LLMC_LAUNCH(attention_merge_kernel<H>, blocks_for(n, THREADS), THREADS, 0, stream)(acc, acc_lse, out, lse, T, seq_rows, NH, n, first);
+        CUDA_CHECK_LAUNCH();
+    });
+}
+
+// out = acc rounded to bf16, n elements (B * rows * C): the merged forward output.
+inline void attention_merge_finish(floatX* out, const float* acc, size_t n, cudaStream_t stream) {
+    using namespace attention_detail;
+    constexpr int THREADS = 256;
+    LLMC_LAUNCH(attention_round_kernel, blocks_for(n, THREADS), THREADS, 0, stream)(out, acc, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// One ring pair's backward: adds the pair's dq to dq_acc (fp32, the query side's rows, C columns) and
+// its dk, dv to dkv_acc (fp32, the key side's rows, 2C columns: dk, then dv). dout, lse and D are the
+// query rows' final ones (the merged out's D, from attention_backward_rowdot), so each pair's
+// probabilities are exp(s - lse) of the whole softmax and the pairs' gradients add up. The caller
+// zeroes the accumulators; the sums are fp32 in launch order: deterministic, no atomics.
+inline void attention_backward_pair(float* dq_acc, float* dkv_acc, const floatX* dout, const floatX* q_qkv,
+                                    const floatX* kv_qkv, const float* lse, const float* D, int B,
+                                    const AttentionRows& rows, bool causal, int NH, int HS, cudaStream_t stream) {
+    using namespace attention_detail;
+    check_pair_shape("attention_backward_pair", B, rows, NH, HS);
+    const size_t C = (size_t)NH * HS;
+    with_head_size(HS, [&]<int H>() {
+        if (causal)
+            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);
+        else
+            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);
+    });
+}
+
+// dqkv (B, T, 3C) bf16 from a rank's summed dq_acc (B, T, C) and dkv_acc (B, T, 2C).
+inline void attention_backward_pair_finish(floatX* dqkv, const float* dq_acc, const float* dkv_acc, int B, int T,
+                                           int NH, int HS, cudaStream_t stream) {
+    using namespace attention_detail;
+    check_attention_shape("attention_backward_pair_finish", B, T, NH, HS);
+    const size_t rows = (size_t)B * T;
+    constexpr int THREADS = 256;
+    LLMC_LAUNCH(attention_gather_grads_kernel, blocks_for(rows * 3 * NH * HS, THREADS), THREADS, 0, stream)(dqkv, dq_acc, dkv_acc, rows, NH * HS);
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace llmc

@@ -207,6 +207,24 @@ breakage gelu-launch-bounds llmc/kernels/gelu.cuh "bench gelu" \
     'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)' \
     'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, 2 * GELU_BLOCK_SIZE, 0, stream)'
 
+# 7. Context parallelism's ring pairs (the workbenches' ring checks).
+breakage ring-merge-no-rescale llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention_merge: the running output and the pair's added with weight 1 (no exp(lse - lse_new) rescale)" \
+    'acc[at + c + i] = (first ? 0.0f : acc[at + c + i] * w_old) + (float)o[i] * w_pair;' \
+    'acc[at + c + i] = (first ? 0.0f : acc[at + c + i]) + (float)o[i];'
+breakage ring-diagonal-unmasked llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention_forward_pair: the pair of a chunk with itself run without the causal mask" \
+    '        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);' \
+    '        if (causal) attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);'
+breakage ring-earlier-chunk-masked llmc/kernels/attention.cuh "bench attention_forward" \
+    "attention forward: a pair with an earlier key chunk masked causally (key > row) in its last key tile" \
+    '                        if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;' \
+    '                        if (key > row) s[n][e] = -INFINITY;'
+breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench attention_backward" \
+    "attention_backward_pair: the pair of a chunk with itself run without the causal mask" \
+    '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);' \
+    '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"
