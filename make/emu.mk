@@ -36,9 +36,11 @@ $(EMU_KERNELS)/cuda/%.ptx: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) |
 	$(NVCC) $(NVCCFLAGS) -ptx $< -o $@
 $(EMU_KERNELS)/%.o: $(EMU_KERNELS)/%.ptx dev/emu/kernel_table.sh dev/emu/kernel_resources.h
 	$(CUDA_HOME)/bin/ptxas -arch=sm_90a -v $< -o /dev/null 2> $(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
-	dev/emu/kernel_table.sh $< $(@:.o=.ptxas) > $(@:.o=.cpp)
-	$(CXX) $(EMU_CXXFLAGS) -c $(@:.o=.cpp) -o $@
-# Kept (make would delete them as intermediate files, and run nvcc again at every relink).
+	dev/emu/kernel_table.sh $< $(@:.o=.ptxas) > $(@:.o=_table.cpp)
+	$(CXX) $(EMU_CXXFLAGS) -c $(@:.o=_table.cpp) -o $@
+# The generated source is X_table.cpp, not X.cpp: make's built-in %.o: %.cpp rule would otherwise
+# claim X.o once the .ptx is gone, and call a stale table up to date. Kept (make would delete them
+# as intermediate files, and run nvcc again at every relink).
 .PRECIOUS: $(EMU_KERNELS)/%.ptx $(EMU_KERNELS)/%.o
 
 $(EMU_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
