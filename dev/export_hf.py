@@ -46,6 +46,9 @@ def read_model_file(path):
             raise SystemExit(f"error: '{path}' is not an llm.c model file (magic {header[0] if len(header) else '?'}, "
                              f"expected {MODEL_MAGIC})")
         version = int(header[1])
+        if version in (103, 105):
+            raise SystemExit(f"error: '{path}' is a mixture-of-experts model (version {version}, {int(header[8])} "
+                             f"experts): Hugging Face transformers has no GPT-2 class with experts to export it to")
         if version not in (3, 5):
             raise SystemExit(f"error: '{path}' has version {version}; expected 3 (fp32) or 5 (bf16)")
         maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])

@@ -42,6 +42,10 @@ struct RunConfig {
     std::string model = "d4";
     int num_layers = 0, num_heads = 0, channels = 0, max_seq_len = 0;  // 0: the preset's value
     int vocab_size = 50257;
+    // mixture of experts (a preset's; a model file's header says its own): cpu/moe.h
+    int experts = 0, top_k = 2, moe_every = 1, moe_shared = 0;
+    float capacity_factor = 0;     // 0: dropless
+    float moe_balance_coef = 0.01f, moe_z_coef = 0.001f;  // the auxiliary losses' weights in the loss
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T
@@ -152,6 +156,13 @@ inline const std::vector<RunOption>& run_options() {
         {"", "channels", &RunConfig::channels, "override the preset's channel count"},
         {"", "max_seq_len", &RunConfig::max_seq_len, "override the preset's maximum sequence length (1024)"},
         {"", "vocab_size", &RunConfig::vocab_size, "vocabulary size of a preset model (padded to a multiple of 128)"},
+        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model, no --tp/--pp yet)"},
+        {"", "top_k", &RunConfig::top_k, "with --experts: experts each token is routed to"},
+        {"", "moe_every", &RunConfig::moe_every, "with --experts: every N-th block has experts (the last of each N), the others GPT-2's MLP"},
+        {"", "moe_shared", &RunConfig::moe_shared, "with --experts: 1 keeps the block's dense MLP as an always-on shared expert beside the routed ones"},
+        {"", "capacity_factor", &RunConfig::capacity_factor, "with --experts: each expert takes at most cf x tokens x top-k / experts tokens, the rest dropped and counted (0: dropless)"},
+        {"", "moe_balance_coef", &RunConfig::moe_balance_coef, "with --experts: the load-balancing loss's weight in the training loss"},
+        {"", "moe_z_coef", &RunConfig::moe_z_coef, "with --experts: the router z-loss's weight in the training loss"},
         {"-b", "batch_size", &RunConfig::batch_size, "micro-batch size B (sequences per rank per forward)"},
         {"-t", "seq_len", &RunConfig::seq_len, "sequence length T"},
         {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},
@@ -519,6 +530,9 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
         cfg.model_config = *model_from_file;
         require(!cfg.num_layers && !cfg.num_heads && !cfg.channels && !cfg.max_seq_len,
                 "--num-layers/--num-heads/--channels/--max-seq-len override presets only, but -e names a model file");
+        for (const char* flag : {"experts", "top_k", "moe_every", "moe_shared"})
+            require(!cfg.given.count(flag), strformat("--%s shapes a preset, but -e names a model file, whose header "
+                                                     "says its experts", flag == std::string("top_k") ? "top-k" : flag));
     } else {
         require(cfg.vocab_size > 0 && cfg.vocab_size <= ModelConfig::kMaxVocab,
                 strformat("--vocab-size must be in [1, %d], got %d", ModelConfig::kMaxVocab, cfg.vocab_size));
@@ -530,10 +544,20 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
         if (cfg.num_heads) m.num_heads = cfg.num_heads;
         if (cfg.channels) m.channels = cfg.channels;
         if (cfg.max_seq_len) m.max_seq_len = cfg.max_seq_len;
+        m.num_experts = cfg.experts, m.moe_top_k = cfg.top_k, m.moe_every = cfg.moe_every, m.moe_shared = cfg.moe_shared;
         cfg.model_config = m;
     }
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
+    if (cfg.model_config.num_experts > 0)
+        require(cfg.tp == 1 && cfg.pp == 1,
+                strformat("a mixture-of-experts model (%d experts) trains with data parallelism (-z 0-3) only so far: "
+                          "drop --tp %d / --pp %d", cfg.model_config.num_experts, cfg.tp, cfg.pp));
+    require(cfg.capacity_factor >= 0 && std::isfinite(cfg.capacity_factor),
+            strformat("--capacity-factor must be 0 (dropless) or positive, got %g", cfg.capacity_factor));
+    require(cfg.moe_balance_coef >= 0 && cfg.moe_z_coef >= 0,
+            strformat("--moe-balance-coef and --moe-z-coef must be >= 0, got %g and %g", cfg.moe_balance_coef,
+                      cfg.moe_z_coef));
 }
 
 // The batch arithmetic: tokens per micro-batch over the data-parallel ranks, the accumulation steps
@@ -696,7 +720,8 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
     j["resolved"] = {
         {"model", {{"max_seq_len", m.max_seq_len}, {"vocab_size", m.vocab_size},
                    {"padded_vocab_size", m.padded_vocab_size}, {"num_layers", m.num_layers},
-                   {"num_heads", m.num_heads}, {"channels", m.channels},
+                   {"num_heads", m.num_heads}, {"channels", m.channels}, {"num_experts", m.num_experts},
+                   {"moe_top_k", m.moe_top_k}, {"moe_every", m.moe_every}, {"moe_shared", m.moe_shared},
                    {"num_params", num_params(m)}}},
         {"world_size", cfg.world_size},
         {"dp_size", cfg.dims.dp},

@@ -26,24 +26,28 @@ namespace {
 
 const char* MODEL_PATH = "test/fixtures/gpt2_tiny_model.bin";
 const char* STATE_PATH = "test/fixtures/gpt2_tiny_state.bin";
+const char* MOE_MODEL_PATH = "test/fixtures/gpt2_moe_tiny_model.bin";  // make_fixture.py --moe
+const char* MOE_STATE_PATH = "test/fixtures/gpt2_moe_tiny_state.bin";
 constexpr int STATE_MAGIC = 20241121, STATE_VERSION = 1;
 
-// Everything in gpt2_tiny_state.bin (see make_fixture.py for the layout).
+// Everything in gpt2_tiny_state.bin (see make_fixture.py for the layout), or its MoE twin's.
 struct Fixture {
+    std::string model_path;
     ModelConfig config;
     int B = 0, T = 0, steps = 0;
     AdamWConfig opt;
     float grad_clip = 0.0f;
+    MoeOptions moe;  // the auxiliary losses' weights (MoE fixture)
     std::vector<int> inputs, targets;
     std::vector<float> logits, grads, losses;
     float loss = 0.0f;
 
-    Fixture() : config(read_model_header(MODEL_PATH)) {
-        File f(STATE_PATH, "rb");
+    Fixture(const char* model, const char* state) : model_path(model), config(read_model_header(model)) {
+        File f(state, "rb");
         int32_t header[256];
         f.read(header, 256, "state header");
         if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION)
-            fail(strformat("'%s': bad magic/version %d/%d", STATE_PATH, header[0], header[1]));
+            fail(strformat("'%s': bad magic/version %d/%d", state, header[0], header[1]));
         B = header[2];
         T = header[3];
         steps = header[4];
@@ -55,6 +59,8 @@ struct Fixture {
         opt.eps = hyper[3];
         opt.weight_decay = hyper[4];
         grad_clip = hyper[5];
+        moe.balance_coef = hyper[6];
+        moe.z_coef = hyper[7];
         const size_t BT = (size_t)B * T;
         inputs.resize(BT);
         targets.resize(BT);
@@ -67,13 +73,25 @@ struct Fixture {
         f.read(&loss, 1, "loss");
         f.read(grads.data(), grads.size(), "grads");
         f.read(losses.data(), losses.size(), "losses");
-        if (f.tell() != f.size()) fail(strformat("'%s' has trailing bytes", STATE_PATH));
+        if (f.tell() != f.size()) fail(strformat("'%s' has trailing bytes", state));
     }
 };
 
 const Fixture& fixture() {
-    static const Fixture f;
+    static const Fixture f(MODEL_PATH, STATE_PATH);
     return f;
+}
+const Fixture& moe_fixture() {
+    static const Fixture f(MOE_MODEL_PATH, MOE_STATE_PATH);
+    return f;
+}
+
+// The fixture's model, loaded from its file, with its auxiliary losses' weights.
+std::unique_ptr<GPT2CPU> load_model(const Fixture& fx) {
+    auto model = std::make_unique<GPT2CPU>(fx.config, fx.B, fx.T);
+    model->load(fx.model_path);
+    model->set_moe_options(fx.moe);
+    return model;
 }
 
 std::vector<char> read_bytes(const std::string& path) {
@@ -97,9 +115,8 @@ std::string temp_path(const std::string& name) {
 struct FileRange {
     size_t begin, size;
 };
-FileRange file_range(const ParamLayout& layout, const ModelConfig& config, int t) {
-    const size_t layers = layout.is_per_layer(t) ? config.num_layers : 1;
-    return {layout.file_offset(t), layers * layout.tensor_size(t)};
+FileRange file_range(const ParamLayout& layout, int t) {
+    return {layout.file_begin(t), layout.file_size(t)};
 }
 
 // A flat (bucket-major) buffer rearranged into model file order.
@@ -118,10 +135,9 @@ struct ThreadCount {
 
 }  // namespace
 
-TEST_CASE("forward logits and loss match the PyTorch reference", "[gpt2]") {
-    const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
-    model.load(MODEL_PATH);
+void check_forward(const Fixture& fx) {
+    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
+    GPT2CPU& model = *loaded;
     const float loss = model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B, fx.T);
     CHECK(rel_error(loss, fx.loss) <= 1e-5);
 
@@ -132,6 +148,8 @@ TEST_CASE("forward logits and loss match the PyTorch reference", "[gpt2]") {
         std::copy(model.logits() + (size_t)r * Vp, model.logits() + (size_t)r * Vp + V, logits.begin() + (size_t)r * V);
     CHECK(rel_error(logits.data(), fx.logits.data(), logits.size()) <= 1e-4);
 }
+
+TEST_CASE("forward logits and loss match the PyTorch reference", "[gpt2]") { check_forward(fixture()); }
 
 TEST_CASE("next_token_logits is the last position's row of the causal forward", "[gpt2]") {
     const Fixture& fx = fixture();
@@ -166,29 +184,28 @@ TEST_CASE("generate hands each token to the caller as it is drawn (--prompt prin
     CHECK(again == tokens);  // the callback changes nothing drawn
 }
 
-TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") {
-    const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
-    model.load(MODEL_PATH);
+void check_gradients(const Fixture& fx) {
+    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
+    GPT2CPU& model = *loaded;
     model.zero_grad();
     const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
     CHECK(rel_error(loss, fx.loss) <= 1e-5);
     // the fixture stores gradients in model file order
     const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> grads = in_file_order(layout, model.grads());
-    for (int t = 0; t < GPT2Params::NUM_TENSORS; t++) {
+    for (int t = 0; t < layout.num_tensors(); t++) {
         const std::string tensor = layout.name(t);
         CAPTURE(tensor);
-        const FileRange r = file_range(layout, fx.config, t);
+        const FileRange r = file_range(layout, t);
         CHECK(rel_error(grads.data() + r.begin, fx.grads.data() + r.begin, r.size) <= 1e-4);
     }
 }
 
-TEST_CASE("ten AdamW steps with grad clipping follow the PyTorch losses", "[gpt2]") {
-    const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
-    Model& m = model;  // drive it only through the interface the train loop uses
-    m.load(MODEL_PATH);
+TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") { check_gradients(fixture()); }
+
+void check_adamw_steps(const Fixture& fx) {
+    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
+    Model& m = *loaded;  // drive it only through the interface the train loop uses
     for (int step = 1; step <= fx.steps; step++) {
         CAPTURE(step);
         m.zero_grad();
@@ -199,6 +216,38 @@ TEST_CASE("ten AdamW steps with grad clipping follow the PyTorch losses", "[gpt2
         const double coef = fx.grad_clip / (norm + 1e-6);
         m.adamw_step(fx.opt, step, coef < 1.0 ? (float)coef : 1.0f);
     }
+}
+
+TEST_CASE("ten AdamW steps with grad clipping follow the PyTorch losses", "[gpt2]") { check_adamw_steps(fixture()); }
+
+// The mixture-of-experts model (make_fixture.py --moe: layer 1 of 2 with 4 experts, top 2): the
+// same checks, its router's and experts' gradients and the auxiliary losses' included.
+TEST_CASE("a mixture-of-experts GPT-2 matches PyTorch: logits, loss, every gradient, ten AdamW steps", "[gpt2][moe]") {
+    const Fixture& fx = moe_fixture();
+    REQUIRE(fx.config.num_experts == 4);
+    REQUIRE(fx.moe.balance_coef > 0);
+    check_forward(fx);
+    check_gradients(fx);
+    check_adamw_steps(fx);
+}
+
+TEST_CASE("a mixture-of-experts model file is version 103, round-trips, and is refused as another shape", "[gpt2][moe]") {
+    const Fixture& fx = moe_fixture();
+    const std::unique_ptr<GPT2CPU> model = load_model(fx);
+    const std::string path = temp_path("moe.bin");
+    model->save(path);
+    CHECK(read_bytes(path) == read_bytes(fx.model_path));
+    std::vector<char> bytes = read_bytes(path);
+    CHECK(reinterpret_cast<const int32_t*>(bytes.data())[1] == 103);
+    ModelConfig dense = fx.config;
+    dense.num_experts = 0;
+    std::vector<float> params(num_params(dense));
+    CHECK_THROWS_WITH(read_model_file(path, dense, params.data()),
+                      Catch::Contains("num_experts is 4 in the file, expected 0"));
+    reinterpret_cast<int32_t*>(bytes.data())[8] = 0;  // version 103 with 0 experts
+    write_bytes(path, bytes);
+    CHECK_THROWS_WITH(read_model_header(path), Catch::Contains("version 103 (with experts) but 0 experts"));
+    std::remove(path.c_str());
 }
 
 TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch gradient", "[gpt2]") {
@@ -220,10 +269,10 @@ TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch 
     const ParamLayout layout = GPT2Params::layout(fx.config);
     const std::vector<float> accum_grads = in_file_order(layout, accum.grads());
     const std::vector<float> full_grads = in_file_order(layout, full.grads());
-    for (int t = 0; t < GPT2Params::NUM_TENSORS; t++) {
+    for (int t = 0; t < layout.num_tensors(); t++) {
         const std::string tensor = layout.name(t);
         CAPTURE(tensor);
-        const FileRange r = file_range(layout, fx.config, t);
+        const FileRange r = file_range(layout, t);
         CHECK(rel_error(accum_grads.data() + r.begin, full_grads.data() + r.begin, r.size) <= 1e-5);
     }
 }
@@ -455,7 +504,7 @@ TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]
 
     const std::vector<float> f = in_file_order(layout, a.data());  // whole tensors, all layers
     auto stddev = [&](int t) {
-        const FileRange r = file_range(layout, config, t);
+        const FileRange r = file_range(layout, t);
         double sq = 0.0;
         for (size_t i = 0; i < r.size; i++) sq += (double)f[r.begin + i] * f[r.begin + i];
         return std::sqrt(sq / r.size);
@@ -463,11 +512,11 @@ TEST_CASE("GPT-2 init is seeded, deterministic and shaped as specified", "[gpt2]
     CHECK(stddev(GPT2Params::QKVW) == Approx(0.02).epsilon(0.02));
     CHECK(stddev(GPT2Params::FCPROJW) == Approx(0.02 / std::sqrt(2.0 * config.num_layers)).epsilon(0.02));
     for (int t : {GPT2Params::LN1W, GPT2Params::LN2W, GPT2Params::LNFW}) {
-        const FileRange r = file_range(layout, config, t);
+        const FileRange r = file_range(layout, t);
         for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 1.0f);
     }
     for (int t : {GPT2Params::QKVB, GPT2Params::FCB, GPT2Params::LNFB}) {
-        const FileRange r = file_range(layout, config, t);
+        const FileRange r = file_range(layout, t);
         for (size_t i = 0; i < r.size; i++) REQUIRE(f[r.begin + i] == 0.0f);
     }
     const float* wte = a.data() + layout.offset(GPT2Params::WTE);

@@ -62,9 +62,11 @@ struct CpuBackend {
         if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
-            built.model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
-                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
-                                                    pipeline_of(cfg));
+            auto model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
+                                                   cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
+                                                   pipeline_of(cfg));
+            model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
+            built.model = std::move(model);
         } catch (const std::bad_alloc&) {
             fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "
                            "logits with B*T*vocab): reduce -b or -t, or shard more with -z",

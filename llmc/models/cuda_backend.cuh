@@ -39,6 +39,9 @@ struct CudaBackend {
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
     // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
+        if (cfg.model_config.num_experts > 0)
+            fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
+                           cfg.model_config.num_experts));
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);

@@ -315,6 +315,11 @@ public:
         if (!is_whole()) fail("ParamLayout: file offsets are for a whole-model layout, not a tensor or pipeline piece");
         return file_begin_[tensor] + (size_t)table_.slice_index(tensor, layer) * sizes_[tensor];
     }
+    // Where a whole tensor (every layer's slice that has it) starts in a model file, and its length.
+    size_t file_begin(int tensor) const { return file_begin_[check_tensor(tensor)]; }
+    size_t file_size(int tensor) const {
+        return (is_per_layer(tensor) ? (size_t)table_.layers_with(tensor) : 1) * sizes_[tensor];
+    }
     // The segments in the order a model file stores them (ascending file_offset).
     std::vector<Segment> file_order_segments() const {
         std::vector<Segment> segs = segments_;

@@ -157,6 +157,7 @@ run "tokenizer eot -1" "$k': eot token -1" --tokenizer "$k"
 run "model file as tokenizer" "(a GPT-2 model file's)" --tokenizer "$model"
 
 # ---- model files (-e) ----
+run_model "--experts with a model file" "--experts shapes a preset, but -e names a model file" "$model" --experts 4
 m=$(variant "$model" m_trunc.bin); truncate -s -4 "$m"
 run_model "model truncated by one float" "$m' is truncated" "$m"
 m=$(variant "$model" m_trailing.bin); printf '\000\000\000\000' >>"$m"
@@ -273,6 +274,9 @@ run "--plan-format yaml" "--plan-format must be text or json, got 'yaml'" --plan
 run "--plan-search without -d" "--plan-search needs the global batch: give -d" --plan-search 8
 run "--failure-rate 0" "--failure-rate must be a positive number of failures per GPU-hour, got 0" --plan 8 --failure-rate 0
 run "--local-recovers above 1" "--local-recovers must be a share between 0 and 1, got 2" --plan 8 --local-recovers 2
+run "--top-k above --experts" "moe_top_k must be in [1, num_experts = 4], got 5" --experts 4 --top-k 5
+run "--experts with --tp" "trains with data parallelism (-z 0-3) only so far: drop --tp 2" --plan 2 --tp 2 --experts 4
+run "--capacity-factor below 0" "--capacity-factor must be 0 (dropless) or positive, got -1" --experts 4 --capacity-factor -1
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {

@@ -18,6 +18,14 @@ struct ModelConfig {
     int num_layers = 12;            // L
     int num_heads = 12;             // NH
     int channels = 768;             // C
+    // Mixture of experts (cpu/moe.h; 0 experts: GPT-2's dense MLP everywhere): every moe_every-th
+    // block (the last of each group of moe_every) has num_experts expert MLPs, each token routed to
+    // moe_top_k of them, in place of its MLP, or beside it as one always-on shared expert with
+    // moe_shared.
+    int num_experts = 0;
+    int moe_top_k = 2;
+    int moe_every = 1;
+    int moe_shared = 0;
 
     // Upper bounds, far above any GPT-2 (and any machine's memory), that keep every size computed
     // from a shape (parameters: at most 12 L C^2 + Vp C + ... < 2^60) inside 64 bits, and a corrupt
@@ -28,6 +36,8 @@ struct ModelConfig {
     static constexpr int kMaxChannels = 1 << 16;
 
     int head_size() const { return channels / num_heads; }
+    bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_every == moe_every - 1; }
+    static constexpr int kMaxExperts = 1 << 10;
 
     // Throws naming the offending field unless the shape is usable.
     void validate() const {
@@ -43,6 +53,16 @@ struct ModelConfig {
         in_range("padded_vocab_size", padded_vocab_size, kMaxVocab);
         if (channels % num_heads != 0)
             fail(strformat("model config: channels (%d) must be divisible by num_heads (%d)", channels, num_heads));
+        if (num_experts < 0 || num_experts > kMaxExperts)
+            fail(strformat("model config: num_experts must be in [0, %d] (0: dense), got %d", kMaxExperts, num_experts));
+        if (num_experts > 0) {
+            if (moe_top_k < 1 || moe_top_k > num_experts)
+                fail(strformat("model config: moe_top_k must be in [1, num_experts = %d], got %d", num_experts, moe_top_k));
+            if (moe_every < 1 || moe_every > num_layers)
+                fail(strformat("model config: moe_every must be in [1, num_layers = %d], got %d", num_layers, moe_every));
+            if (moe_shared != 0 && moe_shared != 1)
+                fail(strformat("model config: moe_shared must be 0 or 1, got %d", moe_shared));
+        }
         if (padded_vocab_size < vocab_size)
             fail(strformat("model config: padded_vocab_size (%d) must be at least vocab_size (%d)",
                            padded_vocab_size, vocab_size));

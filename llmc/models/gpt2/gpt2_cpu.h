@@ -15,6 +15,11 @@
 // embedding, the last with the head). Forward and backward are written per chunk (forward_chunk,
 // backward_chunk); without a pipeline the model is one chunk of every layer, and with one,
 // run_schedule walks the step's schedule of chunk passes, messages between them.
+//
+// Mixture of experts (ModelConfig::num_experts): a block with experts runs cpu/moe.h in place of
+// its MLP (or beside it, the shared expert); its routing and the experts' activations are kept per
+// block outside the activation buffer, their size depending on the routing. The balance and z
+// losses enter the training loss with MoeOptions' weights (data parallelism only so far).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/moe.h"
 #include "llmc/cpu/ops.h"
 #include "llmc/dist/host_memory.h"
 #include "llmc/dist/pipeline_stage.h"
@@ -136,6 +142,11 @@ struct ActivationLayout {
     }
 };
 
+// The mixture-of-experts training options (--capacity-factor, --moe-balance-coef, --moe-z-coef).
+struct MoeOptions {
+    float capacity_factor = 0, balance_coef = 0.01f, z_coef = 0.001f;
+};
+
 class GPT2CPU : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
@@ -178,11 +189,29 @@ public:
         std::vector<BufferSpec> specs = buffer_specs(zero);
         specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
                          MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage)});
+        if (c.num_experts > 0)
+            specs.push_back({"expert activations (at most)", MemoryKind::Activations, moe_activation_floats(c, max_B, max_T)});
         return specs;
+    }
+    // The most the MoE blocks keep, dropless: per block its routing (rows x E probabilities, the
+    // choices) and every assignment's input, fc, GELU and output rows, and its output; once, the
+    // scratch of the passes. (The vectors grow to what the routing needs, never past this.)
+    static size_t moe_activation_floats(const ModelConfig& c, int max_B, int max_T) {
+        const size_t rows = (size_t)max_B * max_T, A = rows * c.moe_top_k, C = c.channels, F = 4 * C, E = c.num_experts;
+        size_t blocks = 0;
+        for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
+        const size_t routing = rows * E + rows + 3 * A + E + 1 + E;  // ints count as floats
+        const size_t block = routing + A * (2 * C + 2 * F) + rows * C;
+        return blocks * block + rows * E + A * (2 * C + F) + rows * C;
     }
 
     const ModelConfig& config() const override { return config_; }
     const ParamLayout& layout() const override { return layout_; }
+    void set_moe_options(const MoeOptions& o) { moe_options_ = o; }
+    // The auxiliary losses and dropped assignments of the last forward, summed over its MoE blocks.
+    double moe_balance_loss() const { return moe_sum([](const MoeBlock& b) { return b.routing.balance_loss; }); }
+    double moe_z_loss() const { return moe_sum([](const MoeBlock& b) { return b.routing.z_loss; }); }
+    long moe_dropped() const { return (long)moe_sum([](const MoeBlock& b) { return (double)b.routing.dropped; }); }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -517,11 +546,7 @@ private:
                                  residual, BT, Cl, C);
             cpu::layernorm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc,
                                    param(P::LN2W, l), param(P::LN2B, l), n, C);
-            cpu::matmul_forward(a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
-                                param(P::FCB, l), nullptr, BT, C, 4 * Cl);
-            cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            row_parallel_forward(a, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
-                                 param(P::FCPROJB, l), a.residual2 + nc, BT, 4 * Cl, C);
+            mlp_forward(a, l, BT);
             buckets_.leave_layer(l, Walk::Forward);
         }
         if (!ch.head) {
@@ -539,8 +564,10 @@ private:
         cpu::matmul_forward(a.logits, lnf, param(P::WTE), nullptr, nullptr, BT, C, Vl);
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
         if (pass != Pass::Train) release_all();
-        // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
+        // The whole backward is linear in the loss gradient, so grad_scale enters once, here (and
+        // for the experts' auxiliary losses, in backward).
         const bool train = pass == Pass::Train;
+        moe_grad_scale_ = grad_scale;
         if (tp_.size == 1) {
             cpu::crossentropy(a.row_loss, a.logits, targets, train, grad_scale / BT, BT, V, Vl);
         } else {  // vocabulary-parallel: only each row's max, sum of exponentials and target logit travel
@@ -591,13 +618,7 @@ private:
             const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
             const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
             start_layernorm_grads(a);
-            // dresidual is now d(residual3[l]); the fc projection reads fch_gelu
-            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
-                                 gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
-                                 BT, 4 * Cl, C);
-            cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, gather_rows(a.ln2 + nc, a.full, BT, C),
-                                 param(P::FCW, l), BT, C, 4 * Cl);
+            mlp_backward(a, l, BT);  // dresidual is d(residual3[l]); a.dC becomes d(ln2[l])
             cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN2W, l, 0), layernorm_grad(a, P::LN2B, l, 1),
                                     reduce_rows(a.dC, a.dln, BT, C), a.residual2 + nc, param(P::LN2W, l),
                                     a.ln2_mean + l * n, a.ln2_rstd + l * n, n, C);
@@ -626,6 +647,84 @@ private:
         release_all();
     }
 
+    // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (cpu/moe.h), or both
+    // (the shared expert beside the routed ones).
+    void mlp_forward(const ActivationLayout& a, int l, int BT) {
+        using P = GPT2Params;
+        const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
+        const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
+        const float* residual = a.residual2 + nc;
+        if (layout_.has(P::FCW, l)) {
+            cpu::matmul_forward(a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
+                                param(P::FCB, l), nullptr, BT, C, 4 * Cl);
+            cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
+            row_parallel_forward(a, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
+                                 param(P::FCPROJB, l), residual, BT, 4 * Cl, C);
+            residual = a.residual3 + nc;
+        }
+        if (!is_moe_layer(l)) return;
+        MoeBlock& b = moe_block(l);
+        b.out.resize((size_t)BT * C);
+        cpu::moe_forward(b.out.data(), b.routing, b.acts, moe_scratch_, a.ln2 + nc, moe_weights(l), moe_shape(BT));
+        float* out = a.residual3 + nc;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < (size_t)BT * C; i++) out[i] = residual[i] + b.out[i];
+    }
+    // Backward of block l's MLP: from a.dresidual = d(residual3[l]) to d(ln2[l]) in a.dC.
+    void mlp_backward(const ActivationLayout& a, int l, int BT) {
+        using P = GPT2Params;
+        const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
+        const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
+        const bool dense = layout_.has(P::FCW, l);
+        if (dense) {  // the fc projection reads fch_gelu
+            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
+                                 gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
+                                 BT, 4 * Cl, C);
+            cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
+            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, gather_rows(a.ln2 + nc, a.full, BT, C),
+                                 param(P::FCW, l), BT, C, 4 * Cl);
+        }
+        if (!is_moe_layer(l)) return;
+        MoeBlock& b = moe_block(l);
+        moe_dx_.resize((size_t)BT * C);
+        float* dx = dense ? moe_dx_.data() : a.dC;
+        cpu::MoeGrads g{grad(P::ROUTERW, l), grad(P::EFCW, l), grad(P::EFCB, l), grad(P::EFCPROJW, l),
+                        grad(P::EFCPROJB, l)};
+        cpu::moe_backward(dx, g, moe_scratch_, a.dresidual, a.ln2 + nc, b.routing, b.acts, moe_weights(l),
+                          moe_shape(BT), moe_options_.balance_coef * moe_grad_scale_,
+                          moe_options_.z_coef * moe_grad_scale_);
+        if (dense)
+            for (size_t i = 0; i < (size_t)BT * C; i++) a.dC[i] += dx[i];
+    }
+
+    // One block's routing and expert activations, kept from its forward for its backward.
+    struct MoeBlock {
+        cpu::MoeRouting routing;
+        cpu::MoeActivations acts;
+        std::vector<float> out;
+    };
+    bool is_moe_layer(int l) const { return config_.is_moe_layer(layout_.global_layer(l)); }
+    MoeBlock& moe_block(int l) {
+        if (moe_.size() < (size_t)layout_.num_layers()) moe_.resize(layout_.num_layers());
+        return moe_[l];
+    }
+    cpu::MoeWeights moe_weights(int l) const {
+        using P = GPT2Params;
+        return {param(P::ROUTERW, l), param(P::EFCW, l), param(P::EFCB, l), param(P::EFCPROJW, l),
+                param(P::EFCPROJB, l)};
+    }
+    cpu::MoeShape moe_shape(int BT) const {
+        return {BT, config_.channels, 4 * config_.channels, config_.num_experts, config_.moe_top_k,
+                moe_options_.capacity_factor};
+    }
+    template <typename Fn>
+    double moe_sum(Fn value) const {
+        double sum = 0;
+        for (int l = 0; l < (int)moe_.size(); l++)
+            if (is_moe_layer(l)) sum += value(moe_[l]);
+        return sum;
+    }
+
     ModelConfig config_;
     Communicator& tp_comm_;
     TensorParallel tp_;
@@ -644,6 +743,11 @@ private:
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
     using Walk = BucketView<HostMemory>::Direction;
     std::vector<float> acts_;
+    MoeOptions moe_options_;
+    std::vector<MoeBlock> moe_;          // per local layer (used by the MoE blocks only)
+    cpu::MoeScratch moe_scratch_;
+    std::vector<float> moe_dx_;          // the experts' input gradient beside a shared expert's
+    float moe_grad_scale_ = 1.0f;        // the training forward's grad_scale, for the auxiliary losses
 };
 
 }  // namespace llmc

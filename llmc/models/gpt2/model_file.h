@@ -1,6 +1,10 @@
 // model_file.h: reads and writes llm.c's GPT-2 model file, version 3 (fp32 parameters) or version 5
 // (bf16 parameters, as llm.c's train_gpt2.py writes them for its CUDA trainer).
 //
+// llmc's extension for mixture-of-experts models: version 103 (fp32) or 105 (bf16), a number llm.c
+// refuses, with header[8..11] = num_experts, moe_top_k, moe_every, moe_shared, and the experts'
+// tensors (params.h) after GPT-2's. A dense model is always written as llm.c's 3 or 5.
+//
 // Layout: an int32[256] header, then every parameter as fp32 or bf16 in llm.c's tensor-major order
 // (the table's file order, padded wte rows included), nothing after. bf16 is written rounded to
 // nearest even (PyTorch's .to(torch.bfloat16)) and read exactly. In memory the flat buffer is bucket-major (see ParamLayout), so
@@ -30,6 +34,7 @@ namespace llmc {
 
 constexpr int MODEL_FILE_VERSION_FP32 = 3;
 constexpr int MODEL_FILE_VERSION_BF16 = 5;
+constexpr int MODEL_FILE_VERSION_MOE = 100;  // added to 3 or 5 for a mixture-of-experts model
 
 namespace detail {
 
@@ -38,10 +43,13 @@ namespace detail {
 inline ModelConfig read_model_header(File& f, int* version = nullptr) {
     const std::string& path = f.path();
     const LlmcHeader header = read_llmc_header(f, MODEL_FILE_MAGIC);
-    if (header[1] != MODEL_FILE_VERSION_FP32 && header[1] != MODEL_FILE_VERSION_BF16)
-        fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32) or 5 (bf16)");
-    if (version) *version = header[1];
+    const bool moe = header[1] > MODEL_FILE_VERSION_MOE;
+    const int dtype_version = moe ? header[1] - MODEL_FILE_VERSION_MOE : header[1];
+    if (dtype_version != MODEL_FILE_VERSION_FP32 && dtype_version != MODEL_FILE_VERSION_BF16)
+        fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32) or 5 (bf16), or 103 or 105 with experts");
+    if (version) *version = dtype_version;
     ModelConfig c;
+    if (moe) c.num_experts = header[8], c.moe_top_k = header[9], c.moe_every = header[10], c.moe_shared = header[11];
     c.max_seq_len = header[2];
     c.vocab_size = header[3];
     c.num_layers = header[4];
@@ -54,7 +62,7 @@ inline ModelConfig read_model_header(File& f, int* version = nullptr) {
         fail(strformat("'%s' has an invalid header: %s", path.c_str(), e.what()));
     }
     // The shape fixes the file's size: check it now, before anyone sizes buffers by this header.
-    const bool bf16 = header[1] == MODEL_FILE_VERSION_BF16;
+    const bool bf16 = dtype_version == MODEL_FILE_VERSION_BF16;
     const char* dtype = bf16 ? "bf16" : "fp32";
     const int64_t param_bytes = (int64_t)num_params(c) * (bf16 ? 2 : 4);
     const int64_t expected_bytes = LLMC_HEADER_BYTES + param_bytes;
@@ -65,6 +73,8 @@ inline ModelConfig read_model_header(File& f, int* version = nullptr) {
                        path.c_str(), (long long)param_bytes, dtype, (long long)LLMC_HEADER_BYTES,
                        (long long)(actual_bytes - LLMC_HEADER_BYTES), c.num_layers, c.channels, c.num_heads,
                        c.vocab_size, c.padded_vocab_size, c.max_seq_len));
+    if (moe && c.num_experts == 0)
+        fail(strformat("'%s' has an invalid header: version %d (with experts) but 0 experts", path.c_str(), header[1]));
     if (actual_bytes > expected_bytes)
         fail(strformat("'%s' has %lld trailing bytes after the %s parameters of version %d (expected size %lld "
                        "bytes, found %lld)", path.c_str(), (long long)(actual_bytes - expected_bytes), dtype, header[1],
@@ -124,6 +134,12 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("num_heads", got.num_heads, expected.num_heads);
     check("channels", got.channels, expected.channels);
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
+    check("num_experts", got.num_experts, expected.num_experts);
+    if (expected.num_experts > 0) {
+        check("moe_top_k", got.moe_top_k, expected.moe_top_k);
+        check("moe_every", got.moe_every, expected.moe_every);
+        check("moe_shared", got.moe_shared, expected.moe_shared);
+    }
 
     const ParamLayout layout = GPT2Params::layout(expected);
     const bool bf16 = version == MODEL_FILE_VERSION_BF16;  // the header read checked the file's size
@@ -161,7 +177,11 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     }
     LlmcHeader header = {};
     header[0] = MODEL_FILE_MAGIC;
-    header[1] = version;
+    header[1] = version + (config.num_experts > 0 ? MODEL_FILE_VERSION_MOE : 0);
+    if (config.num_experts > 0) {
+        header[8] = config.num_experts, header[9] = config.moe_top_k;
+        header[10] = config.moe_every, header[11] = config.moe_shared;
+    }
     header[2] = config.max_seq_len;
     header[3] = config.vocab_size;
     header[4] = config.num_layers;

@@ -8,6 +8,12 @@
 // are resident because wte is tied: the encoder reads it first and the lm head last. The final norm
 // is resident too: it is tiny, and backward starts with it.
 //
+// Mixture of experts (ModelConfig::num_experts > 0): the blocks with experts (layer kind 1; the others
+// are kind 0, params/layout.h) hold, after GPT-2's tensors in table order, the router (E x C) and E
+// copies of each MLP tensor (efcw ... efcprojb), initialised like GPT-2's; their dense MLP tensors
+// are kept only with moe_shared (the always-on shared expert). Tensor parallelism does not cut
+// them (the config refuses --tp with experts).
+//
 // Init (GPT-2's): weights ~ N(0, 0.02); the two projections that write into the residual stream
 // (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L)) so the residual's variance does not grow with depth;
 // biases 0, LayerNorm gains 1; wte rows of padding tokens (id >= vocab_size) 0, so they never
@@ -27,7 +33,9 @@ namespace llmc {
 struct GPT2Params {
     // Table order, which is the model file's order.
     enum Tensor { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,
-                  LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB, NUM_TENSORS };
+                  LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB, NUM_GPT2_TENSORS,
+                  ROUTERW = NUM_GPT2_TENSORS, EFCW, EFCB, EFCPROJW, EFCPROJB, NUM_TENSORS };
+    enum LayerKind { DENSE_LAYER, MOE_LAYER };
     enum Group { EMBEDDINGS, LAYERS, FINAL_NORM };
     static constexpr int EMBEDDING_BUCKET = 0;
 
@@ -66,7 +74,22 @@ struct GPT2Params {
             {"lnfw", {C}, FINAL_NORM, false, ones},
             {"lnfb", {C}, FINAL_NORM, false, zeros},
         };
+        if (c.num_experts > 0) add_experts(t, c, weight_std, residual_std);
         return t;
+    }
+    static void add_experts(ParamTable& t, const ModelConfig& c, float weight_std, float residual_std) {
+        const size_t E = c.num_experts, C = c.channels;
+        for (int l = 0; l < c.num_layers; l++) t.layer_kinds.push_back(c.is_moe_layer(l) ? MOE_LAYER : DENSE_LAYER);
+        if (!c.moe_shared)
+            for (int k : {FCW, FCB, FCPROJW, FCPROJB}) t.tensors[k].layer_kind = DENSE_LAYER;
+        const ParamInit zeros{InitRule::Zeros};
+        const ParamInit weights{InitRule::Normal, weight_std}, residual{InitRule::Normal, residual_std};
+        const TensorSplit whole{};
+        t.tensors.push_back({"routerw", {E, C}, LAYERS, true, weights, whole, MOE_LAYER});
+        t.tensors.push_back({"efcw", {E, 4 * C, C}, LAYERS, true, weights, whole, MOE_LAYER});
+        t.tensors.push_back({"efcb", {E, 4 * C}, LAYERS, false, zeros, whole, MOE_LAYER});
+        t.tensors.push_back({"efcprojw", {E, C, 4 * C}, LAYERS, true, residual, whole, MOE_LAYER});
+        t.tensors.push_back({"efcprojb", {E, C}, LAYERS, false, zeros, whole, MOE_LAYER});
     }
     // The whole model's layout, or tensor-parallel rank tp.rank's piece of it, of the part of the
     // model one pipeline stage holds (stage_slice).
@@ -95,11 +118,14 @@ inline void init_gpt2_params(const ModelConfig& config, float* params, uint64_t 
 }
 
 // Model FLOPs per trained token at sequence length T, the figure MFU is measured against: 6 per
-// parameter that multiplies (forward 2, backward 4; all but the position embedding), plus causal
-// attention's QK^T and PV: 4 T C per layer forward at full length, halved by the mask, times 3 for
-// forward and backward.
+// parameter that multiplies (forward 2, backward 4; all but the position embedding, and of each
+// block's experts only the top-k a token visits), plus causal attention's QK^T and PV: 4 T C per
+// layer forward at full length, halved by the mask, times 3 for forward and backward.
 inline double model_flops_per_token(const ModelConfig& c, int T) {
-    const double multiplying = (double)num_params(c) - (double)c.max_seq_len * c.channels;
+    double multiplying = (double)num_params(c) - (double)c.max_seq_len * c.channels;
+    const double expert = 8.0 * c.channels * c.channels + 5.0 * c.channels;  // one expert's MLP
+    for (int l = 0; l < c.num_layers; l++)
+        if (c.is_moe_layer(l)) multiplying -= (double)(c.num_experts - c.moe_top_k) * expert;
     return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
 }
 
