@@ -12,7 +12,7 @@
 #                     bad-input suite and the pipeline and tensor-parallel test under mpirun, then the
 #                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
 #                     make test: the build alone takes minutes)
-#   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
+#   make test-mpi     communicator, ZeRO, tp, pp, mixture of experts, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-slurm   a one-node Slurm cluster started by the test (test/slurm/run_slurm_tests.sh): the sbatch
 #                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
@@ -211,6 +211,7 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_p
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_tp_tests.sh $(BUILD)/test_tp ./train_gpt_cpu
 	test/mpi/run_pp_tests.sh $(BUILD)/test_pp ./train_gpt_cpu
+	test/mpi/run_moe_tests.sh ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/model.h"  // RouterStats
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -38,6 +39,7 @@ struct StepMetrics {
     double elapsed_s = 0;  // since this process's first step (validation and samples included)
     double eta_s = 0;      // the steps left at this process's mean time per step so far
     double mfu = -1;       // model FLOPs utilization in [0, 1] (mfu.h); < 0: unknown (no peak, e.g. the CPU)
+    RouterStats router;    // a mixture-of-experts model's routing (router.passes 0: a dense model)
 };
 
 // "1:02:03": hours, minutes and seconds, for the step line's elapsed time and ETA.
@@ -88,17 +90,24 @@ public:
 
     void log_step(const StepMetrics& m) {
         if (!file_) return;
+        const RouterStats& routing = m.router;
         printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s%s | "
-               "%s elapsed, eta %s%s\n",
+               "%s elapsed, eta %s%s%s\n",
                digits(m.total_steps), m.step, m.total_steps, m.train_loss, m.lr, m.grad_norm, m.step_ms, m.comm_ms,
                m.tokens_per_s, m.mfu >= 0 ? strformat(" | MFU %4.1f%%", 100 * m.mfu).c_str() : "",
                format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str(),
+               routing.passes ? strformat(" | experts: balance %.3f z %.3f max load %.2f dropped %ld", routing.balance_loss,
+                                    routing.z_loss, routing.max_load, routing.dropped).c_str() : "",
                m.skipped ? " | update SKIPPED" : "");
         fflush(stdout);
         nlohmann::json r = {{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
                             {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s},
                             {"elapsed_s", m.elapsed_s}, {"eta_s", m.eta_s}};
         if (m.mfu >= 0) r["mfu"] = m.mfu;
+        if (m.router.passes)
+            r["experts"] = {{"balance_loss", m.router.balance_loss}, {"z_loss", m.router.z_loss},
+                            {"max_load", m.router.max_load}, {"dropped", m.router.dropped},
+                            {"assigned", m.router.assigned}};
         if (m.skipped) r["skipped"] = true;
         write(r);
     }

@@ -25,6 +25,17 @@ inline const char* memory_kind_name(MemoryKind k) {
     return names[(int)k];
 }
 
+// How a mixture-of-experts model routed the tokens of some training passes (cpu/moe.h): the
+// auxiliary losses averaged over its MoE blocks' forwards (balance 1 when the load is even, E when
+// every token picks the same experts); the assignments the capacity factor dropped, of all made;
+// and the largest share of a block's choices that one expert got (1/E when balanced, 1/K when every
+// token picks the same experts). passes: the MoE blocks' forwards counted (0: a dense model).
+struct RouterStats {
+    int passes = 0;
+    double balance_loss = 0, z_loss = 0, max_load = 0;
+    long dropped = 0, assigned = 0;
+};
+
 struct AdamWConfig {
     float lr = 3e-4f;
     float beta1 = 0.9f;
@@ -81,6 +92,8 @@ public:
 
     // Milliseconds spent blocked on communication since the last call (exposed, not overlapped).
     virtual double take_exposed_comm_ms() = 0;
+    // A mixture-of-experts model's routing over its training passes since the last call.
+    virtual RouterStats take_router_stats() { return {}; }
     // Bytes this rank allocated for one kind of memory (the --plan printout must agree).
     virtual size_t allocated_bytes(MemoryKind kind) const = 0;
 

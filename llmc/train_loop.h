@@ -325,6 +325,7 @@ private:
         m.total_steps = cfg_.steps;
         m.train_loss = (float)v.loss;
         m.comm_ms = model_.take_exposed_comm_ms();
+        m.router = model_.take_router_stats();
         m.lr = lr;
         m.grad_norm = v.grad_norm;
         m.step_ms = step_ms;

@@ -208,10 +208,12 @@ public:
     const ModelConfig& config() const override { return config_; }
     const ParamLayout& layout() const override { return layout_; }
     void set_moe_options(const MoeOptions& o) { moe_options_ = o; }
-    // The auxiliary losses and dropped assignments of the last forward, summed over its MoE blocks.
-    double moe_balance_loss() const { return moe_sum([](const MoeBlock& b) { return b.routing.balance_loss; }); }
-    double moe_z_loss() const { return moe_sum([](const MoeBlock& b) { return b.routing.z_loss; }); }
-    long moe_dropped() const { return (long)moe_sum([](const MoeBlock& b) { return (double)b.routing.dropped; }); }
+    RouterStats take_router_stats() override {
+        RouterStats s = router_stats_;
+        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
+        router_stats_ = {};
+        return s;
+    }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -517,6 +519,7 @@ private:
     float forward_chunk(const ActivationLayout& a, int chunk, const int* inputs, const int* targets, int B, int T,
                         Pass pass, float grad_scale, int logits_row = 0) {
         last_B_ = B;
+        moe_training_ = pass == Pass::Train;
         last_T_ = T;
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, NH = config_.num_heads / tp_.size;
@@ -666,6 +669,7 @@ private:
         MoeBlock& b = moe_block(l);
         b.out.resize((size_t)BT * C);
         cpu::moe_forward(b.out.data(), b.routing, b.acts, moe_scratch_, a.ln2 + nc, moe_weights(l), moe_shape(BT));
+        count_routing(b.routing, BT);
         float* out = a.residual3 + nc;
 #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < (size_t)BT * C; i++) out[i] = residual[i] + b.out[i];
@@ -717,12 +721,14 @@ private:
         return {BT, config_.channels, 4 * config_.channels, config_.num_experts, config_.moe_top_k,
                 moe_options_.capacity_factor};
     }
-    template <typename Fn>
-    double moe_sum(Fn value) const {
-        double sum = 0;
-        for (int l = 0; l < (int)moe_.size(); l++)
-            if (is_moe_layer(l)) sum += value(moe_[l]);
-        return sum;
+    // A training forward's routing of one block into router_stats_.
+    void count_routing(const cpu::MoeRouting& r, int BT) {
+        if (!moe_training_) return;
+        RouterStats& s = router_stats_;
+        s.passes++;
+        s.balance_loss += r.balance_loss, s.z_loss += r.z_loss, s.dropped += r.dropped;
+        s.assigned += (long)BT * config_.moe_top_k;
+        for (float share : r.chosen_share) s.max_load = std::max(s.max_load, (double)share);
     }
 
     ModelConfig config_;
@@ -748,6 +754,8 @@ private:
     cpu::MoeScratch moe_scratch_;
     std::vector<float> moe_dx_;          // the experts' input gradient beside a shared expert's
     float moe_grad_scale_ = 1.0f;        // the training forward's grad_scale, for the auxiliary losses
+    bool moe_training_ = false;          // the forward under way is a training pass
+    RouterStats router_stats_;           // since the last take_router_stats
 };
 
 }  // namespace llmc
