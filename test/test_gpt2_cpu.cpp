@@ -612,3 +612,35 @@ TEST_CASE("fast_exp passes a NaN on as NaN, without converting it to an integer"
     CHECK(cpu::fast_exp(-1000.0f) == cpu::fast_exp(-87.0f));  // clamped to the normal range, as before
     CHECK(std::fabs(cpu::fast_exp(1.0f) - 2.7182817f) < 1e-6f);
 }
+
+// The shared expert (--moe-shared 1) is the block's dense MLP, added beside the routed experts:
+// with every expert's weights zero and the auxiliary losses off, the model is GPT-2 itself, its
+// loss the dense fixture's and its GPT-2 tensors' gradients the dense model's.
+TEST_CASE("with zero experts beside it, a shared-expert MoE model is its dense GPT-2", "[gpt2][moe]") {
+    const Fixture& fx = fixture();
+    ModelConfig c = fx.config;
+    c.num_experts = 2, c.moe_top_k = 1, c.moe_every = 1, c.moe_shared = 1;
+    GPT2CPU dense(fx.config, fx.B, fx.T), moe(c, fx.B, fx.T);
+    dense.load(MODEL_PATH);
+    moe.init_random(1);
+    moe.set_moe_options({0, 0, 0});
+    const ParamLayout& d = dense.layout();
+    const ParamLayout& m = moe.layout();
+    for (const ParamLayout::Segment& s : m.segments()) {
+        float* to = moe.params() + s.begin;
+        if (s.tensor < GPT2Params::NUM_GPT2_TENSORS)
+            std::copy_n(dense.params() + d.offset(s.tensor, s.layer), s.end - s.begin, to);
+        else if (s.tensor != GPT2Params::ROUTERW)  // the router may route anywhere: the experts add 0
+            std::fill(to, to + (s.end - s.begin), 0.0f);
+    }
+    dense.zero_grad();
+    moe.zero_grad();
+    const float dense_loss = dense.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
+    const float moe_loss = moe.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
+    CHECK(rel_error(moe_loss, dense_loss) <= 1e-6);
+    for (int t = 0; t < GPT2Params::NUM_GPT2_TENSORS; t++)
+        for (int l = 0; l < (d.is_per_layer(t) ? c.num_layers : 1); l++) {
+            CAPTURE(d.name(t), l);
+            CHECK(rel_error(moe.grads() + m.offset(t, l), dense.grads() + d.offset(t, l), d.tensor_size(t)) <= 1e-5);
+        }
+}
