@@ -48,7 +48,8 @@ HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
-             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/bench_train_step cuda-workbench)
+             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_device_comm \
+             $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
 # as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -256,6 +257,10 @@ $(BUILD)/test_tp_cuda: test/gpu/test_tp_cuda.cu test/gpu/cuda_test_util.h test/m
 $(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
+# The device communicators' all_to_all_v (one rank on a real GPU: NCCL refuses two ranks on one).
+$(BUILD)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 $(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< -o $@ $(CUDA_LIBS)
@@ -263,9 +268,11 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda cuda-workbench train_gpt train_gpt_cpu default-data
+test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_device_comm \
+          cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_ptx
 	$(BUILD)/test_gpt2_cuda
+	$(BUILD)/test_device_comm
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt
 	test/gpu/run_gpu_tp_tests.sh $(BUILD)/test_tp_cuda ./train_gpt

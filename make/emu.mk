@@ -62,6 +62,11 @@ $(EMU_DIR)/test_%_cuda: test/gpu/test_%_cuda.cu test/gpu/cuda_test_util.h test/m
                         $(EMU_HEADERS) $(EMU_OBJS) $(call emu_kernels,test_%_cuda) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
+# The device communicators launch no kernel of their own: no kernel table.
+$(EMU_DIR)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) $(EMU_HEADERS) \
+                             $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
 # The emulator's own tests: the PTX instructions lane by lane (also built by nvcc for a GPU), its
 # launch limits, race check and stream rules, the emulated cuBLASLt and NCCL.
 # test_ptx and test_emu have a main of their own.
@@ -86,7 +91,7 @@ $(EMU_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h $(H
 	$(EMU_LINK)
 
 EMU_TESTS := $(addprefix $(EMU_DIR)/,test_emu test_ptx test_cublaslt test_nccl test_cuda_host test_gpt2_cuda \
-             test_tp_cuda test_pp_cuda)
+             test_tp_cuda test_pp_cuda test_device_comm)
 emu-build: $(EMU_TESTS) $(EMU_BENCHES) train_gpt_emu
 .PHONY: emu-build test-emu
 # OMP_WAIT_POLICY=passive: an idle OpenMP thread that spins takes the core from the one working

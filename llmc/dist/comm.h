@@ -79,6 +79,24 @@ private:
     std::shared_ptr<CommOp> op_;
 };
 
+// Several operations as one: done when all are; wait() waits for each in turn (the first failure
+// throws).
+class CommOpGroup : public CommOp {
+public:
+    explicit CommOpGroup(std::vector<CommHandle> handles) : handles_(std::move(handles)) {}
+    bool done() override {
+        for (const CommHandle& h : handles_)
+            if (!h.done()) return false;
+        return true;
+    }
+    void wait() override {
+        for (CommHandle& h : handles_) h.wait();
+    }
+
+private:
+    std::vector<CommHandle> handles_;
+};
+
 // A group of ranks that run collectives together. All buffers live in the backend's memory (host for
 // local and mpi, device for nccl) and must stay valid until the collective's handle is done.
 // Operations in flight together may run concurrently, so a buffer one of them writes must not be
@@ -121,6 +139,34 @@ public:
     virtual CommHandle send(const void* buf, size_t bytes, int peer) = 0;
     virtual CommHandle recv(void* buf, size_t bytes, int peer) = 0;
 
+    // All to all, of uneven sizes (expert parallelism's token exchange): every rank sends
+    // send_counts[r] elements to each rank r and receives recv_counts[r] from each, the blocks back
+    // to back in rank order in `send` and in `recv` (not in place); the counts must agree pairwise
+    // (mine to r is r's from me), as a first exchange of the counts makes them. The count arrays may
+    // be reused once the call returns. Every backend runs it as messages to and from every other
+    // rank, issued together (NCCL groups them), and a copy of the rank's own block.
+    CommHandle all_to_all_v(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                            CommDtype dtype) {
+        const size_t unit = comm_dtype_bytes(dtype);
+        std::vector<CommHandle> handles;
+        size_t sent = 0, received = 0;
+        for (int r = 0; r < world_size(); r++) {
+            const char* from = static_cast<const char*>(send) + sent * unit;
+            char* into = static_cast<char*>(recv) + received * unit;
+            if (r == rank()) {
+                if (send_counts[r] != recv_counts[r])
+                    fail(strformat("all_to_all_v on rank %d: %zu elements to itself but %zu from itself", rank(),
+                                   send_counts[r], recv_counts[r]));
+                if (send_counts[r]) handles.push_back(copy_block(into, from, send_counts[r] * unit));
+            } else {
+                if (send_counts[r]) handles.push_back(this->send(from, send_counts[r] * unit, r));
+                if (recv_counts[r]) handles.push_back(this->recv(into, recv_counts[r] * unit, r));
+            }
+            sent += send_counts[r], received += recv_counts[r];
+        }
+        return CommHandle(std::make_shared<CommOpGroup>(std::move(handles)));
+    }
+
     // A new communicator of the ranks that pass the same color (>= 0), ranked by key (ties by their
     // rank here). Collective over this communicator: every rank calls it, in the same order relative
     // to the other collectives. The parent may be destroyed first; the child of a device
@@ -128,6 +174,11 @@ public:
     virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
 protected:
+    // all_to_all_v's own block: a copy in the backend's memory (host memory here).
+    virtual CommHandle copy_block(void* dst, const void* src, size_t bytes) {
+        std::memcpy(dst, src, bytes);
+        return {};
+    }
     // "send of 64 bytes to rank 1", "recv of 64 bytes from rank 3": how errors name a message.
     static std::string p2p_name(bool is_send, size_t bytes, int peer) {
         return strformat("%s of %zu bytes %s rank %d", is_send ? "send" : "recv", bytes, is_send ? "to" : "from", peer);

@@ -154,6 +154,17 @@ public:
         });
     }
 
+protected:
+    // On the communicator's stream, with the messages issued beside it.
+    CommHandle copy_block(void* dst, const void* src, size_t bytes) override {
+        return defer(strformat("all_to_all_v's own block of %zu bytes", bytes), [=](ncclComm_t, cudaStream_t s) {
+            CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+            return ncclSuccess;
+        });
+    }
+
+public:
+
     // The group starts with this communicator's timeout_s, which also bounds the split.
     std::unique_ptr<Communicator> split(int color, int key) override {
         check_color(color);

@@ -116,6 +116,12 @@ public:
         return std::make_unique<StagedComm>(host_.split(color, key));
     }
 
+protected:
+    CommHandle copy_block(void* dst, const void* src, size_t bytes) override {
+        device_copy(dst, src, bytes);
+        return {};
+    }
+
 private:
     using Clock = std::chrono::steady_clock;
 

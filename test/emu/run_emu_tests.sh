@@ -46,6 +46,8 @@ part "emulator: limits, races, streams" "$emu/test_emu"
 part "emulator: PTX instructions" "$emu/test_ptx"
 part "emulator: cuBLASLt" "$emu/test_cublaslt"
 part "emulator: NCCL over MPI" dev/emu/run_nccl_test.sh "$emu/test_nccl"
+device_comm() { for np in 1 2 3; do timeout 300 mpirun --oversubscribe -np "$np" "$emu/test_device_comm"; done; }
+part "device communicators' all_to_all_v" device_comm
 part "CUDA model host logic" "$emu/test_cuda_host"
 part "CUDA model against the CPU model" "$emu/test_gpt2_cuda"
 part "kernel workbenches" workbenches

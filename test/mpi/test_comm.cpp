@@ -386,6 +386,36 @@ struct Suite {
         ok("pairwise exchange of 4 MiB: both ranks send before either receives, and it completes");
     }
 
+    // Uneven blocks, zeros among them (a rank that sends an expert nothing): rank `from` sends
+    // count(from, to) elements to `to`, element i of that block being f32_at(seed, from, to << 24 | i).
+    static size_t a2a_count(int from, int to, size_t scale) { return (size_t)((from * 3 + to * 5 + 1) % 4) * scale; }
+    void all_to_all() {
+        for (size_t scale : {(size_t)1, (size_t)1000, (size_t)100000}) {
+            const uint64_t seed = 900 + scale;
+            std::vector<size_t> send_counts(world), recv_counts(world);
+            for (int r = 0; r < world; r++) send_counts[r] = a2a_count(rank, r, scale), recv_counts[r] = a2a_count(r, rank, scale);
+            std::vector<float> out, in;
+            for (int r = 0; r < world; r++)
+                for (size_t i = 0; i < send_counts[r]; i++) out.push_back(f32_at(seed, rank, (size_t)r << 24 | i));
+            size_t total_in = 0;
+            for (size_t c : recv_counts) total_in += c;
+            in.assign(total_in, NAN);
+            comm.all_to_all_v(out.data(), send_counts.data(), in.data(), recv_counts.data(), CommDtype::F32).wait();
+            size_t at = 0;
+            for (int r = 0; r < world; r++)
+                for (size_t i = 0; i < recv_counts[r]; i++, at++)
+                    CHECK(in[at] == f32_at(seed, r, (size_t)rank << 24 | i), "scale %zu: element %zu of rank %d's block differs",
+                          scale, i, r);
+            // bf16: the same blocks as 2-byte words
+            std::vector<uint16_t> out16, in16(total_in, 0xFFFF);
+            for (float x : out) out16.push_back((uint16_t)(std::bit_cast<uint32_t>(x) >> 16));
+            comm.all_to_all_v(out16.data(), send_counts.data(), in16.data(), recv_counts.data(), CommDtype::BF16).wait();
+            for (size_t i = 0; i < total_in; i++)
+                CHECK(in16[i] == (uint16_t)(std::bit_cast<uint32_t>(in[i]) >> 16), "bf16 element %zu differs", i);
+        }
+        ok("all_to_all_v f32 and bf16: uneven blocks (some empty) from every rank to every rank, itself included");
+    }
+
     void p2p_errors() {
         char byte = 0;
         expect_error("send to rank world_size", "peer must be another rank", [&] { comm.send(&byte, 1, world); });
@@ -394,6 +424,12 @@ struct Suite {
         std::string expected = strformat("send of 1 bytes to rank %d on rank %d of %d", world, rank, world);
         expect_error("send to rank world_size", expected.c_str(), [&] { comm.send(&byte, 1, world); });
         expect_error("split with a negative color", "color must be >= 0", [&] { comm.split(-1, 0); });
+        const std::vector<size_t> to_self(world, 0);
+        std::vector<size_t> from_self(world, 0);
+        from_self[rank] = 1;
+        float x = 0, y = 0;
+        expect_error("all_to_all_v with uneven counts to itself", "0 elements to itself but 1 from itself",
+                     [&] { comm.all_to_all_v(&x, to_self.data(), &y, from_self.data(), CommDtype::F32); });
         ok("send/recv to a rank outside the communicator or to itself, and a negative split color, fail at issue");
     }
 
@@ -417,6 +453,7 @@ struct Suite {
         asynchrony();
         argument_errors();
         send_recv();
+        all_to_all();
         p2p_errors();
         ranks_agree();
     }
