@@ -198,6 +198,9 @@ $(BUILD)/test_tp: test/mpi/test_tp.cpp test/mpi/mpi_test_util.h $(HEADERS) | dep
 $(BUILD)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+$(BUILD)/test_cp: test/mpi/test_cp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The pipeline bubble benchmark (dev/bench/pp_bench.sh): under mpirun, not part of make test.
 $(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
