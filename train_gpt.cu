@@ -115,11 +115,16 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
-        if (cfg.dims.tp > 1 || cfg.dims.pp > 1)
-            printf("mesh: %d rank(s) = dp %d x pp %d x tp %d%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
-                   cfg.dims.tp, cfg.dims.tp == 1 ? ""
-                                : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
-                                                        : "; tensor parallel without sequence parallelism");
+        if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1)
+            printf("mesh: %d rank(s) = dp %d x pp %d%s x tp %d%s%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
+                   cfg.dims.cp > 1 ? strformat(" x cp %d", cfg.dims.cp).c_str() : "", cfg.dims.tp,
+                   cfg.dims.tp == 1 ? ""
+                   : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
+                                           : "; tensor parallel without sequence parallelism",
+                   cfg.dims.cp == 1 ? ""
+                                    : strformat("; context parallel, %d of each sequence's %d positions per rank, "
+                                                "ring attention, ZeRO over dp x cp", cfg.seq_len / cfg.dims.cp,
+                                                cfg.seq_len).c_str());
         if (cfg.dims.pp > 1) {
             const PipelineSplit split = pipeline_split(cfg);
             printf("pipeline: %d stages, %s schedule, layers per virtual stage %s, %d micro-batches, bubble %.1f%%\n",
@@ -130,7 +135,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                           .c_str(), stdout);
         }
     }
-    // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
+    // ZeRO shards over the data x context group, and the train loop splits the batch over dp.
     ProcessGroups groups(comm, cfg.dims);
     const double straggler_factor = health_check(cfg, groups.world());  // before anything is allocated (health.h)
     BuiltModel built = Backend::make_model(cfg, groups, launch);

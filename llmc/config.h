@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
 #include "llmc/models/gpt2/params.h"
@@ -86,6 +87,8 @@ struct RunConfig {
     int pp_virtual = 1;                   // chunks of layers per rank (interleaved: at least 2)
     std::string pp_layers;                // layers per virtual stage, "5,7" ("": as even as it goes)
     int pp_print_schedule = 0;            // 1: print the pipeline schedule (every rank's actions)
+    // context parallelism (context_parallel.h, cpu/ring_attention.h)
+    int cp = 1;                           // ranks per context group, each sequence split over them
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
@@ -177,6 +180,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "pp_virtual", &RunConfig::pp_virtual, "chunks of layers per pipeline rank for --pp-schedule interleaved (at least 2)"},
         {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
         {"", "pp_print_schedule", &RunConfig::pp_print_schedule, "1: print every pipeline rank's schedule of forwards and backwards (with --plan N: and exit)"},
+        {"", "cp", &RunConfig::cp, "context-parallel ranks (CPU model): every sequence split over cp ranks (chunks i and 2cp-1-i of 2cp on rank i), attention by ring attention; -t must divide by 2 x cp; world = dp x pp x cp x tp, ZeRO shards over dp x cp"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
@@ -479,9 +483,12 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
     cfg.world_size = world_size;
     require(cfg.tp >= 1, strformat("--tp must be >= 1, got %d", cfg.tp));
     require(cfg.pp >= 1, strformat("--pp must be >= 1, got %d", cfg.pp));
-    require(world_size % ((long long)cfg.tp * cfg.pp) == 0,
-            strformat("--pp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x tp ranks", cfg.pp,
-                      cfg.tp, world_size));
+    require(cfg.cp >= 1, strformat("--cp must be >= 1, got %d", cfg.cp));
+    require(world_size % ((long long)cfg.tp * cfg.pp * cfg.cp) == 0,
+            cfg.cp == 1 ? strformat("--pp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x tp ranks",
+                                    cfg.pp, cfg.tp, world_size)
+                        : strformat("--pp %d x --cp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x "
+                                    "cp x tp ranks", cfg.pp, cfg.cp, cfg.tp, world_size));
     require(cfg.sequence_parallel == 0 || cfg.sequence_parallel == 1,
             strformat("--sp must be 0 or 1, got %d", cfg.sequence_parallel));
     require(cfg.pp_schedule == "1f1b" || cfg.pp_schedule == "interleaved",
@@ -496,9 +503,10 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
     require(cfg.pp_print_schedule == 0 || cfg.pp_print_schedule == 1,
             strformat("--pp-print-schedule must be 0 or 1, got %d", cfg.pp_print_schedule));
     require(cfg.pp > 1 || cfg.pp_layers.empty(), "--pp-layers needs --pp > 1 (it says how the layers are cut into stages)");
-    cfg.dims = ParallelDims::data_parallel(world_size / (cfg.tp * cfg.pp));
+    cfg.dims = ParallelDims::data_parallel(world_size / (cfg.tp * cfg.pp * cfg.cp));
     cfg.dims.tp = cfg.tp;
     cfg.dims.pp = cfg.pp;
+    cfg.dims.cp = cfg.cp;
     cfg.dims.validate(world_size);
 }
 
@@ -562,10 +570,14 @@ inline void resolve_batch(RunConfig& cfg) {
                       "multiple of --pp %d: change -d, -b or -t", cfg.grad_accum_steps, cfg.pp));
     // Sequence parallelism cuts each micro-batch's B*T token rows into tp blocks; with T divisible,
     // any sequence (sampling pads to a multiple of tp) can be cut too.
-    require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len % cfg.tp == 0,
-            strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d divisible by "
-                      "them (change -t, or --sp 0)",
-                      cfg.tp, cfg.seq_len));
+    // Context parallelism cuts each sequence into 2 cp equal chunks (context_parallel.h).
+    const std::string cp_problem = ContextSplit::split_problem(cfg.seq_len, cfg.cp);
+    require(cp_problem.empty(), cp_problem);
+    require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len / cfg.cp % cfg.tp == 0,
+            cfg.cp == 1 ? strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d "
+                                    "divisible by them (change -t, or --sp 0)", cfg.tp, cfg.seq_len)
+                        : strformat("--sp 1 cuts a context rank's token rows over the --tp %d ranks and needs -t / --cp "
+                                    "= %d / %d divisible by them (change -t, or --sp 0)", cfg.tp, cfg.seq_len, cfg.cp));
 }
 
 // Every other option in its range.
@@ -684,6 +696,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"dp_size", cfg.dims.dp},
         {"tp_size", cfg.dims.tp},
         {"pp_size", cfg.dims.pp},
+        {"cp_size", cfg.dims.cp},
         {"pp_layers", pipeline_split(cfg).describe()},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "llmc/utils.h"
 
@@ -30,12 +31,15 @@ struct ContextSplit {
     int size = 1, rank = 0;  // the context group, and this rank in it
     int T = 1;               // the sequence length being split
 
-    // Fails unless T cuts into 2 * size equal chunks (with one rank, anything goes).
+    // Why T does not cut into 2 * size equal chunks ("" where it does; with one rank, anything goes).
+    static std::string split_problem(int T, int size) {
+        if (size == 1 || T % (2 * size) == 0) return "";
+        return strformat("--cp %d needs -t (seq_len) divisible by 2 x cp = %d (each rank holds 2 of the %d equal "
+                         "chunks of a sequence), got -t %d", size, 2 * size, 2 * size, T);
+    }
     static void check(int T, int size, const char* who) {
-        if (size > 1 && T % (2 * size) != 0)
-            fail(strformat("%s: --cp %d needs -t (seq_len) divisible by 2 x cp = %d (each rank holds 2 of the %d "
-                           "equal chunks of a sequence), got -t %d",
-                           who, size, 2 * size, 2 * size, T));
+        if (const std::string problem = split_problem(T, size); !problem.empty())
+            fail(strformat("%s: %s", who, problem.c_str()));
     }
 
     int chunk_len() const { return T / (2 * size); }
@@ -49,14 +53,14 @@ struct ContextSplit {
         const int S = chunk_len();
         return chunk_of(j / S) * S + j % S;
     }
-    // Which global position ends a sequence's causal prefix on this rank: the local index of global
-    // position p, or -1 where another rank holds it.
-    int local_index(int p) const {
-        if (size == 1) return p;
-        const int S = chunk_len(), c = p / S;
-        for (int half = 0; half < 2; half++)
-            if (chunk_of(half) == c) return half * S + p % S;
-        return -1;
+    // The rank that holds global position p, and p's local index there.
+    int owner_of(int p) const {
+        const int c = p / chunk_len();
+        return size == 1 ? 0 : c < size ? c : 2 * size - 1 - c;
+    }
+    int local_index_at_owner(int p) const {
+        const int S = chunk_len();
+        return size == 1 ? p : (p / S < size ? 0 : S) + p % S;
     }
 };
 

@@ -39,6 +39,7 @@ struct CudaBackend {
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
     // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
+        refuse_context_parallel(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -66,6 +67,7 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
+        refuse_context_parallel(cfg);
         const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp_shape(cfg, 0),
                                                   GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
@@ -103,6 +105,12 @@ struct CudaBackend {
     }
 
 
+    // Ring attention runs on the CPU model only so far (cpu/ring_attention.h).
+    static void refuse_context_parallel(const RunConfig& cfg) {
+        if (cfg.dims.cp > 1)
+            fail(strformat("--cp %d: context parallelism runs on the CPU model only (train_gpt_cpu); the CUDA model "
+                           "takes --cp 1", cfg.dims.cp));
+    }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
         return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};

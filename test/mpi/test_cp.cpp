@@ -20,6 +20,7 @@
 #include "llmc/cpu/ring_attention.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
+#include "llmc/models/cpu_backend.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/planner.h"
 #include "llmc/rng.h"
@@ -76,6 +77,55 @@ void check_ring_attention(Communicator& cp) {
                   cp.world_size(), out_diff, grad_diff));
 }
 
+RunConfig make_config(const std::string& shard, int stage, int world_size, int cp, int tp, int sp, int batch_size) {
+    RunConfig cfg = base_config(shard);
+    cfg.num_layers = 2;
+    cfg.num_heads = 4;
+    cfg.channels = 32;
+    cfg.max_seq_len = 32;
+    cfg.batch_size = batch_size;
+    cfg.seq_len = 32;
+    cfg.total_batch_tokens = 4 * 2 * 32;  // 8 sequences: dp = 1, 2 and 4 all divide it
+    cfg.steps = 20;
+    cfg.lr = 1e-2f;
+    cfg.zero_stage = stage;
+    cfg.cp = cp;
+    cfg.tp = tp;
+    cfg.sequence_parallel = sp;
+    resolve_run_config(cfg, world_size, nullptr);
+    return cfg;
+}
+
+// The model on this launch's dp x cp x tp mesh against the 1-rank reference, for every ZeRO stage
+// (and sequence parallelism on and off where tp > 1).
+void check_model(Communicator& world, int cp, int tp, const std::string& shard) {
+    const int W = world.world_size(), dp = W / (cp * tp);
+    LocalComm local;
+    RunConfig reference_cfg = make_config(shard, 0, 1, 1, 1, 0, 2 * dp);
+    GPT2CPU reference_model(reference_cfg.model_config, 2 * dp, 32, local, 0);
+    const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
+    for (int stage = 0; stage <= 3; stage++) {
+        for (int sp : tp > 1 ? std::vector<int>{1, 0} : std::vector<int>{0}) {
+            RunConfig cfg = make_config(shard, stage, W, cp, tp, sp, 2);
+            ProcessGroups groups(world, cfg.dims);
+            const std::string what = strformat("dp %d x cp %d x tp %d%s, ZeRO-%d over dp x cp", dp, cp, tp,
+                                               tp == 1 ? "" : sp ? " (sequence parallel)" : " (no sequence parallel)",
+                                               stage);
+            GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), stage, groups.tp(), sp,
+                          groups.pp(), {}, groups.cp());
+            const MemoryPlan plan = CpuBackend::memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), 0);
+            for (int k = 0; k < (int)MemoryKind::Count; k++)
+                check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
+                      strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
+                                memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
+            const RunResult run = train(cfg, groups.dp(), &groups.world(), model);
+            const auto [worst, params_diff] = check_matches_reference(run, reference, world, what);
+            say(strformat("%s: planned bytes allocated; 20 losses match 1 rank (worst %.2g), final parameters too "
+                          "(%.2g), the same on every rank", what.c_str(), worst, params_diff));
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,6 +141,10 @@ int main(int argc, char** argv) {
         dims.dp = W / (cp * tp);
         ProcessGroups groups(*comm, dims);
         check_ring_attention(groups.cp());
+        const std::string shard = std::string(argv[1]) + "/cp_train_000000.bin";
+        if (launch.rank == 0) write_shard(shard, 60000);
+        comm->barrier().wait();
+        check_model(*comm, cp, tp, shard);
     } catch (const std::exception& e) {
         check(false, e.what());
     }
