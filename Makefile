@@ -12,7 +12,8 @@
 #                     bad-input suite and the pipeline and tensor-parallel test under mpirun, then the
 #                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
 #                     make test: the build alone takes minutes)
-#   make test-mpi     communicator, ZeRO, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
+#   make test-mpi     communicator, ZeRO, tensor, pipeline and context parallelism, checkpoint, guard, failure (hang/death)
+#                     and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-slurm   a one-node Slurm cluster started by the test (test/slurm/run_slurm_tests.sh): the sbatch
 #                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
@@ -131,9 +132,10 @@ $(BUILD)/%.o: %.cpp | deps
 $(BUILD)/test/catch_impl.o: CXXFLAGS += -O1
 $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
-# test_comm, test_zero and test_tp are listed here as well as under test-mpi so that under -j they compile
-# alongside everything else, not after the Catch2 suite has run.
-test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/headers.ok $(BUILD)/scripts.ok \
+# test_comm, test_zero, test_tp, test_pp and test_cp are listed here as well as under test-mpi so that under -j
+# they compile alongside everything else, not after the Catch2 suite has run.
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/test_cp \
+      $(BUILD)/headers.ok $(BUILD)/scripts.ok \
       $(if $(HAVE_EMU),emu-build)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
@@ -209,11 +211,12 @@ $(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 $(BUILD)/ckpt_bench: dev/bench/ckpt_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDFLAGS) -pthread
-test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp train_gpt_cpu data
+test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/test_cp train_gpt_cpu data
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_tp_tests.sh $(BUILD)/test_tp ./train_gpt_cpu
 	test/mpi/run_pp_tests.sh $(BUILD)/test_pp ./train_gpt_cpu
+	test/mpi/run_cp_tests.sh $(BUILD)/test_cp ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu

@@ -29,7 +29,7 @@ curve() { grep '"train_loss"' "$1" | grep -v '"superseded"' | sed -E 's/.*"grad_
 same_curve() {
     local expected
     expected=$(curve "$2" | wc -l)
-    if ! join <(curve "$1") <(curve "$2") | awk -v n="$expected" '
+    if ! join <(curve "$1" | sort -k1,1) <(curve "$2" | sort -k1,1) | awk -v n="$expected" '
         function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
         { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
         END { exit !(count == n && n > 0 && bad == 0) }'; then

@@ -10,7 +10,9 @@
 //    the dp groups' micro-batches side by side, so it reads the very same tokens). For ZeRO stages
 //    0-3 over the dp x cp group (and with TP > 1, sequence parallelism on and off) the 20 losses
 //    match the reference within 1e-5 relative, the final parameters within 1e-4 and bitwise on
-//    every rank, and the bytes allocated per memory kind equal the planner's figures.
+//    every rank, and the bytes allocated per memory kind equal the planner's figures; freshly
+//    initialised, the next-token logits of prompts of lengths that the split does not divide (padded)
+//    equal the reference's within 1e-5.
 // Prints one "ok" line per property on rank 0; any failure exits non-zero (MPI_Abort).
 #include <cmath>
 #include <cstdio>
@@ -96,6 +98,26 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int c
     return cfg;
 }
 
+// Sampling's next-token logits of two fresh models from the same seed: `model` on the mesh, and the
+// 1-rank `reference`, for prompts of 5 and 29 tokens (padded to what the split cuts).
+void check_next_token_logits(GPT2CPU& model, GPT2CPU& reference, uint64_t seed, const std::string& what) {
+    model.init_random(seed);
+    reference.init_random(seed);
+    const size_t Vp = model.config().padded_vocab_size;
+    for (int T : {5, 29}) {
+        std::vector<int> prompt(T);
+        for (int t = 0; t < T; t++) prompt[t] = (7 * t + 3) % 250;
+        std::vector<float> mine(Vp), expected(Vp);
+        model.next_token_logits(prompt.data(), T, mine.data());
+        reference.next_token_logits(prompt.data(), T, expected.data());
+        mine.resize(250);
+        expected.resize(250);
+        const double diff = relative_difference(mine, expected);
+        check(diff <= 1e-5, strformat("%s: the next-token logits of a %d-token prompt differ from 1 rank's by %.3g "
+                                      "(limit 1e-5)", what.c_str(), T, diff));
+    }
+}
+
 // The model on this launch's dp x cp x tp mesh against the 1-rank reference, for every ZeRO stage
 // (and sequence parallelism on and off where tp > 1).
 void check_model(Communicator& world, int cp, int tp, const std::string& shard) {
@@ -118,10 +140,12 @@ void check_model(Communicator& world, int cp, int tp, const std::string& shard) 
                 check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
                       strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
                                 memory_kind_name((MemoryKind)k), model.allocated_bytes((MemoryKind)k)));
+            check_next_token_logits(model, reference_model, cfg.seed, what);
             const RunResult run = train(cfg, groups.dp(), &groups.world(), model);
             const auto [worst, params_diff] = check_matches_reference(run, reference, world, what);
-            say(strformat("%s: planned bytes allocated; 20 losses match 1 rank (worst %.2g), final parameters too "
-                          "(%.2g), the same on every rank", what.c_str(), worst, params_diff));
+            say(strformat("%s: planned bytes allocated; next-token logits as 1 rank's; 20 losses match 1 rank (worst "
+                          "%.2g), final parameters too (%.2g), the same on every rank", what.c_str(), worst,
+                          params_diff));
         }
     }
 }

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Context parallelism under mpirun:
+#   1. test_cp (test_cp.cpp): ring attention equals plain attention (forward and backward) on cp 2
+#      and 4; cp 2, cp 4, dp 2 x cp 2 and cp 2 x tp 2 (sequence parallelism on and off) reproduce
+#      the 1-rank run at ZeRO 0-3 over dp x cp, planned bytes = allocated bytes, and sampling's
+#      next-token logits are 1 rank's;
+#   2. the trainer: bad meshes fail naming --cp, -t and what was expected; --plan shows the
+#      activations falling with cp and the ring's bytes; cp 2, cp 4, dp 2 x cp 2 and pp 2 x cp 2
+#      print 1 rank's losses for 20 steps, and the mesh line says cp; a cp 2 checkpoint is as big as
+#      the 1-rank one (cp ranks hold replicas, written once); a cp 2 checkpoint resumes on 1 rank
+#      and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3), continuing the uninterrupted run.
+#   test/mpi/run_cp_tests.sh build/test_cp ./train_gpt_cpu
+set -euo pipefail
+
+bin=${1:-build/test_cp}
+trainer=${2:-./train_gpt_cpu}
+for b in "$bin" "$trainer"; do [ -x "$b" ] || { echo "run_cp_tests.sh: $b is not built" >&2; exit 1; }; done
+source "$(dirname "$0")/lib.sh"
+
+for mesh in "2 2" "4 4" "4 2" "4 2 2"; do
+    set -- $mesh
+    echo "== mpirun -np $1 $bin (cp $2${3:+, tp $3})"
+    "${mpirun[@]}" -np "$1" "$bin" "$dir" "$2" ${3:+"$3"}
+done
+
+shard="$dir/cp_train_000000.bin"  # 60000 tokens of a 250-token vocabulary, written by test_cp
+common=(-i "$shard" -j "" --tokenizer "" --vocab-size 250 --num-layers 2 --channels 32 --num-heads 4 --max-seq-len 32
+        -b 2 -t 32 -d 256 -l 1e-2 -u 2 --heartbeat-s 0 --straggler-factor 0)
+
+# Each bad mesh must fail (non-zero exit) with a message naming the problem.
+expect_failure "a sequence that 2 x cp does not divide" \
+    "\-\-cp 2 needs -t (seq_len) divisible by 2 x cp = 4 (each rank holds 2 of the 4 equal chunks of a sequence), got -t 30" \
+    -np 2 "$trainer" "${common[@]}" -x 1 --cp 2 -t 30 -d 60 -o "$dir/bad"
+expect_failure "a world that cp does not divide" "\-\-pp 1 x \-\-cp 2 x \-\-tp 1 does not divide the 3 rank(s)" \
+    -np 3 "$trainer" "${common[@]}" -x 1 --cp 2 -o "$dir/bad"
+expect_failure "a context rank's rows that sequence parallelism cannot cut" \
+    "needs -t / \-\-cp = 20 / 2 divisible by them" \
+    -np 1 "$trainer" "${common[@]}" -x 1 --cp 2 --tp 4 -t 20 -d 40 --plan 8 -o "$dir/bad"
+expect_failure "a --cp below 1" "\-\-cp must be >= 1, got 0" -np 1 "$trainer" "${common[@]}" -x 1 --cp 0 -o "$dir/bad"
+
+# --plan: the mesh, activations per rank falling with cp, and the ring's bytes.
+# Activation bytes per rank at cp N (--plan N --cp N prints KiB, MiB or GiB).
+activations() {
+    "$trainer" "${common[@]}" -x 1 --plan "$1" --cp "$1" |
+        awk '$1 == "activations" { printf "%d\n", $2 * ($3 == "KiB" ? 1024 : $3 == "MiB" ? 1048576 : 1073741824); exit }'
+}
+a1=$(activations 1) a2=$(activations 2) a4=$(activations 4)
+# 1/cp of everything but the ring's blocks, which the split adds (a few percent here).
+awk -v a1="$a1" -v a2="$a2" -v a4="$a4" 'BEGIN { exit !(2 * a2 <= 1.05 * a1 && 4 * a4 <= 1.05 * a1) }' ||
+    { echo "FAILED: activations per rank at cp 1, 2, 4: $a1 $a2 $a4 bytes, not falling as 1/cp"; exit 1; }
+"$trainer" "${common[@]}" -x 1 --plan 4 --cp 2 >"$dir/plan.log"
+grep -q "memory plan per rank: .* dp 2 x cp 2 (T 16 per rank) ranks" "$dir/plan.log" &&
+    grep -q "in its data-parallel x context group and .* around its context ring (ring attention)" "$dir/plan.log" ||
+    { echo "FAILED: --plan 4 --cp 2"; cat "$dir/plan.log"; exit 1; }
+echo "ok --plan: activations per rank $a1, $a2, $a4 bytes at cp 1, 2, 4 (1/cp, within 5%); the mesh and the ring's bytes"
+
+# The same run on 1 rank and split over contexts: the same curve.
+"${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 20 -n 10 -o "$dir/one" >"$dir/one.log"
+run() {  # run NAME NP FLAGS...: trains 20 steps, checks the curve against 1 rank's
+    local name=$1 np=$2
+    shift 2
+    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 "$@" -o "$dir/$name" >"$dir/$name.log"
+    same_curve "$dir/one/metrics.jsonl" "$dir/$name/metrics.jsonl" "$name against 1 rank"
+    echo "ok the trainer on $name ($*) reproduces 1 rank's losses and gradient norms for 20 steps"
+}
+run cp2 2 --cp 2 -n 10
+run cp4 4 --cp 4
+run dp2_cp2 4 --cp 2 -z 1
+run pp2_cp2 4 --cp 2 --pp 2
+grep -q "^mesh: 2 rank(s) = dp 1 x pp 1 x cp 2 x tp 1; context parallel, 16 of each sequence's 32 positions per rank, ring attention, ZeRO over dp x cp$" "$dir/cp2.log" &&
+    grep -q "^batch: B 2 x T 32 x 1 data-parallel rank(s) x 4 accumulation = 256 tokens per step" "$dir/cp2.log" ||
+    { echo "FAILED: the mesh and batch lines of a cp 2 run"; cat "$dir/cp2.log"; exit 1; }
+echo "ok a cp 2 run's log: 1 data-parallel rank of 2, the mesh with cp 2 and 16 positions per rank"
+# The context ranks hold replicas: the checkpoint holds each element once, as the 1-rank one.
+same_checkpoint_bytes "$dir/one/ckpt_00000010" "$dir/cp2/ckpt_00000010" "the cp 2 checkpoint against the 1-rank one"
+
+# Resume step 10's checkpoint onto another split: steps 11-20 must continue the uninterrupted run.
+resume() {  # resume NP CP ZERO FROM
+    local np=$1 cp=$2 zero=$3 from=$4 out="$dir/resume_$1_$2_$3_$4"
+    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 --cp "$cp" -z "$zero" -o "$out" \
+        --resume-from "$dir/$from/ckpt_00000010" >"$out.log"
+    grep -q "resumed from $dir/$from/ckpt_00000010: step 10" "$out.log" || { echo "FAILED: no resume"; cat "$out.log"; exit 1; }
+    [ "$(curve "$out/metrics.jsonl" | head -1 | cut -d' ' -f1)" = 11 ] || { echo "FAILED: resume did not start at step 11"; exit 1; }
+    same_curve "$dir/$from/metrics.jsonl" "$out/metrics.jsonl" "$from resumed as np $np cp $cp ZeRO-$zero"
+    echo "ok the $from checkpoint resumed as $np rank(s), cp $cp, ZeRO-$zero continues the uninterrupted run"
+}
+resume 1 1 0 cp2
+resume 2 2 0 one
+resume 4 2 3 one
