@@ -63,9 +63,17 @@ static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend
 
 // --plan N: the memory plan of rank 0 of N, computed without allocating anything, and the step
 // predicted on --topology (step_plan.h); with --plan-format json only the prediction, as one object.
+// The prediction is of the CUDA model, which has no context parallelism yet: with --cp, the memory
+// plan only.
 static void print_plan(RunConfig cfg) {
     const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
+    if (cfg.dims.cp > 1) {
+        if (cfg.plan_format == "json") fail("--plan-format json predicts the CUDA model's step, which takes --cp 1");
+        fputs(Backend::plan_report(cfg).c_str(), stdout);
+        printf("no step prediction with --cp: it models the CUDA model, which has no context parallelism yet\n");
+        return;
+    }
     const StepEstimate step = estimate_run(cfg, topology);
     const double memory = peak_rank_bytes(cfg, stage_plan);
     if (cfg.plan_format == "json") {
@@ -83,6 +91,7 @@ static void print_plan(RunConfig cfg) {
 static void print_plan_search(const RunConfig& cfg) {
     if (!cfg.given.count("total_batch_tokens"))
         fail("--plan-search needs the global batch: give -d (tokens per optimizer step)");
+    if (cfg.cp > 1) fail("--plan-search ranks layouts of the CUDA model, which takes --cp 1 (no context parallelism yet)");
     const Topology topology = read_topology(cfg.topology);
     fputs(search_report(search_layouts(cfg, cfg.plan_search, topology, resolve, stage_plan), topology).c_str(), stdout);
 }
@@ -143,7 +152,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(), &groups.dp_cp());
     trainer.set_peak_tflops(built.peak_tflops);
     trainer.set_straggler_factor(straggler_factor);
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is
