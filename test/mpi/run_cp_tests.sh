@@ -8,7 +8,8 @@
 #      activations falling with cp and the ring's bytes; cp 2, cp 4, dp 2 x cp 2 and pp 2 x cp 2
 #      print 1 rank's losses for 20 steps, and the mesh line says cp; a cp 2 checkpoint is as big as
 #      the 1-rank one (cp ranks hold replicas, written once); a cp 2 checkpoint resumes on 1 rank
-#      and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3), continuing the uninterrupted run.
+#      and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3), continuing the uninterrupted run;
+#   3. the local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1, a node's directory lost.
 #   test/mpi/run_cp_tests.sh build/test_cp ./train_gpt_cpu
 set -euo pipefail
 
@@ -87,3 +88,24 @@ resume() {  # resume NP CP ZERO FROM
 resume 1 1 0 cp2
 resume 2 2 0 one
 resume 4 2 3 one
+
+# The local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1 (shards over all 4 ranks; 2 ranks per
+# node): killed in step 6, node 1's directory lost, resumed from step 4's local checkpoint, whose
+# missing shards come from node 0's replicas and are shared over the dp x cp group.
+local_run() {  # local_run NAME [EXTRA...]
+    local name=$1
+    shift
+    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --cp 2 -z 1 --local-ckpt-every 4 --ranks-per-node 2 --ckpt-sync 1 \
+        --local-ckpt-dir "$dir/local_$name" -o "$dir/local_$name.out" "$@"
+}
+local_run whole >"$dir/local_whole.log"
+local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
+grep -q "^fault injection: rank 3 kills itself (SIGKILL) in step 6" "$dir/local_killed.log" ||
+    { echo "FAILED: the run failed, but not by the injected kill"; cat "$dir/local_killed.log"; exit 1; }
+local_root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
+rm -rf "$local_root/node_00001"
+local_run killed -y 1 >"$dir/local_resumed.log"
+grep -q "resumed from $local_root/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
+    { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
+same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at dp 2 x cp 2"
+echo "ok the local tier at dp 2 x cp 2, ZeRO-1: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
