@@ -402,13 +402,18 @@ inline void attention_block_forward(Rows out, float* lse, size_t lse_stride, con
                     const int n = blk.keys_for(t);
                     dots_with_transposed(p.data(), blk.q.of(b, t, h, hs), kt.data(), rows, hs, n);
                     float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
                     for (int t2 = 0; t2 < n; t2++) mx = std::max(mx, p[t2]);
                     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int t2 = 0; t2 < n; t2++) {
+                        p[t2] = fast_exp((p[t2] - mx) * scale);
+                        sum += p[t2];
+                    }
                     std::fill(o.begin(), o.end(), 0.0f);
                     for (int t2 = 0; t2 < n; t2++) {
-                        const float w = fast_exp((p[t2] - mx) * scale);
+                        const float w = p[t2];
                         const float* v = blk.v.of(b, t2, h, hs);
-                        sum += w;
 #pragma omp simd
                         for (int d = 0; d < hs; d++) o[d] += w * v[d];
                     }
@@ -462,9 +467,14 @@ inline void attention_block_backward(Rows dq, Rows dk, Rows dv, ConstRows dout, 
                     dots_with_transposed(s.data(), q, kt.data(), rows, hs, n);
                     dots_with_transposed(dp.data(), dO, vt.data(), rows, hs, n);
                     const float l = lse[at + t], r = rowsum[at + t];
+                    // s becomes the probabilities, dp the scores' gradients
+#pragma omp simd
                     for (int t2 = 0; t2 < n; t2++) {
-                        const float p = fast_exp(s[t2] * scale - l);
-                        const float ds = p * (dp[t2] - r) * scale;
+                        s[t2] = fast_exp(s[t2] * scale - l);
+                        dp[t2] = s[t2] * (dp[t2] - r) * scale;
+                    }
+                    for (int t2 = 0; t2 < n; t2++) {
+                        const float p = s[t2], ds = dp[t2];
                         const float* k = blk.k.of(b, t2, h, hs);
                         float* dkt = dk.of(b, t2, h, hs);
                         float* dvt = dv.of(b, t2, h, hs);
