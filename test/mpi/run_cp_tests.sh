@@ -6,7 +6,7 @@
 #      next-token logits are 1 rank's;
 #   2. the trainer: bad meshes fail naming --cp, -t and what was expected; --plan shows the
 #      activations falling with cp and the ring's bytes; cp 2, cp 4, dp 2 x cp 2 and pp 2 x cp 2
-#      print 1 rank's losses for 20 steps, and the mesh line says cp; a cp 2 checkpoint is as big as
+#      print 1 rank's losses for 20 steps (cp 2 its validation losses too), and the mesh line says cp; a cp 2 checkpoint is as big as
 #      the 1-rank one (cp ranks hold replicas, written once); a cp 2 checkpoint resumes on 1 rank
 #      and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3), continuing the uninterrupted run;
 #   3. the local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1, a node's directory lost.
@@ -56,7 +56,8 @@ grep -q "memory plan per rank: .* dp 2 x cp 2 (T 16 per rank) ranks" "$dir/plan.
 echo "ok --plan: activations per rank $a1, $a2, $a4 bytes at cp 1, 2, 4 (1/cp, within 5%); the mesh and the ring's bytes"
 
 # The same run on 1 rank and split over contexts: the same curve.
-"${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 20 -n 10 -o "$dir/one" >"$dir/one.log"
+# The 1-rank and cp 2 runs also validate (on the training shard) every 10 steps.
+"${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 20 -n 10 -j "$shard" -v 10 -m 2 -o "$dir/one" >"$dir/one.log"
 run() {  # run NAME NP FLAGS...: trains 20 steps, checks the curve against 1 rank's
     local name=$1 np=$2
     shift 2
@@ -64,7 +65,12 @@ run() {  # run NAME NP FLAGS...: trains 20 steps, checks the curve against 1 ran
     same_curve "$dir/one/metrics.jsonl" "$dir/$name/metrics.jsonl" "$name against 1 rank"
     echo "ok the trainer on $name ($*) reproduces 1 rank's losses and gradient norms for 20 steps"
 }
-run cp2 2 --cp 2 -n 10
+run cp2 2 --cp 2 -n 10 -j "$shard" -v 10 -m 2
+val_losses() { grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2; }
+paste <(val_losses "$dir/one/metrics.jsonl") <(val_losses "$dir/cp2/metrics.jsonl") |
+    awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit !(n == 3 && !bad) }' ||
+    { echo "FAILED: cp 2's validation losses are not 1 rank's"; exit 1; }
+echo "ok cp 2's validation losses (steps 0, 10, 20) are 1 rank's"
 run cp4 4 --cp 4
 run dp2_cp2 4 --cp 2 -z 1
 run pp2_cp2 4 --cp 2 --pp 2
@@ -80,32 +86,14 @@ resume() {  # resume NP CP ZERO FROM
     local np=$1 cp=$2 zero=$3 from=$4 out="$dir/resume_$1_$2_$3_$4"
     "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 --cp "$cp" -z "$zero" -o "$out" \
         --resume-from "$dir/$from/ckpt_00000010" >"$out.log"
-    grep -q "resumed from $dir/$from/ckpt_00000010: step 10" "$out.log" || { echo "FAILED: no resume"; cat "$out.log"; exit 1; }
-    [ "$(curve "$out/metrics.jsonl" | head -1 | cut -d' ' -f1)" = 11 ] || { echo "FAILED: resume did not start at step 11"; exit 1; }
-    same_curve "$dir/$from/metrics.jsonl" "$out/metrics.jsonl" "$from resumed as np $np cp $cp ZeRO-$zero"
+    check_resumed "$out.log" "$out/metrics.jsonl" "$dir/$from/metrics.jsonl" "$dir/$from/ckpt_00000010" 10 \
+        "$from resumed as np $np cp $cp ZeRO-$zero"
     echo "ok the $from checkpoint resumed as $np rank(s), cp $cp, ZeRO-$zero continues the uninterrupted run"
 }
 resume 1 1 0 cp2
 resume 2 2 0 one
 resume 4 2 3 one
 
-# The local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1 (shards over all 4 ranks; 2 ranks per
-# node): killed in step 6, node 1's directory lost, resumed from step 4's local checkpoint, whose
-# missing shards come from node 0's replicas and are shared over the dp x cp group.
-local_run() {  # local_run NAME [EXTRA...]
-    local name=$1
-    shift
-    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --cp 2 -z 1 --local-ckpt-every 4 --ranks-per-node 2 --ckpt-sync 1 \
-        --local-ckpt-dir "$dir/local_$name" -o "$dir/local_$name.out" "$@"
-}
-local_run whole >"$dir/local_whole.log"
-local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
-grep -q "^fault injection: rank 3 kills itself (SIGKILL) in step 6" "$dir/local_killed.log" ||
-    { echo "FAILED: the run failed, but not by the injected kill"; cat "$dir/local_killed.log"; exit 1; }
-local_root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
-rm -rf "$local_root/node_00001"
-local_run killed -y 1 >"$dir/local_resumed.log"
-grep -q "resumed from $local_root/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
-    { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
-same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at dp 2 x cp 2"
-echo "ok the local tier at dp 2 x cp 2, ZeRO-1: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
+# The local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1, whose shards span all 4 ranks: the
+# missing node's shards are shared over the dp x cp group.
+local_tier_kill_resume "dp 2 x cp 2, ZeRO-1" "$trainer" "${common[@]}" --cp 2 -z 1
