@@ -6,9 +6,10 @@
 #      next-token logits are 1 rank's;
 #   2. the trainer: bad meshes fail naming --cp, -t and what was expected; --plan shows the
 #      activations falling with cp and the ring's bytes; cp 2, cp 4, dp 2 x cp 2 and pp 2 x cp 2
-#      print 1 rank's losses for 20 steps (cp 2 its validation losses too), and the mesh line says cp; a cp 2 checkpoint is as big as
-#      the 1-rank one (cp ranks hold replicas, written once); a cp 2 checkpoint resumes on 1 rank
-#      and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3), continuing the uninterrupted run;
+#      (ZeRO-0 and 3) print 1 rank's losses for 20 steps (cp 2 its validation losses too), and the
+#      mesh line says cp; a cp 2 checkpoint is as big as the 1-rank one (cp ranks hold replicas,
+#      written once); a cp 2 checkpoint resumes on 1 rank and a 1-rank one on cp 2 (and on dp 2 x
+#      cp 2 at ZeRO-3), continuing the uninterrupted run;
 #   3. the local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1, a node's directory lost.
 #   test/mpi/run_cp_tests.sh build/test_cp ./train_gpt_cpu
 set -euo pipefail
@@ -74,6 +75,7 @@ echo "ok cp 2's validation losses (steps 0, 10, 20) are 1 rank's"
 run cp4 4 --cp 4
 run dp2_cp2 4 --cp 2 -z 1
 run pp2_cp2 4 --cp 2 --pp 2
+run pp2_cp2_zero3 4 --cp 2 --pp 2 -z 3
 grep -q "^mesh: 2 rank(s) = dp 1 x pp 1 x cp 2 x tp 1; context parallel, 16 of each sequence's 32 positions per rank, ring attention, ZeRO over dp x cp$" "$dir/cp2.log" &&
     grep -q "^batch: B 2 x T 32 x 1 data-parallel rank(s) x 4 accumulation = 256 tokens per step" "$dir/cp2.log" ||
     { echo "FAILED: the mesh and batch lines of a cp 2 run"; cat "$dir/cp2.log"; exit 1; }
