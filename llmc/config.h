@@ -79,10 +79,10 @@ struct RunConfig {
     std::string topology = "h100";     // --plan's cluster: h100, a100 or a JSON file (cluster.h)
     std::string model_shape;      // --plan's model: a JSON shape file instead of the -e preset (cluster.h)
     // tensor parallelism (gpt2_cpu.h)
-    int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
+    int tp = 1;                   // ranks per tensor-parallel group: world = dp x pp x cp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
     // pipeline parallelism (pipeline_schedule.h, gpt2_cpu.h)
-    int pp = 1;                           // pipeline stages: world = dp x pp x tp
+    int pp = 1;                           // pipeline stages: world = dp x pp x cp x tp
     std::string pp_schedule = "1f1b";     // 1f1b | interleaved
     int pp_virtual = 1;                   // chunks of layers per rank (interleaved: at least 2)
     std::string pp_layers;                // layers per virtual stage, "5,7" ("": as even as it goes)
@@ -173,9 +173,9 @@ inline const std::vector<RunOption>& run_options() {
         {"", "prompt", &RunConfig::prompt, "continue this text by -g tokens with the -e model, print it and exit: no training, nothing written"},
         {"", "bpe_dir", &RunConfig::bpe_dir, "directory of GPT-2's encoder.json and vocab.bpe, to encode --prompt"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
-        {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x tp, ZeRO shards over dp"},
+        {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x pp x cp x tp, ZeRO shards over dp (x cp)"},
         {"", "sp", &RunConfig::sequence_parallel, "with --tp > 1: 1 runs LayerNorms and residual adds on 1/tp of the tokens per rank (sequence parallelism), 0 on all of them"},
-        {"", "pp", &RunConfig::pp, "pipeline stages: the layers cut into pp consecutive stages on different ranks, the step's micro-batches (-d / (B*T*dp)) flowing through them; world = dp x pp x tp"},
+        {"", "pp", &RunConfig::pp, "pipeline stages: the layers cut into pp consecutive stages on different ranks, the step's micro-batches (-d / (B*T*dp)) flowing through them; world = dp x pp x cp x tp"},
         {"", "pp_schedule", &RunConfig::pp_schedule, "pipeline schedule: 1f1b (one forward, one backward) or interleaved (--pp-virtual chunks per rank, a bubble --pp-virtual times smaller)"},
         {"", "pp_virtual", &RunConfig::pp_virtual, "chunks of layers per pipeline rank for --pp-schedule interleaved (at least 2)"},
         {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
@@ -473,7 +473,7 @@ inline void require(bool ok, const std::string& message) {
     if (!ok) fail(message);
 }
 
-// The mesh: the launch's rank count, and dp x pp x tp with the pipeline schedule's options.
+// The mesh: the launch's rank count, and dp x pp x cp x tp with the pipeline schedule's options.
 inline void resolve_mesh(RunConfig& cfg, int world_size) {
     require(cfg.expected_world_size >= 0,
             strformat("--world-size must be a rank count >= 1 (or 0: any), got %d", cfg.expected_world_size));
