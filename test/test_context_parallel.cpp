@@ -83,9 +83,9 @@ TEST_CASE("blockwise attention over the causal block pairs equals plain attentio
                         if (w == BlockWork::None) continue;
                         const size_t row = 3 * (size_t)C, batch = (size_t)T * row;
                         const float* base = qkv.data();
-                        fn(qc, k, cpu::AttentionBlock{{base + qc * S * row, row, batch}, {base + k * S * row + C, row, batch},
-                                                      {base + k * S * row + 2 * C, row, batch}, B, NH, hs, S,
-                                                      w == BlockWork::Diagonal});
+                        const float* keys = base + k * S * row + C;
+                        fn(qc, k, cpu::AttentionBlock{{base + qc * S * row, row, batch}, {keys, row, batch},
+                                                      {keys + C, row, batch}, B, NH, hs, S, w == BlockWork::Diagonal});
                     }
         };
         for_each_pair([&](int qc, int, const cpu::AttentionBlock& blk) {

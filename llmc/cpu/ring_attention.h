@@ -29,7 +29,7 @@ namespace cpu {
 
 class RingAttention {
 public:
-    RingAttention(Communicator& group) : comm_(group), size_(group.world_size()), rank_(group.rank()) {}
+    explicit RingAttention(Communicator& group) : comm_(group), size_(group.world_size()), rank_(group.rank()) {}
 
     // Floats of the ring buffer for B sequences of T local rows of C channels (per q, k and v).
     static size_t ring_floats(int B, int T, int C) { return 4 * block_floats(B, T, C); }
@@ -68,7 +68,8 @@ public:
             float *held = kv[step % 2], *grads = dkv[step % 2];
             CommHandle sent, arrived;
             if (step < size_ - 1) pass_on(held, kv[(step + 1) % 2], B, T, C, sent, arrived);
-            for_each_block(held, qkv, B, T, C, NH, source_of(step), [&](int q_half, int k_half, const AttentionBlock& blk) {
+            const int source = source_of(step);
+            for_each_block(held, qkv, B, T, C, NH, source, [&](int q_half, int k_half, const AttentionBlock& blk) {
                 const size_t row0 = (size_t)q_half * blk.rows, key_row0 = (size_t)k_half * blk.rows;
                 const Rows dk{grads + key_row0 * 2 * C, 2 * (size_t)C, (size_t)T * 2 * C};
                 const Rows dv{dk.at + C, dk.row, dk.batch};
