@@ -221,7 +221,7 @@ private:
         std::string skip_reason;
     };
 
-    bool fingerprints_on() const { return cfg_.fingerprint_every > 0 && cfg_.dims.dp > 1; }
+    bool fingerprints_on() const { return cfg_.fingerprint_every > 0 && cfg_.dims.dp * cfg_.dims.cp > 1; }
 
     // The validation after `step` steps (collective); a non-finite loss ends the run.
     void validate(int step) {

@@ -7,9 +7,10 @@
 #   2. the trainer: bad meshes fail naming --cp, -t and what was expected; --plan shows the
 #      activations falling with cp and the ring's bytes; cp 2, cp 4, dp 2 x cp 2 and pp 2 x cp 2
 #      (ZeRO-0 and 3) print 1 rank's losses for 20 steps (cp 2 its validation losses too), and the
-#      mesh line says cp; a cp 2 checkpoint is as big as the 1-rank one (cp ranks hold replicas,
-#      written once); a cp 2 checkpoint resumes on 1 rank and a 1-rank one on cp 2 (and on dp 2 x
-#      cp 2 at ZeRO-3), continuing the uninterrupted run;
+#      mesh line says cp; dp 2 x cp 2 compares the fingerprints of its 4 replicas; a cp 2
+#      checkpoint is as big as the 1-rank one (cp ranks hold replicas, written once); a cp 2
+#      checkpoint resumes on 1 rank and a 1-rank one on cp 2 (and on dp 2 x cp 2 at ZeRO-3),
+#      continuing the uninterrupted run;
 #   3. the local checkpoint tier on a dp 2 x cp 2 mesh at ZeRO-1, a node's directory lost.
 #   test/mpi/run_cp_tests.sh build/test_cp ./train_gpt_cpu
 set -euo pipefail
@@ -73,7 +74,10 @@ paste <(val_losses "$dir/one/metrics.jsonl") <(val_losses "$dir/cp2/metrics.json
     { echo "FAILED: cp 2's validation losses are not 1 rank's"; exit 1; }
 echo "ok cp 2's validation losses (steps 0, 10, 20) are 1 rank's"
 run cp4 4 --cp 4
-run dp2_cp2 4 --cp 2 -z 1
+run dp2_cp2 4 --cp 2 -z 1 --fingerprint-every 10
+grep -q "^fingerprint: the 4 replicas agree after step 20" "$dir/dp2_cp2.log" ||
+    { echo "FAILED: dp 2 x cp 2 compared no fingerprints of its 4 replicas"; cat "$dir/dp2_cp2.log"; exit 1; }
+echo "ok dp 2 x cp 2: the fingerprints of all 4 replicas (data and context ranks) agree"
 run pp2_cp2 4 --cp 2 --pp 2
 run pp2_cp2_zero3 4 --cp 2 --pp 2 -z 3
 grep -q "^mesh: 2 rank(s) = dp 1 x pp 1 x cp 2 x tp 1; context parallel, 16 of each sequence's 32 positions per rank, ring attention, ZeRO over dp x cp$" "$dir/cp2.log" &&
