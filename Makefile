@@ -9,7 +9,7 @@
 #                     on the CPU; make/emu.mk, test/emu/run_emu_tests.sh): needs the CUDA headers, not a GPU
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
 #                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests, the
-#                     bad-input suite and the pipeline and tensor-parallel test under mpirun, then the
+#                     bad-input suite and the pipeline, tensor- and context-parallel tests under mpirun, then the
 #                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
 #                     make test: the build alone takes minutes)
 #   make test-mpi     communicator, ZeRO, tensor, pipeline and context parallelism, checkpoint, guard, failure (hang/death)
@@ -163,14 +163,15 @@ $(SAN_DIR)/%.o: %.cpp | deps
 $(SAN_DIR)/test/catch_impl.o: SAN_FLAGS := -O1
 $(SAN_DIR)/test_llmc: $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.o)
 	$(CXX) $^ -o $@ $(LDFLAGS) -fsanitize=address,undefined
-# The pipeline and tensor-parallel paths run only with several ranks: test_pp under mpirun, sanitized.
-$(SAN_DIR)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+# The pipeline, tensor- and context-parallel paths run only with several ranks: test_pp and test_cp
+# under mpirun, sanitized.
+$(SAN_DIR)/test_pp $(SAN_DIR)/test_cp: $(SAN_DIR)/test_%: test/mpi/test_%.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SAN_FLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(SAN_FLAGS) $(MPI_LIBS)
-test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp data
+test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp $(SAN_DIR)/test_cp data
 	$(SAN_ENV) $(SAN_DIR)/test_llmc
 	$(SAN_ENV) test/bad_inputs/run_bad_input_tests.sh $(SAN_DIR)/train_gpt_cpu
-	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp
+	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp $(SAN_DIR)/test_cp
 	$(if $(HAVE_EMU),$(MAKE) --no-print-directory test-emu-sanitize)
 
 # The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
