@@ -9,10 +9,11 @@
 #                     on the CPU; make/emu.mk, test/emu/run_emu_tests.sh): needs the CUDA headers, not a GPU
 #   make test-sanitize  the CPU trainer and the Catch2 tests built with AddressSanitizer and
 #                     UndefinedBehaviorSanitizer (build/sanitize/), running the Catch2 tests, the
-#                     bad-input suite and the pipeline and tensor-parallel test under mpirun, then the
+#                     bad-input suite and the pipeline, tensor- and context-parallel tests under mpirun, then the
 #                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
 #                     make test: the build alone takes minutes)
-#   make test-mpi     communicator, ZeRO, tp, pp, mixture of experts, checkpoint, guard, failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
+#   make test-mpi     communicator, ZeRO, tensor, pipeline and context parallelism, mixture of experts, checkpoint, guard,
+#                     failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-slurm   a one-node Slurm cluster started by the test (test/slurm/run_slurm_tests.sh): the sbatch
 #                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
@@ -132,9 +133,10 @@ $(BUILD)/%.o: %.cpp | deps
 $(BUILD)/test/catch_impl.o: CXXFLAGS += -O1
 $(BUILD)/test_llmc: $(TEST_OBJS)
 	$(CXX) $^ -o $@ $(LDFLAGS)
-# test_comm, test_zero and test_tp are listed here as well as under test-mpi so that under -j they compile
-# alongside everything else, not after the Catch2 suite has run.
-test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/headers.ok $(BUILD)/scripts.ok \
+# test_comm, test_zero, test_tp, test_pp and test_cp are listed here as well as under test-mpi so that under -j
+# they compile alongside everything else, not after the Catch2 suite has run.
+test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/test_cp \
+      $(BUILD)/headers.ok $(BUILD)/scripts.ok \
       $(if $(HAVE_EMU),emu-build)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
@@ -162,14 +164,15 @@ $(SAN_DIR)/%.o: %.cpp | deps
 $(SAN_DIR)/test/catch_impl.o: SAN_FLAGS := -O1
 $(SAN_DIR)/test_llmc: $(TEST_SRCS:%.cpp=$(SAN_DIR)/%.o)
 	$(CXX) $^ -o $@ $(LDFLAGS) -fsanitize=address,undefined
-# The pipeline and tensor-parallel paths run only with several ranks: test_pp under mpirun, sanitized.
-$(SAN_DIR)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+# The pipeline, tensor- and context-parallel paths run only with several ranks: test_pp and test_cp
+# under mpirun, sanitized.
+$(SAN_DIR)/test_pp $(SAN_DIR)/test_cp: $(SAN_DIR)/test_%: test/mpi/test_%.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SAN_FLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(SAN_FLAGS) $(MPI_LIBS)
-test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp data
+test-sanitize: $(SAN_DIR)/train_gpt_cpu $(SAN_DIR)/test_llmc $(SAN_DIR)/test_pp $(SAN_DIR)/test_cp data
 	$(SAN_ENV) $(SAN_DIR)/test_llmc
 	$(SAN_ENV) test/bad_inputs/run_bad_input_tests.sh $(SAN_DIR)/train_gpt_cpu
-	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp
+	$(SAN_ENV) test/mpi/run_sanitized_mpi.sh $(SAN_DIR)/test_pp $(SAN_DIR)/test_cp
 	$(if $(HAVE_EMU),$(MAKE) --no-print-directory test-emu-sanitize)
 
 # The suffix rule: every llmc/ .h compiles alone with the host compiler (rechecked when a header changes).
@@ -199,6 +202,9 @@ $(BUILD)/test_tp: test/mpi/test_tp.cpp test/mpi/mpi_test_util.h $(HEADERS) | dep
 $(BUILD)/test_pp: test/mpi/test_pp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+$(BUILD)/test_cp: test/mpi/test_cp.cpp test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The pipeline bubble benchmark (dev/bench/pp_bench.sh): under mpirun, not part of make test.
 $(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
@@ -207,12 +213,13 @@ $(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 $(BUILD)/ckpt_bench: dev/bench/ckpt_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDFLAGS) -pthread
-test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp train_gpt_cpu data
+test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_pp $(BUILD)/test_cp train_gpt_cpu data
 	test/mpi/run_comm_tests.sh $(BUILD)/test_comm
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_tp_tests.sh $(BUILD)/test_tp ./train_gpt_cpu
 	test/mpi/run_pp_tests.sh $(BUILD)/test_pp ./train_gpt_cpu
 	test/mpi/run_moe_tests.sh ./train_gpt_cpu
+	test/mpi/run_cp_tests.sh $(BUILD)/test_cp ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu

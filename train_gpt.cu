@@ -63,10 +63,17 @@ static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend
 
 // --plan N: the memory plan of rank 0 of N, computed without allocating anything, the step predicted
 // on --topology and the goodput at the best checkpoint intervals (step_plan.h); with --plan-format
-// json only the predictions, as one object.
+// json only the predictions, as one object. The prediction is of the CUDA model, which has no
+// context parallelism yet: with --cp, the memory plan only.
 static void print_plan(RunConfig cfg) {
     const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
+    if (cfg.dims.cp > 1) {
+        if (cfg.plan_format == "json") fail("--plan-format json predicts the CUDA model's step, which takes --cp 1");
+        fputs(Backend::plan_report(cfg).c_str(), stdout);
+        printf("no step prediction with --cp: it models the CUDA model, which has no context parallelism yet\n");
+        return;
+    }
     const StepEstimate step = estimate_run(cfg, topology);
     const double memory = peak_rank_bytes(cfg, stage_plan);
     const GoodputPlan goodput = plan_goodput(cfg, topology, step.step_s, checkpoint_rank_bytes(cfg, stage_plan));
@@ -88,6 +95,7 @@ static void print_plan(RunConfig cfg) {
 static void print_plan_search(const RunConfig& cfg) {
     if (!cfg.given.count("total_batch_tokens"))
         fail("--plan-search needs the global batch: give -d (tokens per optimizer step)");
+    if (cfg.cp > 1) fail("--plan-search ranks layouts of the CUDA model, which takes --cp 1 (no context parallelism yet)");
     const Topology topology = read_topology(cfg.topology);
     fputs(search_report(search_layouts(cfg, cfg.plan_search, topology, resolve, stage_plan), topology).c_str(), stdout);
 }
@@ -120,11 +128,16 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
-        if (cfg.dims.tp > 1 || cfg.dims.pp > 1)
-            printf("mesh: %d rank(s) = dp %d x pp %d x tp %d%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
-                   cfg.dims.tp, cfg.dims.tp == 1 ? ""
-                                : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
-                                                        : "; tensor parallel without sequence parallelism");
+        if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1)
+            printf("mesh: %d rank(s) = dp %d x pp %d%s x tp %d%s%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
+                   cfg.dims.cp > 1 ? strformat(" x cp %d", cfg.dims.cp).c_str() : "", cfg.dims.tp,
+                   cfg.dims.tp == 1 ? ""
+                   : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
+                                           : "; tensor parallel without sequence parallelism",
+                   cfg.dims.cp == 1 ? ""
+                                    : strformat("; context parallel, %d of each sequence's %d positions per rank, "
+                                                "ring attention, ZeRO over dp x cp", cfg.seq_len / cfg.dims.cp,
+                                                cfg.seq_len).c_str());
         if (cfg.dims.pp > 1) {
             const PipelineSplit split = pipeline_split(cfg);
             printf("pipeline: %d stages, %s schedule, layers per virtual stage %s, %d micro-batches, bubble %.1f%%\n",
@@ -135,7 +148,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                           .c_str(), stdout);
         }
     }
-    // ZeRO shards over the data-parallel group, and the train loop splits the batch over it.
+    // ZeRO shards over the data x context group, and the train loop splits the batch over dp.
     ProcessGroups groups(comm, cfg.dims);
     const double straggler_factor = health_check(cfg, groups.world());  // before anything is allocated (health.h)
     BuiltModel built = Backend::make_model(cfg, groups, launch);
@@ -143,7 +156,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world());
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(), &groups.dp_cp());
     trainer.set_peak_tflops(built.peak_tflops);
     trainer.set_straggler_factor(straggler_factor);
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is

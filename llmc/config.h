@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
 #include "llmc/goodput.h"
@@ -88,14 +89,16 @@ struct RunConfig {
     float storage_gbps = 1;       // shared storage's read and write bandwidth per node, GB/s
     float local_recovers = 0.9f;  // share of failures the local tier restarts from
     // tensor parallelism (gpt2_cpu.h)
-    int tp = 1;                   // ranks per tensor-parallel group: world = dp x tp
+    int tp = 1;                   // ranks per tensor-parallel group: world = dp x pp x cp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
     // pipeline parallelism (pipeline_schedule.h, gpt2_cpu.h)
-    int pp = 1;                           // pipeline stages: world = dp x pp x tp
+    int pp = 1;                           // pipeline stages: world = dp x pp x cp x tp
     std::string pp_schedule = "1f1b";     // 1f1b | interleaved
     int pp_virtual = 1;                   // chunks of layers per rank (interleaved: at least 2)
     std::string pp_layers;                // layers per virtual stage, "5,7" ("": as even as it goes)
     int pp_print_schedule = 0;            // 1: print the pipeline schedule (every rank's actions)
+    // context parallelism (context_parallel.h, cpu/ring_attention.h)
+    int cp = 1;                           // ranks per context group, each sequence split over them
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
@@ -187,13 +190,14 @@ inline const std::vector<RunOption>& run_options() {
         {"", "prompt", &RunConfig::prompt, "continue this text by -g tokens with the -e model, print it and exit: no training, nothing written"},
         {"", "bpe_dir", &RunConfig::bpe_dir, "directory of GPT-2's encoder.json and vocab.bpe, to encode --prompt"},
         {"-z", "zero_stage", &RunConfig::zero_stage, "ZeRO stage: 0 all-reduce, 1 shard optimizer, 2 + gradients, 3 + parameters"},
-        {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x tp, ZeRO shards over dp"},
+        {"", "tp", &RunConfig::tp, "tensor-parallel ranks (Megatron-LM): each layer's matrices split over tp adjacent ranks; world = dp x pp x cp x tp, ZeRO shards over dp (x cp)"},
         {"", "sp", &RunConfig::sequence_parallel, "with --tp > 1: 1 runs LayerNorms and residual adds on 1/tp of the tokens per rank (sequence parallelism), 0 on all of them"},
-        {"", "pp", &RunConfig::pp, "pipeline stages: the layers cut into pp consecutive stages on different ranks, the step's micro-batches (-d / (B*T*dp)) flowing through them; world = dp x pp x tp"},
+        {"", "pp", &RunConfig::pp, "pipeline stages: the layers cut into pp consecutive stages on different ranks, the step's micro-batches (-d / (B*T*dp)) flowing through them; world = dp x pp x cp x tp"},
         {"", "pp_schedule", &RunConfig::pp_schedule, "pipeline schedule: 1f1b (one forward, one backward) or interleaved (--pp-virtual chunks per rank, a bubble --pp-virtual times smaller)"},
         {"", "pp_virtual", &RunConfig::pp_virtual, "chunks of layers per pipeline rank for --pp-schedule interleaved (at least 2)"},
         {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
         {"", "pp_print_schedule", &RunConfig::pp_print_schedule, "1: print every pipeline rank's schedule of forwards and backwards (with --plan N: and exit)"},
+        {"", "cp", &RunConfig::cp, "context-parallel ranks (CPU model): every sequence split over cp ranks (chunks i and 2cp-1-i of 2cp on rank i), attention by ring attention; -t must divide by 2 x cp; world = dp x pp x cp x tp, ZeRO shards over dp x cp"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
@@ -216,7 +220,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
         {"-sg", "skip_update_gradz", &RunConfig::skip_update_gradz, "skip the update when the gradient norm's z-score over the last 100 steps exceeds this (0: off)"},
         {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
-        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the data-parallel replicas' parameter CRC32C (0: never)"},
+        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; 0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
@@ -490,7 +494,7 @@ inline void require(bool ok, const std::string& message) {
     if (!ok) fail(message);
 }
 
-// The mesh: the launch's rank count, and dp x pp x tp with the pipeline schedule's options.
+// The mesh: the launch's rank count, and dp x pp x cp x tp with the pipeline schedule's options.
 inline void resolve_mesh(RunConfig& cfg, int world_size) {
     require(cfg.expected_world_size >= 0,
             strformat("--world-size must be a rank count >= 1 (or 0: any), got %d", cfg.expected_world_size));
@@ -500,9 +504,12 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
     cfg.world_size = world_size;
     require(cfg.tp >= 1, strformat("--tp must be >= 1, got %d", cfg.tp));
     require(cfg.pp >= 1, strformat("--pp must be >= 1, got %d", cfg.pp));
-    require(world_size % ((long long)cfg.tp * cfg.pp) == 0,
-            strformat("--pp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x tp ranks", cfg.pp,
-                      cfg.tp, world_size));
+    require(cfg.cp >= 1, strformat("--cp must be >= 1, got %d", cfg.cp));
+    require(world_size % ((long long)cfg.tp * cfg.pp * cfg.cp) == 0,
+            cfg.cp == 1 ? strformat("--pp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x tp ranks",
+                                    cfg.pp, cfg.tp, world_size)
+                        : strformat("--pp %d x --cp %d x --tp %d does not divide the %d rank(s): the world is dp x pp x "
+                                    "cp x tp ranks", cfg.pp, cfg.cp, cfg.tp, world_size));
     require(cfg.sequence_parallel == 0 || cfg.sequence_parallel == 1,
             strformat("--sp must be 0 or 1, got %d", cfg.sequence_parallel));
     require(cfg.pp_schedule == "1f1b" || cfg.pp_schedule == "interleaved",
@@ -517,9 +524,10 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
     require(cfg.pp_print_schedule == 0 || cfg.pp_print_schedule == 1,
             strformat("--pp-print-schedule must be 0 or 1, got %d", cfg.pp_print_schedule));
     require(cfg.pp > 1 || cfg.pp_layers.empty(), "--pp-layers needs --pp > 1 (it says how the layers are cut into stages)");
-    cfg.dims = ParallelDims::data_parallel(world_size / (cfg.tp * cfg.pp));
+    cfg.dims = ParallelDims::data_parallel(world_size / (cfg.tp * cfg.pp * cfg.cp));
     cfg.dims.tp = cfg.tp;
     cfg.dims.pp = cfg.pp;
+    cfg.dims.cp = cfg.cp;
     cfg.dims.validate(world_size);
 }
 
@@ -550,9 +558,9 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
     if (cfg.model_config.num_experts > 0)
-        require(cfg.tp == 1 && cfg.pp == 1,
+        require(cfg.tp == 1 && cfg.pp == 1 && cfg.cp == 1,
                 strformat("a mixture-of-experts model (%d experts) trains with data parallelism (-z 0-3) only so far: "
-                          "drop --tp %d / --pp %d", cfg.model_config.num_experts, cfg.tp, cfg.pp));
+                          "drop --tp %d / --pp %d / --cp %d", cfg.model_config.num_experts, cfg.tp, cfg.pp, cfg.cp));
     require(cfg.capacity_factor >= 0 && std::isfinite(cfg.capacity_factor),
             strformat("--capacity-factor must be 0 (dropless) or positive, got %g", cfg.capacity_factor));
     require(cfg.moe_balance_coef >= 0 && cfg.moe_z_coef >= 0,
@@ -596,10 +604,14 @@ inline void resolve_batch(RunConfig& cfg) {
                       "multiple of --pp %d: change -d, -b or -t", cfg.grad_accum_steps, cfg.pp));
     // Sequence parallelism cuts each micro-batch's B*T token rows into tp blocks; with T divisible,
     // any sequence (sampling pads to a multiple of tp) can be cut too.
-    require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len % cfg.tp == 0,
-            strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d divisible by "
-                      "them (change -t, or --sp 0)",
-                      cfg.tp, cfg.seq_len));
+    // Context parallelism cuts each sequence into 2 cp equal chunks (context_parallel.h).
+    const std::string cp_problem = ContextSplit::split_problem(cfg.seq_len, cfg.cp);
+    require(cp_problem.empty(), cp_problem);
+    require(cfg.tp == 1 || !cfg.sequence_parallel || cfg.seq_len / cfg.cp % cfg.tp == 0,
+            cfg.cp == 1 ? strformat("--sp 1 cuts the token rows over the --tp %d ranks and needs -t (seq_len) %d "
+                                    "divisible by them (change -t, or --sp 0)", cfg.tp, cfg.seq_len)
+                        : strformat("--sp 1 cuts a context rank's token rows over the --tp %d ranks and needs -t / --cp "
+                                    "= %d / %d divisible by them (change -t, or --sp 0)", cfg.tp, cfg.seq_len, cfg.cp));
 }
 
 // Every other option in its range.
@@ -727,6 +739,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"dp_size", cfg.dims.dp},
         {"tp_size", cfg.dims.tp},
         {"pp_size", cfg.dims.pp},
+        {"cp_size", cfg.dims.cp},
         {"pp_layers", pipeline_split(cfg).describe()},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},

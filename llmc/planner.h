@@ -11,9 +11,13 @@
 #include <vector>
 
 #include "llmc/config.h"
+#include "llmc/dist/context_parallel.h"
 #include "llmc/dist/zero.h"
 
 namespace llmc {
+
+// Token rows of a micro-batch one rank of a context group holds (all B x T without --cp).
+inline double context_rows(const RunConfig& cfg) { return (double)cfg.batch_size * cfg.seq_len / cfg.dims.cp; }
 
 struct MemoryPlan {
     std::vector<BufferSpec> buffers;                 // everything, activations included
@@ -22,6 +26,7 @@ struct MemoryPlan {
     double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step in its data-parallel group (ring algorithms)
     double tp_comm_bytes_per_rank = 0;               // and in its tensor-parallel group
     double pp_comm_bytes_per_rank = 0;               // and to its pipeline neighbours
+    double cp_comm_bytes_per_rank = 0;               // and around its context ring (ring attention)
     size_t snapshot_bytes = 0;                       // host memory for checkpoint snapshots (with -n), per rank
     size_t total_bytes() const {
         size_t total = 0;
@@ -41,16 +46,16 @@ struct MemoryPlan {
 // statistics (3 floats). So every layer is counted on the one stage that runs it, and the job's
 // total does not depend on --pp. activation_bytes: the size of an activation element (4: the CPU
 // model's fp32; 2: the CUDA model's bf16); the statistics and the LayerNorm weight gradients
-// travel in fp32 in both.
+// travel in fp32 in both. Under context parallelism the rows are the rank's context_rows.
 inline double tensor_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size_t activation_bytes = sizeof(float)) {
     const double tp = cfg.dims.tp;
     if (tp <= 1) return 0;
     const PipelineSplit split = pipeline_split(cfg);
     const double L = (double)split.rank_layers(pp_rank).size(), C = cfg.model_config.channels;
     const double embedding = split.holds_first(pp_rank), head = split.holds_last(pp_rank);
-    const double activation = (double)cfg.batch_size * cfg.seq_len * C * activation_bytes;
+    const double activation = context_rows(cfg) * C * activation_bytes;
     const double share = (tp - 1) / tp;  // of a gathered or scattered buffer, what one rank sends in a ring
-    const double stats = head * (tp - 1) * (double)cfg.batch_size * cfg.seq_len * 3 * sizeof(float);
+    const double stats = head * (tp - 1) * context_rows(cfg) * 3 * sizeof(float);
     if (!cfg.sequence_parallel) return (4 * L + embedding + head) * 2 * share * activation + stats;
     const double gathers = 6 * L + embedding + 2 * head, scatters = 4 * L + embedding + head;
     const double layernorm_grads = 2 * share * (4 * L + 2 * head) * C * sizeof(float);
@@ -64,8 +69,7 @@ inline double tensor_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size
 inline double pipeline_comm_bytes(const RunConfig& cfg, const PipelineSplit& split, int rank,
                                   size_t embedding_grad_floats) {
     const int S = split.virtual_stages();
-    const double rows = cfg.dims.tp > 1 && cfg.sequence_parallel ? (double)cfg.batch_size * cfg.seq_len / cfg.dims.tp
-                                                                  : (double)cfg.batch_size * cfg.seq_len;
+    const double rows = cfg.dims.tp > 1 && cfg.sequence_parallel ? context_rows(cfg) / cfg.dims.tp : context_rows(cfg);
     const double message = rows * cfg.model_config.channels * sizeof(float);
     double bytes = 0;
     for (int c = 0; c < split.chunks; c++) {
@@ -101,6 +105,9 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     }
     // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
     plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes) * accum;
+    plan.cp_comm_bytes_per_rank = ring_bytes_per_layer(cfg.batch_size, cfg.seq_len, cfg.dims.cp,
+                                                       m.channels / cfg.dims.tp, (int)precision.param_bytes) *
+                                  (double)pipeline_split(cfg).rank_layers(pp_rank).size() * accum;
     if (cfg.dims.pp > 1) {
         const PipelineSplit split = pipeline_split(cfg);
         size_t embedding = 0;  // the tied embedding's gradient floats this rank updates (and swaps)
@@ -121,9 +128,10 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
                                       const char* model_kind) {
     const ModelConfig& m = cfg.model_config;
     std::string mesh = strformat("%d rank(s)", zero.world_size);
-    if (cfg.dims.tp > 1 || cfg.dims.pp > 1) {
+    if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1) {
         mesh = strformat("dp %d", cfg.dims.dp);
         if (cfg.dims.pp > 1) mesh += strformat(" x pp %d", cfg.dims.pp);
+        if (cfg.dims.cp > 1) mesh += strformat(" x cp %d (T %d per rank)", cfg.dims.cp, cfg.seq_len / cfg.dims.cp);
         if (cfg.dims.tp > 1)
             mesh += strformat(" x tp %d (sequence parallel %s)", cfg.dims.tp, cfg.sequence_parallel ? "on" : "off");
         mesh += " ranks";
@@ -144,11 +152,15 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     if (plan.snapshot_bytes > 0)
         out += strformat("  plus %s of host memory for checkpoint snapshots (-n; pinned on a GPU)\n",
                          format_bytes((double)plan.snapshot_bytes).c_str());
-    if (cfg.dims.tp > 1)
-        out += strformat("per optimizer step: %.1f TFLOP over all ranks; each rank sends %s in its data-parallel group "
-                         "and %s in its tensor-parallel group\n",
+    if (cfg.dims.tp > 1 || cfg.dims.cp > 1)
+        out += strformat("per optimizer step: %.1f TFLOP over all ranks; each rank sends %s in its data-parallel%s "
+                         "group%s%s\n",
                          plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str(),
-                         format_bytes(plan.tp_comm_bytes_per_rank).c_str());
+                         cfg.dims.cp > 1 ? " x context" : "",
+                         cfg.dims.tp > 1 ? strformat(" and %s in its tensor-parallel group",
+                                                     format_bytes(plan.tp_comm_bytes_per_rank).c_str()).c_str() : "",
+                         cfg.dims.cp > 1 ? strformat(" and %s around its context ring (ring attention)",
+                                                     format_bytes(plan.cp_comm_bytes_per_rank).c_str()).c_str() : "");
     else
         out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                          plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());

@@ -141,10 +141,13 @@ class Trainer {
 public:
     // dp: the data-parallel communicator (ProcessGroups::dp()). metrics_path: where world rank 0
     // writes the JSONL metrics and prints ("" for none). world: every rank of the job, each of which
-    // writes its own checkpoint file (null: dp is the world).
+    // writes its own checkpoint file (null: dp is the world). replicas: the ranks that hold the same
+    // parameters, whose fingerprints must agree and which share a local-tier restore: the data x
+    // context group (ProcessGroups::dp_cp(); null: dp).
     Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path,
-            Communicator* world = nullptr)
+            Communicator* world = nullptr, Communicator* replicas = nullptr)
         : cfg_(cfg), schedule_(lr_schedule_of(cfg)), model_(model), dp_(dp), world_(world ? *world : dp),
+          replicas_(replicas ? *replicas : dp),
           train_(cfg.train_data, cfg.batch_size, cfg.seq_len, dp.rank(), dp.world_size(),
                  cfg.model_config.vocab_size, cfg.shuffle, cfg.seed, cfg.grad_accum_steps),
           metrics_path_((world ? world->rank() : dp.rank()) == 0 ? metrics_path : ""),
@@ -218,7 +221,7 @@ private:
         std::string skip_reason;
     };
 
-    bool fingerprints_on() const { return cfg_.fingerprint_every > 0 && cfg_.dims.dp > 1; }
+    bool fingerprints_on() const { return cfg_.fingerprint_every > 0 && cfg_.dims.dp * cfg_.dims.cp > 1; }
 
     // The validation after `step` steps (collective); a non-finite loss ends the run.
     void validate(int step) {
@@ -438,7 +441,7 @@ private:
         if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
         if (!point) return false;
         const Manifest& m = point->manifest;
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &dp_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &replicas_);
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
@@ -493,15 +496,15 @@ private:
         fail_with(EXIT_CORRUPTION, msg);
     }
 
-    // Compares the data-parallel replicas' parameter fingerprints after `step` steps (collective).
-    // A mismatch names the diverging rank(s) and replays from the newest checkpoint at or before
+    // Compares the replicas' parameter fingerprints (data and context ranks) after `step` steps
+    // (collective). A mismatch names the diverging rank(s) and replays from the newest checkpoint at or before
     // the last step whose check passed (returns true, `step` set back). A rank that diverges again
     // in the replay is faulty: the run stops with EXIT_CORRUPTION. The first check at or after the
     // step of the mismatch that passes in the replay classifies it as transient.
     bool check_fingerprints(CheckpointWriter* checkpoints, int& step) {
         const auto start = std::chrono::steady_clock::now();
         const uint32_t mine = model_.sharded_state().replica_fingerprint().value_or(0);
-        const std::vector<std::string> all = all_gather_strings(dp_, strformat("%d %08x", world_.rank(), mine));
+        const std::vector<std::string> all = all_gather_strings(replicas_, strformat("%d %08x", world_.rank(), mine));
         std::vector<uint32_t> fps;
         std::vector<int> world_ranks;
         for (const std::string& s : all) {
@@ -522,7 +525,7 @@ private:
         // Every group's verdict, so all ranks of the job take the same branch.
         std::string suspects, report;
         std::vector<int> suspect_ranks;
-        if (world_.world_size() == dp_.world_size()) {
+        if (world_.world_size() == replicas_.world_size()) {
             report = local;
         } else {
             for (const std::string& g : all_gather_strings(world_, local))
@@ -610,7 +613,7 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &dp_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &replicas_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
@@ -676,6 +679,7 @@ private:
     Model& model_;
     Communicator& dp_;
     Communicator& world_;
+    Communicator& replicas_;
     DataLoader train_;
     std::vector<int> step_inputs_, step_targets_;  // one step's micro-batches, back to back
     std::unique_ptr<DataLoader> val_;

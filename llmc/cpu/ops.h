@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
+#include "llmc/dist/context_parallel.h"
 #include "llmc/layernorm_eps.h"
 
 namespace llmc {
@@ -75,11 +76,16 @@ inline void for_column_ranges(int n, Fn fn) {
 // Layers. Shapes: BT rows of C channels, row-major. Backward functions ACCUMULATE into parameter
 // gradients and into dinp where the input also feeds a residual connection.
 
-inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+// Row bt of a B x T batch is at position bt % T, or at positions[bt % T] where given (a context-
+// parallel rank holds positions scattered over the sequence; dist/context_parallel.h).
+inline int position_of(int bt, int T, const int* positions) { return positions ? positions[bt % T] : bt % T; }
+
+inline void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                            const int* positions = nullptr) {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         const float* te = wte + (size_t)tokens[bt] * C;
-        const float* pe = wpe + (size_t)(bt % T) * C;
+        const float* pe = wpe + (size_t)position_of(bt, T, positions) * C;
         float* o = out + (size_t)bt * C;
 #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
@@ -89,7 +95,8 @@ inline void encoder_forward(float* out, const int* tokens, const float* wte, con
 // Tokens outside [v_begin, v_end) leave dwte alone: with a vocabulary-parallel embedding, dwte holds
 // only rows [v_begin, v_end) of the table (row 0 of dwte is token v_begin), and dwpe is skipped if null.
 inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
-                             int v_begin = 0, int v_end = std::numeric_limits<int>::max()) {
+                             int v_begin = 0, int v_end = std::numeric_limits<int>::max(),
+                             const int* positions = nullptr) {
     for_column_ranges(C, [&](int c0, int c1) {
         for (int bt = 0; bt < B * T; bt++) {
             const float* d = dout + (size_t)bt * C;
@@ -98,7 +105,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
                 for (int c = c0; c < c1; c++) dte[c] += d[c];
             }
             if (dwpe) {
-                float* dpe = dwpe + (size_t)(bt % T) * C;
+                float* dpe = dwpe + (size_t)position_of(bt, T, positions) * C;
                 for (int c = c0; c < c1; c++) dpe[c] += d[c];
             }
         }
@@ -120,11 +127,12 @@ inline void embedding_forward_range(float* out, const int* tokens, const float* 
 }
 
 // out[r] = inp[r] + wpe[position of token row0 + r] for `rows` rows of a B x T batch (row0: the first
-// row's index in it; positions restart every T rows).
-inline void add_positions(float* out, const float* inp, const float* wpe, int row0, int rows, int T, int C) {
+// row's index in it; positions as encoder_forward's).
+inline void add_positions(float* out, const float* inp, const float* wpe, int row0, int rows, int T, int C,
+                          const int* positions = nullptr) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
-        const float* pe = wpe + (size_t)((row0 + r) % T) * C;
+        const float* pe = wpe + (size_t)position_of(row0 + r, T, positions) * C;
         const float* x = inp + (size_t)r * C;
         float* o = out + (size_t)r * C;
 #pragma omp simd
@@ -347,6 +355,134 @@ inline void attention_backward(float* dqkv, const float* dout, const float* att,
                             dv[d] += w * dO[d];
                             dq[d] += dpre * k[d];
                             dk[d] += dpre * q[d];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Blockwise causal attention, for context parallelism (dist/context_parallel.h): the queries of one
+// chunk of `rows` positions against the keys and values of one chunk of as many, in each of B
+// sequences, all keys (Full) or those at or before the query (Diagonal: both chunks the same). In
+// place of the softmax matrix each query row keeps lse, the log-sum-exp of its scaled scores over
+// the keys seen so far: the forward folds a block into the running output and lse (merge_lse), and
+// the backward recomputes the probabilities exp(score - lse) from the final lse, as FlashAttention
+// does, so nothing of size T x T is stored. A block's rows are reached through views; lse (and the
+// backward's rowsum) of query t of head h in sequence b is at [(b * NH + h) * lse_stride + t].
+template <typename F>
+struct BlockRows {
+    F* at;              // row 0 of sequence 0, head 0 (head h is h * hs floats on)
+    size_t row, batch;  // floats between consecutive rows, and between sequences
+    F* of(int b, int t, int h, int hs) const { return at + b * batch + t * row + (size_t)h * hs; }
+};
+using Rows = BlockRows<float>;
+using ConstRows = BlockRows<const float>;
+
+struct AttentionBlock {
+    ConstRows q, k, v;
+    int B, NH, hs, rows;
+    bool diagonal;  // causal within the block (query and key chunk the same), else every key
+    int keys_for(int t) const { return diagonal ? t + 1 : rows; }
+};
+
+inline void attention_block_forward(Rows out, float* lse, size_t lse_stride, const AttentionBlock& blk) {
+    const int hs = blk.hs, rows = blk.rows;
+    const float scale = 1.0f / std::sqrt((float)hs);
+#pragma omp parallel
+    {
+        std::vector<float> kt((size_t)hs * rows), p(rows), o(hs);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < blk.B; b++) {
+            for (int h = 0; h < blk.NH; h++) {
+                transpose_head(kt.data(), blk.k.of(b, 0, h, hs), blk.k.row, rows, hs);
+                float* l = lse + ((size_t)b * blk.NH + h) * lse_stride;
+                for (int t = 0; t < rows; t++) {
+                    const int n = blk.keys_for(t);
+                    dots_with_transposed(p.data(), blk.q.of(b, t, h, hs), kt.data(), rows, hs, n);
+                    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+                    for (int t2 = 0; t2 < n; t2++) mx = std::max(mx, p[t2]);
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int t2 = 0; t2 < n; t2++) {
+                        p[t2] = fast_exp((p[t2] - mx) * scale);
+                        sum += p[t2];
+                    }
+                    std::fill(o.begin(), o.end(), 0.0f);
+                    for (int t2 = 0; t2 < n; t2++) {
+                        const float w = p[t2];
+                        const float* v = blk.v.of(b, t2, h, hs);
+#pragma omp simd
+                        for (int d = 0; d < hs; d++) o[d] += w * v[d];
+                    }
+                    const LseMerge m = merge_lse(l[t], mx * scale + std::log(sum));
+                    const float w_new = m.w_new / sum;
+                    float* out_row = out.of(b, t, h, hs);
+#pragma omp simd
+                    for (int d = 0; d < hs; d++) out_row[d] = m.w_old * out_row[d] + w_new * o[d];
+                    l[t] = m.lse;
+                }
+            }
+        }
+    }
+}
+
+// rowsum[b, h, t] = dout . out over the head's hs channels, for T rows of C channels (lse's layout
+// with lse_stride T): the term every key's score gradient subtracts in attention_block_backward.
+inline void attention_rowsum(float* rowsum, const float* dout, const float* out, int B, int T, int C, int NH) {
+    const int hs = C / NH;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const size_t at = ((size_t)b * T + t) * C + (size_t)h * hs;
+                float sum = 0.0f;
+                for (int d = 0; d < hs; d++) sum += dout[at + d] * out[at + d];
+                rowsum[((size_t)b * NH + h) * T + t] = sum;
+            }
+}
+
+// Adds the block's share to dq (the queries' rows), dk and dv (the keys' rows), from dout (the
+// queries' rows of the attention output's gradient), the final lse and rowsum of the queries.
+inline void attention_block_backward(Rows dq, Rows dk, Rows dv, ConstRows dout, const float* lse,
+                                     const float* rowsum, size_t lse_stride, const AttentionBlock& blk) {
+    const int hs = blk.hs, rows = blk.rows;
+    const float scale = 1.0f / std::sqrt((float)hs);
+#pragma omp parallel
+    {
+        std::vector<float> kt((size_t)hs * rows), vt((size_t)hs * rows), s(rows), dp(rows);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < blk.B; b++) {
+            for (int h = 0; h < blk.NH; h++) {
+                transpose_head(kt.data(), blk.k.of(b, 0, h, hs), blk.k.row, rows, hs);
+                transpose_head(vt.data(), blk.v.of(b, 0, h, hs), blk.v.row, rows, hs);
+                const size_t at = ((size_t)b * blk.NH + h) * lse_stride;
+                for (int t = 0; t < rows; t++) {
+                    const int n = blk.keys_for(t);
+                    const float* q = blk.q.of(b, t, h, hs);
+                    const float* dO = dout.of(b, t, h, hs);
+                    float* dqt = dq.of(b, t, h, hs);
+                    dots_with_transposed(s.data(), q, kt.data(), rows, hs, n);
+                    dots_with_transposed(dp.data(), dO, vt.data(), rows, hs, n);
+                    const float l = lse[at + t], r = rowsum[at + t];
+                    // s becomes the probabilities, dp the scores' gradients
+#pragma omp simd
+                    for (int t2 = 0; t2 < n; t2++) {
+                        s[t2] = fast_exp(s[t2] * scale - l);
+                        dp[t2] = s[t2] * (dp[t2] - r) * scale;
+                    }
+                    for (int t2 = 0; t2 < n; t2++) {
+                        const float p = s[t2], ds = dp[t2];
+                        const float* k = blk.k.of(b, t2, h, hs);
+                        float* dkt = dk.of(b, t2, h, hs);
+                        float* dvt = dv.of(b, t2, h, hs);
+#pragma omp simd
+                        for (int d = 0; d < hs; d++) {
+                            dqt[d] += ds * k[d];
+                            dkt[d] += ds * q[d];
+                            dvt[d] += p * dO[d];
                         }
                     }
                 }

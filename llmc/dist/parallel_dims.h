@@ -7,7 +7,7 @@
 // also each member's rank inside the group. Pure arithmetic: no communicator, no MPI, so it is
 // unit-tested alone; process_groups.h turns it into communicators.
 //
-// Data, pipeline and tensor parallelism run today (--tp, --pp); cp is room for context parallelism.
+// Data, pipeline, context and tensor parallelism all run (--pp, --cp, --tp; the rest is dp).
 #pragma once
 
 #include <array>

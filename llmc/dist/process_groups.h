@@ -6,6 +6,11 @@
 // dimension" as key gives every rank its group with its rank in it equal to its coordinate. A group
 // that spans the whole world (dp today) is the world communicator itself rather than a copy, and a
 // group of one is a LocalComm (no split, no communication thread).
+//
+// One group spans two dimensions: dp_cp, the ranks that differ only in their data and context
+// coordinates. They hold the same weights (context ranks are replicas too, only each sees other
+// positions of the sequences), so their gradients are summed together and ZeRO shards over them.
+// Without context parallelism it is the data-parallel group.
 #pragma once
 
 #include <array>
@@ -26,6 +31,7 @@ public:
     Communicator& pp() const { return group(MeshDim::PP); }
     Communicator& cp() const { return group(MeshDim::CP); }
     Communicator& tp() const { return group(MeshDim::TP); }
+    Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
 
     // Collective over world: every rank calls it with the same dims. world must outlive the groups.
     ProcessGroups(Communicator& world, const ParallelDims& dims) : dims_(dims), world_(&world) {
@@ -48,13 +54,22 @@ public:
                                dims.size(dim), coord[dim]));
             group_[(int)dim] = comm;
         }
+        if (dims.cp > 1) dp_cp_ = split_dp_cp(world, coord);
     }
 
 private:
+    // The dp x cp group of the rank at `coord`, ranked by (dp, cp) coordinates.
+    std::unique_ptr<Communicator> split_dp_cp(Communicator& world, MeshCoord coord) const {
+        const int key = coord[MeshDim::DP] * dims_.cp + coord[MeshDim::CP];
+        coord[MeshDim::DP] = coord[MeshDim::CP] = 0;
+        return world.split(dims_.rank_of(coord), key);
+    }
+
     ParallelDims dims_;
     Communicator* world_;
     std::array<std::unique_ptr<Communicator>, 4> owned_;  // the groups split from world
     std::array<Communicator*, 4> group_{};                  // each dimension's group: owned, or world
+    std::unique_ptr<Communicator> dp_cp_;                   // with cp > 1: the data x context group
 };
 
 }  // namespace llmc

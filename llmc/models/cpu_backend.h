@@ -49,8 +49,8 @@ struct CpuBackend {
     // The ZeRO stage that runs (the one asked for: the CPU model shards on any world size).
     static int effective_zero_stage(const RunConfig& cfg) { return cfg.zero_stage; }
 
-    // This rank's model, sharded over the data-parallel group by the config's ZeRO stage, cut over
-    // the tensor-parallel group, and one stage of the pipeline.
+    // This rank's model, sharded over the data x context group by the config's ZeRO stage, cut over
+    // the tensor-parallel group, one stage of the pipeline, and its positions of each sequence.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         const std::string threads_why = set_threads_per_rank(launch);
         const bool is_rank0 = groups.world().rank() == 0;
@@ -58,13 +58,13 @@ struct CpuBackend {
             printf("device: CPU, %d OpenMP thread(s) per rank (%s)\n", omp_get_max_threads(), threads_why.c_str());
         // Nothing is allocated before the plan is known to fit (planner.h).
         const std::string warning = check_plan_fits_host(
-            cfg, memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank()), launch.local_size);
+            cfg, memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), groups.pp().rank()), launch.local_size);
         if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
-            auto model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(),
+            auto model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(),
                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
-                                                   pipeline_of(cfg));
+                                                   pipeline_of(cfg), groups.cp());
             model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
             built.model = std::move(model);
         } catch (const std::bad_alloc&) {
@@ -76,12 +76,12 @@ struct CpuBackend {
         return built;
     }
 
-    // --plan: the memory of rank 0 of the dp x pp x tp mesh, computed without allocating anything
-    // (every tensor rank holds an equal piece, so rank 0 speaks for all), and under pipeline
-    // parallelism the first rank of every stage (each holds different layers).
+    // --plan: the memory of rank 0 of the dp x pp x cp x tp mesh, computed without allocating
+    // anything (every tensor and context rank holds an equal piece, so rank 0 speaks for all), and
+    // under pipeline parallelism the first rank of every stage (each holds different layers).
     static std::string plan_report(const RunConfig& cfg) {
         auto zero_of = [&](int pp_rank) {
-            return ZeroPlan(stage_layout(cfg, 0, pp_rank), cfg.zero_stage, 0, cfg.dims.dp);
+            return ZeroPlan(stage_layout(cfg, 0, pp_rank), cfg.zero_stage, 0, cfg.dims.dp * cfg.dims.cp);
         };
         std::string out = memory_plan_report(cfg, zero_of(0), memory_plan(cfg, 0, 0, 0), "fp32 CPU model");
         if (cfg.dims.pp > 1) {
@@ -96,14 +96,14 @@ struct CpuBackend {
         return GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp},
                                   GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
     }
-    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` in pipeline stage `pp_rank` allocates
-    // (every tensor rank holds an equal piece).
-    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank, int pp_rank) {
+    // What rank `zero_rank` of the data x context group (ZeRO's) of tensor rank `tp_rank` in pipeline
+    // stage `pp_rank` allocates (every tensor rank holds an equal piece).
+    static MemoryPlan memory_plan(const RunConfig& cfg, int zero_rank, int tp_rank, int pp_rank) {
         const TensorParallel tp{cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel};
-        ZeroPlan zero(stage_layout(cfg, tp_rank, pp_rank), cfg.zero_stage, dp_rank, cfg.dims.dp);
+        ZeroPlan zero(stage_layout(cfg, tp_rank, pp_rank), cfg.zero_stage, zero_rank, cfg.dims.dp * cfg.dims.cp);
         std::vector<BufferSpec> buffers =
             GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
-                                  pipeline_stage_shape(pipeline_of(cfg), pp_rank));
+                                  pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp);
         return plan_memory(cfg, zero, buffers, HostMemory::precision, pp_rank);
     }
 };

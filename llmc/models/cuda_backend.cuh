@@ -42,6 +42,7 @@ struct CudaBackend {
         if (cfg.model_config.num_experts > 0)
             fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
                            cfg.model_config.num_experts));
+        refuse_context_parallel(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -69,6 +70,7 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
+        refuse_context_parallel(cfg);
         const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp_shape(cfg, 0),
                                                   GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
@@ -106,6 +108,12 @@ struct CudaBackend {
     }
 
 
+    // Ring attention runs on the CPU model only so far (cpu/ring_attention.h).
+    static void refuse_context_parallel(const RunConfig& cfg) {
+        if (cfg.dims.cp > 1)
+            fail(strformat("--cp %d: context parallelism runs on the CPU model only (train_gpt_cpu); the CUDA model "
+                           "takes --cp 1", cfg.dims.cp));
+    }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
         return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};

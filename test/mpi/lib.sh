@@ -5,6 +5,8 @@
 #   curve METRICS / same_curve A B WHAT           a run's training curve, and two runs' compared
 #   checkpoint_bytes DIR                          a checkpoint's bytes, each file checked to hold what its
 #                                                 manifest lists
+#   check_resumed LOG METRICS FROM CKPT STEP WHAT  a run resumed from CKPT at STEP and continued FROM's curve
+#   local_tier_kill_resume WHAT TRAINER_ARGS...    the local checkpoint tier survives a killed rank and a lost node
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMP_NUM_THREADS=1  # ranks share the cores
 mpirun=(timeout 300 mpirun --oversubscribe)
@@ -29,12 +31,43 @@ curve() { grep '"train_loss"' "$1" | grep -v '"superseded"' | sed -E 's/.*"grad_
 same_curve() {
     local expected
     expected=$(curve "$2" | wc -l)
-    if ! join <(curve "$1") <(curve "$2") | awk -v n="$expected" '
+    if ! join <(curve "$1" | sort -k1,1) <(curve "$2" | sort -k1,1) | awk -v n="$expected" '
         function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
         { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
         END { exit !(count == n && n > 0 && bad == 0) }'; then
         echo "FAILED: $3: the curves differ"; exit 1
     fi
+}
+# check_resumed LOG METRICS FROM CKPT STEP WHAT: the run that wrote LOG and METRICS resumed from the
+# checkpoint directory CKPT at STEP, its first step is STEP + 1, and its curve is FROM's (a metrics.jsonl).
+check_resumed() {
+    local log=$1 metrics=$2 from=$3 ckpt=$4 step=$5 what=$6
+    grep -q "resumed from $ckpt: step $step" "$log" || { echo "FAILED: $what: no resume"; cat "$log"; exit 1; }
+    [ "$(curve "$metrics" | head -1 | cut -d' ' -f1)" = $((step + 1)) ] ||
+        { echo "FAILED: $what: the resumed run did not start at step $((step + 1))"; exit 1; }
+    same_curve "$from" "$metrics" "$what"
+}
+# local_tier_kill_resume WHAT TRAINER_ARGS...: the local checkpoint tier on 4 ranks of TRAINER_ARGS (2
+# per node, 8 steps, a local checkpoint every 4 written before the next step starts, so the kill
+# always finds step 4's): a whole run, then one whose rank 3 is killed in step 6, node 1's directory
+# removed, resumed with -y 1 from step 4's local checkpoint (node 1's files from node 0's replicas):
+# the whole run's curve. Leaves the tier in $dir/local_killed and the run in $dir/local_killed.out.
+local_tier_kill_resume() {
+    local what=$1
+    shift
+    local run=("${mpirun[@]}" -np 4 "$@" -x 8 --local-ckpt-every 4 --ranks-per-node 2 --ckpt-sync 1)
+    "${run[@]}" --local-ckpt-dir "$dir/local_whole" -o "$dir/local_whole.out" >"$dir/local_whole.log"
+    "${run[@]}" --local-ckpt-dir "$dir/local_killed" -o "$dir/local_killed.out" --faults kill@6:3 \
+        >"$dir/local_killed.log" 2>&1 && { echo "FAILED: $what: the kill did not happen"; exit 1; }
+    grep -q "^fault injection: rank 3 kills itself (SIGKILL) in step 6" "$dir/local_killed.log" ||
+        { echo "FAILED: $what: the run failed, but not by the injected kill"; cat "$dir/local_killed.log"; exit 1; }
+    local root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
+    rm -rf "$root/node_00001"
+    "${run[@]}" --local-ckpt-dir "$dir/local_killed" -o "$dir/local_killed.out" -y 1 >"$dir/local_resumed.log"
+    grep -q "resumed from $root/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
+        { echo "FAILED: $what: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
+    same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at $what"
+    echo "ok the local tier at $what: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
 }
 # checkpoint_bytes DIR: the bytes of a checkpoint's rank files, once each file is found to hold exactly
 # what the manifest lists for it (its size is the sum of its slices, which lie back to back).

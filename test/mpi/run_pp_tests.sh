@@ -90,9 +90,8 @@ resume() {  # resume NP PP TP ZERO FROM [EXTRA...]
     shift 5
     "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 8 --pp "$pp" --tp "$tp" -z "$zero" -o "$out" "$@" \
         --resume-from "$dir/$from/ckpt_00000004" >"$out.log"
-    grep -q "resumed from $dir/$from/ckpt_00000004: step 4" "$out.log" || { echo "FAILED: no resume"; cat "$out.log"; exit 1; }
-    [ "$(curve "$out/metrics.jsonl" | head -1 | cut -d' ' -f1)" = 5 ] || { echo "FAILED: resume did not start at step 5"; exit 1; }
-    same_curve "$dir/$from/metrics.jsonl" "$out/metrics.jsonl" "$from resumed as np $np pp $pp tp $tp ZeRO-$zero $*"
+    check_resumed "$out.log" "$out/metrics.jsonl" "$dir/$from/metrics.jsonl" "$dir/$from/ckpt_00000004" 4 \
+        "$from resumed as np $np pp $pp tp $tp ZeRO-$zero $*"
     echo "ok the $from checkpoint resumed as $np rank(s), pp $pp, tp $tp, ZeRO-$zero${*:+ $*} continues the uninterrupted run"
 }
 resume 1 1 1 0 pp2
@@ -105,25 +104,7 @@ resume 2 2 1 0 one
 # The local checkpoint tier on a pp 2 x tp 2 mesh (2 ranks per node): killed in step 6, node 1's
 # directory lost, resumed from step 4's local checkpoint (its files from node 0's replicas), ZeRO-0
 # (each rank restores its owned part and its data-parallel group shares them): the uninterrupted curve.
-# --ckpt-sync 1: step 4's checkpoint is complete before step 5 starts, so the kill in step 6 always
-# finds it (written in the background, a loaded machine could still be writing it then).
-local_run() {  # local_run NAME [EXTRA...]
-    local name=$1
-    shift
-    "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 8 --pp 2 --tp 2 -z 0 --local-ckpt-every 4 --ranks-per-node 2 --ckpt-sync 1 \
-        --local-ckpt-dir "$dir/local_$name" -o "$dir/local_$name.out" "$@"
-}
-local_run whole >"$dir/local_whole.log"
-local_run killed --faults kill@6:3 >"$dir/local_killed.log" 2>&1 && { echo "FAILED: the kill did not happen"; exit 1; }
-grep -q "^fault injection: rank 3 kills itself (SIGKILL) in step 6" "$dir/local_killed.log" ||
-    { echo "FAILED: the run failed, but not by the injected kill"; cat "$dir/local_killed.log"; exit 1; }
-local_root="$dir/local_killed/run_$(sed 's/.*"run_id":"\([^"]*\)".*/\1/' "$dir/local_killed.out/run.json")"
-rm -rf "$local_root/node_00001"
-local_run killed -y 1 >"$dir/local_resumed.log"
-grep -q "resumed from $local_root/node_00000/ckpt_00000004 (local tier): step 4" "$dir/local_resumed.log" ||
-    { echo "FAILED: no resume from the local tier"; cat "$dir/local_resumed.log"; exit 1; }
-same_curve "$dir/local_whole.out/metrics.jsonl" "$dir/local_killed.out/metrics.jsonl" "the local tier at pp 2 x tp 2"
-echo "ok the local tier at pp 2 x tp 2: killed at step 6, a node's directory lost, resumed from step 4, the same curve"
+local_tier_kill_resume "pp 2 x tp 2" "$trainer" "${common[@]}" --pp 2 --tp 2 -z 0
 # The same run continued on another mesh: the local files are not this mesh's pieces: skipped, named,
 # and the run starts fresh.
 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 1 --pp 4 -z 0 --ranks-per-node 2 --local-ckpt-every 4 \

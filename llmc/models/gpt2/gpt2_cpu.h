@@ -10,9 +10,12 @@
 //
 // Parallelism, all of it optional and each a communicator the model is given: ZeRO over the
 // data-parallel group (zero.h), tensor and sequence parallelism over the tensor group (TensorParallel:
-// each layer's matrices cut, a few collectives per layer), and pipeline parallelism over the pipeline
+// each layer's matrices cut, a few collectives per layer), pipeline parallelism over the pipeline
 // group (PipelineParallel: this rank runs some chunks of consecutive layers, the first one with the
-// embedding, the last with the head). Forward and backward are written per chunk (forward_chunk,
+// embedding, the last with the head), and context parallelism over the context group (this rank
+// runs every layer on 2 of the 2N chunks of each sequence, context_parallel.h; attention is ring
+// attention, cpu/ring_attention.h; the ranks' weight gradients are partial sums, so ZeRO's group is
+// then data x context). Forward and backward are written per chunk (forward_chunk,
 // backward_chunk); without a pipeline the model is one chunk of every layer, and with one,
 // run_schedule walks the step's schedule of chunk passes, messages between them.
 //
@@ -26,11 +29,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "llmc/cpu/moe.h"
 #include "llmc/cpu/ops.h"
+#include "llmc/cpu/ring_attention.h"
+#include "llmc/dist/context_parallel.h"
 #include "llmc/dist/host_memory.h"
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
@@ -58,7 +64,8 @@ struct TensorParallel {
 // vocabulary columns, and with sequence parallelism the residual stream and LayerNorm outputs its
 // n = BT/tp token rows. Under pipeline parallelism the buffer holds `slots` micro-batches'
 // activations (one slot each; `slot` picks the one this layout points into) and one set of the
-// backward's scratch, which every slot shares.
+// backward's scratch, which every slot shares. With ring attention (context parallelism: B x T are
+// this rank's rows) `att` holds each query row's log-sum-exp rather than its softmax row.
 struct ActivationLayout {
     // per slot: each chunk's input (the embedding's output, or the activation received from the
     // previous stage), the layers' activations, and with the head the final norm, logits and losses
@@ -74,18 +81,21 @@ struct ActivationLayout {
     // pipeline parallelism only: where a message from a neighbouring stage lands, and two buffers the
     // input gradients leave from
     float *recv, *send_grad;
+    // ring attention only: the key/value blocks in flight and their gradients, and the backward's
+    // per-row sums (cpu/ring_attention.h)
+    float *ring, *rowsum;
 
     size_t slot_floats = 0, scratch_floats = 0;
     size_t total_floats = 0;  // the buffer size this layout needs (every slot and the scratch)
 
     static size_t size_for(const ModelConfig& c, int B, int T, const TensorParallel& tp = {},
-                           const StageShape& stage = {}) {
-        return ActivationLayout(c, B, T, nullptr, tp, stage).total_floats;
+                           const StageShape& stage = {}, bool ring_attention = false) {
+        return ActivationLayout(c, B, T, nullptr, tp, stage, 0, ring_attention).total_floats;
     }
 
     // Assigns slices of `base`; with base == nullptr only the sizes are computed.
     ActivationLayout(const ModelConfig& c, int B, int T, float* base, const TensorParallel& tp = {},
-                     const StageShape& stage = {}, int slot = 0) {
+                     const StageShape& stage = {}, int slot = 0, bool ring_attention = false) {
         const size_t BT = (size_t)B * T, C = c.channels, NH = c.num_heads / tp.size;
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT), Cl = C / tp.size;
@@ -109,7 +119,7 @@ struct ActivationLayout {
         keep(ln1_rstd, L * n);
         keep(qkv, L * BT * 3 * Cl);
         keep(atty, L * BT * Cl);
-        keep(att, L * B * NH * T * T);
+        keep(att, ring_attention ? L * B * NH * T : L * B * NH * T * T);
         keep(residual2, L * n * C);
         keep(ln2, L * n * C);
         keep(ln2_mean, L * n);
@@ -134,6 +144,8 @@ struct ActivationLayout {
         share(dln_weights, sp ? 4 * C : 0);
         share(recv, pipe ? n * C : 0);
         share(send_grad, pipe ? 2 * n * C : 0);
+        share(ring, ring_attention ? cpu::RingAttention::ring_floats(B, T, Cl) : 0);
+        share(rowsum, ring_attention ? B * NH * T : 0);
         total_floats = stage.slots * slot_floats + scratch_floats;
         for (const Take& t : takes) {
             const size_t at = t.per_slot ? slot * slot_floats + t.offset : stage.slots * slot_floats + t.offset;
@@ -151,44 +163,54 @@ class GPT2CPU : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
     // rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel); when
-    // `pp` has more than one rank, cut into pipeline stages over it (see PipelineParallel).
+    // `pp` has more than one rank, cut into pipeline stages over it (see PipelineParallel); when `cp`
+    // has more than one rank, each sequence split over it (context parallelism; `dp` must then be the
+    // data x context group, ProcessGroups::dp_cp(), since the context ranks' gradients add up).
+    // Every entry point takes whole sequences of max_T or fewer tokens, the same on every context rank.
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
             Communicator& tp = local_communicator(), bool sequence_parallel = false,
-            Communicator& pp = local_communicator(), const PipelineParallel& pipe = {})
+            Communicator& pp = local_communicator(), const PipelineParallel& pipe = {},
+            Communicator& cp = local_communicator())
         : config_(validated(config)), tp_comm_(tp),
           tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
           pipe_(checked_pipeline("GPT2CPU", config.num_layers, pp, pipe)),
           layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
                                      GPT2Params::stage_slice(pipe_.split, pp.rank()))),
           stage_(pipeline_stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_) {
+          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_),
+          cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
-        if (tp_.sequence_parallel && max_T % tp_.size != 0)
-            fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T (%d) divisible by them", tp_.size, max_T));
+        ContextSplit::check(max_T, cp_.size, "GPT2CPU");
+        if (tp_.sequence_parallel && max_T / cp_.size % tp_.size != 0)
+            fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T / cp (%d / %d) divisible by them",
+                           tp_.size, max_T, cp_.size));
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
         chunks_ = pipeline_chunks(pipe_.split, pp.rank());
         // Where activations and gradients travel between the stages (pipeline_links).
         if (stage_.pipelined) links_ = pipeline_links(pp, pipe_.edge_links);
-        acts_.assign(activation_floats(config_, max_B, max_T, tp_, stage_), 0.0f);
+        acts_.assign(activation_floats(config_, max_B, max_T, tp_, stage_, cp_.size), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
     GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
 
-    // The activation buffer's length for a max_B x max_T model (the planner reads the same function).
+    // The activation buffer's length for a max_B x max_T model on a context group of cp ranks (the
+    // planner reads the same function).
     static size_t activation_floats(const ModelConfig& c, int max_B, int max_T, const TensorParallel& tp = {},
-                                    const StageShape& stage = {}) {
-        return ActivationLayout::size_for(c, max_B, max_T, tp, stage) + 16;  // + slack for 64-byte alignment
+                                    const StageShape& stage = {}, int cp = 1) {
+        // + slack for 64-byte alignment
+        return ActivationLayout::size_for(c, max_B, max_T / cp, tp, stage, cp > 1) + 16;
     }
     // Everything one rank allocates: the engine's buffers and the activations (what --plan prints).
     static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T,
-                                                const TensorParallel& tp = {}, const StageShape& stage = {}) {
+                                                const TensorParallel& tp = {}, const StageShape& stage = {},
+                                                int cp = 1) {
         std::vector<BufferSpec> specs = buffer_specs(zero);
         specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
-                         MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage)});
+                         MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage, cp)});
         if (c.num_experts > 0)
             specs.push_back({"expert activations (at most)", MemoryKind::Activations, moe_activation_floats(c, max_B, max_T)});
         return specs;
@@ -263,9 +285,10 @@ public:
         check_batch(inputs, targets, B, T, "forward_backward");
         if (stage_.pipelined)
             fail("GPT2CPU: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
-        const ActivationLayout a = activations(B, T, 0);
-        const float loss = forward_chunk(a, 0, inputs, targets, B, T, Pass::Train, grad_scale);
-        backward_chunk(a, 0, inputs, B, T, last_micro_batch);
+        const LocalBatch local = local_batch(inputs, targets, B, T);
+        const ActivationLayout a = activations(B, local.T, 0);
+        const float loss = forward_chunk(a, 0, local.inputs, local.targets, B, local.T, Pass::Train, grad_scale);
+        backward_chunk(a, 0, local.inputs, B, local.T, last_micro_batch);
         return loss;
     }
     double forward_backward_step(const int* inputs, const int* targets, int micro_batches, int B, int T,
@@ -273,26 +296,32 @@ public:
         if (!stage_.pipelined) return Model::forward_backward_step(inputs, targets, micro_batches, B, T, grad_scale);
         for (int m = 0; m < micro_batches; m++)
             check_batch(inputs + (size_t)m * B * T, targets + (size_t)m * B * T, B, T, "forward_backward_step");
-        return run_schedule(inputs, targets, micro_batches, B, T, grad_scale);
+        const LocalBatch local = local_batch(inputs, targets, micro_batches * B, T);
+        return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(inputs, targets, B, T, "evaluate");
-        return forward_through_stages(inputs, targets, B, T, Pass::Evaluate);
+        const LocalBatch local = local_batch(inputs, targets, B, T);
+        return forward_through_stages(local.inputs, local.targets, B, local.T, Pass::Evaluate);
     }
     // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
-        // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
-        // tp. Attention is causal, so the padding cannot change the logits at position T - 1.
-        const int padded_T = (T + tp_.size - 1) / tp_.size * tp_.size;
+        // Sequence and context parallelism cut the rows into equal blocks: pad with token 0 to a length
+        // they cut. Attention is causal, so the padding cannot change the logits at position T - 1,
+        // which the context rank that holds it broadcasts (every other one computes a row unused).
+        const int unit = padding_unit();
         std::vector<int> padded(tokens, tokens + T);
-        if (tp_.sequence_parallel) padded.resize(padded_T, 0);
-        forward_through_stages(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, T - 1);
-        const ActivationLayout a = activations(1, (int)padded.size(), 0);
+        padded.resize((T + unit - 1) / unit * unit, 0);
+        const LocalBatch local = local_batch(padded.data(), nullptr, 1, (int)padded.size());
+        forward_through_stages(local.inputs, nullptr, 1, local.T, Pass::LastLogits, cp_.local_index_at_owner(T - 1));
+        const ActivationLayout a = activations(1, local.T, 0);
         const size_t cols = config_.padded_vocab_size / tp_.size;
         if (stage_.head) {
             if (tp_.size == 1) std::copy(a.logits, a.logits + cols, logits_out);
             else tp_comm_.all_gather(a.logits, logits_out, cols, CommDtype::F32).wait();
+            if (cp_.size > 1)
+                cp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), cp_.owner_of(T - 1)).wait();
         }
         if (stage_.pipelined)
             wait(pp_comm_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), pipe_.split.last_rank()));
@@ -302,7 +331,9 @@ public:
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
         engine_.adamw_step(opt, step, grad_multiplier);
     }
-    double take_exposed_comm_ms() override { return engine_.take_exposed_comm_ms() + take(tp_exposed_ms_); }
+    double take_exposed_comm_ms() override {
+        return engine_.take_exposed_comm_ms() + take(tp_exposed_ms_) + ring_.take_wait_ms();
+    }
     // Milliseconds this rank waited on the other pipeline stages since the last call (its share of
     // the pipeline's bubble, and the messages' time), also counted in take_exposed_comm_ms.
     double take_pipeline_wait_ms() { return take(pp_wait_ms_); }
@@ -334,8 +365,9 @@ private:
         const uintptr_t p = reinterpret_cast<uintptr_t>(acts_.data());
         return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
     }
+    // The layout for B sequences of this rank's T rows each.
     ActivationLayout activations(int B, int T, int slot) const {
-        return ActivationLayout(config_, B, T, activation_base(), tp_, stage_, slot);
+        return ActivationLayout(config_, B, T, activation_base(), tp_, stage_, slot, cp_.size > 1);
     }
     template <typename T>
     T* unsharded(T* p) {
@@ -362,9 +394,43 @@ private:
 
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
         llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
-        if (tp_.sequence_parallel && (B * T) % tp_.size != 0)
-            fail(strformat("%s: sequence parallelism needs B*T = %d*%d divisible by the %d tensor-parallel ranks", who,
-                           B, T, tp_.size));
+        ContextSplit::check(T, cp_.size, who);
+        if (tp_.sequence_parallel && (B * T / cp_.size) % tp_.size != 0)
+            fail(strformat("%s: sequence parallelism needs B*T/cp = %d*%d/%d divisible by the %d tensor-parallel ranks",
+                           who, B, T, cp_.size, tp_.size));
+    }
+
+    // ---- context parallelism: this rank's positions of each sequence (context_parallel.h) ----
+
+    // A batch's tokens at this rank's positions: T of them per sequence.
+    struct LocalBatch {
+        const int *inputs, *targets;
+        int T;
+    };
+    // The batch as it is without context parallelism; with it, this rank's 2 chunks of each of the
+    // `sequences` sequences of T tokens, gathered (targets may be null).
+    LocalBatch local_batch(const int* inputs, const int* targets, int sequences, int T) {
+        cp_.T = T;
+        if (cp_.size == 1) return {inputs, targets, T};
+        const int Tl = cp_.local_len();
+        positions_.resize(Tl);
+        for (int j = 0; j < Tl; j++) positions_[j] = cp_.global_position(j);
+        auto gather = [&](const int* whole, std::vector<int>& mine) -> const int* {
+            if (!whole) return nullptr;
+            mine.resize((size_t)sequences * Tl);
+            for (int s = 0; s < sequences; s++)
+                for (int j = 0; j < Tl; j++) mine[(size_t)s * Tl + j] = whole[(size_t)s * T + positions_[j]];
+            return mine.data();
+        };
+        return {gather(inputs, local_inputs_), gather(targets, local_targets_), Tl};
+    }
+    // The global position of each of this rank's rows of a sequence (null: row t is position t).
+    const int* positions() const { return cp_.size > 1 ? positions_.data() : nullptr; }
+    // Sampling pads a prompt to a multiple of this: sequence parallelism cuts a context rank's rows
+    // into tp blocks, context parallelism each sequence into 2 cp chunks.
+    int padding_unit() const {
+        const int rows_unit = tp_.sequence_parallel ? tp_.size : 1;
+        return cp_.size == 1 ? rows_unit : cp_.size * std::lcm(2, rows_unit);
     }
 
     // ---- tensor parallelism: the four collectives of the tensor-parallel group ----
@@ -522,7 +588,7 @@ private:
         moe_training_ = pass == Pass::Train;
         last_T_ = T;
         const PipelineChunk& ch = chunks_[chunk];
-        const int C = config_.channels, NH = config_.num_heads / tp_.size;
+        const int C = config_.channels;
         const int Cl = C / tp_.size, V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T;
         const int n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's token rows
         float* x = chunk_input(a, chunk, BT);
@@ -530,10 +596,10 @@ private:
         buckets_.acquire_resident();
         if (ch.embedding) {
             if (tp_.size == 1) {
-                cpu::encoder_forward(x, inputs, param(P::WTE), param(P::WPE), B, T, C);
+                cpu::encoder_forward(x, inputs, param(P::WTE), param(P::WPE), B, T, C, positions());
             } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
                 cpu::embedding_forward_range(a.partial, inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C);
-                cpu::add_positions(x, reduce_rows(a.partial, x, BT, C), param(P::WPE), row0, n, T, C);
+                cpu::add_positions(x, reduce_rows(a.partial, x, BT, C), param(P::WPE), row0, n, T, C, positions());
             }
         }
         for (int l = ch.begin; l < ch.end; l++) {
@@ -544,7 +610,7 @@ private:
                                    param(P::LN1B, l), n, C);
             cpu::matmul_forward(a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
                                 param(P::QKVB, l), nullptr, BT, C, 3 * Cl);
-            cpu::attention_forward(a.atty + bc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+            attention_forward(a, l, B, T);
             row_parallel_forward(a, a.residual2 + nc, a.atty + bc, param(P::ATTPROJW, l), param(P::ATTPROJB, l),
                                  residual, BT, Cl, C);
             cpu::layernorm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc,
@@ -568,21 +634,45 @@ private:
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
         if (pass != Pass::Train) release_all();
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here (and
-        // for the experts' auxiliary losses, in backward).
+        // for the experts' auxiliary losses, in backward). The loss is the mean over the context
+        // group's rows.
         const bool train = pass == Pass::Train;
+        const int group_rows = BT * cp_.size;
         moe_grad_scale_ = grad_scale;
         if (tp_.size == 1) {
-            cpu::crossentropy(a.row_loss, a.logits, targets, train, grad_scale / BT, BT, V, Vl);
+            cpu::crossentropy(a.row_loss, a.logits, targets, train, grad_scale / group_rows, BT, V, Vl);
         } else {  // vocabulary-parallel: only each row's max, sum of exponentials and target logit travel
             float* mine = a.ce_stats + (size_t)tp_.rank * BT * 3;
             cpu::crossentropy_local_stats(mine, a.logits, targets, BT, vocab_begin(), vocab_real(), Vl);
             tp_wait(tp_comm_.all_gather(mine, a.ce_stats, (size_t)BT * 3, CommDtype::F32));
-            cpu::crossentropy_from_stats(a.row_loss, a.logits, targets, a.ce_stats, tp_.size, train, grad_scale / BT,
-                                         BT, vocab_begin(), vocab_real(), Vl);
+            cpu::crossentropy_from_stats(a.row_loss, a.logits, targets, a.ce_stats, tp_.size, train,
+                                         grad_scale / group_rows, BT, vocab_begin(), vocab_real(), Vl);
         }
         double total = 0.0;
         for (int r = 0; r < BT; r++) total += a.row_loss[r];
-        return (float)(total / BT);
+        if (cp_.size > 1) total = sum_over_ranks(cp_comm_, total);
+        return (float)(total / group_rows);
+    }
+
+    // Layer l's causal self-attention of the B x T rows' qkv into atty: over this rank's rows, or
+    // around the context group's ring (`att` then holds the log-sum-exps).
+    void attention_forward(const ActivationLayout& a, int l, int B, int T) {
+        const int Cl = config_.channels / tp_.size, NH = config_.num_heads / tp_.size;
+        const size_t bc = (size_t)l * B * T * Cl;
+        if (cp_.size == 1)
+            cpu::attention_forward(a.atty + bc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+        else
+            ring_.forward(a.atty + bc, a.att + (size_t)l * B * NH * T, a.qkv + 3 * bc, a.ring, B, T, Cl, NH);
+    }
+    // Its backward: d3C from dC (the gradient of atty).
+    void attention_backward(const ActivationLayout& a, int l, int B, int T) {
+        const int Cl = config_.channels / tp_.size, NH = config_.num_heads / tp_.size;
+        const size_t bc = (size_t)l * B * T * Cl;
+        if (cp_.size == 1)
+            cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+        else
+            ring_.backward(a.d3C, a.dC, a.atty + bc, a.att + (size_t)l * B * NH * T, a.qkv + 3 * bc, a.ring, a.rowsum,
+                           B, T, Cl, NH);
     }
 
     // Backward of the Pass::Train forward of the same chunk and batch in slot `a`: from the dlogits
@@ -595,7 +685,7 @@ private:
     // gathered to all rows first (gather_rows), the mirror of the forward.
     void backward_chunk(const ActivationLayout& a, int chunk, const int* inputs, int B, int T, bool last_micro_batch) {
         const PipelineChunk& ch = chunks_[chunk];
-        const int C = config_.channels, NH = config_.num_heads / tp_.size;
+        const int C = config_.channels;
         const int Cl = C / tp_.size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
         const float* x = chunk_input(a, chunk, BT);
         using P = GPT2Params;
@@ -629,7 +719,7 @@ private:
             cpu::matmul_backward(a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l),
                                  gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P::ATTPROJW, l), BT, Cl,
                                  C);
-            cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+            attention_backward(a, l, B, T);
             cpu::matmul_backward(a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C,
                                  gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l), BT, C, 3 * Cl);
             cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
@@ -643,7 +733,7 @@ private:
             const int embedding = layout_.bucket_of(P::WTE);
             if (!ch.head) buckets_.take_grads(embedding);
             cpu::encoder_backward(grad(P::WTE), grad(P::WPE), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T,
-                                  C, vocab_begin(), vocab_begin() + Vl);
+                                  C, vocab_begin(), vocab_begin() + Vl, positions());
             buckets_.grads_ready(embedding, last_micro_batch);
         }
         engine_.finish_backward();
@@ -746,6 +836,10 @@ private:
     double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
+    Communicator& cp_comm_;                     // the context group
+    ContextSplit cp_;                           // this rank's positions of the batch under way
+    cpu::RingAttention ring_;
+    std::vector<int> positions_, local_inputs_, local_targets_;  // local_batch's
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
     using Walk = BucketView<HostMemory>::Direction;
     std::vector<float> acts_;
