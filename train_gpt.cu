@@ -121,9 +121,14 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     const bool is_rank0 = comm.rank() == 0;
     if (is_rank0) {
         const ModelConfig& m = cfg.model_config;
-        printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters\n",
+        const std::string experts =
+            m.num_experts ? strformat(" | %d experts, top %d, every %d block(s)%s, capacity %s", m.num_experts,
+                                      m.moe_top_k, m.moe_every, m.moe_shared ? " + shared" : "",
+                                      cfg.capacity_factor > 0 ? strformat("%g", cfg.capacity_factor).c_str() : "dropless")
+                          : "";
+        printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters%s\n",
                cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
-               m.max_seq_len, num_params(m) / 1e6);
+               m.max_seq_len, num_params(m) / 1e6, experts.c_str());
         printf("batch: B %d x T %d x %d data-parallel rank(s) x %d accumulation = %d tokens per step, %d steps, "
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
