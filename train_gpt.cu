@@ -63,17 +63,11 @@ static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend
 
 // --plan N: the memory plan of rank 0 of N, computed without allocating anything, the step predicted
 // on --topology and the goodput at the best checkpoint intervals (step_plan.h); with --plan-format
-// json only the predictions, as one object. The prediction is of the CUDA model, which has no
-// context parallelism yet: with --cp, the memory plan only.
+// json only the predictions, as one object.
 static void print_plan(RunConfig cfg) {
     const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
-    if (cfg.dims.cp > 1) {
-        if (cfg.plan_format == "json") fail("--plan-format json predicts the CUDA model's step, which takes --cp 1");
-        fputs(Backend::plan_report(cfg).c_str(), stdout);
-        printf("no step prediction with --cp: it models the CUDA model, which has no context parallelism yet\n");
-        return;
-    }
+    const std::string memory_report = Backend::plan_report(cfg);  // refuses what the backend cannot run
     const StepEstimate step = estimate_run(cfg, topology);
     const double memory = peak_rank_bytes(cfg, stage_plan);
     const GoodputPlan goodput = plan_goodput(cfg, topology, step.step_s, checkpoint_rank_bytes(cfg, stage_plan));
@@ -83,7 +77,7 @@ static void print_plan(RunConfig cfg) {
         printf("%s\n", j.dump(2).c_str());
         return;
     }
-    fputs(Backend::plan_report(cfg).c_str(), stdout);
+    fputs(memory_report.c_str(), stdout);
     if (!cfg.model_shape.empty())
         printf("--model-shape: planned as the GPT-2 of its layers, width, heads and vocabulary; its %.2fB parameters "
                "need %s on the busiest rank\n", run_shape(cfg).params() / 1e9, format_bytes(memory).c_str());

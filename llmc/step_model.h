@@ -5,8 +5,8 @@
 // busiest pipeline stage; a kernel takes the longer of its FLOPs at its kind's efficiency and its
 // bytes at the memory bandwidth. Collectives cost alpha-beta: a latency per step of the algorithm
 // and the bytes each rank sends over the link its group crosses. The mesh puts tp innermost (a
-// group of consecutive ranks), then pp, then dp, so a group of stride s and size g stays on NVLink
-// while s x g ranks fit in a node, and crosses the network otherwise.
+// group of consecutive ranks), then cp, then pp, then dp, so a group of stride s and size g stays
+// on NVLink while s x g ranks fit in a node, and crosses the network otherwise.
 //
 // What is exposed follows what the CUDA model (gpt2_cuda.cuh) and ZeroEngine (zero.h) overlap:
 //   tp   forward gathers and reductions are exposed (the next kernel needs them); in backward the
@@ -17,7 +17,11 @@
 //        last bucket; ZeRO-1/2 all-gather the updated parameters after the step (exposed); ZeRO-3
 //        gathers each layer while the previous one computes;
 //   pp   activations and their gradients cross between stages per micro-batch (exposed), and the
-//        schedule idles each stage for pipeline_bubble_fraction of the step.
+//        schedule idles each stage for pipeline_bubble_fraction of the step;
+//   cp   each rank holds T/cp of every sequence (context_parallel.h); attention's K and V go around
+//        the ring in cp - 1 steps, each under the attention of the block in hand, and in backward
+//        with the fp32 dK and dV; what a step's block does not cover is exposed. Gradients are
+//        reduced over dp x cp.
 // Recomputation (-r) adds the forward work backward redoes: 1 the GELU, 2 also the LayerNorms,
 // 3 each layer's whole forward with its tp collectives.
 #pragma once
@@ -64,15 +68,22 @@ inline Link axis_link(const Topology& t, int stride, int size) {
     return {t.network_gbps, t.network_latency_s, true};
 }
 inline Link tp_link(const RunConfig& c, const Topology& t) { return axis_link(t, 1, c.dims.tp); }
-inline Link pp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp, c.dims.pp); }
-inline Link dp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp * c.dims.pp, c.dims.dp); }
+inline Link cp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp, c.dims.cp); }
+inline Link pp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp * c.dims.cp, c.dims.pp); }
+inline Link dp_link(const RunConfig& c, const Topology& t) {
+    return axis_link(t, c.dims.tp * c.dims.cp * c.dims.pp, c.dims.dp);
+}
+// The gradient reduction's group, dp x cp: across dp's link where there is dp, else within cp's.
+inline Link dp_cp_link(const RunConfig& c, const Topology& t) { return c.dims.dp > 1 ? dp_link(c, t) : cp_link(c, t); }
+// A micro-batch's token rows on one rank of the context group.
+inline double rank_rows(const RunConfig& c) { return (double)c.batch_size * c.seq_len / c.dims.cp; }
 
 // ---- the step
 
 struct StepEstimate {
     // seconds per optimizer step, adding up to step_s
-    double compute_s = 0, recompute_s = 0, tp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0, bubble_s = 0,
-           optimizer_s = 0;
+    double compute_s = 0, recompute_s = 0, tp_exposed_s = 0, cp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0,
+           bubble_s = 0, optimizer_s = 0;
     double step_s = 0;
     double tokens_per_s_per_gpu = 0;
     double model_tflops_per_gpu = 0;  // model FLOPs per token (mfu.h's count) x tokens/s
@@ -84,7 +95,7 @@ struct StepEstimate {
 // One micro-batch's work on one rank of the stage holding `layers` layers (+ head / embedding).
 struct MicroBatchWork {
     double forward_s = 0, backward_s = 0, recompute_s = 0;
-    double tp_exposed_s = 0;
+    double tp_exposed_s = 0, cp_exposed_s = 0;
     double forward_flops = 0, recompute_flops = 0;  // per rank
 };
 
@@ -104,7 +115,7 @@ struct LayerForward {
     Kernel matmul, attention, elementwise, gelu, layernorm;
 };
 inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
-    const double n = (double)c.batch_size * c.seq_len, tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden;
+    const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden;
     const double rows = c.dims.tp > 1 && c.sequence_parallel ? n / tp : n;
     LayerForward f;
     f.matmul = {2 * n * s.layer_matmul_params() / tp, 2 * (4 * n * C + 2 * n * F / tp) + 2 * s.layer_matmul_params() / tp};
@@ -126,11 +137,22 @@ struct LayerTp {
 };
 inline LayerTp layer_tp(const ModelShape& s, const RunConfig& c, Link l) {
     const int tp = c.dims.tp;
-    const double act = 2.0 * c.batch_size * c.seq_len * s.hidden;
+    const double act = 2.0 * rank_rows(c) * s.hidden;
     if (tp <= 1) return {};
     if (!c.sequence_parallel) return {2 * all_reduce_s(act, tp, l), 0, 2 * all_reduce_s(act, tp, l)};
     const double gather = ring_all_gather_s(act, tp, l), scatter = ring_reduce_scatter_s(act, tp, l);
     return {2 * (gather + scatter), 2 * gather, 2 * (gather + scatter)};
+}
+
+// One layer's ring (cp > 1): cp - 1 steps, each a K and V block (bf16) to the next rank in forward,
+// and with its fp32 dK and dV in backward, under the attention of one of the cp blocks in hand.
+inline double layer_cp_exposed_s(const RunConfig& c, double attention_forward_s, Link l) {
+    const int cp = c.dims.cp;
+    if (cp <= 1) return 0;
+    const double kv = 2.0 * 2 * rank_rows(c) * c.model_config.channels / c.dims.tp;  // K and V, bf16
+    const double forward = std::max(0.0, p2p_s(kv, l) - attention_forward_s / cp);
+    const double backward = std::max(0.0, p2p_s(3 * kv, l) - 2 * attention_forward_s / cp);  // + dK, dV in fp32
+    return (cp - 1) * (forward + backward);
 }
 
 }  // namespace detail
@@ -149,11 +171,12 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
     w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln));
     w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
     w.tp_exposed_s = layers * (tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul));
+    w.cp_exposed_s = layers * detail::layer_cp_exposed_s(c, attn, cp_link(c, t));
     const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp.forward_s};
     w.recompute_s = layers * recompute[c.recompute];
     w.recompute_flops = c.recompute == 3 ? w.forward_flops : 0;
     if (head) {
-        const double n = (double)c.batch_size * c.seq_len, tp = c.dims.tp;
+        const double n = rank_rows(c), tp = c.dims.tp;
         const detail::Kernel logits{2 * n * s.vocab * s.hidden / tp, 2 * (n * s.hidden + (double)s.vocab * s.hidden / tp)};
         const detail::Kernel loss{0, 2 * 3 * n * s.vocab / tp};  // logits read, dlogits written, in place
         const double h = kernel_s(logits, t.matmul_efficiency, t);
@@ -164,14 +187,15 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
     return w;
 }
 
-// Data-parallel communication per step that no compute hides. `rank_params`: the parameters of
-// one rank of the busiest stage (its tp piece); `window_s`: one micro-batch's backward, under which
-// gradient reduction runs; `layers`: buckets in flight one after another.
+// Data-parallel communication per step that no compute hides, over the dp x cp ranks that hold the
+// same parameters. `rank_params`: the parameters of one rank of the busiest stage (its tp piece);
+// `window_s`: one micro-batch's backward, under which gradient reduction runs; `layers`: buckets
+// in flight one after another.
 inline double dp_exposed_s(const RunConfig& c, const Topology& t, double rank_params, double window_s,
                            double forward_s, int layers) {
-    const int dp = c.dims.dp, m = c.grad_accum_steps;
+    const int dp = c.dims.dp * c.dims.cp, m = c.grad_accum_steps;
     if (dp <= 1) return 0;
-    const Link l = dp_link(c, t);
+    const Link l = dp_cp_link(c, t);
     const double grads = 4 * rank_params, params = 2 * rank_params;  // fp32 gradients, bf16 parameters
     const double bucket = 1.0 / std::max(1, layers);
     auto hidden_under = [&](double comm_s, double compute_s) {
@@ -206,24 +230,25 @@ inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const
     e.compute_s = m * (w.forward_s + w.backward_s);
     e.recompute_s = m * w.recompute_s;
     e.tp_exposed_s = m * w.tp_exposed_s;
+    e.cp_exposed_s = m * w.cp_exposed_s;
     if (c.dims.pp > 1) {
         const double rows = c.dims.tp > 1 && c.sequence_parallel ? 1.0 / c.dims.tp : 1.0;
-        const double message = 2.0 * c.batch_size * c.seq_len * s.hidden * rows;
+        const double message = 2.0 * rank_rows(c) * s.hidden * rows;
         e.pp_exposed_s = m * split.chunks * 2 * p2p_s(message, pp_link(c, t));  // a send forward, one back
     }
     const bool embedding = split.holds_first(stage) || split.holds_last(stage);
     const double rank_params = (layers * s.layer_matmul_params() + embedding * (double)s.vocab * s.hidden) / c.dims.tp;
     e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers);
-    const double shard = c.zero_stage >= 1 ? rank_params / c.dims.dp : rank_params;
+    const double shard = c.zero_stage >= 1 ? rank_params / (c.dims.dp * c.dims.cp) : rank_params;
     e.optimizer_s = shard * 30 / (t.hbm_gbps * 1e9 * t.memory_efficiency);  // AdamW: ~30 bytes per parameter
-    const double busy = e.compute_s + e.recompute_s + e.tp_exposed_s + e.pp_exposed_s;
+    const double busy = e.compute_s + e.recompute_s + e.tp_exposed_s + e.cp_exposed_s + e.pp_exposed_s;
     e.bubble_fraction = c.dims.pp > 1 ? pipeline_bubble_fraction(c.dims.pp, m, split.chunks) : 0;
     e.bubble_s = busy * e.bubble_fraction / (1 - e.bubble_fraction);
     e.step_s = busy + e.bubble_s + e.dp_exposed_s + e.optimizer_s;
     const double gpus = c.world_size;
     e.tokens_per_s_per_gpu = c.total_batch_tokens / e.step_s / gpus;
     e.model_tflops_per_gpu = flops_per_token * e.tokens_per_s_per_gpu / 1e12;
-    const double recompute_per_token = w.recompute_flops * c.dims.tp * c.dims.pp / ((double)c.batch_size * c.seq_len);
+    const double recompute_per_token = w.recompute_flops * c.dims.tp * c.dims.pp / rank_rows(c);
     e.hw_tflops_per_gpu = (flops_per_token + recompute_per_token) * e.tokens_per_s_per_gpu / 1e12;
     e.mfu = e.model_tflops_per_gpu / t.peak_tflops;
     return e;

@@ -99,6 +99,7 @@ inline std::string step_report(const RunConfig& c, const Topology& t, const Step
         if (size > 1) exposed += strformat(" %s %s over %s,", name, share(s).c_str(), link_name(l).c_str());
     };
     axis("tp", c.dims.tp, e.tp_exposed_s, tp_link(c, t));
+    axis("cp", c.dims.cp, e.cp_exposed_s, cp_link(c, t));
     axis("pp", c.dims.pp, e.pp_exposed_s, pp_link(c, t));
     axis("dp", c.dims.dp, e.dp_exposed_s, dp_link(c, t));
     return out + strformat("  exposed communication:%s bubble %s\n", exposed.empty() ? " none," : exposed.c_str(),
@@ -115,10 +116,11 @@ inline nlohmann::json step_json(const RunConfig& c, const Topology& t, const Ste
         {"memory_gib", memory_bytes / (1024.0 * 1024 * 1024)},
         {"fits", memory_bytes <= t.memory_gib * 1024 * 1024 * 1024},
         {"topology", t.name},
-        {"layout", {{"gpus", c.world_size}, {"dp", c.dims.dp}, {"tp", c.dims.tp}, {"pp", c.dims.pp},
+        {"layout", {{"gpus", c.world_size}, {"dp", c.dims.dp}, {"tp", c.dims.tp}, {"pp", c.dims.pp}, {"cp", c.dims.cp},
                     {"zero_stage", c.zero_stage}, {"recompute", c.recompute}, {"micro_batch", c.batch_size},
                     {"grad_accum_steps", c.grad_accum_steps}}},
         {"breakdown_s", {{"compute", e.compute_s}, {"recompute", e.recompute_s}, {"tp_exposed", e.tp_exposed_s},
+                         {"cp_exposed", e.cp_exposed_s},
                          {"pp_exposed", e.pp_exposed_s}, {"dp_exposed", e.dp_exposed_s}, {"bubble", e.bubble_s},
                          {"optimizer", e.optimizer_s}}},
         {"bubble_fraction", e.bubble_fraction},
@@ -268,8 +270,9 @@ inline std::vector<Layout> search_layouts(const RunConfig& base, int gpus, const
 
 inline std::string layout_name(const RunConfig& c) {
     const std::string chunks = c.pp_virtual > 1 ? strformat(" (interleaved, %d chunks)", c.pp_virtual) : "";
-    return strformat("dp %d x tp %d x pp %d%s, ZeRO-%d, -r %d, -b %d", c.dims.dp, c.dims.tp, c.dims.pp, chunks.c_str(),
-                     c.zero_stage, c.recompute, c.batch_size);
+    const std::string cp = c.dims.cp > 1 ? strformat(" x cp %d", c.dims.cp) : "";
+    return strformat("dp %d x tp %d x pp %d%s%s, ZeRO-%d, -r %d, -b %d", c.dims.dp, c.dims.tp, c.dims.pp, chunks.c_str(),
+                     cp.c_str(), c.zero_stage, c.recompute, c.batch_size);
 }
 
 // Why `l` loses to `best`: it does not fit, or the part of the step where it spends the most more.
@@ -281,7 +284,8 @@ inline std::string why_it_loses(const Layout& l, const Layout& best, const Topol
     const StepEstimate &a = l.step, &b = best.step;
     const std::pair<const char*, double> parts[] = {
         {"compute", a.compute_s - b.compute_s},          {"recomputation", a.recompute_s - b.recompute_s},
-        {"exposed tp traffic", a.tp_exposed_s - b.tp_exposed_s}, {"pipeline sends", a.pp_exposed_s - b.pp_exposed_s},
+        {"exposed tp traffic", a.tp_exposed_s - b.tp_exposed_s}, {"exposed ring traffic", a.cp_exposed_s - b.cp_exposed_s},
+        {"pipeline sends", a.pp_exposed_s - b.pp_exposed_s},
         {"exposed dp traffic", a.dp_exposed_s - b.dp_exposed_s}, {"bubble", a.bubble_s - b.bubble_s},
         {"optimizer", a.optimizer_s - b.optimizer_s},
     };

@@ -255,3 +255,27 @@ TEST_CASE("--plan-search tries interleaved pipelines, and only where there is a 
     c.pp_virtual = 2;
     CHECK_THAT(layout_name(c), Contains("pp 4 (interleaved, 2 chunks)"));
 }
+
+TEST_CASE("context parallelism: each rank computes 1/cp of the sequence, the ring's K and V hide under attention", "[plan]") {
+    Topology t = topology_preset("h100");
+    auto with_cp = [](int cp, int seq) {
+        RunConfig c;
+        c.model = "d12", c.cp = cp, c.batch_size = 1, c.seq_len = seq, c.max_seq_len = seq;
+        c.total_batch_tokens = 2 * seq;  // two sequences over 2 GPUs
+        resolve_run_config(c, 2, nullptr);
+        return c;
+    };
+    const RunConfig dp2 = with_cp(1, 8192), cp2 = with_cp(2, 8192);
+    REQUIRE(cp2.dims.cp == 2);
+    REQUIRE(cp2.dims.dp == 1);
+    const StepEstimate a = estimate_run(dp2, t), b = estimate_run(cp2, t);
+    // the same work per GPU: dp 2 runs one sequence each once, cp 2 half of each of two
+    CHECK(b.compute_s == Approx(a.compute_s).epsilon(0.02));
+    CHECK(b.cp_exposed_s == 0);           // over NVLink, a K/V block takes less than a block's attention
+    CHECK(b.dp_exposed_s > 0);            // the gradients are still reduced over dp x cp = 2 ranks
+    CHECK(b.tokens_per_s_per_gpu == Approx(a.tokens_per_s_per_gpu).epsilon(0.05));
+    t.nvlink_gbps = 0.05;                 // a link so slow that the ring shows
+    CHECK(estimate_run(cp2, t).cp_exposed_s > 0);
+    CHECK_THAT(step_report(cp2, t, estimate_run(cp2, t)), Contains("cp "));
+    CHECK(step_json(cp2, t, b, 0)["layout"]["cp"] == 2);
+}
