@@ -34,6 +34,12 @@ awk '
         for (i = 1; i <= n; i++) {
             k = order[i]
             if (!(k in regs)) { print "kernel_table.sh: ptxas said nothing of " k > "/dev/stderr"; exit 1 }
+            # nvcc and g++ name an anonymous namespace differently: such a kernel could never be found
+            if (index(k, "_GLOBAL__N_")) {
+                print "kernel_table.sh: " k " (in " ARGV[1] ") is in an anonymous namespace, which g++ names " \
+                      "differently from nvcc: put the kernel in a named namespace" > "/dev/stderr"
+                exit 1
+            }
             printf "extern \"C\" void kernel_%d() __asm__(\"%s\") __attribute__((weak));\n", i, k
         }
         print "static const emu::KernelResources table[] = {"

@@ -34,7 +34,9 @@
 using namespace llmc;
 using namespace llmc::attention_detail;
 
-namespace {
+// A named namespace: the emulator finds a kernel by the name nvcc gives it, and nvcc and g++ name an
+// anonymous namespace differently (dev/emu/kernel_table.sh).
+namespace ptx_test {
 
 // ---------------------------------------------------------------------------------------------
 // Host side: bf16 bits of small integers, device arrays, and a list of the elements that differ.
@@ -441,7 +443,9 @@ __global__ void block_reduce_kernel(float* out) {
     out[2 * t + 1] = block_reduce_max((float)((t * 37) % (int)blockDim.x), shared);
 }
 
-}  // namespace
+}  // namespace ptx_test
+
+using namespace ptx_test;
 
 // =============================================================================================
 
