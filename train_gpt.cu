@@ -63,15 +63,15 @@ static MemoryPlan stage_plan(const RunConfig& cfg, int pp_rank) { return Backend
 
 // --plan N: the memory plan of rank 0 of N, computed without allocating anything, the step predicted
 // on --topology and the goodput at the best checkpoint intervals (step_plan.h); with --plan-format
-// json only the predictions, as one object. The prediction is of the CUDA model, which has no
-// context parallelism yet: with --cp, the memory plan only.
+// json only the predictions, as one object. The step predictor does not model context
+// parallelism's ring yet: with --cp, the memory plan only.
 static void print_plan(RunConfig cfg) {
     const Topology topology = read_topology(cfg.topology);
     resolve(cfg, cfg.plan);
     if (cfg.dims.cp > 1) {
-        if (cfg.plan_format == "json") fail("--plan-format json predicts the CUDA model's step, which takes --cp 1");
+        if (cfg.plan_format == "json") fail("--plan-format json predicts the step, which the predictor models for --cp 1 only");
         fputs(Backend::plan_report(cfg).c_str(), stdout);
-        printf("no step prediction with --cp: it models the CUDA model, which has no context parallelism yet\n");
+        printf("no step prediction with --cp: the step predictor does not model ring attention yet\n");
         return;
     }
     const StepEstimate step = estimate_run(cfg, topology);
@@ -95,7 +95,7 @@ static void print_plan(RunConfig cfg) {
 static void print_plan_search(const RunConfig& cfg) {
     if (!cfg.given.count("total_batch_tokens"))
         fail("--plan-search needs the global batch: give -d (tokens per optimizer step)");
-    if (cfg.cp > 1) fail("--plan-search ranks layouts of the CUDA model, which takes --cp 1 (no context parallelism yet)");
+    if (cfg.cp > 1) fail("--plan-search ranks layouts by the step predictor, which models --cp 1 only (no ring attention yet)");
     const Topology topology = read_topology(cfg.topology);
     fputs(search_report(search_layouts(cfg, cfg.plan_search, topology, resolve, stage_plan), topology).c_str(), stdout);
 }
