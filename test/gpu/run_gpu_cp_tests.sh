@@ -5,13 +5,16 @@
 #      ZeRO-0..3 and -r 3 against the 1-rank CUDA model, the CPU model and the CPU model's run of the
 #      same mesh (test_cp_cuda.cu says what it checks);
 #   2. train_gpt through the trainer: --cp 2, --cp 4, dp 2 x cp 2 at ZeRO-1 and --cp 2 -r 3 at ZeRO-3
-#      reproduce the 1-rank loss curve on the same global batch within bf16 tolerance (2e-2 relative
-#      per step, the data-parallel suite's limit), and so, where CPU_TRAINER is given, does
-#      train_gpt_cpu's --cp 2 run; the runs print their mesh; --plan's activations fall as 1/cp;
-#      --cp with --tp is refused naming both;
+#      reproduce the 1-rank loss curve on the same global batch within 2e-4 relative per step, and so,
+#      where CPU_TRAINER is given, does train_gpt_cpu's --cp 2 run; the runs print their mesh;
+#      --plan's activations fall as 1/cp; --cp with --tp is refused naming both;
 #   3. where the node has 2 GPUs (emulated: always), --cp 2 over NCCL reproduces it too.
 # Skips with a message where there is no GPU or no mpirun, except in a GPU session
 # (LLMC_GPU_SESSION=1), where either is a failure (exit 3 without a GPU, 1 without mpirun).
+# The limit, 2e-4 (LLMC_CP_LOSS_LIMIT), is tighter than the other GPU suites' 2e-2: at these sizes the
+# loss is nearly uniform and a broken ring moves the curve by only 7e-4 to 1e-3 (no log-sum-exp
+# merge; keys and values not forwarded), while a correct one stays within 3e-5 of 1 rank and of the
+# CPU model (emulated; a GPU session should confirm the margin on real cuBLASLt).
 #   test/gpu/run_gpu_cp_tests.sh build/test_cp_cuda ./train_gpt [./train_gpt_cpu]
 set -euo pipefail
 
@@ -20,6 +23,7 @@ trainer=${2:-./train_gpt}
 cpu_trainer=${3:-}
 source "$(dirname "$0")/lib.sh"
 gpu_checks run_gpu_cp_tests.sh "$test_cp" "$trainer"
+limit=${LLMC_CP_LOSS_LIMIT:-2e-4}
 
 # 1. the model against its references
 unit_ranks=(2 4)
@@ -42,14 +46,14 @@ grep -q "mesh: 2 rank(s) = dp 1 x pp 1 x cp 2 x tp 1; context parallel" "$dir/cp
     { echo "FAIL the --cp 2 run did not print its mesh"; exit 1; }
 grep -q "mesh: 4 rank(s) = dp 2 x pp 1 x cp 2 x tp 1" "$dir/dp2_cp2_z1.log" ||
     { echo "FAIL the dp 2 x cp 2 run did not print its mesh"; exit 1; }
-for name in cp2 cp4 dp2_cp2_z1 cp2_r3_z3; do compare one "$name" 2e-2; done
+for name in cp2 cp4 dp2_cp2_z1 cp2_r3_z3; do compare one "$name" "$limit"; done
 if [ -n "$cpu_trainer" ]; then
     # The CPU trainer's --cp 2 run of the same data, seed and config (fp32: bf16's tolerance).
     cuda_trainer=$trainer cuda_common=("${common[@]}")
     trainer=$cpu_trainer common=("${base[@]}")
     run cpu_cp2 2 16 --cp 2
     trainer=$cuda_trainer common=("${cuda_common[@]}")
-    compare cpu_cp2 cp2 2e-2
+    compare cpu_cp2 cp2 "$limit"
 fi
 
 # --plan: the activations tensor per rank falls as 1/cp (within 5%: the ring's buffers).
@@ -72,7 +76,7 @@ if [ "$(gpus_on_node)" -ge 2 ]; then
     echo "== nccl: mpirun -np 2 --cp 2 --gpu-comm nccl"
     timeout 300 mpirun -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 16 --cp 2 -o "$dir/nccl" > "$dir/nccl.log"
     grep -q "collectives over NCCL" "$dir/nccl.log" || { echo "FAIL the NCCL run did not use NCCL"; exit 1; }
-    compare one nccl 2e-2
+    compare one nccl "$limit"
 else
     echo "run_gpu_cp_tests.sh: one GPU: --cp 2 over NCCL skipped (it needs a GPU per rank)"
 fi

@@ -11,11 +11,13 @@
 // Then, for ZeRO stages 0-3, it checks:
 //   - the bytes allocated per memory kind: equal to the memory plan's for this rank (activations of
 //     T / cp rows per sequence, and the ring's buffers);
-//   - the 10 per-step losses: relative difference at most 1e-2 (bf16) from the 1-rank CUDA run, from
-//     the CPU run and from the CPU model's run of the same dp x cp mesh (GPT2CPU's ring attention);
+//   - the 10 per-step losses: relative difference at most 2e-4 from the 1-rank CUDA run, from the CPU
+//     run and from the CPU model's run of the same dp x cp mesh (GPT2CPU's ring attention). Tighter
+//     than the tp test's 1e-2: the loss of this small model is nearly uniform, and a broken ring (keys
+//     and values not forwarded) moves it by only 8e-4, a correct one by 2e-5 (emulated);
 //   - the final parameters, gathered whole: relative difference at most 2e-2 from the 1-rank CUDA
 //     run's, and bitwise identical on every rank;
-// and the losses of recomputation -r 3 (ring attention re-run inside backward) within 1e-2 of 1 rank.
+// and the losses of recomputation -r 3 (ring attention re-run inside backward) within 2e-4 of 1 rank.
 // And once, with the 1-rank model's weights given to the cp model: evaluate() and next_token_logits
 // (7 tokens: not a multiple of 2 x cp, so sampling pads, and the rank holding position 6 broadcasts)
 // agree within bf16 tolerance. The model: 2 layers, 2 heads of 32, vocabulary 250 padded to 256,
@@ -41,6 +43,7 @@ using namespace llmc::mpi_test;
 namespace {
 
 constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
+constexpr double LOSS_LIMIT = 2e-4;
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int cp, int batch_size,
                       int recompute = 0) {
@@ -106,15 +109,16 @@ int main(int argc, char** argv) {
 
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
-            check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",
-                                           what.c_str(), worst));
+            check(worst <= LOSS_LIMIT, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit %g)",
+                                                 what.c_str(), worst, LOSS_LIMIT));
             const double worst_cpu = worst_loss_difference(run.losses, cpu.losses);
-            check(worst_cpu <= 1e-2, strformat("%s: loss differs from the CPU run by %.3g relative (limit 1e-2)",
-                                               what.c_str(), worst_cpu));
+            check(worst_cpu <= LOSS_LIMIT, strformat("%s: loss differs from the CPU run by %.3g relative (limit %g)",
+                                                     what.c_str(), worst_cpu, LOSS_LIMIT));
             const RunResult cpu_mesh = train_cpu_mesh(cfg, groups);
             const double worst_cpu_mesh = worst_loss_difference(run.losses, cpu_mesh.losses);
-            check(worst_cpu_mesh <= 1e-2, strformat("%s: loss differs from the CPU model's run of the same mesh by "
-                                                    "%.3g relative (limit 1e-2)", what.c_str(), worst_cpu_mesh));
+            check(worst_cpu_mesh <= LOSS_LIMIT, strformat("%s: loss differs from the CPU model's run of the same mesh "
+                                                          "by %.3g relative (limit %g)", what.c_str(), worst_cpu_mesh,
+                                                          LOSS_LIMIT));
             const double params_diff = relative_difference(run.params, reference.params);
             check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), params_diff));
@@ -131,7 +135,7 @@ int main(int argc, char** argv) {
             const std::vector<int> inputs = pseudo_tokens(BATCH * SEQ, 250, 1), targets = pseudo_tokens(BATCH * SEQ, 250, 2);
             const float loss_cp = model->evaluate(inputs.data(), targets.data(), BATCH, SEQ);
             const float loss_one = reference_model.evaluate(inputs.data(), targets.data(), BATCH, SEQ);
-            check(std::fabs(loss_cp - loss_one) <= 1e-2 * std::fabs(loss_one),
+            check(std::fabs(loss_cp - loss_one) <= LOSS_LIMIT * std::fabs(loss_one),
                   strformat("%s: evaluate() gives %.5f, 1 rank %.5f", what.c_str(), loss_cp, loss_one));
             const int Vp = cfg.model_config.padded_vocab_size;
             std::vector<float> logits_cp(Vp), logits_one(Vp);
@@ -152,8 +156,8 @@ int main(int argc, char** argv) {
             GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
-            check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",
-                                           what.c_str(), worst));
+            check(worst <= LOSS_LIMIT, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit %g)",
+                                                 what.c_str(), worst, LOSS_LIMIT));
             say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
         }
     } catch (const std::exception& e) {
