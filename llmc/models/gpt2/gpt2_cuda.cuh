@@ -1108,17 +1108,9 @@ private:
     LocalBatch local_batch(const int* inputs, const int* targets, int B, int T) {
         cp_.T = T;
         if (cp_.size == 1) return {inputs, targets, T};
-        const int Tl = cp_.local_len();
-        positions_.resize(Tl);
-        for (int j = 0; j < Tl; j++) positions_[j] = cp_.global_position(j);
-        auto gather = [&](const int* whole, std::vector<int>& mine) -> const int* {
-            if (!whole) return nullptr;
-            mine.resize((size_t)B * Tl);
-            for (int b = 0; b < B; b++)
-                for (int j = 0; j < Tl; j++) mine[(size_t)b * Tl + j] = whole[(size_t)b * T + positions_[j]];
-            return mine.data();
-        };
-        return {gather(inputs, local_inputs_), gather(targets, local_targets_), Tl};
+        cp_.gather_local(inputs, B, positions_, &local_inputs_);
+        if (targets) cp_.gather_local(targets, B, positions_, &local_targets_);
+        return {local_inputs_.data(), targets ? local_targets_.data() : nullptr, cp_.local_len()};
     }
 
     // Calls fn(query half, key half, causal) for every pair of this rank's two query chunks with the
