@@ -72,6 +72,15 @@ RunResult train_cpu_mesh(const RunConfig& cfg, const ProcessGroups& groups) {
     return train(cfg, groups.dp(), &groups.world(), model);
 }
 
+// The worst relative loss difference of `losses` from `reference`'s, checked against LOSS_LIMIT.
+double checked_loss_difference(const std::vector<float>& losses, const std::vector<float>& reference,
+                               const std::string& what, const char* against) {
+    const double worst = worst_loss_difference(losses, reference);
+    check(worst <= LOSS_LIMIT, strformat("%s: loss differs from %s by %.3g relative (limit %g)", what.c_str(), against,
+                                         worst, LOSS_LIMIT));
+    return worst;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,17 +117,10 @@ int main(int argc, char** argv) {
             GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
 
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
-            const double worst = worst_loss_difference(run.losses, reference.losses);
-            check(worst <= LOSS_LIMIT, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit %g)",
-                                                 what.c_str(), worst, LOSS_LIMIT));
-            const double worst_cpu = worst_loss_difference(run.losses, cpu.losses);
-            check(worst_cpu <= LOSS_LIMIT, strformat("%s: loss differs from the CPU run by %.3g relative (limit %g)",
-                                                     what.c_str(), worst_cpu, LOSS_LIMIT));
-            const RunResult cpu_mesh = train_cpu_mesh(cfg, groups);
-            const double worst_cpu_mesh = worst_loss_difference(run.losses, cpu_mesh.losses);
-            check(worst_cpu_mesh <= LOSS_LIMIT, strformat("%s: loss differs from the CPU model's run of the same mesh "
-                                                          "by %.3g relative (limit %g)", what.c_str(), worst_cpu_mesh,
-                                                          LOSS_LIMIT));
+            const double worst = checked_loss_difference(run.losses, reference.losses, what, "the 1-rank CUDA run");
+            const double worst_cpu = checked_loss_difference(run.losses, cpu.losses, what, "the CPU run");
+            const double worst_cpu_mesh = checked_loss_difference(run.losses, train_cpu_mesh(cfg, groups).losses, what,
+                                                                  "the CPU model's run of the same mesh");
             const double params_diff = relative_difference(run.params, reference.params);
             check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), params_diff));
@@ -155,9 +157,7 @@ int main(int argc, char** argv) {
             BuiltModel built;
             GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
-            const double worst = worst_loss_difference(run.losses, reference.losses);
-            check(worst <= LOSS_LIMIT, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit %g)",
-                                                 what.c_str(), worst, LOSS_LIMIT));
+            const double worst = checked_loss_difference(run.losses, reference.losses, what, "the 1-rank CUDA run");
             say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
         }
     } catch (const std::exception& e) {
