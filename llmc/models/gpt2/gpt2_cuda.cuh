@@ -50,6 +50,14 @@
 // gathers and reductions, the classifier's statistics and the LayerNorm weight-gradient sums are
 // exposed (each is needed by the very next kernel), and counted in take_exposed_comm_ms.
 //
+// Context parallelism (--cp, docs/context-parallel.md): as GPT2CPU's, each rank runs every layer on
+// 2 of the 2 x cp chunks of each sequence (context_parallel.h), with their global positions in the
+// embedding; attention is ring attention over the context group's device communicator from
+// attention.cuh's ring-pair kernels (ring_attention_forward/backward below); the loss is the mean
+// over the group's rows, and the data-parallel communicator the model is given is the data x
+// context group's, so ZeRO sums the context ranks' partial gradients. Alone or with data
+// parallelism only (tensor and pipeline parallelism with --cp run on the CPU model).
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
