@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "llmc/utils.h"
 
@@ -61,6 +62,18 @@ struct ContextSplit {
     int local_index_at_owner(int p) const {
         const int S = chunk_len();
         return size == 1 ? p : (p / S < size ? 0 : S) + p % S;
+    }
+    // The global positions of this rank's local_len() rows of a sequence, into `positions`, and the
+    // values at them of `sequences` sequences of T (tokens, targets) into `mine`: `sequences` x
+    // local_len() values (mine may be null: the positions only).
+    void gather_local(const int* whole, int sequences, std::vector<int>& positions, std::vector<int>* mine) const {
+        const int Tl = local_len();
+        positions.resize(Tl);
+        for (int j = 0; j < Tl; j++) positions[j] = global_position(j);
+        if (!mine) return;
+        mine->resize((size_t)sequences * Tl);
+        for (int s = 0; s < sequences; s++)
+            for (int j = 0; j < Tl; j++) (*mine)[(size_t)s * Tl + j] = whole[(size_t)s * T + positions[j]];
     }
 };
 

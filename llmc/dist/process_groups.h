@@ -15,6 +15,7 @@
 
 #include <array>
 #include <memory>
+#include <utility>
 
 #include "llmc/dist/comm.h"
 #include "llmc/dist/parallel_dims.h"
@@ -32,6 +33,14 @@ public:
     Communicator& cp() const { return group(MeshDim::CP); }
     Communicator& tp() const { return group(MeshDim::TP); }
     Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
+    // The colour and key that split world rank `rank`'s dp x cp group from the world (for device
+    // communicators that mirror it): the group's first rank, and the rank's (dp, cp) index in it.
+    std::pair<int, int> dp_cp_split(int rank) const {
+        MeshCoord coord = dims_.coord_of(rank);
+        const int key = coord[MeshDim::DP] * dims_.cp + coord[MeshDim::CP];
+        coord[MeshDim::DP] = coord[MeshDim::CP] = 0;
+        return {dims_.rank_of(coord), key};
+    }
 
     // Collective over world: every rank calls it with the same dims. world must outlive the groups.
     ProcessGroups(Communicator& world, const ParallelDims& dims) : dims_(dims), world_(&world) {
@@ -58,11 +67,9 @@ public:
     }
 
 private:
-    // The dp x cp group of the rank at `coord`, ranked by (dp, cp) coordinates.
     std::unique_ptr<Communicator> split_dp_cp(Communicator& world, MeshCoord coord) const {
-        const int key = coord[MeshDim::DP] * dims_.cp + coord[MeshDim::CP];
-        coord[MeshDim::DP] = coord[MeshDim::CP] = 0;
-        return world.split(dims_.rank_of(coord), key);
+        const auto [color, key] = dp_cp_split(dims_.rank_of(coord));
+        return world.split(color, key);
     }
 
     ParallelDims dims_;

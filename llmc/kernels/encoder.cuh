@@ -24,16 +24,18 @@
 namespace llmc {
 
 // ---------------------------------------------------------------------------------------------
-// Forward: out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], one thread per 8 channels.
+// Forward: out[b, t, :] = wte[tokens[b, t], :] + wpe[position of t, :], one thread per 8 channels.
+// The position of row t of a sequence is t, or positions[t] where the rank holds other positions of
+// each sequence than 0..T-1 (context parallelism: its two chunks, context_parallel.h).
 
-__global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B,
-                                       int T, int C) {
+__global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe,
+                                       const int* positions, int B, int T, int C) {
     const int chunks = C / x128::size;
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)B * T * chunks) return;
     const size_t bt = index / chunks;
     const int channel = (int)(index % chunks) * x128::size;
-    const int t = (int)(bt % T);
+    const int t = positions ? positions[bt % T] : (int)(bt % T);
     const x128 token_row = load128(wte + (size_t)tokens[bt] * C + channel);
     const x128 position_row = load128(wpe + (size_t)t * C + channel);
     x128 result;
@@ -49,14 +51,15 @@ inline void encoder_check_shape(int B, int T, int C, const char* what) {
     if (C < 8 || C % 8 != 0) fail(strformat("%s: C = %d channels, expected a positive multiple of 8", what, C));
 }
 
-// tokens: B * T ids in [0, rows of wte), on the device.
+// tokens: B * T ids in [0, rows of wte), on the device; positions: null (row t is position t), or
+// the T positions of a sequence's rows, on the device.
 inline void encoder_forward(floatX* out, const int* tokens, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const int* positions = nullptr) {
     encoder_check_shape(B, T, C, "encoder_forward");
     const int threads = 256;
     const size_t blocks = ceil_div((size_t)B * T * (C / x128::size), (size_t)threads);
     if (blocks > (size_t)INT_MAX) fail(strformat("encoder_forward: B = %d x T = %d x C = %d is too large", B, T, C));
-    LLMC_LAUNCH(encoder_forward_kernel, (unsigned)blocks, threads, 0, stream)(out, tokens, wte, wpe, B, T, C);
+    LLMC_LAUNCH(encoder_forward_kernel, (unsigned)blocks, threads, 0, stream)(out, tokens, wte, wpe, positions, B, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -216,15 +219,17 @@ __global__ void __launch_bounds__(ENCODER_BACKWARD_WARPS * WARP_SIZE)
     store128(dst + 4, dst_hi);
 }
 
-// One thread per (t, 8 channels): dwpe[t] += dout[0, t] + dout[1, t] + ..., added one b at a time into
-// the running value, the order of the CPU reference.
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int B, int T, int C) {
+// One thread per (t, 8 channels): dwpe[p] += dout[0, t] + dout[1, t] + ..., added one b at a time into
+// the running value, the order of the CPU reference; p is row t's position (positions[t], or t). The
+// positions are distinct, so each row of dwpe still has one writer.
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, const int* positions, int B, int T,
+                                            int C) {
     const int chunks = C / x128::size;
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)T * chunks) return;
     const int t = (int)(index / chunks);
     const int channel = (int)(index % chunks) * x128::size;
-    float* dst = dwpe + (size_t)t * C + channel;
+    float* dst = dwpe + (size_t)(positions ? positions[t] : t) * C + channel;
     f128 lo = load128(dst), hi = load128(dst + 4);
 #pragma unroll 4
     for (int b = 0; b < B; b++) {
@@ -254,7 +259,9 @@ public:
                  int vocab_end = INT_MAX);
 
     // For the tokens of the last prepare() (same B and T): dwte (Vp x C) += ..., dwpe (maxT x C) += ...
-    void backward(float* dwte, float* dwpe, const floatX* dout, int B, int T, int C, cudaStream_t stream);
+    // positions: as encoder_forward's.
+    void backward(float* dwte, float* dwpe, const floatX* dout, int B, int T, int C, cudaStream_t stream,
+                  const int* positions = nullptr);
 
     size_t device_bytes() const { return groups_device_.bytes(); }
     // What the constructor will allocate on the device, for the memory planner.
@@ -374,7 +381,7 @@ inline void EncoderBackward::prepare(const int* host_tokens, int B, int T, cudaS
 }
 
 inline void EncoderBackward::backward(float* dwte, float* dwpe, const floatX* dout, int B, int T, int C,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, const int* positions) {
     if (prepared_B_ == 0) fail("EncoderBackward::backward: no prepare() before it");
     if (B != prepared_B_ || T != prepared_T_) {
         fail(strformat("EncoderBackward::backward: B = %d, T = %d, but the last prepare() had B = %d, T = %d", B, T,
@@ -395,7 +402,7 @@ inline void EncoderBackward::backward(float* dwte, float* dwpe, const floatX* do
 
     const int threads = 256;
     const int wpe_blocks = (int)ceil_div((size_t)T * (C / x128::size), (size_t)threads);
-    LLMC_LAUNCH(encoder_backward_wpe_kernel, wpe_blocks, threads, 0, stream)(dwpe, dout, B, T, C);
+    LLMC_LAUNCH(encoder_backward_wpe_kernel, wpe_blocks, threads, 0, stream)(dwpe, dout, positions, B, T, C);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(consumed_.get(), stream));
 }

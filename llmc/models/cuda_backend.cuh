@@ -1,11 +1,13 @@
 // models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
-// (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp) and pipelined (--pp).
+// (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp), pipelined (--pp) and
+// context parallel (--cp: ring attention; alone or with data parallelism, ZeRO over dp x cp).
 //
 // The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
-// into the data-parallel, tensor-parallel and pipeline groups with the same colours and keys (the group's id
-// and the rank's coordinate along it, parallel_dims.h), so each device group has exactly the ranks,
-// in the same order, of its host group. A group that spans the world is the world's communicator
+// into the data-parallel, tensor-parallel, pipeline and context groups with the same colours and keys
+// (the group's id and the rank's coordinate along it, parallel_dims.h), and the data x context group
+// with ProcessGroups::dp_cp_split's, so each device group has exactly the ranks, in the same order, of
+// its host group. A group that spans the world is the world's communicator
 // itself, and a group of one needs none (the model uses its local one).
 #pragma once
 
@@ -30,10 +32,12 @@
 namespace llmc {
 
 struct CudaBackend {
-    // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (GPT2CUDA::zero_plan).
+    // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (GPT2CUDA::zero_plan). ZeRO's
+    // group is the data x context group (context ranks' gradients add up like data-parallel ones).
     static int effective_zero_stage(const RunConfig& cfg) {
-        return GPT2CUDA::effective_stage(cfg.zero_stage, cfg.dims.dp);
+        return GPT2CUDA::effective_stage(cfg.zero_stage, zero_world(cfg));
     }
+    static int zero_world(const RunConfig& cfg) { return cfg.dims.dp * cfg.dims.cp; }
 
     // This rank's model on its GPU (local rank modulo the node's GPUs), sharded by ZeRO over the
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
@@ -42,7 +46,7 @@ struct CudaBackend {
         if (cfg.model_config.num_experts > 0)
             fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
                            cfg.model_config.num_experts));
-        refuse_context_parallel(cfg);
+        refuse_context_parallel_with(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -51,8 +55,8 @@ struct CudaBackend {
         if (world.rank() == 0) print_device(cfg, world, device, nccl, built.peak_tflops);
         built.device_comm = make_device_comm(cfg, world, device, nccl);
         DataParallel dp;
-        dp.comm = device_group(built, groups, MeshDim::DP);
-        dp.host = &groups.dp();
+        dp.comm = cfg.dims.cp > 1 ? dp_cp_device_group(built, groups) : device_group(built, groups, MeshDim::DP);
+        dp.host = &groups.dp_cp();
         dp.zero_stage = cfg.zero_stage;
         TensorParallelGroup tp;
         tp.comm = device_group(built, groups, MeshDim::TP);
@@ -62,7 +66,11 @@ struct CudaBackend {
         pp.comm = device_group(built, groups, MeshDim::PP);
         pp.host = &groups.pp();
         pp.pipe = pipeline_of(cfg);
-        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp, pp);
+        ContextParallelGroup cp;
+        cp.comm = device_group(built, groups, MeshDim::CP);
+        cp.host = &groups.cp();
+        built.model =
+            std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp, pp, cp);
         return built;
     }
 
@@ -70,8 +78,8 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        refuse_context_parallel(cfg);
-        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, cfg.dims.dp, tp_shape(cfg, 0),
+        refuse_context_parallel_with(cfg);
+        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, zero_world(cfg), tp_shape(cfg, 0),
                                                   GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
             cfg, zero, memory_plan(cfg, 0, 0, 0),
@@ -87,32 +95,35 @@ struct CudaBackend {
         for (int r = 0; r <= 3; r++) {
             RunConfig alt = cfg;
             alt.recompute = r;
-            const size_t bytes = CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size, cfg.seq_len,
-                                                                 options(alt), tp_shape(cfg, 0),
-                                                                 pipeline_stage_shape(pipeline_of(cfg), 0));
+            const size_t bytes = CudaActivationLayout::bytes_for(cfg.model_config, cfg.batch_size,
+                                                                 cfg.seq_len / cfg.dims.cp, options(alt),
+                                                                 tp_shape(cfg, 0),
+                                                                 pipeline_stage_shape(pipeline_of(cfg), 0), cfg.dims.cp);
             out += strformat(" %d: %s%s", r, format_bytes((double)bytes).c_str(), r < 3 ? "," : "\n");
         }
         return out;
     }
 
-    // What data-parallel rank `dp_rank` of tensor rank `tp_rank` in pipeline stage `pp_rank` allocates
-    // on its GPU (the constructor's allocations add up to the same bytes).
-    static MemoryPlan memory_plan(const RunConfig& cfg, int dp_rank, int tp_rank, int pp_rank) {
+    // What rank `zero_rank` of the data x context group (ProcessGroups::dp_cp; the data-parallel rank
+    // without --cp) of tensor rank `tp_rank` in pipeline stage `pp_rank` allocates on its GPU (the
+    // constructor's allocations add up to the same bytes).
+    static MemoryPlan memory_plan(const RunConfig& cfg, int zero_rank, int tp_rank, int pp_rank) {
         const TpShape tp = tp_shape(cfg, tp_rank);
-        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, dp_rank, cfg.dims.dp, tp,
+        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
                                                   GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
         return plan_memory(cfg, zero,
                            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
-                                                  tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank)),
+                                                  tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp),
                            DeviceMemory::precision, pp_rank);
     }
 
-
-    // Ring attention runs on the CPU model only so far (cpu/ring_attention.h).
-    static void refuse_context_parallel(const RunConfig& cfg) {
-        if (cfg.dims.cp > 1)
-            fail(strformat("--cp %d: context parallelism runs on the CPU model only (train_gpt_cpu); the CUDA model "
-                           "takes --cp 1", cfg.dims.cp));
+    // The CUDA model's ring attention runs alone or with data parallelism; the CPU model's
+    // (cpu/ring_attention.h) combines --cp with --tp and --pp too.
+    static void refuse_context_parallel_with(const RunConfig& cfg) {
+        if (cfg.dims.cp > 1 && (cfg.dims.tp > 1 || cfg.dims.pp > 1))
+            fail(strformat("--cp %d with --tp %d and --pp %d: the CUDA model combines context parallelism with data "
+                           "parallelism only so far; train_gpt_cpu combines all four", cfg.dims.cp, cfg.dims.tp,
+                           cfg.dims.pp));
     }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
@@ -138,6 +149,21 @@ private:
         if (group.world_size() != host.world_size() || group.rank() != host.rank())
             fail(strformat("the device %s group of rank %d has %d ranks with this one at %d; its host group %d ranks "
                            "with it at %d", mesh_dim_name(dim), rank, group.world_size(), group.rank(),
+                           host.world_size(), host.rank()));
+        return &group;
+    }
+
+    // The data x context group's device communicator: the world's where it spans the world, else split
+    // from it with ProcessGroups' colour and key for that group.
+    static Communicator* dp_cp_device_group(BuiltModel& built, const ProcessGroups& groups) {
+        Communicator& host = groups.dp_cp();
+        if (host.world_size() == groups.world().world_size()) return built.device_comm.get();
+        const auto [color, key] = groups.dp_cp_split(groups.world().rank());
+        built.device_groups.push_back(built.device_comm->split(color, key));
+        Communicator& group = *built.device_groups.back();
+        if (group.world_size() != host.world_size() || group.rank() != host.rank())
+            fail(strformat("the device dp x cp group of rank %d has %d ranks with this one at %d; its host group %d "
+                           "ranks with it at %d", groups.world().rank(), group.world_size(), group.rank(),
                            host.world_size(), host.rank()));
         return &group;
     }

@@ -7,9 +7,10 @@
 #   2. the CUDA model against the CPU model (test_gpt2_cuda) and its host-side logic (test_cuda_host);
 #   3. every kernel workbench's --check, each launch run under two thread schedules
 #      (LLMC_EMU_RACECHECK=1: an output that depends on the schedule is a race and fails);
-#   4. data, tensor and pipeline parallelism under mpirun (test/mpi/run_gpu_dp_tests.sh,
-#      test/gpu/run_gpu_tp_tests.sh with test_tp_cuda, test/gpu/run_gpu_pp_tests.sh with test_pp_cuda:
-#      ZeRO 0-3, recomputation, --gpu-comm mpi and nccl, one emulated GPU per rank);
+#   4. data, tensor, pipeline and context parallelism under mpirun (test/mpi/run_gpu_dp_tests.sh,
+#      test/gpu/run_gpu_tp_tests.sh with test_tp_cuda, test/gpu/run_gpu_pp_tests.sh with test_pp_cuda,
+#      test/gpu/run_gpu_cp_tests.sh with test_cp_cuda: ZeRO 0-3, recomputation, --gpu-comm mpi and
+#      nccl, one emulated GPU per rank);
 #   5. checkpoints: resume bitwise, the CUDA trainer against the CPU trainer (same seed and data),
 #      a checkpoint of either resumed by the other (test/gpu/run_gpu_ckpt_tests.sh).
 # Prints each part's seconds; any failure stops it with a non-zero exit.
@@ -55,4 +56,5 @@ part "checkpoints, CUDA and CPU trainers" test/gpu/run_gpu_ckpt_tests.sh ./train
 part "data parallelism" test/mpi/run_gpu_dp_tests.sh ./train_gpt_emu
 part "tensor parallelism" test/gpu/run_gpu_tp_tests.sh "$emu/test_tp_cuda" ./train_gpt_emu
 part "pipeline parallelism" test/gpu/run_gpu_pp_tests.sh "$emu/test_pp_cuda" ./train_gpt_emu
+part "context parallelism" test/gpu/run_gpu_cp_tests.sh "$emu/test_cp_cuda" ./train_gpt_emu ./train_gpt_cpu
 echo "run_emu_tests.sh: all emulated CUDA tests passed ($((SECONDS - start)) s)"

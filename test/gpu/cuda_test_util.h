@@ -70,7 +70,7 @@ inline GPT2CUDA& make_planned_model(BuiltModel& built, const RunConfig& cfg, con
     built = CudaBackend::make_model(cfg, groups, launch);
     GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
     check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
-    const MemoryPlan plan = CudaBackend::memory_plan(cfg, groups.dp().rank(), groups.tp().rank(), groups.pp().rank());
+    const MemoryPlan plan = CudaBackend::memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), groups.pp().rank());
     for (int k = 0; k < (int)MemoryKind::Count; k++)
         check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),
               strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],

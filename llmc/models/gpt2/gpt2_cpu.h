@@ -412,17 +412,9 @@ private:
     LocalBatch local_batch(const int* inputs, const int* targets, int sequences, int T) {
         cp_.T = T;
         if (cp_.size == 1) return {inputs, targets, T};
-        const int Tl = cp_.local_len();
-        positions_.resize(Tl);
-        for (int j = 0; j < Tl; j++) positions_[j] = cp_.global_position(j);
-        auto gather = [&](const int* whole, std::vector<int>& mine) -> const int* {
-            if (!whole) return nullptr;
-            mine.resize((size_t)sequences * Tl);
-            for (int s = 0; s < sequences; s++)
-                for (int j = 0; j < Tl; j++) mine[(size_t)s * Tl + j] = whole[(size_t)s * T + positions_[j]];
-            return mine.data();
-        };
-        return {gather(inputs, local_inputs_), gather(targets, local_targets_), Tl};
+        cp_.gather_local(inputs, sequences, positions_, &local_inputs_);
+        if (targets) cp_.gather_local(targets, sequences, positions_, &local_targets_);
+        return {local_inputs_.data(), targets ? local_targets_.data() : nullptr, cp_.local_len()};
     }
     // The global position of each of this rank's rows of a sequence (null: row t is position t).
     const int* positions() const { return cp_.size > 1 ? positions_.data() : nullptr; }

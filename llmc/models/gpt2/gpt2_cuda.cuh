@@ -50,6 +50,14 @@
 // gathers and reductions, the classifier's statistics and the LayerNorm weight-gradient sums are
 // exposed (each is needed by the very next kernel), and counted in take_exposed_comm_ms.
 //
+// Context parallelism (--cp, docs/context-parallel.md): as GPT2CPU's, each rank runs every layer on
+// 2 of the 2 x cp chunks of each sequence (context_parallel.h), with their global positions in the
+// embedding; attention is ring attention over the context group's device communicator from
+// attention.cuh's ring-pair kernels (ring_attention_forward/backward below); the loss is the mean
+// over the group's rows, and the data-parallel communicator the model is given is the data x
+// context group's, so ZeRO sums the context ranks' partial gradients. Alone or with data
+// parallelism only (tensor and pipeline parallelism with --cp run on the CPU model).
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
@@ -77,6 +85,7 @@
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
+#include "llmc/dist/context_parallel.h"
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
 #include "llmc/dist/device_memory.cuh"
@@ -144,18 +153,27 @@ struct CudaActivationLayout {
     // Pipeline parallelism only: where a message from a neighbouring stage lands, and the two
     // buffers input gradients leave from (n rows of C each).
     floatX *recv, *send_grad;
+    // Context parallelism only (ring attention, T the rank's rows of a sequence): the global position
+    // of each row (T), the key/value blocks arriving around the ring (whole qkv rows, one buffer at cp
+    // 2, two beyond), a ring pair's out and lse, the fp32 running out (forward) or dq sum (backward),
+    // and the two fp32 dk, dv accumulators that travel back with the blocks.
+    int* positions;
+    floatX *ring_kv, *pair_out;
+    float *pair_lse, *ring_acc, *ring_dkv;
 
     size_t slot_bytes = 0, scratch_bytes = 0;
     size_t total_bytes = 0;  // every slot and the scratch
 
+    // T: the rows of each sequence this rank holds (T / cp of a sequence under context parallelism
+    // over cp ranks, whose ring buffers it adds).
     static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const TpShape& tp = {},
-                            const StageShape& stage = {}) {
-        return CudaActivationLayout(c, B, T, o, nullptr, tp, stage).total_bytes;
+                            const StageShape& stage = {}, int cp = 1) {
+        return CudaActivationLayout(c, B, T, o, nullptr, tp, stage, 0, cp).total_bytes;
     }
 
     // Assigns 256-byte aligned slices of `base`; with nullptr only the sizes are set.
     CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base,
-                         const TpShape& tp = {}, const StageShape& stage = {}, int slot = 0) {
+                         const TpShape& tp = {}, const StageShape& stage = {}, int slot = 0, int cp = 1) {
         const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size;
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t NH = c.num_heads / tp.size;
@@ -224,6 +242,13 @@ struct CudaActivationLayout {
         take(dln_weights, sp ? 4 * C : 0, false);
         take(recv, pipe ? n * C : 0, false);
         take(send_grad, pipe ? 2 * n * C : 0, false);
+        const bool ring = cp > 1;
+        take(positions, ring ? T : 0, false);
+        take(ring_kv, ring ? std::min(cp - 1, 2) * BT * 3 * Cl : 0, false);
+        take(pair_out, ring ? BT * Cl : 0, false);
+        take(pair_lse, ring ? NH * BT : 0, false);
+        take(ring_acc, ring ? BT * Cl : 0, false);
+        take(ring_dkv, ring ? 2 * BT * 2 * Cl : 0, false);
         total_bytes = stage.slots * slot_bytes + scratch_bytes;
         for (const Take& t : takes)
             t.set(base ? base + (t.per_slot ? slot * slot_bytes : stage.slots * slot_bytes) + t.offset : nullptr);
@@ -260,6 +285,17 @@ struct PipelineGroup {
     PipelineParallel pipe;         // the layers' split and a step's micro-batches
 };
 
+// The context-parallel group of a GPT2CUDA (--cp, context_parallel.h): each rank holds 2 of the 2 x
+// size chunks of every sequence; ring attention's key/value blocks and their gradients travel on
+// `comm`, the loss sums and sampling's logits on `host`, which must span the same ranks in the same
+// order. The data-parallel group of such a model is the data x context group (ZeRO sums the context
+// ranks' partial gradients like data-parallel ones).
+struct ContextParallelGroup {
+    Communicator* comm = nullptr;  // device buffers; nullptr: no context parallelism
+    Communicator* host = nullptr;  // host buffers over the same ranks
+    int size() const { return comm ? comm->world_size() : 1; }
+};
+
 class GPT2CUDA : public Model, private PipelineStage {
 public:
     // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
@@ -275,9 +311,11 @@ public:
                         world_size, SHARD_ALIGN);
     }
 
-    // The communicators in `dp`, `tp` and `pp` must outlive the model.
+    // The communicators in `dp`, `tp`, `pp` and `cp` must outlive the model. max_T: whole sequences
+    // (a context-parallel rank allocates for its max_T / cp rows of each).
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
-             const DataParallel& dp = {}, const TensorParallelGroup& tp = {}, const PipelineGroup& pp = {})
+             const DataParallel& dp = {}, const TensorParallelGroup& tp = {}, const PipelineGroup& pp = {},
+             const ContextParallelGroup& cp = {})
         : config_(validated(config, tp.shape().size)), tp_(tp.shape()),
           pp_host_(pp.host ? *pp.host : local_communicator()),
           pipe_(checked_pipeline("GPT2CUDA", config.num_layers, pp_host_, pp.pipe)),
@@ -286,12 +324,14 @@ public:
           max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
-          pp_comm_(pp.comm ? *pp.comm : staged_local_), memory_(stream_.get(), host_),
+          pp_comm_(pp.comm ? *pp.comm : staged_local_), cp_host_(cp.host ? *cp.host : local_communicator()),
+          cp_comm_(cp.comm ? *cp.comm : staged_local_), cp_{cp.size(), cp_comm_.rank(), max_T},
+          memory_(stream_.get(), host_),
           engine_(layout_,
                   ZeroPlan(layout_, effective_stage(dp.zero_stage, comm_.world_size()), comm_.rank(),
                            comm_.world_size(), SHARD_ALIGN),
                   comm_, memory_),
-          encoder_backward_(max_B, max_T) {
+          encoder_backward_(max_B, std::max(1, max_T / cp.size())) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CUDA: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
@@ -320,6 +360,19 @@ public:
         if (pp_host_.world_size() != pp_comm_.world_size() || pp_host_.rank() != pp_comm_.rank())
             fail(strformat("GPT2CUDA: the pipeline host communicator is rank %d of %d but the device one rank %d of %d",
                            pp_host_.rank(), pp_host_.world_size(), pp_comm_.rank(), pp_comm_.world_size()));
+        if (cp_.size > 1) {
+            ContextSplit::check(max_T, cp_.size, "GPT2CUDA");
+            if (!cp_comm_.uses_device_buffers() || cp_host_.world_size() != cp_comm_.world_size() ||
+                cp_host_.rank() != cp_comm_.rank())
+                fail(strformat("GPT2CUDA: the context-parallel communicators (%s, rank %d of %d; host rank %d of %d) "
+                               "must be a device one and a host one over the same ranks",
+                               cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
+                               cp_host_.world_size()));
+            if (tp_.size > 1 || stage_.pipelined)
+                fail(strformat("GPT2CUDA: --cp %d with --tp %d or --pp %d: the CUDA model's context parallelism "
+                               "runs alone or with data parallelism so far (the CPU model combines them)",
+                               cp_.size, tp_.size, pp_host_.world_size()));
+        }
         engine_.set_tensor_parallel(tp_host_);
         engine_.set_pipeline_parallel(pp_host_);
         chunks_ = pipeline_chunks(pipe_.split, pp_host_.rank());
@@ -333,7 +386,8 @@ public:
             // a communicator per edge, as its streams need.
             links_ = pipeline_links(pp_comm_, pipe_.edge_links || std::string(pp_comm_.backend()) == "nccl");
         }
-        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T, options_, tp_, stage_), "activations");
+        acts_.allocate(CudaActivationLayout::bytes_for(config_, max_B, max_T / cp_.size, options_, tp_, stage_, cp_.size),
+                       "activations");
         pinned_tokens_ = PinnedBuffer<int>(2 * (size_t)max_B * max_T, "token upload");
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T * (stage_.pipelined ? pipe_.micro_batches : 1),
                                              "loss download");
@@ -344,14 +398,16 @@ public:
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
     // constructor's allocations add up to the same bytes).
+    // (max_T: whole sequences, of which a rank of a context group of cp holds max_T / cp rows.)
     static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
                                                 const ZeroPlan& plan, const TpShape& tp = {},
-                                                const StageShape& stage = {}) {
+                                                const StageShape& stage = {}, int cp = 1) {
         using K = MemoryKind;
+        const int rows = max_T / cp;
         std::vector<BufferSpec> specs = buffer_specs(plan, DeviceMemory::precision);
         specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
-                         K::Activations, CudaActivationLayout::bytes_for(c, max_B, max_T, o, tp, stage), 1});
-        specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, max_T), 1});
+                         K::Activations, CudaActivationLayout::bytes_for(c, max_B, rows, o, tp, stage, cp), 1});
+        specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, std::max(1, rows)), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
         return specs;
@@ -426,10 +482,11 @@ public:
         check_batch(inputs, targets, B, T, "forward_backward");
         if (stage_.pipelined)
             fail("GPT2CUDA: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
-        const CudaActivationLayout a = activations(B, T, 0);
-        forward_chunk(a, 0, inputs, targets, B, T, Pass::Train, grad_scale);
-        backward_chunk(a, 0, inputs, B, T, last_micro_batch);
-        return mean_loss(B * T);
+        const LocalBatch local = local_batch(inputs, targets, B, T);
+        const CudaActivationLayout a = activations(B, local.T, 0);
+        forward_chunk(a, 0, local.inputs, local.targets, B, local.T, Pass::Train, grad_scale);
+        backward_chunk(a, 0, local.inputs, B, local.T, last_micro_batch);
+        return mean_loss(B * local.T);
     }
     double forward_backward_step(const int* inputs, const int* targets, int micro_batches, int B, int T,
                                  float grad_scale) override {
@@ -440,21 +497,25 @@ public:
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(inputs, targets, B, T, "evaluate");
-        return forward_through_stages(inputs, targets, B, T, Pass::Evaluate);
+        const LocalBatch local = local_batch(inputs, targets, B, T);
+        return forward_through_stages(local.inputs, local.targets, B, local.T, Pass::Evaluate);
     }
     // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
-        // Sequence parallelism cuts the rows into tp equal blocks: pad with token 0 to a multiple of
-        // tp. Attention is causal, so the padding cannot change the logits at position T - 1.
+        // Sequence parallelism cuts the rows into tp equal blocks, context parallelism each sequence
+        // into 2 cp chunks: pad with token 0 to a length they cut. Attention is causal, so the padding
+        // cannot change the logits at position T - 1, which the context rank holding it broadcasts.
+        const int unit = tp_.sequence_parallel ? tp_.size : cp_.size > 1 ? 2 * cp_.size : 1;
         std::vector<int> padded(tokens, tokens + T);
-        if (tp_.sequence_parallel) padded.resize((T + tp_.size - 1) / tp_.size * tp_.size, 0);
+        padded.resize((T + unit - 1) / unit * unit, 0);
         if ((int)padded.size() > max_T_)
-            fail(strformat("next_token_logits: %d tokens padded to %d (a multiple of --tp %d) exceed max_T %d", T,
-                           (int)padded.size(), tp_.size, max_T_));
-        forward_through_stages(padded.data(), nullptr, 1, (int)padded.size(), Pass::LastLogits, T - 1);
+            fail(strformat("next_token_logits: %d tokens padded to %d (a multiple of %d) exceed max_T %d", T,
+                           (int)padded.size(), unit, max_T_));
+        const LocalBatch local = local_batch(padded.data(), nullptr, 1, (int)padded.size());
+        forward_through_stages(local.inputs, nullptr, 1, local.T, Pass::LastLogits, cp_.local_index_at_owner(T - 1));
         if (stage_.head) {
-            const CudaActivationLayout a = activations(1, (int)padded.size(), 0);
+            const CudaActivationLayout a = activations(1, local.T, 0);
             const int cols = vocab_cols();
             CUDA_CHECK(cudaMemcpyAsync(pinned_logits_.get(), a.logits, cols * sizeof(floatX), cudaMemcpyDeviceToHost,
                                        stream_.get()));
@@ -462,6 +523,8 @@ public:
             float* mine = logits_out + (size_t)tp_.rank * cols;
             for (int i = 0; i < cols; i++) mine[i] = __bfloat162float(pinned_logits_.get()[i]);
             if (tp_.size > 1) tp_host_.all_gather(mine, logits_out, cols, CommDtype::F32).wait();
+            if (cp_.size > 1)
+                cp_host_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), cp_.owner_of(T - 1)).wait();
         }
         if (stage_.pipelined)
             wait(pp_host_.broadcast(logits_out, config_.padded_vocab_size * sizeof(float), pipe_.split.last_rank()));
@@ -523,8 +586,9 @@ private:
         return c;
     }
 
+    // T: this rank's rows of each sequence.
     CudaActivationLayout activations(int B, int T, int slot) const {
-        CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_, stage_, slot);
+        CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_, stage_, slot, cp_.size);
         if (a.total_bytes > acts_.bytes())
             fail(strformat("GPT2CUDA: activations for B %d x T %d need %zu bytes, %zu allocated", B, T, a.total_bytes,
                            acts_.bytes()));
@@ -533,6 +597,7 @@ private:
 
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
         llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
+        ContextSplit::check(T, cp_.size, who);
         if (tp_.sequence_parallel && (B * T) % tp_.size != 0)
             fail(strformat("%s: sequence parallelism needs B*T = %d*%d divisible by the %d tensor-parallel ranks", who,
                            B, T, tp_.size));
@@ -590,12 +655,14 @@ private:
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         if (ch.embedding || ch.head) upload_tokens(a, inputs, targets, BT);
+        if (ch.embedding && cp_.size > 1)  // a.positions: the global position of each of the rank's rows
+            CUDA_CHECK(cudaMemcpyAsync(a.positions, positions_.data(), T * sizeof(int), cudaMemcpyHostToDevice, s));
         buckets_.acquire_resident();
         if (ch.embedding) {
             PhaseScope phase(timer_, "encoder", s);
             floatX* x = chunk_input(a, chunk, BT);
             if (tp_.size == 1) {
-                encoder_forward(x, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s);
+                encoder_forward(x, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s, a.positions);
             } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
                 embedding_forward_range(a.partial, a.inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,
                                         s);
@@ -634,8 +701,9 @@ private:
         // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
         // taken now (under ZeRO-2 this zeroes a fresh one) and backward_chunk adds the encoder's share.
         if (train) buckets_.take_grads(layout_.bucket_of(P::WTE));
-        // The whole backward is linear in the loss gradient, so grad_scale enters once, here.
-        const float dloss = grad_scale / BT;
+        // The whole backward is linear in the loss gradient, so grad_scale enters once, here. The loss
+        // is the mean over the context group's rows (each rank's weight gradients its part of the sum).
+        const float dloss = grad_scale / ((float)BT * cp_.size);
         const int rows_at_once = std::min(BT, options_.classifier_chunk_rows);
         for (int r0 = 0; r0 < BT; r0 += rows_at_once) {
             const int rows = std::min(rows_at_once, BT - r0);
@@ -694,7 +762,8 @@ private:
         }
         {
             PhaseScope phase(timer_, "attention", s);
-            attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, s);
+            if (cp_.size == 1) attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, s);
+            else ring_attention_forward(a, l, B, T, NH, HS);
         }
         row_parallel_forward(a, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l), param(P::ATTPROJB, l),
                              residual, BT, Cl, C);
@@ -821,7 +890,7 @@ private:
             if (!ch.head) buckets_.take_grads(embedding);
             const floatX* dresidual = gather_rows(a.dresidual, a.dfull, BT, C);
             PhaseScope phase(timer_, "encoder", s);
-            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), dresidual, B, T, C, s);
+            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), dresidual, B, T, C, s, a.positions);
         }
         if (ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);
         // Drain the compute stream first, so that what the engine then waits for is only the
@@ -858,7 +927,10 @@ private:
         }
         {
             PhaseScope phase(timer_, "attention", s);
-            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
+            if (cp_.size == 1)
+                attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
+            else
+                ring_attention_backward(a, l, B, T, NH, HS);
         }
         {
             PhaseScope phase(timer_, "matmul", s);
@@ -1014,17 +1086,138 @@ private:
     }
 
     // The mean of the per-row losses of the last forward, summed on the host in row order.
+    // The mean of the last forward's BT row losses; under context parallelism the sums of the group's
+    // ranks are added (in rank order: the same bits on every rank) and divided by all their rows.
     float mean_loss(int BT) {
         const CudaActivationLayout a = activations(last_B_, last_T_, 0);
         CUDA_CHECK(cudaMemcpyAsync(pinned_losses_.get(), a.row_loss, BT * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_.get()));
         stream_.synchronize();
-        return mean_of(pinned_losses_.get(), BT);
+        if (cp_.size == 1) return mean_of(pinned_losses_.get(), BT);
+        double total = 0.0;
+        for (int r = 0; r < BT; r++) total += pinned_losses_.get()[r];
+        return (float)(sum_over_ranks(cp_host_, total) / ((double)BT * cp_.size));
     }
     static float mean_of(const float* row_losses, int BT) {
         double total = 0.0;
         for (int r = 0; r < BT; r++) total += row_losses[r];
         return (float)(total / BT);
+    }
+
+    // ---- context parallelism: this rank's positions, and ring attention (context_parallel.h) ----
+
+    // A batch's tokens at this rank's positions: T of them per sequence.
+    struct LocalBatch {
+        const int *inputs, *targets;
+        int T;
+    };
+    // The batch as it is without context parallelism; with it, this rank's 2 chunks of each of the
+    // B sequences of T tokens, gathered (targets may be null), and positions_ set to their positions.
+    LocalBatch local_batch(const int* inputs, const int* targets, int B, int T) {
+        cp_.T = T;
+        if (cp_.size == 1) return {inputs, targets, T};
+        cp_.gather_local(inputs, B, positions_, &local_inputs_);
+        if (targets) cp_.gather_local(targets, B, positions_, &local_targets_);
+        return {local_inputs_.data(), targets ? local_targets_.data() : nullptr, cp_.local_len()};
+    }
+
+    // Calls fn(query half, key half, causal) for every pair of this rank's two query chunks with the
+    // two key chunks of `source` (the rank whose keys and values are in hand) that carries causal work.
+    template <typename Fn>
+    void for_each_ring_pair(int source, Fn fn) const {
+        for (int q_half = 0; q_half < 2; q_half++)
+            for (int k_half = 0; k_half < 2; k_half++) {
+                const BlockWork work = block_work(cp_.chunk_of(q_half), ContextSplit::chunk_of(source, cp_.size, k_half));
+                if (work != BlockWork::None) fn(q_half, k_half, work == BlockWork::Diagonal);
+            }
+    }
+    // The rank whose keys and values this rank holds at ring step `step`: its own, then its predecessors'.
+    int ring_source(int step) const { return (cp_.rank - step + cp_.size) % cp_.size; }
+    // The block in hand at `step` (whole qkv rows of B x T): at step 0 the layer's own qkv, then what
+    // arrived into the ring buffers, which alternate when there are two.
+    const floatX* ring_block(const CudaActivationLayout& a, const floatX* qkv, int step, size_t block) const {
+        return step == 0 ? qkv : a.ring_kv + (size_t)((step - 1) % 2) * block;
+    }
+    floatX* ring_incoming(const CudaActivationLayout& a, int step, size_t block) const {
+        return a.ring_kv + (size_t)(step % 2) * block;
+    }
+    // Sends `bytes` at `held` to the next rank of the ring and receives the previous rank's into
+    // `incoming`, once the compute issued so far is done with both (before_messages).
+    void ring_pass(const void* held, void* incoming, size_t bytes, CommHandle& sent, CommHandle& arrived) {
+        before_messages(cp_comm_);
+        sent = cp_comm_.send(held, bytes, (cp_.rank + 1) % cp_.size);
+        arrived = cp_comm_.recv(incoming, bytes, (cp_.rank + cp_.size - 1) % cp_.size);
+    }
+
+    // Layer l's attention around the context group's ring: in cp steps each rank runs its query
+    // chunks against the key/value block in hand (its own, then its predecessors') while that block
+    // is already on its way to the next rank and the previous rank's is arriving; each pair's out and
+    // lse are merged into the fp32 running result through the log-sum-exp. The keys and values travel
+    // as whole qkv rows (the pair kernels read them in qkv's layout). a.lse.at(l) ends as the final lse.
+    void ring_attention_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
+        cudaStream_t s = stream_.get();
+        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C;
+        const AttentionRows rows{(int)S, T, T};
+        const floatX* qkv = a.qkv.at(l);
+        float* lse = a.lse.at(l);
+        int merged[2] = {0, 0};  // pairs merged so far, per query half
+        for (int step = 0; step < cp_.size; step++) {
+            const floatX* held = ring_block(a, qkv, step, block);
+            CommHandle sent, arrived;
+            if (step < cp_.size - 1)
+                ring_pass(held, ring_incoming(a, step, block), block * sizeof(floatX), sent, arrived);
+            for_each_ring_pair(ring_source(step), [&](int q_half, int k_half, bool causal) {
+                const size_t q = q_half * S, k = k_half * S;
+                attention_forward_pair(a.pair_out + q * C, a.pair_lse + q, qkv + q * 3 * C, held + k * 3 * C, B, rows,
+                                       causal, NH, HS, s);
+                attention_merge(a.ring_acc + q * C, lse + q, a.pair_out + q * C, a.pair_lse + q,
+                                merged[q_half]++ == 0, B, (int)S, T, NH, HS, s);
+            });
+            ring_wait(sent);
+            ring_wait(arrived);
+        }
+        attention_merge_finish(a.atty.at(l), a.ring_acc, (size_t)B * T * C, s);
+    }
+
+    // Its backward into a.d3C, from dout in a.dC: the blocks go round again, each pair's gradients
+    // recomputed from the final lse; dq sums in a.ring_acc, and alongside each block travels its fp32
+    // dk, dv accumulator, to which every rank adds its queries' share before passing it on, so after
+    // cp hops it is home, whole. The accumulator's hop waits for the block's backward (its content),
+    // so only the key/value transfer is hidden.
+    void ring_attention_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
+        cudaStream_t s = stream_.get();
+        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C, grads = (size_t)B * T * 2 * C;
+        const AttentionRows rows{(int)S, T, T};
+        const floatX* qkv = a.qkv.at(l);
+        const float* lse = a.lse.at(l);
+        float* D = a.scratch;  // rowsum(dout * out) of the query rows, in lse's layout
+        float* dkv[2] = {a.ring_dkv, a.ring_dkv + grads};
+        attention_backward_rowdot(D, a.dC, a.atty.at(l), B, T, NH, HS, s);
+        CUDA_CHECK(cudaMemsetAsync(a.ring_acc, 0, (size_t)B * T * C * sizeof(float), s));
+        CUDA_CHECK(cudaMemsetAsync(dkv[0], 0, grads * sizeof(float), s));
+        for (int step = 0; step < cp_.size; step++) {
+            const floatX* held = ring_block(a, qkv, step, block);
+            float* dkv_held = dkv[step % 2];
+            CommHandle sent, arrived;
+            if (step < cp_.size - 1)
+                ring_pass(held, ring_incoming(a, step, block), block * sizeof(floatX), sent, arrived);
+            for_each_ring_pair(ring_source(step), [&](int q_half, int k_half, bool causal) {
+                const size_t q = q_half * S, k = k_half * S;
+                attention_backward_pair(a.ring_acc + q * C, dkv_held + k * 2 * C, a.dC + q * C, qkv + q * 3 * C,
+                                        held + k * 3 * C, lse + q, D + q, B, rows, causal, NH, HS, s);
+            });
+            ring_wait(sent);
+            ring_wait(arrived);
+            // The accumulator goes where its block goes next; after the last step, home.
+            ring_pass(dkv_held, dkv[(step + 1) % 2], grads * sizeof(float), sent, arrived);
+            ring_wait(sent);
+            ring_wait(arrived);
+        }
+        attention_backward_pair_finish(a.d3C, a.ring_acc, dkv[cp_.size % 2], B, T, NH, HS, s);
+    }
+    void ring_wait(CommHandle& h) {
+        h.wait();
+        tp_exposed_ms_ += h.wait_ms();  // counted with the other exposed communication
     }
 
     // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
@@ -1152,6 +1345,10 @@ private:
     Communicator& tp_host_;  // the tensor-parallel group: host buffers
     Communicator& tp_comm_;  // the tensor-parallel group: device buffers
     Communicator& pp_comm_;  // the pipeline group: device buffers
+    Communicator& cp_host_;  // the context group: host buffers
+    Communicator& cp_comm_;  // the context group: device buffers (ring attention)
+    ContextSplit cp_;        // this rank's positions of the batch under way
+    std::vector<int> positions_, local_inputs_, local_targets_;  // local_batch's
     PipelineLinks links_;    // the stages' messages: on pp_comm_ and splits of it
     CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
     CudaEvent tokens_uploaded_;  // the last upload has left pinned_tokens_

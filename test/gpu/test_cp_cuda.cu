@@ -1,0 +1,168 @@
+// Context parallelism of the CUDA model end to end under mpirun (make test-gpu and make test-emu,
+// through test/gpu/run_gpu_cp_tests.sh): a dp x cp mesh with the same global batch reproduces the
+// 1-rank CUDA run, the fp32 CPU reference and the CPU model's run of the same mesh, for every ZeRO
+// stage over the data x context group.
+//
+//   mpirun --oversubscribe -np N build/test_cp_cuda DIR CP   (DIR: an empty directory shared by the ranks)
+//
+// The ranks share the node's GPUs (--gpu-comm mpi: StagedComm); the device communicators and the
+// model are made by CudaBackend::make_model, exactly as train_gpt makes them. Every rank also trains
+// the two 1-rank references itself (B = batch x dp, the very same tokens): the CUDA model and GPT2CPU.
+// Then, for ZeRO stages 0-3, it checks:
+//   - the bytes allocated per memory kind: equal to the memory plan's for this rank (activations of
+//     T / cp rows per sequence, and the ring's buffers);
+//   - the 10 per-step losses: relative difference at most 2e-4 from the 1-rank CUDA run, from the CPU
+//     run and from the CPU model's run of the same dp x cp mesh (GPT2CPU's ring attention). Tighter
+//     than the tp test's 1e-2: the loss of this small model is nearly uniform, and a broken ring (keys
+//     and values not forwarded) moves it by only 8e-4, a correct one by 2e-5 (emulated);
+//   - the final parameters, gathered whole: relative difference at most 2e-2 from the 1-rank CUDA
+//     run's, and bitwise identical on every rank;
+// and the losses of recomputation -r 3 (ring attention re-run inside backward) within 2e-4 of 1 rank.
+// And once, with the 1-rank model's weights given to the cp model: evaluate() and next_token_logits
+// (7 tokens: not a multiple of 2 x cp, so sampling pads, and the rank holding position 6 broadcasts)
+// agree within bf16 tolerance. The model: 2 layers, 2 heads of 32, vocabulary 250 padded to 256,
+// T 32 (chunks of 8 rows at cp 2). Prints one "ok" line per property on rank 0; any failure exits
+// non-zero (MPI_Abort, exit 2). Without a GPU it skips (exit 0), or fails with exit 3 in a GPU
+// session (LLMC_GPU_SESSION=1).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "llmc/dist/bootstrap.h"
+#include "llmc/dist/process_groups.h"
+#include "llmc/models/cuda_backend.cuh"
+#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/train_loop.h"
+#include "test/gpu/cuda_test_util.h"
+
+using namespace llmc;
+using namespace llmc::mpi_test;
+
+namespace {
+
+constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
+constexpr double LOSS_LIMIT = 2e-4;
+
+RunConfig make_config(const std::string& shard, int stage, int world_size, int cp, int batch_size,
+                      int recompute = 0) {
+    RunConfig cfg = base_config(shard);
+    cfg.num_layers = 2;
+    cfg.num_heads = 2;
+    cfg.channels = 64;
+    cfg.max_seq_len = SEQ;
+    cfg.batch_size = batch_size;
+    cfg.seq_len = SEQ;
+    cfg.total_batch_tokens = 16 * SEQ;  // 16 sequences: dp = 1, 2 and 4 all divide it
+    cfg.steps = STEPS;
+    cfg.lr = 1e-3f;
+    cfg.zero_stage = stage;
+    cfg.cp = cp;
+    cfg.gpu_comm = "mpi";
+    cfg.recompute = recompute;
+    resolve_run_config(cfg, world_size, nullptr);
+    return cfg;
+}
+
+// The CPU model's run of the same mesh: GPT2CPU on the same groups (ring attention in fp32).
+RunResult train_cpu_mesh(const RunConfig& cfg, const ProcessGroups& groups) {
+    GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), cfg.zero_stage, groups.tp(), 0,
+                  groups.pp(), {}, groups.cp());
+    return train(cfg, groups.dp(), &groups.world(), model);
+}
+
+// The worst relative loss difference of `losses` from `reference`'s, checked against LOSS_LIMIT.
+double checked_loss_difference(const std::vector<float>& losses, const std::vector<float>& reference,
+                               const std::string& what, const char* against) {
+    const double worst = worst_loss_difference(losses, reference);
+    check(worst <= LOSS_LIMIT, strformat("%s: loss differs from %s by %.3g relative (limit %g)", what.c_str(), against,
+                                         worst, LOSS_LIMIT));
+    return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    launch = bootstrap_launch(&argc, &argv);
+    std::string why;
+    if (!cuda_device_present(&why)) {
+        const int status = no_gpu_exit_status("test_cp_cuda", why);
+        finalize_launch(launch);
+        return status;
+    }
+    try {
+        if (argc != 3) fail("usage: test_cp_cuda DIR CP");
+        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
+        comm->timeout_s = 300;
+        const int W = comm->world_size(), cp = std::atoi(argv[2]);
+        if (cp < 2 || W % cp != 0) fail(strformat("test_cp_cuda: CP (%d) must be >= 2 and divide the %d ranks", cp, W));
+        const int dp = W / cp;
+        const std::string shard = std::string(argv[1]) + "/cp_cuda_train_000000.bin";
+        if (launch.rank == 0) write_shard(shard, 60000);
+        comm->barrier().wait();
+
+        // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
+        const RunConfig rc = make_config(shard, 0, 1, 1, BATCH * dp);
+        use_this_ranks_gpu();
+        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
+        RunResult cpu;
+        const RunResult reference = train_references(rc, reference_model, &cpu);
+
+        for (int stage = 0; stage <= 3; stage++) {
+            const RunConfig cfg = make_config(shard, stage, W, cp, BATCH);
+            ProcessGroups groups(*comm, cfg.dims);
+            const std::string what = strformat("dp %d x cp %d, ZeRO-%d", dp, cp, stage);
+            BuiltModel built;
+            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+
+            const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
+            const double worst = checked_loss_difference(run.losses, reference.losses, what, "the 1-rank CUDA run");
+            const double worst_cpu = checked_loss_difference(run.losses, cpu.losses, what, "the CPU run");
+            const double worst_cpu_mesh = checked_loss_difference(run.losses, train_cpu_mesh(cfg, groups).losses, what,
+                                                                  "the CPU model's run of the same mesh");
+            const double params_diff = relative_difference(run.params, reference.params);
+            check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
+                                                 "relative (limit 2e-2)", what.c_str(), params_diff));
+            check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
+            say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g), the CPU (worst "
+                          "%.2g) and the CPU model's dp %d x cp %d (worst %.2g), final parameters too (%.2g), the "
+                          "same on every rank",
+                          what.c_str(), STEPS, worst, worst_cpu, dp, cp, worst_cpu_mesh, params_diff));
+
+            // Once: the same weights give the same evaluation and next-token logits as 1 rank.
+            if (stage != 0) continue;
+            model->set_master_weights(reference.params.data());
+            reference_model.set_master_weights(reference.params.data());
+            const std::vector<int> inputs = pseudo_tokens(BATCH * SEQ, 250, 1), targets = pseudo_tokens(BATCH * SEQ, 250, 2);
+            const float loss_cp = model->evaluate(inputs.data(), targets.data(), BATCH, SEQ);
+            const float loss_one = reference_model.evaluate(inputs.data(), targets.data(), BATCH, SEQ);
+            check(std::fabs(loss_cp - loss_one) <= LOSS_LIMIT * std::fabs(loss_one),
+                  strformat("%s: evaluate() gives %.5f, 1 rank %.5f", what.c_str(), loss_cp, loss_one));
+            const int Vp = cfg.model_config.padded_vocab_size;
+            std::vector<float> logits_cp(Vp), logits_one(Vp);
+            model->next_token_logits(inputs.data(), 7, logits_cp.data());
+            reference_model.next_token_logits(inputs.data(), 7, logits_one.data());
+            const double logits_diff = relative_difference(logits_cp, logits_one);
+            check(logits_diff <= 2e-2, strformat("%s: next_token_logits of 7 tokens differ from 1 rank by %.3g "
+                                                 "relative (limit 2e-2)", what.c_str(), logits_diff));
+            say(strformat("%s: with the same weights, evaluate() (%.5f vs %.5f) and next_token_logits (%.2g) match "
+                          "1 rank", what.c_str(), loss_cp, loss_one, logits_diff));
+        }
+        // Recomputation: -r 3 re-runs whole blocks, the ring attention's forward with them, inside backward.
+        {
+            const RunConfig cfg = make_config(shard, 1, W, cp, BATCH, 3);
+            ProcessGroups groups(*comm, cfg.dims);
+            const std::string what = strformat("dp %d x cp %d, ZeRO-1, -r 3", dp, cp);
+            BuiltModel built;
+            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+            const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
+            const double worst = checked_loss_difference(run.losses, reference.losses, what, "the 1-rank CUDA run");
+            say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
+        }
+    } catch (const std::exception& e) {
+        check(false, e.what());
+    }
+    finalize_launch(launch);
+    return 0;
+}
