@@ -81,11 +81,16 @@ inline void route_row(const float* scores, int E, int K, float* probs, float* ls
     for (int e = 0; e < E; e++) sum += std::exp((double)scores[e] - mx);
     *lse = mx + (float)std::log(sum);
     for (int e = 0; e < E; e++) probs[e] = (float)(std::exp((double)scores[e] - mx) / sum);
-    std::vector<int> order(E);
-    for (int e = 0; e < E; e++) order[e] = e;
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [&](int a, int b) { return probs[a] != probs[b] ? probs[a] > probs[b] : a < b; });
-    std::copy(order.begin(), order.begin() + K, expert);
+    // K passes over the E probabilities, each taking the largest not yet taken (the first of equals):
+    // no allocation per token
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            if (std::find(expert, expert + k, e) != expert + k) continue;
+            if (best < 0 || probs[e] > probs[best]) best = e;
+        }
+        expert[k] = best;
+    }
 }
 
 // Capacity (first choices first, then token order), the expert-major numbering, and the losses.
