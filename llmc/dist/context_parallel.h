@@ -77,6 +77,33 @@ struct ContextSplit {
     }
 };
 
+// A batch's tokens at this rank's positions: T of them per sequence.
+struct LocalBatch {
+    const int *inputs, *targets;
+    int T;
+};
+
+// Where a model's pass starts: its batch cut to this rank's positions, and the buffers that hold the
+// cut (both models keep one).
+class LocalBatcher {
+public:
+    // The batch as it is without context parallelism; with it, this rank's 2 chunks of each of the
+    // `sequences` sequences of T tokens, gathered (targets may be null), and positions() set to
+    // their global positions. `split` is set to split T.
+    LocalBatch take(ContextSplit& split, const int* inputs, const int* targets, int sequences, int T) {
+        split.T = T;
+        if (split.size == 1) return {inputs, targets, T};
+        split.gather_local(inputs, sequences, positions_, &inputs_);
+        if (targets) split.gather_local(targets, sequences, positions_, &targets_);
+        return {inputs_.data(), targets ? targets_.data() : nullptr, split.local_len()};
+    }
+    // The global position of each of this rank's rows of a sequence, as the last take() set them.
+    const std::vector<int>& positions() const { return positions_; }
+
+private:
+    std::vector<int> positions_, inputs_, targets_;
+};
+
 // Causal attention's use of the block of query chunk q against key chunk k.
 inline BlockWork block_work(int q_chunk, int k_chunk) {
     if (k_chunk > q_chunk) return BlockWork::None;

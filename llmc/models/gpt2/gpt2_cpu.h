@@ -402,22 +402,11 @@ private:
 
     // ---- context parallelism: this rank's positions of each sequence (context_parallel.h) ----
 
-    // A batch's tokens at this rank's positions: T of them per sequence.
-    struct LocalBatch {
-        const int *inputs, *targets;
-        int T;
-    };
-    // The batch as it is without context parallelism; with it, this rank's 2 chunks of each of the
-    // `sequences` sequences of T tokens, gathered (targets may be null).
     LocalBatch local_batch(const int* inputs, const int* targets, int sequences, int T) {
-        cp_.T = T;
-        if (cp_.size == 1) return {inputs, targets, T};
-        cp_.gather_local(inputs, sequences, positions_, &local_inputs_);
-        if (targets) cp_.gather_local(targets, sequences, positions_, &local_targets_);
-        return {local_inputs_.data(), targets ? local_targets_.data() : nullptr, cp_.local_len()};
+        return batcher_.take(cp_, inputs, targets, sequences, T);
     }
     // The global position of each of this rank's rows of a sequence (null: row t is position t).
-    const int* positions() const { return cp_.size > 1 ? positions_.data() : nullptr; }
+    const int* positions() const { return cp_.size > 1 ? batcher_.positions().data() : nullptr; }
     // Sampling pads a prompt to a multiple of this: sequence parallelism cuts a context rank's rows
     // into tp blocks, context parallelism each sequence into 2 cp chunks.
     int padding_unit() const {
@@ -831,7 +820,7 @@ private:
     Communicator& cp_comm_;                     // the context group
     ContextSplit cp_;                           // this rank's positions of the batch under way
     cpu::RingAttention ring_;
-    std::vector<int> positions_, local_inputs_, local_targets_;  // local_batch's
+    LocalBatcher batcher_;  // local_batch's
     BucketView<HostMemory> buckets_{layout_, engine_};  // the buckets acquired for the pass under way
     using Walk = BucketView<HostMemory>::Direction;
     std::vector<float> acts_;

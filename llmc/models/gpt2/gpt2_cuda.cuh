@@ -656,7 +656,8 @@ private:
         using P = GPT2Params;
         if (ch.embedding || ch.head) upload_tokens(a, inputs, targets, BT);
         if (ch.embedding && cp_.size > 1)  // a.positions: the global position of each of the rank's rows
-            CUDA_CHECK(cudaMemcpyAsync(a.positions, positions_.data(), T * sizeof(int), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(cudaMemcpyAsync(a.positions, batcher_.positions().data(), T * sizeof(int), cudaMemcpyHostToDevice,
+                                       s));
         buckets_.acquire_resident();
         if (ch.embedding) {
             PhaseScope phase(timer_, "encoder", s);
@@ -1106,19 +1107,8 @@ private:
 
     // ---- context parallelism: this rank's positions, and ring attention (context_parallel.h) ----
 
-    // A batch's tokens at this rank's positions: T of them per sequence.
-    struct LocalBatch {
-        const int *inputs, *targets;
-        int T;
-    };
-    // The batch as it is without context parallelism; with it, this rank's 2 chunks of each of the
-    // B sequences of T tokens, gathered (targets may be null), and positions_ set to their positions.
     LocalBatch local_batch(const int* inputs, const int* targets, int B, int T) {
-        cp_.T = T;
-        if (cp_.size == 1) return {inputs, targets, T};
-        cp_.gather_local(inputs, B, positions_, &local_inputs_);
-        if (targets) cp_.gather_local(targets, B, positions_, &local_targets_);
-        return {local_inputs_.data(), targets ? local_targets_.data() : nullptr, cp_.local_len()};
+        return batcher_.take(cp_, inputs, targets, B, T);
     }
 
     // Calls fn(query half, key half, causal) for every pair of this rank's two query chunks with the
@@ -1348,7 +1338,7 @@ private:
     Communicator& cp_host_;  // the context group: host buffers
     Communicator& cp_comm_;  // the context group: device buffers (ring attention)
     ContextSplit cp_;        // this rank's positions of the batch under way
-    std::vector<int> positions_, local_inputs_, local_targets_;  // local_batch's
+    LocalBatcher batcher_;   // local_batch's
     PipelineLinks links_;    // the stages' messages: on pp_comm_ and splits of it
     CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
     CudaEvent tokens_uploaded_;  // the last upload has left pinned_tokens_
