@@ -1,13 +1,17 @@
 // Host-side tests of the CUDA model: the parts that run on the CPU (memory planning, activation
-// layout, scratch sizing, config validation). Compiled by nvcc, needs no GPU, so CI runs it as part
+// layout, scratch sizing, config validation) and the FP8 encoding against CUDA's. Compiled by nvcc, needs no GPU, so CI runs it as part
 // of `make test` wherever nvcc exists.
 #include <catch2/catch.hpp>
+#include <cuda_fp8.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "llmc/fp8.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 
@@ -323,4 +327,29 @@ TEST_CASE("the CUDA model refuses a pipeline split that does not fit its group o
     pp.pipe.split = make_pipeline_split(4, 2, 1);
     pp.pipe.micro_batches = 0;
     CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp), Catch::Contains("at least 1 micro-batch"));
+}
+
+// llmc/fp8.h's encoder (which the CPU model's FP8 simulation uses) against CUDA's own conversion,
+// which the FP8 kernels use: every float whose low 16 bits are one of the patterns around a
+// rounding boundary, so every midpoint between fp8 values, both sides of it, subnormals,
+// saturation, infinities and NaNs.
+TEST_CASE("llmc/fp8.h encodes as CUDA's __nv_cvt_float_to_fp8 with saturation does") {
+    const uint32_t low_bits[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x3fff, 0x4000, 0xc000};
+    long mismatches = 0;
+    for (uint32_t high = 0; high < 0x10000; high++)
+        for (uint32_t low : low_bits) {
+            const float x = std::bit_cast<float>(high << 16 | low);
+            const uint8_t e4m3 = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+            const uint8_t e5m2 = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
+            mismatches += fp8::encode(x, fp8::Format::E4M3) != e4m3;
+            mismatches += fp8::encode(x, fp8::Format::E5M2) != e5m2;
+        }
+    CHECK(mismatches == 0);
+    for (int code = 0; code < 256; code++)
+        for (auto [format, cuda] : {std::pair{fp8::Format::E4M3, __NV_E4M3}, std::pair{fp8::Format::E5M2, __NV_E5M2}}) {
+            const float ours = fp8::decode((uint8_t)code, format);
+            const float theirs = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, cuda)));
+            CAPTURE(code);
+            CHECK(((std::isnan(ours) && std::isnan(theirs)) || ours == theirs));
+        }
 }

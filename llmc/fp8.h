@@ -1,0 +1,110 @@
+// fp8.h: the two 8-bit float formats of FP8 training, on the host, and per-tensor scaling.
+//
+// E4M3 (4 exponent bits, 3 mantissa bits, bias 7, largest value 448, no infinity) carries
+// activations and weights in the forward pass; E5M2 (bias 15, largest 57344) carries gradients,
+// which need range more than precision. A value is encoded by rounding to nearest even and
+// saturating to the largest finite value (CUDA's __NV_SATFINITE), and NaN stays NaN: the same
+// bits as CUDA's __nv_cvt_float_to_fp8, which test_fp8 checks value by value.
+//
+// A tensor is multiplied by its scale before it is encoded and the product is multiplied by the
+// scales' inverses after (cuBLASLt's A/B scale pointers). The one idea: every scale is a power of
+// two, 2^floor(log2(max / amax)). Multiplying by a power of two is exact in fp32, so the CPU
+// model's FP8 simulation and the GPU's kernels encode every element to the same bits whatever
+// order they compute in, and dequantizing loses nothing; the price is up to one bit of the
+// format's range left unused.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace llmc::fp8 {
+
+enum class Format { E4M3, E5M2 };
+
+struct FormatInfo {
+    const char* name;
+    int mantissa_bits, exponent_bias;
+    float largest;       // the largest finite value
+    float min_normal;    // 2^(1 - bias)
+    uint8_t largest_code;
+    uint8_t nan_code;    // what NaN encodes to (the sign is dropped, as CUDA does)
+};
+
+inline constexpr FormatInfo info(Format f) {
+    return f == Format::E4M3 ? FormatInfo{"e4m3", 3, 7, 448.0f, 0x1p-6f, 0x7e, 0x7f}
+                             : FormatInfo{"e5m2", 2, 15, 57344.0f, 0x1p-14f, 0x7b, 0x7f};
+}
+
+// Round to nearest even, saturating to +-largest; inf saturates too.
+inline uint8_t encode(float x, Format f) {
+    const FormatInfo fi = info(f);
+    if (std::isnan(x)) return fi.nan_code;
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    const float a = std::fabs(x);
+    if (std::isinf(a)) return sign | fi.largest_code;
+    const int steps = 1 << fi.mantissa_bits;  // mantissa values per binade
+    uint32_t code;
+    if (a < fi.min_normal) {
+        // Subnormals are multiples of min_normal / steps; a result of `steps` is the smallest normal.
+        code = (uint32_t)std::nearbyint(a / fi.min_normal * (float)steps);
+    } else {
+        int e;
+        const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+        int exponent = e - 1;
+        uint32_t q = (uint32_t)std::nearbyint((m * 2.0f - 1.0f) * (float)steps);
+        if (q == (uint32_t)steps) q = 0, exponent++;
+        code = ((uint32_t)(exponent + fi.exponent_bias) << fi.mantissa_bits) | q;  // past largest_code: saturated below
+    }
+    return sign | (uint8_t)(code > fi.largest_code ? fi.largest_code : code);
+}
+
+inline float decode(uint8_t code, Format f) {
+    const FormatInfo fi = info(f);
+    const float sign = code & 0x80 ? -1.0f : 1.0f;
+    const uint32_t magnitude = code & 0x7f;
+    const uint32_t field = magnitude >> fi.mantissa_bits, mantissa = magnitude & ((1u << fi.mantissa_bits) - 1);
+    const int steps = 1 << fi.mantissa_bits;
+    if (f == Format::E4M3 && magnitude == 0x7f) return NAN;
+    if (f == Format::E5M2 && field == 0x1f) return mantissa ? NAN : sign * INFINITY;
+    if (field == 0) return sign * fi.min_normal * ((float)mantissa / (float)steps);
+    return sign * std::ldexp(1.0f + (float)mantissa / (float)steps, (int)field - fi.exponent_bias);
+}
+
+// The value x * scale encodes to, as a float (divide by scale to dequantize).
+inline float round_trip(float x, float scale, Format f) { return decode(encode(x * scale, f), f); }
+
+// The power of two that brings amax to at most the format's largest value. An amax of zero, inf or
+// NaN says nothing about the range, so the previous scale stands.
+inline float scale_for_amax(float amax, Format f, float previous_scale) {
+    if (!(amax > 0.0f) || !std::isfinite(amax)) return previous_scale;
+    int e;
+    std::frexp(info(f).largest / amax, &e);  // largest/amax = m 2^e, m in [0.5, 1): floor(log2) = e - 1
+    return std::ldexp(1.0f, e - 1);
+}
+
+// What quantizing one tensor lost: elements beyond the format's range (saturated) and nonzero
+// elements that became zero.
+struct Clipping {
+    uint64_t overflows = 0, underflows = 0;
+};
+
+// Quantizes n values in place to what the GPU computes with (x * scale encoded, then decoded,
+// then divided by scale), counting what was clipped; returns the amax of the input.
+inline float quantize(float* x, int64_t n, float scale, Format f, Clipping* clipping) {
+    const float largest = info(f).largest;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float scaled = x[i] * scale;
+        amax = std::fmax(amax, std::fabs(x[i]));
+        const float q = decode(encode(scaled, f), f);
+        if (clipping) {
+            clipping->overflows += std::fabs(scaled) > largest;
+            clipping->underflows += scaled != 0.0f && q == 0.0f;
+        }
+        x[i] = q / scale;
+    }
+    return amax;
+}
+
+}  // namespace llmc::fp8
