@@ -17,6 +17,13 @@
 //     (C and D then CUDA_R_16BF or CUDA_R_32F) or both CUDA_R_32F (C and D CUDA_R_32F); C and D of
 //     one type; C is not read when beta == 0 (it may then be null); C == D in place; strided
 //     batches (one batch count for all four matrices, any non-negative strides);
+//   - fp8 products as Hopper runs them: A and B CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2 (not both E5M2),
+//     decoded exactly, accumulated in fp32 and multiplied by A's and B's per-tensor scales
+//     (A_SCALE_POINTER, B_SCALE_POINTER: device scalars read when the product runs) with alpha; C
+//     and D bf16 or fp32; only "TN" (A transposed, B not), k and every leading dimension's bytes a
+//     multiple of 16, A and B 16-byte aligned, else NOT_SUPPORTED; the forward epilogues (none,
+//     bias, ReLU, GELU, GELU aux) with a bf16 bias. Gradient epilogues (DGELU, BGRAD*), fp8
+//     outputs, C's and D's scales, D's amax and block scaling are NOT_SUPPORTED: not emulated;
 //   - the epilogues DEFAULT, RELU, RELU_BIAS, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
 //     DGELU, DGELU_BGRAD, BGRADA, BGRADB, in the order the header gives: (scaled product + beta C)
 //     + bias, the GELU input stored to aux, then the activation. GELU is the tanh form (llmc's
@@ -36,9 +43,9 @@
 //     ld that is not a multiple of 8 or below D's rows, an aux batch stride that is not a
 //     multiple of 8, a missing pointer that the product or its epilogue needs, C == D with
 //     different layouts, a zero dimension, and an algorithm from a product of other types are
-//     INVALID_VALUE; so are the fp8 attributes (scale and amax pointers, scale modes, an aux type
-//     other than D's), which the header says cublasLtMatmul refuses with INVALID_VALUE for other
-//     types.
+//     INVALID_VALUE; so are an aux type other than D's and the fp8 attributes (scale and amax
+//     pointers, scale modes) on other types, which the header says cublasLtMatmul refuses with
+//     INVALID_VALUE.
 //   - Alignment: an algorithm may assume what the preference's MIN_ALIGNMENT_{A,B,C,D}_BYTES
 //     promise (default 256), up to 16 bytes (no kernel loads more at once), and for the bias and
 //     aux buffers the alignment of the pointers the descriptor held at the heuristic (the header:
@@ -52,7 +59,7 @@
 //   - When the work runs, every matrix, the bias and aux must lie inside one cudaMalloc'd
 //     allocation (emu::is_device_range), else emu::fatal names the operand.
 //
-// Not emulated: other types (fp16, fp8, int8, complex, fp64), other compute types (16F, TF32,
+// Not emulated: other types (fp16, int8, complex, fp64), other compute types (16F, TF32,
 // pedantic, emulated), device pointer modes, the ReLU bit-mask epilogues (RELU_AUX, RELU_AUX_BIAS,
 // DRELU, DRELU_BGRAD), row-major and tiled orders, pointer-array batches, planar complex,
 // cublasLtMatrixTransform, algorithm enumeration and configuration (cublasLtMatmulAlgoGetIds,
@@ -62,6 +69,7 @@
 // one; what the real library does with them is not documented).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <bit>
@@ -262,7 +270,8 @@ Field preference_field(PreferenceData& p, cublasLtMatmulPreferenceAttributes_t a
 // ---------------------------------------------------------------------------------------------
 // The product as validated: everything the work needs except the pointers and scalars.
 
-size_t element_bytes(cudaDataType_t type) { return type == CUDA_R_32F ? 4 : 2; }
+bool is_fp8(cudaDataType_t type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+size_t element_bytes(cudaDataType_t type) { return type == CUDA_R_32F ? 4 : is_fp8(type) ? 1 : 2; }
 
 // One matrix: column-major rows x cols, leading dimension ld, batch_stride elements between batches.
 struct Matrix {
@@ -314,6 +323,7 @@ struct Problem {
     cudaDataType_t bias_type;
     int64_t bias_length, bias_batch_stride;
     int64_t aux_ld, aux_batch_stride;  // aux has D's type and m x n shape
+    bool fp8;                          // A and B are fp8: the product is scaled by A's and B's scales
 };
 
 bool parse_transpose(int32_t op, bool* transposed) {
@@ -328,18 +338,29 @@ cublasStatus_t check_operation(const MatmulDescData& d) {
     if (d.compute_type != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (d.pointer_mode != CUBLASLT_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (d.transc != CUBLAS_OP_N || d.fill_mode != CUBLAS_FILL_MODE_FULL) return CUBLAS_STATUS_NOT_SUPPORTED;
-    // fp8-only attributes: the header has cublasLtMatmul refuse them with INVALID_VALUE for other types.
-    const void* fp8_pointers[] = {d.a_scale, d.b_scale, d.c_scale, d.d_scale, d.amax_d, d.aux_scale, d.aux_amax,
-                                  d.d_out_scale};
-    for (const void* p : fp8_pointers)
-        if (p) return CUBLAS_STATUS_INVALID_VALUE;
-    if (d.a_scale_mode || d.b_scale_mode || d.c_scale_mode || d.d_scale_mode || d.aux_scale_mode || d.d_out_scale_mode)
-        return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// The fp8-only attributes. On other types the header has cublasLtMatmul refuse them with
+// INVALID_VALUE. On fp8 products the emulator takes A's and B's per-tensor scales; the others (C's
+// and D's scales, D's amax, the aux scales, block scaling modes) are not emulated.
+cublasStatus_t check_fp8_attributes(const MatmulDescData& d, bool fp8) {
+    const void* emulated[] = {d.a_scale, d.b_scale};
+    const void* not_emulated[] = {d.c_scale, d.d_scale, d.amax_d, d.aux_scale, d.aux_amax, d.d_out_scale};
+    const bool modes = d.a_scale_mode || d.b_scale_mode || d.c_scale_mode || d.d_scale_mode || d.aux_scale_mode ||
+                       d.d_out_scale_mode;
+    bool any = modes;
+    for (const void* p : emulated) any = any || p;
+    for (const void* p : not_emulated) any = any || p;
+    if (!fp8) return any ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;
+    for (const void* p : not_emulated)
+        if (p) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return modes ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t read_layout(const LayoutData& l, Matrix* out) {
-    if (l.type != CUDA_R_16BF && l.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (l.type != CUDA_R_16BF && l.type != CUDA_R_32F && !is_fp8((cudaDataType_t)l.type))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     if (l.order != CUBLASLT_ORDER_COL || l.batch_mode != CUBLASLT_BATCH_MODE_STRIDED || l.plane_offset != 0)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (l.rows > (uint64_t)INT32_MAX || l.cols > (uint64_t)INT32_MAX) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -350,8 +371,26 @@ cublasStatus_t read_layout(const LayoutData& l, Matrix* out) {
 }
 
 cublasStatus_t check_types(const Problem& p) {
-    if (p.a.type != p.b.type || p.c.type != p.d.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p.c.type != p.d.type || is_fp8(p.d.type)) return CUBLAS_STATUS_NOT_SUPPORTED;  // fp8 outputs: not emulated
+    if (p.fp8) {
+        // E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3 (the docs' table: no E5M2 x E5M2), into bf16 or fp32.
+        if (!is_fp8(p.a.type) || !is_fp8(p.b.type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (p.a.type == CUDA_R_8F_E5M2 && p.b.type == CUDA_R_8F_E5M2) return CUBLAS_STATUS_NOT_SUPPORTED;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (p.a.type != p.b.type) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (p.a.type == CUDA_R_32F && p.d.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The docs' requirements for fp8 kernels on Hopper: the "TN" format (A transposed, B not), so both
+// operands are read along k, and 16-byte alignment: k and every leading dimension in bytes a
+// multiple of 16 (the pointers are checked against the algorithm, which assumes 16 for A and B).
+cublasStatus_t check_fp8_layout(const Problem& p) {
+    if (!p.transa || p.transb) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p.k % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    for (const Matrix* m : {&p.a, &p.b, &p.c, &p.d})
+        if ((m->ld * (int64_t)element_bytes(m->type)) % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -368,9 +407,16 @@ cublasStatus_t derive_shape(Problem* p) {
 
 cublasStatus_t check_epilogue(const MatmulDescData& d, Problem* p) {
     if (!decode_epilogue(d.epilogue, &p->ops)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    const int32_t bias_type = d.bias_data_type == -1 ? (int32_t)p->d.type : d.bias_data_type;
-    if (p->ops.uses_bias() && bias_type != p->d.type && bias_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    p->bias_type = bias_type == CUDA_R_32F ? CUDA_R_32F : p->d.type;
+    // fp8 products: the forward epilogues only (the emulator's choice: gradients of fp8 operands are
+    // not taken in the epilogue), and a bf16 bias whatever D's type (the docs' table).
+    if (p->fp8 && (p->ops.dgelu || p->ops.bias_grad != EpilogueOps::BiasGrad::NONE)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const int32_t default_bias_type = p->fp8 ? (int32_t)CUDA_R_16BF : (int32_t)p->d.type;
+    const int32_t bias_type = d.bias_data_type == -1 ? default_bias_type : d.bias_data_type;
+    if (p->ops.uses_bias()) {
+        const bool allowed = p->fp8 ? bias_type == CUDA_R_16BF : bias_type == p->d.type || bias_type == CUDA_R_32F;
+        if (!allowed) return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    p->bias_type = (cudaDataType_t)bias_type;
     p->bias_length = p->ops.bias_grad == EpilogueOps::BiasGrad::OF_B ? p->n : p->m;
     p->bias_batch_stride = d.bias_batch_stride;
     if (p->bias_batch_stride < 0) return CUBLAS_STATUS_INVALID_VALUE;
@@ -402,8 +448,11 @@ cublasStatus_t describe_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_
         if (layouts[i]->batch_count != layouts[3]->batch_count) return CUBLAS_STATUS_INVALID_VALUE;
     }
     p->batch = layouts[3]->batch_count;
+    p->fp8 = is_fp8(p->a.type) || is_fp8(p->b.type);
     if ((status = check_types(*p)) != CUBLAS_STATUS_SUCCESS) return status;
+    if ((status = check_fp8_attributes(op, p->fp8)) != CUBLAS_STATUS_SUCCESS) return status;
     if ((status = derive_shape(p)) != CUBLAS_STATUS_SUCCESS) return status;
+    if (p->fp8 && (status = check_fp8_layout(*p)) != CUBLAS_STATUS_SUCCESS) return status;
     return check_epilogue(op, p);
 }
 
@@ -439,6 +488,8 @@ struct Call {
     void* bias;  // read by the BIAS epilogues, written by the BGRAD ones
     void* aux;   // written by GELU_AUX*, read by DGELU*
     float alpha, beta;
+    const float* a_scale;  // fp8: device scalars read when the product runs (null: 1)
+    const float* b_scale;
 };
 
 // Pointers that the product and its epilogue need must be given.
@@ -456,12 +507,16 @@ cublasStatus_t bind_pointers(const MatmulDescData& desc, const void* alpha, cons
     call->a = a, call->b = b, call->c = c, call->d = d;
     call->bias = p.ops.uses_bias() ? const_cast<void*>(desc.bias_pointer) : nullptr;
     call->aux = p.ops.uses_aux() ? const_cast<void*>(desc.aux_pointer) : nullptr;
+    call->a_scale = static_cast<const float*>(desc.a_scale);
+    call->b_scale = static_cast<const float*>(desc.b_scale);
     return CUBLAS_STATUS_SUCCESS;
 }
 
 // The algorithm must come from the heuristic for these types, and the pointers must be aligned as
 // it assumes. algo == NULL is cuBLASLt's implicit heuristic, which sees the pointers themselves.
 cublasStatus_t check_algorithm(const cublasLtMatmulAlgo_t* algo, const Call& call) {
+    if (call.p.fp8 && (alignment_of(call.a, 16) < 16 || alignment_of(call.b, 16) < 16))
+        return CUBLAS_STATUS_NOT_SUPPORTED;  // fp8 kernels need 16-byte aligned A and B, whatever the algorithm
     if (!algo) return CUBLAS_STATUS_SUCCESS;
     AlgoRecord r;
     std::memcpy(&r, algo, sizeof(r));
@@ -496,6 +551,8 @@ void require_device_memory(const Call& call) {
     require_device(call.b, p.b.span_bytes(p.batch), "matrix B");
     if (call.beta != 0.0f) require_device(call.c, p.c.span_bytes(p.batch), "matrix C");
     require_device(call.d, p.d.span_bytes(p.batch), "matrix D");
+    if (call.a_scale) require_device(call.a_scale, sizeof(float), "A's scale (A_SCALE_POINTER)");
+    if (call.b_scale) require_device(call.b_scale, sizeof(float), "B's scale (B_SCALE_POINTER)");
     if (call.bias) {
         const size_t elements = (size_t)((p.batch - 1) * p.bias_batch_stride + p.bias_length);
         require_device(call.bias, elements * element_bytes(p.bias_type), "the bias vector (BIAS_POINTER)");
@@ -515,9 +572,20 @@ void* offset(void* base, cudaDataType_t type, int64_t elements) {
 
 float bf16_to_float(uint16_t bits) { return std::bit_cast<float>((uint32_t)bits << 16); }
 
+// fp8 decodes with CUDA's own conversion (exact: every fp8 value is a half).
+float fp8_to_float(uint8_t code, cudaDataType_t type) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(code, type == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2);
+    return __half2float(__half(h));
+}
+
 void load(float* out, const void* src, cudaDataType_t type, int64_t n) {
     if (type == CUDA_R_32F) {
         std::memcpy(out, src, (size_t)n * sizeof(float));
+        return;
+    }
+    if (is_fp8(type)) {
+        const uint8_t* s = static_cast<const uint8_t*>(src);
+        for (int64_t i = 0; i < n; i++) out[i] = fp8_to_float(s[i], type);
         return;
     }
     const uint16_t* s = static_cast<const uint16_t*>(src);
@@ -670,10 +738,14 @@ void run_batch(const Call& call, int batch, Scratch& s) {
               p.bias_length);
 }
 
+// fp8: the scales multiply the fp32 product with alpha, before C and the epilogue.
 void run_matmul(const Call& call) {
     require_device_memory(call);
+    Call scaled = call;
+    if (call.a_scale) scaled.alpha *= *call.a_scale;
+    if (call.b_scale) scaled.alpha *= *call.b_scale;
     thread_local Scratch scratch;  // grows to the largest product this thread has run, then is reused
-    for (int batch = 0; batch < call.p.batch; batch++) run_batch(call, batch, scratch);
+    for (int batch = 0; batch < call.p.batch; batch++) run_batch(scaled, batch, scratch);
 }
 
 template <typename Opaque>
@@ -878,6 +950,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t hand
     const PreferenceData& pref = data_of<PreferenceData>(preference);
     if (pref.search_mode != CUBLASLT_SEARCH_BEST_FIT) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (pref.max_waves_count > 0.0f && pref.max_waves_count < 1.0f) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p.fp8 && (pref.min_alignment[0] < 16 || pref.min_alignment[1] < 16)) return CUBLAS_STATUS_NOT_SUPPORTED;
 
     results[0] = cublasLtMatmulHeuristicResult_t{};
     const AlgoRecord record = make_algo_record(p, data_of<MatmulDescData>(desc), pref);

@@ -1,5 +1,5 @@
 // dev/emu/test_cublaslt.cpp: the emulated cuBLASLt (cublaslt.cpp) against a double-precision
-// reference computed here: every transpose, type, beta and epilogue llmc's matmul.cuh can ask for,
+// reference computed here: every transpose, type (fp8 with its scales too), beta and epilogue llmc's matmul.cuh can ask for,
 // odd shapes, padded leading dimensions, strided batches; the combinations cuBLASLt refuses; an
 // operand outside device memory. A bf16 output must be within 1e-2 of the reference, an fp32 one
 // within 1e-5 (relative error of the whole tensor, test/rel_error.h: a NaN never passes).
@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <omp.h>
 #include <sys/wait.h>
@@ -29,11 +30,21 @@
 
 namespace {
 
-constexpr cudaDataType_t BF16 = CUDA_R_16BF, FP32 = CUDA_R_32F;
+constexpr cudaDataType_t BF16 = CUDA_R_16BF, FP32 = CUDA_R_32F, E4M3 = CUDA_R_8F_E4M3, E5M2 = CUDA_R_8F_E5M2;
 
-size_t element_bytes(cudaDataType_t type) { return type == FP32 ? 4 : 2; }
-float round_to(cudaDataType_t type, float x) { return type == BF16 ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
+bool is_fp8(cudaDataType_t type) { return type == E4M3 || type == E5M2; }
+size_t element_bytes(cudaDataType_t type) { return type == FP32 ? 4 : is_fp8(type) ? 1 : 2; }
+__nv_fp8_interpretation_t fp8_kind(cudaDataType_t type) { return type == E4M3 ? __NV_E4M3 : __NV_E5M2; }
+uint8_t to_fp8(cudaDataType_t type, float x) { return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, fp8_kind(type)); }
+float from_fp8(cudaDataType_t type, uint8_t code) { return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, fp8_kind(type)))); }
+float round_to(cudaDataType_t type, float x) {
+    if (is_fp8(type)) return from_fp8(type, to_fp8(type, x));
+    return type == BF16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+}
 double tolerance(cudaDataType_t type) { return type == BF16 ? 1e-2 : 1e-5; }
+const char* type_name(cudaDataType_t type) {
+    return type == BF16 ? "bf16" : type == FP32 ? "fp32" : type == E4M3 ? "e4m3" : "e5m2";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host and device buffers.
@@ -82,6 +93,7 @@ void upload(void* dst, const HostMatrix& m) {
     std::vector<uint8_t> raw(m.bytes());
     for (size_t i = 0; i < m.values.size(); i++) {
         if (m.type == FP32) std::memcpy(&raw[i * 4], &m.values[i], 4);
+        else if (is_fp8(m.type)) raw[i] = to_fp8(m.type, m.values[i]);
         else {
             const __nv_bfloat16 h = __float2bfloat16_rn(m.values[i]);
             std::memcpy(&raw[i * 2], &h, 2);
@@ -95,6 +107,7 @@ void download(HostMatrix& m, const void* src) {
     REQUIRE(cudaMemcpy(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
     for (size_t i = 0; i < m.values.size(); i++) {
         if (m.type == FP32) std::memcpy(&m.values[i], &raw[i * 4], 4);
+        else if (is_fp8(m.type)) m.values[i] = from_fp8(m.type, raw[i]);
         else {
             __nv_bfloat16 h;
             std::memcpy(&h, &raw[i * 2], 2);
@@ -122,23 +135,30 @@ struct Case {
     int64_t m, n, k;
     bool transa = false, transb = false;
     cudaDataType_t ab_type = BF16, cd_type = BF16;
-    int bias_type = -1;  // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE; -1 (unset): D's type
+    int b_type = -1;     // B's type where it differs from A's (fp8 products may mix E4M3 and E5M2)
+    int bias_type = -1;  // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE; -1 (unset): D's type (bf16 for fp8 products)
+    float a_scale = 0.0f, b_scale = 0.0f;  // fp8: A_SCALE_POINTER / B_SCALE_POINTER set to these (0: unset)
     float alpha = 1.0f, beta = 0.0f;
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     int batch = 1;
     int64_t pad = 0;        // extra rows in every leading dimension, and slack between batches
     bool in_place = false;  // C and D are one buffer
 
-    cudaDataType_t bias_storage() const { return bias_type == -1 ? cd_type : (cudaDataType_t)bias_type; }
+    cudaDataType_t b_storage() const { return b_type == -1 ? ab_type : (cudaDataType_t)b_type; }
+    cudaDataType_t bias_storage() const {
+        if (bias_type != -1) return (cudaDataType_t)bias_type;
+        return is_fp8(ab_type) ? BF16 : cd_type;
+    }
+    double scale() const { return (a_scale ? a_scale : 1.0) * (b_scale ? b_scale : 1.0); }
 };
 
 std::string describe(const Case& c) {
     char s[256];
-    std::snprintf(s, sizeof(s), "m %lld n %lld k %lld, op(A) %c op(B) %c, %s A/B, %s C/D, alpha %g beta %g, "
-                  "epilogue %d, batch %d, pad %lld%s",
+    std::snprintf(s, sizeof(s), "m %lld n %lld k %lld, op(A) %c op(B) %c, %s A, %s B, %s C/D, alpha %g beta %g, "
+                  "scales %g %g, epilogue %d, batch %d, pad %lld%s",
                   (long long)c.m, (long long)c.n, (long long)c.k, c.transa ? 'T' : 'N', c.transb ? 'T' : 'N',
-                  c.ab_type == BF16 ? "bf16" : "fp32", c.cd_type == BF16 ? "bf16" : "fp32", c.alpha, c.beta,
-                  (int)c.epilogue, c.batch, (long long)c.pad, c.in_place ? ", C == D" : "");
+                  type_name(c.ab_type), type_name(c.b_storage()), type_name(c.cd_type), c.alpha, c.beta, c.a_scale,
+                  c.b_scale, (int)c.epilogue, c.batch, (long long)c.pad, c.in_place ? ", C == D" : "");
     return s;
 }
 
@@ -174,7 +194,7 @@ Operands make_operands(const Case& c, std::mt19937& rng) {
         return random_matrix(type, rows, cols, ld, ld * cols + 3 * c.pad, c.batch, limit, rng);
     };
     o.a = matrix(c.ab_type, a_rows, a_cols, 1.0f);
-    o.b = matrix(c.ab_type, b_rows, b_cols, 1.0f);
+    o.b = matrix(c.b_storage(), b_rows, b_cols, 1.0f);
     o.c = matrix(c.cd_type, c.m, c.n, 1.0f);
     o.d = c.in_place ? o.c : matrix(c.cd_type, c.m, c.n, 1.0f);
     const int64_t ald = aux_ld(c);
@@ -187,19 +207,27 @@ Operands make_operands(const Case& c, std::mt19937& rng) {
 // Device copies of the operands, each with 64 bytes to spare so that a test may offset a pointer.
 struct DeviceOperands {
     static constexpr size_t SLACK = 64;
-    DeviceBuffer a, b, c, d, aux, bias;
-    explicit DeviceOperands(const Operands& o)
+    DeviceBuffer a, b, c, d, aux, bias, scales;  // scales: A's, then B's
+    DeviceOperands(const Operands& o, const Case& cs)
         : a(o.a.bytes() + SLACK), b(o.b.bytes() + SLACK), c(o.c.bytes() + SLACK), d(o.d.bytes() + SLACK),
-          aux(o.aux.bytes() + SLACK), bias(o.bias.bytes() + SLACK) {
+          aux(o.aux.bytes() + SLACK), bias(o.bias.bytes() + SLACK), scales(2 * sizeof(float)) {
         upload(a.get(), o.a), upload(b.get(), o.b), upload(c.get(), o.c), upload(d.get(), o.d);
         upload(aux.get(), o.aux), upload(bias.get(), o.bias);
+        const float values[2] = {cs.a_scale, cs.b_scale};
+        REQUIRE(cudaMemcpy(scales.get(), values, sizeof(values), cudaMemcpyHostToDevice) == cudaSuccess);
     }
+    const float* a_scale() const { return static_cast<const float*>(scales.get()); }
+    const float* b_scale() const { return a_scale() + 1; }
     void* d_pointer(const Case& cs) const { return cs.in_place ? c.get() : d.get(); }
 };
 
 // The descriptors of one case, set as llmc's MatmulContext sets them (and with batches and padding).
 class Setup {
 public:
+    Setup(const Case& c, const DeviceOperands& dev) : Setup(c, dev.bias.get(), dev.aux.get()) {
+        if (c.a_scale) set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dev.a_scale()));
+        if (c.b_scale) set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(dev.b_scale()));
+    }
     Setup(const Case& c, const void* bias, const void* aux) {
         REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, FP32) == CUBLAS_STATUS_SUCCESS);
         set(CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)(c.transa ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -216,7 +244,7 @@ public:
             if (c.batch > 1) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, aux_ld(c) * c.n + (c.pad ? 8 : 0));
         }
         a = layout(c, c.ab_type, c.transa ? c.k : c.m, c.transa ? c.m : c.k);
-        b = layout(c, c.ab_type, c.transb ? c.n : c.k, c.transb ? c.k : c.n);
+        b = layout(c, c.b_storage(), c.transb ? c.n : c.k, c.transb ? c.k : c.n);
         cl = layout(c, c.cd_type, c.m, c.n);
         d = layout(c, c.cd_type, c.m, c.n);
         REQUIRE(cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS);
@@ -310,7 +338,7 @@ struct Reference {
 double pre_activation(const Case& c, const Operands& o, int b, int64_t i, int64_t j) {
     double sum = 0.0;
     for (int64_t k = 0; k < c.k; k++) sum += op_a(c, o.a, b, i, k) * op_b(c, o.b, b, k, j);
-    double t = c.alpha * sum;
+    double t = c.alpha * c.scale() * sum;
     if (c.beta != 0.0f) t += c.beta * (double)o.c.at(b, i, j);
     if (adds_bias(c.epilogue)) t += o.bias.at(b, i, 0);
     return t;
@@ -382,9 +410,9 @@ bool padding_unchanged(const HostMatrix& after, const HostMatrix& before) {
 // returns D, aux and the bias as the device holds them afterwards.
 Operands run_case(const Case& c, const Operands& in) {
     const Handle handle;
-    const DeviceOperands dev(in);
+    const DeviceOperands dev(in, c);
     {
-        const Setup setup(c, dev.bias.get(), dev.aux.get());
+        const Setup setup(c, dev);
         cublasLtMatmulAlgo_t algo;
         REQUIRE(setup.heuristic(handle.get(), &algo) == CUBLAS_STATUS_SUCCESS);
         REQUIRE(matmul(handle.get(), setup, c, dev, &algo) == CUBLAS_STATUS_SUCCESS);
@@ -454,6 +482,25 @@ TEST_CASE("every epilogue matches the reference, for bf16 and fp32 outputs and e
                     c.beta = transa ? 1.0f : 0.0f;
                     check_case(c);
                 }
+}
+
+TEST_CASE("fp8 products (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3), scaled per tensor, match the reference") {
+    const std::pair<cudaDataType_t, cudaDataType_t> pairs[] = {{E4M3, E4M3}, {E4M3, E5M2}, {E5M2, E4M3}};
+    const std::pair<float, float> scales[] = {{0.0f, 0.0f}, {0.5f, 4.0f}, {0.25f, 0.0f}};
+    for (auto [a, b] : pairs)
+        for (cudaDataType_t cd : {BF16, FP32})
+            for (cublasLtEpilogue_t epilogue : {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
+                                                CUBLASLT_EPILOGUE_GELU_AUX_BIAS})
+                for (auto [a_scale, b_scale] : scales) {
+                    Case c{24, 40, 64};
+                    c.transa = true, c.ab_type = a, c.b_type = b, c.cd_type = cd, c.epilogue = epilogue;
+                    c.a_scale = a_scale, c.b_scale = b_scale, c.beta = a_scale == 0.5f ? 1.0f : 0.0f;
+                    check_case(c);
+                }
+    Case batched{48, 24, 320};  // k beyond one 256-long block; padded leading dimensions, 2 batches
+    batched.transa = true, batched.ab_type = E4M3, batched.cd_type = BF16, batched.a_scale = 2.0f;
+    batched.batch = 2, batched.pad = 16;
+    check_case(batched);
 }
 
 TEST_CASE("an fp32 bias with bf16 outputs, alpha and beta other than 1, fp32 A and B") {
@@ -526,7 +573,7 @@ struct Refusal {
     Handle handle;
     Setup setup;
 
-    explicit Refusal(Case base) : c(base), host(make_operands(c, rng)), dev(host), setup(c, dev.bias.get(), dev.aux.get()) {}
+    explicit Refusal(Case base) : c(base), host(make_operands(c, rng)), dev(host, c), setup(c, dev) {}
 
     cublasStatus_t heuristic() {
         cublasLtMatmulAlgo_t algo;
@@ -599,6 +646,75 @@ TEST_CASE("unsupported types, orders and modes are CUBLAS_STATUS_NOT_SUPPORTED")
     }
 }
 
+namespace {
+// A valid fp8 product (E4M3 x E4M3 into bf16, GELU_AUX_BIAS, scaled, m 24 n 40 k 64).
+Case fp8_case() {
+    Case c{24, 40, 64};
+    c.transa = true, c.ab_type = E4M3, c.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS, c.a_scale = 0.5f, c.b_scale = 2.0f;
+    return c;
+}
+}  // namespace
+
+TEST_CASE("fp8 products outside what Hopper's kernels take are CUBLAS_STATUS_NOT_SUPPORTED") {
+    Refusal r(fp8_case());
+    REQUIRE(r.heuristic() == CUBLAS_STATUS_SUCCESS);
+    SECTION("E5M2 x E5M2") {
+        Setup::set_layout(r.setup.a, CUBLASLT_MATRIX_LAYOUT_TYPE, (uint32_t)E5M2);
+        Setup::set_layout(r.setup.b, CUBLASLT_MATRIX_LAYOUT_TYPE, (uint32_t)E5M2);
+        r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("fp8 A with bf16 B") {
+        Setup::set_layout(r.setup.b, CUBLASLT_MATRIX_LAYOUT_TYPE, (uint32_t)BF16);
+        r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("fp8 outputs") {
+        Setup::set_layout(r.setup.cl, CUBLASLT_MATRIX_LAYOUT_TYPE, (uint32_t)E4M3);
+        Setup::set_layout(r.setup.d, CUBLASLT_MATRIX_LAYOUT_TYPE, (uint32_t)E4M3);
+        r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("an fp32 bias") {
+        r.setup.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)FP32);
+        r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("the gradient epilogues") {
+        for (auto e : {CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADA,
+                       CUBLASLT_EPILOGUE_BGRADB}) {
+            r.setup.set(CUBLASLT_MATMUL_DESC_EPILOGUE, (uint32_t)e);
+            r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+        }
+    }
+    SECTION("D's scale and amax, which the emulator does not emulate") {
+        r.setup.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<const void*>(r.dev.scales.get()));
+        r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("A 8-byte aligned, or a preference that promises less than 16 bytes") {
+        const float alpha = 1.0f, beta = 0.0f;
+        const Setup& s = r.setup;
+        CHECK(cublasLtMatmul(r.handle.get(), s.desc, &alpha, r.dev.a.bytes() + 8, s.a, r.dev.b.get(), s.b, &beta,
+                             r.dev.c.get(), s.cl, r.dev.d.get(), s.d, nullptr, nullptr, 0, nullptr) ==
+              CUBLAS_STATUS_NOT_SUPPORTED);
+        r.setup.prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)8);
+        CHECK(r.heuristic() == CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+}
+
+TEST_CASE("fp8 products must be TN with k and leading dimensions multiples of 16 bytes") {
+    Case nn{32, 40, 64};
+    nn.ab_type = E4M3;
+    Refusal(nn).expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    Case tt = fp8_case();
+    tt.transb = true;
+    Refusal(tt).expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    Case odd_k = fp8_case();
+    odd_k.k = 72;
+    Refusal(odd_k).expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    Case padded = fp8_case();
+    padded.pad = 8;  // A's leading dimension 72 bytes
+    Refusal(padded).expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    Refusal(fp8_case()).expect(CUBLAS_STATUS_SUCCESS);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
+
 TEST_CASE("shapes and layouts that contradict each other are CUBLAS_STATUS_INVALID_VALUE") {
     Refusal r(gelu_case());
     SECTION("op(B) rows differ from op(A) columns") {
@@ -639,9 +755,13 @@ TEST_CASE("shapes and layouts that contradict each other are CUBLAS_STATUS_INVAL
         r.setup.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, (int32_t)FP32);
         r.expect(CUBLAS_STATUS_INVALID_VALUE);
     }
-    SECTION("an fp8 scale pointer") {
-        r.setup.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(r.dev.bias.get()));
-        r.expect(CUBLAS_STATUS_INVALID_VALUE);
+    SECTION("an fp8 scale or amax pointer on a bf16 product") {
+        for (auto attribute : {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+                               CUBLASLT_MATMUL_DESC_AMAX_D_POINTER}) {
+            r.setup.set(attribute, static_cast<const void*>(r.dev.scales.get()));
+            r.expect(CUBLAS_STATUS_INVALID_VALUE);
+            r.setup.set(attribute, static_cast<const void*>(nullptr));
+        }
     }
     SECTION("in place (C == D) with another layout for C") {
         r.c.in_place = true;
@@ -871,8 +991,8 @@ TEST_CASE("timing of the emulated products", "[.timing]") {
         std::mt19937 rng(5);
         const Operands in = make_operands(t.c, rng);
         const Handle handle;
-        const DeviceOperands dev(in);
-        const Setup setup(t.c, dev.bias.get(), dev.aux.get());
+        const DeviceOperands dev(in, t.c);
+        const Setup setup(t.c, dev);
         cublasLtMatmulAlgo_t algo;
         REQUIRE(setup.heuristic(handle.get(), &algo) == CUBLAS_STATUS_SUCCESS);
         std::vector<double> ms;
