@@ -47,6 +47,10 @@ struct RunConfig {
     int experts = 0, top_k = 2, moe_every = 1, moe_shared = 0;
     float capacity_factor = 0;     // 0: dropless
     float moe_balance_coef = 0.01f, moe_z_coef = 0.001f;  // the auxiliary losses' weights in the loss
+    // FP8 products (fp8.h; the CPU model's simulation: cpu/fp8_linear.h)
+    int fp8 = 0;
+    std::string fp8_scaling = "current";
+    int fp8_history = 16;
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T
@@ -166,6 +170,9 @@ inline const std::vector<RunOption>& run_options() {
         {"", "capacity_factor", &RunConfig::capacity_factor, "with --experts: each expert takes at most cf x tokens x top-k / experts tokens, the rest dropped and counted (0: dropless)"},
         {"", "moe_balance_coef", &RunConfig::moe_balance_coef, "with --experts: the load-balancing loss's weight in the training loss"},
         {"", "moe_z_coef", &RunConfig::moe_z_coef, "with --experts: the router z-loss's weight in the training loss"},
+        {"", "fp8", &RunConfig::fp8, "1: each block's four linear layers multiply in FP8 (E4M3 inputs and weights, E5M2 gradients, fp32 accumulation; the CPU model simulates it exactly)"},
+        {"", "fp8_scaling", &RunConfig::fp8_scaling, "with --fp8 1: current (each tensor's own amax) or delayed (the largest amax of its last --fp8-history steps)"},
+        {"", "fp8_history", &RunConfig::fp8_history, "with --fp8-scaling delayed: steps of amax each tensor's scale comes from"},
         {"-b", "batch_size", &RunConfig::batch_size, "micro-batch size B (sequences per rank per forward)"},
         {"-t", "seq_len", &RunConfig::seq_len, "sequence length T"},
         {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},
@@ -566,6 +573,10 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     require(cfg.moe_balance_coef >= 0 && cfg.moe_z_coef >= 0,
             strformat("--moe-balance-coef and --moe-z-coef must be >= 0, got %g and %g", cfg.moe_balance_coef,
                       cfg.moe_z_coef));
+    if (cfg.fp8)
+        require(cfg.tp == 1 && cfg.pp == 1 && cfg.cp == 1 && cfg.model_config.num_experts == 0,
+                strformat("--fp8 1 runs a dense model with data parallelism (-z 0-3) only so far: drop --tp %d / "
+                          "--pp %d / --cp %d / --experts %d", cfg.tp, cfg.pp, cfg.cp, cfg.model_config.num_experts));
 }
 
 // The batch arithmetic: tokens per micro-batch over the data-parallel ranks, the accumulation steps
@@ -646,6 +657,10 @@ inline void check_training_options(const RunConfig& cfg, int world_size) {
             strformat("--temperature must be finite and positive, got %g", cfg.temperature));
     require(!cfg.output_dir.empty(), "-o (output_dir) must not be empty");
     require(cfg.zero_stage >= 0 && cfg.zero_stage <= 3, strformat("-z (zero_stage) must be 0, 1, 2 or 3, got %d", cfg.zero_stage));
+    require(cfg.fp8 == 0 || cfg.fp8 == 1, strformat("--fp8 must be 0 or 1, got %d", cfg.fp8));
+    require(cfg.fp8_scaling == "current" || cfg.fp8_scaling == "delayed",
+            strformat("--fp8-scaling must be current or delayed, got '%s'", cfg.fp8_scaling.c_str()));
+    require(cfg.fp8_history >= 1, strformat("--fp8-history must be >= 1 step, got %d", cfg.fp8_history));
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));

@@ -94,17 +94,62 @@ struct Clipping {
 inline float quantize(float* x, int64_t n, float scale, Format f, Clipping* clipping) {
     const float largest = info(f).largest;
     float amax = 0.0f;
+    uint64_t overflows = 0, underflows = 0;
+#pragma omp parallel for reduction(max : amax) reduction(+ : overflows, underflows) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const float scaled = x[i] * scale;
         amax = std::fmax(amax, std::fabs(x[i]));
         const float q = decode(encode(scaled, f), f);
-        if (clipping) {
-            clipping->overflows += std::fabs(scaled) > largest;
-            clipping->underflows += scaled != 0.0f && q == 0.0f;
-        }
+        overflows += std::fabs(scaled) > largest;
+        underflows += scaled != 0.0f && q == 0.0f;
         x[i] = q / scale;
     }
+    if (clipping) clipping->overflows += overflows, clipping->underflows += underflows;
     return amax;
 }
 
 }  // namespace llmc::fp8
+
+namespace llmc {
+
+// --fp8, --fp8-scaling, --fp8-history: which products run in FP8 and how their scales are chosen
+// (cpu/fp8_linear.h says what each means).
+enum class Fp8Scaling { Current, Delayed };
+struct Fp8Options {
+    bool enabled = false;
+    Fp8Scaling scaling = Fp8Scaling::Current;
+    int history = 16;  // delayed scaling: steps of amax kept
+};
+
+// The quantized operands of one product: input and weight in E4M3, output gradient in E5M2.
+enum Fp8Operand { FP8_INPUT, FP8_WEIGHT, FP8_GRAD, FP8_OPERANDS };
+inline const char* fp8_operand_name(int o) {
+    static const char* names[] = {"input", "weight", "grad"};
+    return names[o];
+}
+inline fp8::Format fp8_format(int operand) { return operand == FP8_GRAD ? fp8::Format::E5M2 : fp8::Format::E4M3; }
+
+// A block's four products.
+enum Fp8Product { FP8_QKV, FP8_ATTPROJ, FP8_FC, FP8_FCPROJ, FP8_PRODUCTS };
+inline const char* fp8_product_name(int p) {
+    static const char* names[] = {"qkv", "attproj", "fc", "fcproj"};
+    return names[p];
+}
+
+// What quantizing clipped since the last report, per product and operand over every block:
+// elements quantized, saturated (beyond the format's range) and flushed (nonzero, became zero).
+struct Fp8Counts {
+    uint64_t elements = 0, overflows = 0, underflows = 0;
+};
+struct Fp8Stats {
+    Fp8Counts counts[FP8_PRODUCTS][FP8_OPERANDS];
+    Fp8Counts total() const {
+        Fp8Counts t;
+        for (const auto& product : counts)
+            for (const Fp8Counts& c : product)
+                t.elements += c.elements, t.overflows += c.overflows, t.underflows += c.underflows;
+        return t;
+    }
+};
+
+}  // namespace llmc

@@ -40,7 +40,25 @@ struct StepMetrics {
     double eta_s = 0;      // the steps left at this process's mean time per step so far
     double mfu = -1;       // model FLOPs utilization in [0, 1] (mfu.h); < 0: unknown (no peak, e.g. the CPU)
     RouterStats router;    // a mixture-of-experts model's routing (router.passes 0: a dense model)
+    Fp8Stats fp8;          // what FP8 quantizing clipped (no elements: no --fp8)
 };
+
+// " | fp8 sat 3 flush 0.01%": saturated elements and the share of elements flushed to zero.
+inline std::string fp8_summary(const Fp8Stats& s) {
+    const Fp8Counts t = s.total();
+    if (!t.elements) return "";
+    return strformat(" | fp8 sat %llu flush %.2f%%", (unsigned long long)t.overflows, 100.0 * t.underflows / t.elements);
+}
+// {"qkv": {"input": [elements, saturated, flushed], "weight": [...], "grad": [...]}, "attproj": ...}
+inline nlohmann::json fp8_json(const Fp8Stats& s) {
+    nlohmann::json j = nlohmann::json::object();
+    for (int p = 0; p < FP8_PRODUCTS; p++)
+        for (int o = 0; o < FP8_OPERANDS; o++) {
+            const Fp8Counts& c = s.counts[p][o];
+            j[fp8_product_name(p)][fp8_operand_name(o)] = {c.elements, c.overflows, c.underflows};
+        }
+    return j;
+}
 
 // "1:02:03": hours, minutes and seconds, for the step line's elapsed time and ETA.
 inline std::string format_duration(double seconds) {
@@ -92,13 +110,13 @@ public:
         if (!file_) return;
         const RouterStats& routing = m.router;
         printf("step %*d/%d | loss %7.4f | lr %.2e | norm %7.4f | %8.1f ms | comm %6.1f ms | %9.0f tok/s%s | "
-               "%s elapsed, eta %s%s%s\n",
+               "%s elapsed, eta %s%s%s%s\n",
                digits(m.total_steps), m.step, m.total_steps, m.train_loss, m.lr, m.grad_norm, m.step_ms, m.comm_ms,
                m.tokens_per_s, m.mfu >= 0 ? strformat(" | MFU %4.1f%%", 100 * m.mfu).c_str() : "",
                format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str(),
                routing.passes ? strformat(" | experts: balance %.3f z %.3f max load %.2f dropped %ld", routing.balance_loss,
                                     routing.z_loss, routing.max_load, routing.dropped).c_str() : "",
-               m.skipped ? " | update SKIPPED" : "");
+               fp8_summary(m.fp8).c_str(), m.skipped ? " | update SKIPPED" : "");
         fflush(stdout);
         nlohmann::json r = {{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
                             {"step_ms", m.step_ms}, {"comm_ms", m.comm_ms}, {"tokens_per_s", m.tokens_per_s},
@@ -108,6 +126,7 @@ public:
             r["experts"] = {{"balance_loss", m.router.balance_loss}, {"z_loss", m.router.z_loss},
                             {"max_load", m.router.max_load}, {"dropped", m.router.dropped},
                             {"assigned", m.router.assigned}};
+        if (m.fp8.total().elements) r["fp8"] = fp8_json(m.fp8);
         if (m.skipped) r["skipped"] = true;
         write(r);
     }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "llmc/ckpt/shard_state.h"
+#include "llmc/fp8.h"
 #include "llmc/models/gpt2/config.h"  // ModelConfig: the one architecture so far
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"
@@ -94,6 +95,8 @@ public:
     virtual double take_exposed_comm_ms() = 0;
     // A mixture-of-experts model's routing over its training passes since the last call.
     virtual RouterStats take_router_stats() { return {}; }
+    // What FP8 quantizing clipped since the last call (--fp8; nothing without it).
+    virtual Fp8Stats take_fp8_stats() { return {}; }
     // Bytes this rank allocated for one kind of memory (the --plan printout must agree).
     virtual size_t allocated_bytes(MemoryKind kind) const = 0;
 

@@ -201,7 +201,8 @@ public:
             if (went_back(checkpoints.get(), step, skipped)) continue;
             if (checkpoints && checkpoints->due(step))
                 checkpoints->save(TrainState{step, train_.state(), sample_rng_.state(),
-                                             !fingerprints_on() || cfg_.zero_stage == 3 || step == last_verified_step_});
+                                             !fingerprints_on() || cfg_.zero_stage == 3 || step == last_verified_step_,
+                                             {}});
             if (checkpoints) log_checkpoints(checkpoints->take_finished());
         }
         if (checkpoints) {
@@ -329,6 +330,7 @@ private:
         m.train_loss = (float)v.loss;
         m.comm_ms = model_.take_exposed_comm_ms();
         m.router = model_.take_router_stats();
+        m.fp8 = model_.take_fp8_stats();
         m.lr = lr;
         m.grad_norm = v.grad_norm;
         m.step_ms = step_ms;

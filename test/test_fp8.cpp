@@ -1,14 +1,19 @@
 // The FP8 formats and scaling (llmc/fp8.h): every code decodes to the value the format defines and
 // encodes back to itself, midpoints round to the even neighbour, what lies beyond the range
 // saturates, scales are the largest power of two that keeps amax in range, and quantizing counts
-// what it clipped. (That encode gives CUDA's own bits is checked in test/gpu/test_cuda_host.cu,
+// what it clipped. The CPU model's FP8 products (cpu/fp8_linear.h): exact on operands already on
+// the grids, the products of the quantized operands otherwise, and delayed scaling's history. (That encode gives CUDA's own bits is checked in test/gpu/test_cuda_host.cu,
 // which has CUDA's headers.)
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
+#include "llmc/cpu/fp8_linear.h"
 #include "llmc/fp8.h"
+#include "test/rel_error.h"
 
 using namespace llmc;
 using fp8::Format;
@@ -109,4 +114,128 @@ TEST_CASE("quantizing counts the elements it saturated or flushed to zero", "[fp
     CHECK(none.overflows == 0);
     CHECK(y[2] == 512.0f);  // 500 x 0.5 = 250 rounds to 256 (steps of 16 there); / 0.5
     CHECK(y[0] == 1.0f);
+}
+
+// ---- the CPU model's FP8 products (cpu/fp8_linear.h) ----
+
+namespace {
+
+// n values on the format's grid (every finite code equally likely, then one at the largest value, so
+// the scale is 1 and quantizing them changes nothing).
+std::vector<float> on_grid(size_t n, Format f, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<float> v;
+    while (v.size() < n) {
+        const float x = fp8::decode((uint8_t)(rng() & 0xff), f);
+        if (std::isfinite(x)) v.push_back(x);
+    }
+    v[n / 2] = fp8::info(f).largest;
+    return v;
+}
+
+std::vector<float> normal(size_t n, float sigma, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, sigma);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+constexpr int kRows = 12, kC = 16, kOC = 24;
+
+}  // namespace
+
+TEST_CASE("FP8 products of operands already on the fp8 grids equal the fp32 products bit for bit", "[fp8]") {
+    for (Fp8Scaling scaling : {Fp8Scaling::Current, Fp8Scaling::Delayed}) {
+        cpu::Fp8Linears fp8(1, {true, scaling, 4});
+        const std::vector<float> inp = on_grid(kRows * kC, Format::E4M3, 1), w = on_grid(kOC * kC, Format::E4M3, 2);
+        const std::vector<float> dout = on_grid(kRows * kOC, Format::E5M2, 3), bias = normal(kOC, 1.0f, 4);
+        std::vector<float> out(kRows * kOC), want(kRows * kOC);
+        fp8.forward(0, FP8_FC, out.data(), inp.data(), w.data(), bias.data(), nullptr, kRows, kC, kOC);
+        cpu::matmul_forward(want.data(), inp.data(), w.data(), bias.data(), nullptr, kRows, kC, kOC);
+        CHECK(out == want);
+        std::vector<float> dinp(kRows * kC), dw(kOC * kC, 0.5f), db(kOC, 0.25f);
+        std::vector<float> want_dinp = dinp, want_dw = dw, want_db = db;
+        fp8.backward(0, FP8_FC, dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kRows, kC, kOC);
+        cpu::matmul_backward(want_dinp.data(), want_dw.data(), want_db.data(), dout.data(), inp.data(), w.data(), kRows,
+                             kC, kOC);
+        CHECK(dinp == want_dinp);
+        CHECK(dw == want_dw);
+        CHECK(db == want_db);
+    }
+}
+
+TEST_CASE("FP8 products of other operands are the products of their quantized values", "[fp8]") {
+    cpu::Fp8Linears fp8(1, {true, Fp8Scaling::Current, 4});
+    const std::vector<float> inp = normal(kRows * kC, 1.0f, 5), w = normal(kOC * kC, 0.02f, 6);
+    std::vector<float> out(kRows * kOC), fp32(kRows * kOC), want(kRows * kOC);
+    fp8.forward(0, FP8_QKV, out.data(), inp.data(), w.data(), nullptr, nullptr, kRows, kC, kOC);
+    cpu::matmul_forward(fp32.data(), inp.data(), w.data(), nullptr, nullptr, kRows, kC, kOC);
+    // The reference quantizes each operand here, value by value, with its own power-of-two scale.
+    auto quantized = [](std::vector<float> v) {
+        float amax = 0;
+        for (float x : v) amax = std::max(amax, std::fabs(x));
+        const float s = fp8::scale_for_amax(amax, Format::E4M3, 1.0f);
+        for (float& x : v) x = fp8::round_trip(x, s, Format::E4M3) / s;
+        return v;
+    };
+    cpu::matmul_forward(want.data(), quantized(inp).data(), quantized(w).data(), nullptr, nullptr, kRows, kC, kOC);
+    CHECK(out == want);
+    const double err = llmc::rel_error(out.data(), fp32.data(), out.size());
+    CHECK(err > 1e-3);  // quantizing happened
+    CHECK(err < 0.1);   // E4M3 keeps 3 mantissa bits: a few percent
+    const Fp8Stats stats = fp8.take_stats();
+    CHECK(stats.counts[FP8_QKV][FP8_INPUT].elements == (uint64_t)kRows * kC);
+    CHECK(stats.counts[FP8_QKV][FP8_WEIGHT].elements == (uint64_t)kOC * kC);
+    CHECK(stats.total().overflows == 0);  // current scaling never saturates
+    CHECK(fp8.take_stats().total().elements == 0);
+}
+
+TEST_CASE("delayed FP8 scaling follows the largest amax of the last steps, saturating a spike", "[fp8]") {
+    const int history = 3;
+    cpu::Fp8Linears delayed(1, {true, Fp8Scaling::Delayed, history});
+    cpu::Fp8Linears current(1, {true, Fp8Scaling::Current, history});
+    std::vector<float> out(kRows * kOC), out_current(kRows * kOC);
+    const std::vector<float> w = normal(kOC * kC, 0.02f, 7);
+    std::vector<float> amaxes;  // of each step's input
+    auto step = [&](float sigma, uint32_t seed) {
+        const std::vector<float> inp = normal(kRows * kC, sigma, seed);
+        amaxes.push_back(std::fabs(*std::max_element(inp.begin(), inp.end(), [](float a, float b) {
+            return std::fabs(a) < std::fabs(b);
+        })));
+        delayed.forward(0, FP8_FC, out.data(), inp.data(), w.data(), nullptr, nullptr, kRows, kC, kOC);
+        current.forward(0, FP8_FC, out_current.data(), inp.data(), w.data(), nullptr, nullptr, kRows, kC, kOC);
+        delayed.end_step(local_communicator());
+        return delayed.take_stats().counts[FP8_FC][FP8_INPUT];
+    };
+    // The fc input's scale, from the state: tensor (layer 0, FP8_FC, FP8_INPUT), its first value.
+    auto input_scale = [&] { return delayed.state()[((size_t)FP8_FC * FP8_OPERANDS + FP8_INPUT) * (3 + history)]; };
+    auto scale_of_last_steps = [&] {
+        const float largest = *std::max_element(amaxes.end() - std::min<size_t>(amaxes.size(), history), amaxes.end());
+        return fp8::scale_for_amax(largest, Format::E4M3, 1.0f);
+    };
+    // The first step has no history: it is scaled as current scaling scales it.
+    CHECK(step(1.0f, 10).overflows == 0);
+    CHECK(out == out_current);
+    CHECK(input_scale() == scale_of_last_steps());
+    // A step whose amax is 8x the history's saturates with the history's scale.
+    CHECK(step(8.0f, 11).overflows > 0);
+    CHECK(out != out_current);
+    const float spike_scale = input_scale();
+    CHECK(spike_scale == scale_of_last_steps());
+    // The spike sets the scale for `history` steps, then leaves the history.
+    for (int s = 0; s < history - 1; s++) {
+        step(1.0f, 20 + s);
+        CHECK(input_scale() == spike_scale);
+    }
+    step(1.0f, 30);
+    CHECK(input_scale() == scale_of_last_steps());
+    CHECK(input_scale() > spike_scale);
+    const std::vector<float> state = delayed.state();
+    CHECK(state.size() == (size_t)FP8_PRODUCTS * FP8_OPERANDS * (3 + history));
+    cpu::Fp8Linears restored(1, {true, Fp8Scaling::Delayed, history});
+    restored.set_state(state, "test");
+    CHECK(restored.state() == state);
+    cpu::Fp8Linears longer(1, {true, Fp8Scaling::Delayed, history + 1});
+    CHECK_THROWS_WITH(longer.set_state(state, "ckpt/manifest.json"), Catch::Contains("--fp8-history 4"));
 }

@@ -254,6 +254,8 @@ struct TrainState {
     DataLoaderState data;
     std::array<uint64_t, 4> sampler_rng{};
     bool verified = true;  // the replicas' fingerprints agreed at this step, or none are compared
+    // the model's ReplicatedState, taken when the checkpoint is (CheckpointWriter::save fills it)
+    std::vector<std::pair<std::string, std::vector<float>>> model_state;
 };
 
 namespace detail {
@@ -336,8 +338,10 @@ public:
 
     // Saves the state as it is now (after the update of step t.step) on every tier that is due.
     // Returns once the snapshot is started (asynchronous) or the checkpoint is complete (--ckpt-sync).
-    void save(const TrainState& t) {
+    void save(const TrainState& state_of_step) {
         auto start = std::chrono::steady_clock::now();
+        TrainState t = state_of_step;
+        if (const ReplicatedState* r = state_.replicated_state()) t.model_state = r->named_values();
         const std::vector<CheckpointTier> tiers = due_tiers(t.step);
         if (tiers.empty()) return;
         double wait_ms = 0;
@@ -559,6 +563,7 @@ private:
             m.data = t.data;
             m.sampler_rng = t.sampler_rng;
             m.model_rng = state_.rng_states();
+            m.model_state = t.model_state;
             m.tensors = tensors_;
             nlohmann::json j = manifest_json(m);
             j["files"] = files;
@@ -1071,6 +1076,9 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
     for (const auto& [name, value] : p.manifest.model_rng)
         for (const auto& [known, unused] : state.rng_states())
             if (known == name) state.set_rng_state(name, value);
+    if (ReplicatedState* r = state.replicated_state())
+        for (const auto& [name, values] : p.manifest.model_state)
+            r->restore(name, values, strformat("%s/%s", p.dir.c_str(), CHECKPOINT_MANIFEST));
 }
 
 }  // namespace llmc

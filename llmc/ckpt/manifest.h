@@ -83,6 +83,8 @@ struct Manifest {
     DataLoaderState data;       // the training data position: the next batch to read
     std::array<uint64_t, 4> sampler_rng{};
     std::vector<std::pair<std::string, uint64_t>> model_rng;  // ShardedState::rng_states()
+    // ReplicatedState::named_values() (the FP8 scaling histories); absent from checkpoints of runs without such state
+    std::vector<std::pair<std::string, std::vector<float>>> model_state;
     std::vector<ManifestTensor> tensors;
     std::vector<ManifestFile> files;
 };
@@ -201,6 +203,8 @@ inline nlohmann::json manifest_json(const Manifest& m) {
     for (const ManifestFile& f : m.files) files.push_back(file_json(f, m.tensors));
     nlohmann::json model_rng = nlohmann::json::object();
     for (const auto& [name, value] : m.model_rng) model_rng[name] = value;
+    nlohmann::json model_state = nlohmann::json::object();
+    for (const auto& [name, values] : m.model_state) model_state[name] = values;
     return {{"format", CHECKPOINT_FORMAT},
             {"format_version", m.format_version},
             {"step", m.step},
@@ -215,6 +219,7 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"run_config", m.run_config},
             {"data", m.data},
             {"rng", {{"sampler", m.sampler_rng}, {"model", model_rng}}},
+            {"model_state", model_state},
             {"tensors", tensors},
             {"files", files}};
 }
@@ -307,6 +312,25 @@ inline void check_slices_tile_file(const ManifestFile& f, const std::string& whe
                        (unsigned long long)f.bytes));
 }
 
+// "model_state": {"name": [numbers], ...}.
+inline std::vector<std::pair<std::string, std::vector<float>>> parse_model_state(const nlohmann::json& j,
+                                                                                 const std::string& where) {
+    if (!j.is_object()) fail(strformat("%s: model_state is not a JSON object", where.c_str()));
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    for (auto& [name, values] : j.items()) {
+        std::vector<float> v;
+        if (values.is_array())
+            for (const nlohmann::json& x : values) {
+                if (!x.is_number()) break;
+                v.push_back(x.get<float>());
+            }
+        if (!values.is_array() || v.size() != values.size())
+            fail(strformat("%s: model_state.%s is not an array of numbers", where.c_str(), name.c_str()));
+        out.push_back({name, std::move(v)});
+    }
+    return out;
+}
+
 }  // namespace detail
 
 // Parses and checks a manifest: every field present with the right type, every slice inside its
@@ -360,6 +384,7 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
     const nlohmann::json& model_rng = rd.at(rng, "model", "rng");
     if (!model_rng.is_object()) fail(strformat("%s: rng.model is not a JSON object", where.c_str()));
     for (auto& [name, value] : model_rng.items()) m.model_rng.push_back({name, rd.uint(value, "rng.model." + name)});
+    if (j.contains("model_state")) m.model_state = detail::parse_model_state(j["model_state"], where);
 
     std::map<std::string, int> tensor_index;
     const nlohmann::json& tensors = rd.array_at(j, "tensors", "manifest");

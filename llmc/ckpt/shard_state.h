@@ -50,6 +50,17 @@ struct FlatRange {
     bool operator==(const FlatRange&) const = default;
 };
 
+// Small state a model keeps whole and identical on every rank besides its tensors (the FP8 scaling
+// histories): saved by name in the checkpoint's manifest when the checkpoint is taken, and given
+// back on resume.
+class ReplicatedState {
+public:
+    virtual ~ReplicatedState() = default;
+    virtual std::vector<std::pair<std::string, std::vector<float>>> named_values() const = 0;
+    // False for a name it does not keep (the checkpoint's run kept state this one does not).
+    virtual bool restore(const std::string& name, const std::vector<float>& values, const std::string& where) = 0;
+};
+
 class ShardedState {
 public:
     virtual ~ShardedState() = default;
@@ -94,12 +105,19 @@ public:
     // Fault injection: flips one mantissa bit of one parameter in this rank's memory; says which.
     virtual std::string flip_parameter_bit() { fail("this model has no parameter bit to flip"); }
 
+    // Small state the model keeps whole on every rank besides its tensors (ReplicatedState), if any.
+    void attach_replicated_state(ReplicatedState* state) { replicated_ = state; }
+    ReplicatedState* replicated_state() const { return replicated_; }
+
     // Named random-number states the model keeps (the CUDA model's stochastic-rounding seed).
     virtual std::vector<std::pair<std::string, uint64_t>> rng_states() const { return {}; }
     virtual void set_rng_state(const std::string& name, uint64_t value) {
         fail(strformat("this model keeps no random state named '%s' (value %llu)", name.c_str(),
                        (unsigned long long)value));
     }
+
+private:
+    ReplicatedState* replicated_ = nullptr;
 };
 
 }  // namespace llmc

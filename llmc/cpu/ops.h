@@ -218,19 +218,22 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
     gemm(rows, OC, C, MatRef{inp, (size_t)C, false}, MatRef{weight, (size_t)C, true}, out, OC, has_init);
 }
 
+// dbias += column sums of dout (rows x OC).
+inline void bias_backward(float* dbias, const float* dout, int rows, int OC) {
+    for_column_ranges(OC, [&](int c0, int c1) {
+        for (int r = 0; r < rows; r++) {
+            const float* d = dout + (size_t)r * OC;
+            for (int c = c0; c < c1; c++) dbias[c] += d[c];
+        }
+    });
+}
+
 // dinp = dout W (overwritten), dweight += dout^T inp, dbias += column sums of dout (if given).
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int rows, int C, int OC) {
     gemm(rows, C, OC, MatRef{dout, (size_t)OC, false}, MatRef{weight, (size_t)C, false}, dinp, C, false);
     gemm(OC, C, rows, MatRef{dout, (size_t)OC, true}, MatRef{inp, (size_t)C, false}, dweight, C, true);
-    if (dbias) {
-        for_column_ranges(OC, [&](int c0, int c1) {
-            for (int r = 0; r < rows; r++) {
-                const float* d = dout + (size_t)r * OC;
-                for (int c = c0; c < c1; c++) dbias[c] += d[c];
-            }
-        });
-    }
+    if (dbias) bias_backward(dbias, dout, rows, OC);
 }
 
 inline void gelu_forward(float* out, const float* inp, size_t n) {

@@ -2,7 +2,7 @@
 #   mpirun        an array: timeout 300 mpirun --oversubscribe (as root, with Open MPI's consent)
 #   dir           a scratch directory, removed on exit
 #   expect_failure WHAT PATTERN MPIRUN_ARGS...   the launch must exit non-zero with PATTERN on stderr
-#   curve METRICS / same_curve A B WHAT           a run's training curve, and two runs' compared
+#   curve METRICS / same_curve A B WHAT [TOLS]    a run's training curve, and two runs' compared
 #   checkpoint_bytes DIR                          a checkpoint's bytes, each file checked to hold what its
 #                                                 manifest lists
 #   check_resumed LOG METRICS FROM CKPT STEP WHAT  a run resumed from CKPT at STEP and continued FROM's curve
@@ -27,13 +27,14 @@ expect_failure() {
 # "step loss norm" for every training record of a metrics.jsonl (keys are written sorted), but those
 # a rollback or replay superseded.
 curve() { grep '"train_loss"' "$1" | grep -v '"superseded"' | sed -E 's/.*"grad_norm":([^,}]*).*"step":([0-9]+).*"train_loss":([^,}]*).*/\2 \3 \1/'; }
-# same_curve A B WHAT: every step of B is in A with the loss within 1e-5 and the norm within 1e-4 relative.
+# same_curve A B WHAT [LOSS_TOL NORM_TOL]: every step of B is in A with the loss within 1e-5 and the
+# norm within 1e-4 relative (or the tolerances given).
 same_curve() {
     local expected
     expected=$(curve "$2" | wc -l)
-    if ! join <(curve "$1" | sort -k1,1) <(curve "$2" | sort -k1,1) | awk -v n="$expected" '
+    if ! join <(curve "$1" | sort -k1,1) <(curve "$2" | sort -k1,1) | awk -v n="$expected" -v lt="${4:-1e-5}" -v nt="${5:-1e-4}" '
         function rel(a, b) { d = a - b; if (d < 0) d = -d; return d / (b < 0 ? -b : b) }
-        { count++; if (rel($4, $2) > 1e-5 || rel($5, $3) > 1e-4) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
+        { count++; if (rel($4, $2) > lt + 0 || rel($5, $3) > nt + 0) { print "step " $1 ": " $2 " " $3 " vs " $4 " " $5; bad++ } }
         END { exit !(count == n && n > 0 && bad == 0) }'; then
         echo "FAILED: $3: the curves differ"; exit 1
     fi

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/fp8_linear.h"
 #include "llmc/cpu/moe.h"
 #include "llmc/cpu/ops.h"
 #include "llmc/cpu/ring_attention.h"
@@ -177,7 +178,7 @@ public:
           layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
                                      GPT2Params::stage_slice(pipe_.split, pp.rank()))),
           stage_(pipeline_stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_),
+          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_), dp_comm_(dp),
           cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -230,6 +231,12 @@ public:
     const ModelConfig& config() const override { return config_; }
     const ParamLayout& layout() const override { return layout_; }
     void set_moe_options(const MoeOptions& o) { moe_options_ = o; }
+    // FP8 products (cpu/fp8_linear.h): the simulation the CUDA model's FP8 kernels are checked against.
+    void set_fp8_options(const Fp8Options& o) {
+        fp8_ = cpu::Fp8Linears(layout_.num_layers(), o);
+        engine_.attach_replicated_state(&fp8_);
+    }
+    Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
     RouterStats take_router_stats() override {
         RouterStats s = router_stats_;
         if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
@@ -329,6 +336,7 @@ public:
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
+        fp8_.end_step(dp_comm_);
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     double take_exposed_comm_ms() override {
@@ -442,19 +450,31 @@ private:
     // out = base + inp W^T + bias for a row-parallel product (W cut by input columns, inp this
     // rank's columns of every row): each rank's product is a partial sum, reduced over the group
     // before the bias and the residual `base` (this rank's rows) are added.
-    void row_parallel_forward(const ActivationLayout& a, float* out, const float* inp, const float* weight,
-                              const float* bias, const float* base, int BT, int IC, int C) {
+    void row_parallel_forward(const ActivationLayout& a, int l, Fp8Product product, float* out, const float* inp,
+                              const float* weight, const float* bias, const float* base, int BT, int IC, int C) {
         if (tp_.size == 1) {
-            cpu::matmul_forward(out, inp, weight, bias, base, BT, IC, C);
+            linear_forward(l, product, out, inp, weight, bias, base, BT, IC, C);
             return;
         }
-        cpu::matmul_forward(a.partial, inp, weight, nullptr, nullptr, BT, IC, C);
+        linear_forward(l, product, a.partial, inp, weight, nullptr, nullptr, BT, IC, C);
         const float* sum = reduce_rows(a.partial, out, BT, C);
         const int n = tp_.rows(BT);
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < n; r++)
             for (int c = 0; c < C; c++) out[(size_t)r * C + c] = base[(size_t)r * C + c] + sum[(size_t)r * C + c] + bias[c];
     }
+    // Block l's product `product`, out = base + inp W^T + bias: in fp32, or through the FP8 simulation.
+    void linear_forward(int l, Fp8Product product, float* out, const float* inp, const float* weight,
+                        const float* bias, const float* base, int rows, int C, int OC) {
+        if (fp8_.enabled()) fp8_.forward(l, product, out, inp, weight, bias, base, rows, C, OC);
+        else cpu::matmul_forward(out, inp, weight, bias, base, rows, C, OC);
+    }
+    void linear_backward(int l, Fp8Product product, float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, int rows, int C, int OC) {
+        if (fp8_.enabled()) fp8_.backward(l, product, dinp, dweight, dbias, dout, inp, weight, rows, C, OC);
+        else cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, rows, C, OC);
+    }
+
     // The first vocabulary row this rank holds, and how many of its rows are real tokens.
     int vocab_begin() const { return tp_.rank * (config_.padded_vocab_size / tp_.size); }
     int vocab_real() const {
@@ -567,6 +587,7 @@ private:
                         Pass pass, float grad_scale, int logits_row = 0) {
         last_B_ = B;
         moe_training_ = pass == Pass::Train;
+        fp8_.set_training(pass == Pass::Train);
         last_T_ = T;
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels;
@@ -589,11 +610,11 @@ private:
             const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
             cpu::layernorm_forward(a.ln1 + nc, a.ln1_mean + l * n, a.ln1_rstd + l * n, residual, param(P::LN1W, l),
                                    param(P::LN1B, l), n, C);
-            cpu::matmul_forward(a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
-                                param(P::QKVB, l), nullptr, BT, C, 3 * Cl);
+            linear_forward(l, FP8_QKV, a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
+                           param(P::QKVB, l), nullptr, BT, C, 3 * Cl);
             attention_forward(a, l, B, T);
-            row_parallel_forward(a, a.residual2 + nc, a.atty + bc, param(P::ATTPROJW, l), param(P::ATTPROJB, l),
-                                 residual, BT, Cl, C);
+            row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2 + nc, a.atty + bc, param(P::ATTPROJW, l),
+                                 param(P::ATTPROJB, l), residual, BT, Cl, C);
             cpu::layernorm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc,
                                    param(P::LN2W, l), param(P::LN2B, l), n, C);
             mlp_forward(a, l, BT);
@@ -697,12 +718,11 @@ private:
                                     reduce_rows(a.dC, a.dln, BT, C), a.residual2 + nc, param(P::LN2W, l),
                                     a.ln2_mean + l * n, a.ln2_rstd + l * n, n, C);
             // dresidual is now d(residual2[l]); the attention projection reads atty
-            cpu::matmul_backward(a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l),
-                                 gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P::ATTPROJW, l), BT, Cl,
-                                 C);
+            linear_backward(l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l),
+                            gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P::ATTPROJW, l), BT, Cl, C);
             attention_backward(a, l, B, T);
-            cpu::matmul_backward(a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C,
-                                 gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l), BT, C, 3 * Cl);
+            linear_backward(l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C,
+                            gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l), BT, C, 3 * Cl);
             cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
                                     reduce_rows(a.dC, a.dln, BT, C), residual, param(P::LN1W, l), a.ln1_mean + l * n,
                                     a.ln1_rstd + l * n, n, C);
@@ -729,10 +749,10 @@ private:
         const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
         const float* residual = a.residual2 + nc;
         if (layout_.has(P::FCW, l)) {
-            cpu::matmul_forward(a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
-                                param(P::FCB, l), nullptr, BT, C, 4 * Cl);
+            linear_forward(l, FP8_FC, a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
+                           param(P::FCB, l), nullptr, BT, C, 4 * Cl);
             cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            row_parallel_forward(a, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
+            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
                                  param(P::FCPROJB, l), residual, BT, 4 * Cl, C);
             residual = a.residual3 + nc;
         }
@@ -752,12 +772,12 @@ private:
         const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
         const bool dense = layout_.has(P::FCW, l);
         if (dense) {  // the fc projection reads fch_gelu
-            cpu::matmul_backward(a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
-                                 gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
-                                 BT, 4 * Cl, C);
+            linear_backward(l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
+                            gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l), BT,
+                            4 * Cl, C);
             cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            cpu::matmul_backward(a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, gather_rows(a.ln2 + nc, a.full, BT, C),
-                                 param(P::FCW, l), BT, C, 4 * Cl);
+            linear_backward(l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C,
+                            gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l), BT, C, 4 * Cl);
         }
         if (!is_moe_layer(l)) return;
         MoeBlock& b = moe_block(l);
@@ -817,6 +837,7 @@ private:
     double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
+    Communicator& dp_comm_;                     // ZeRO's group (data x context ranks)
     Communicator& cp_comm_;                     // the context group
     ContextSplit cp_;                           // this rank's positions of the batch under way
     cpu::RingAttention ring_;
@@ -825,6 +846,7 @@ private:
     using Walk = BucketView<HostMemory>::Direction;
     std::vector<float> acts_;
     MoeOptions moe_options_;
+    cpu::Fp8Linears fp8_{0, {}};         // the FP8 simulation of the blocks' products (--fp8)
     std::vector<MoeBlock> moe_;          // per local layer (used by the MoE blocks only)
     cpu::MoeScratch moe_scratch_;
     std::vector<float> moe_dx_;          // the experts' input gradient beside a shared expert's
