@@ -12,7 +12,7 @@
 #                     bad-input suite and the pipeline, tensor- and context-parallel tests under mpirun, then the
 #                     emulated CUDA model, PTX test and workbenches (test-emu-sanitize) (not part of
 #                     make test: the build alone takes minutes)
-#   make test-mpi     communicator, ZeRO, tensor, pipeline and context parallelism, mixture of experts, checkpoint, guard,
+#   make test-mpi     communicator, ZeRO, tensor, pipeline and context parallelism, mixture of experts, FP8, checkpoint, guard,
 #                     failure (hang/death) and supervisor/straggler tests under mpirun with 1-4 ranks
 #                     (test/mpi/run_*_tests.sh)
 #   make test-slurm   a one-node Slurm cluster started by the test (test/slurm/run_slurm_tests.sh): the sbatch
