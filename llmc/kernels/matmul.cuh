@@ -43,8 +43,11 @@ struct Gemm {
 
     int m = 0, n = 0, k = 0;
     bool transpose_a = false, transpose_b = false;
-    const floatX* a = nullptr;  // stored (k x m) when transposed, else (m x k)
-    const floatX* b = nullptr;  // stored (n x k) when transposed, else (k x n)
+    const void* a = nullptr;  // stored (k x m) when transposed, else (m x k)
+    const void* b = nullptr;  // stored (n x k) when transposed, else (k x n)
+    cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF;  // or fp8 (E4M3, E5M2)
+    const float* a_scale = nullptr;  // fp8: the device scalars that multiply the product (Fp8Scale::scale_inv)
+    const float* b_scale = nullptr;
     const void* c = nullptr;    // read only when beta != 0
     void* d = nullptr;
     cudaDataType_t cd_type = CUDA_R_16BF;
@@ -68,7 +71,7 @@ inline int pointer_alignment(const void* p) {
 struct GemmKey {
     int m, n, k;
     bool transpose_a, transpose_b;
-    int cd_type, epilogue;
+    int a_type, b_type, cd_type, epilogue;
     int bias_alignment, aux_alignment;
     auto operator<=>(const GemmKey&) const = default;
 };
@@ -84,11 +87,22 @@ inline const char* epilogue_name(cublasLtEpilogue_t e) {
     }
 }
 
+inline const char* type_name(cudaDataType_t t) {
+    switch (t) {
+        case CUDA_R_32F: return "fp32";
+        case CUDA_R_16BF: return "bf16";
+        case CUDA_R_8F_E4M3: return "e4m3";
+        case CUDA_R_8F_E5M2: return "e5m2";
+        default: return "other";
+    }
+}
+
 inline std::string describe(const Gemm& g) {
-    return strformat("%s (BT %d, C %d, OC %d; cuBLASLt m %d n %d k %d, op(A) %c, op(B) %c, bf16 A/B, %s C/D, "
+    return strformat("%s (BT %d, C %d, OC %d; cuBLASLt m %d n %d k %d, op(A) %c, op(B) %c, %s A, %s B, %s C/D, "
                      "beta %g, epilogue %s)",
                      g.op, g.BT, g.C, g.OC, g.m, g.n, g.k, g.transpose_a ? 'T' : 'N', g.transpose_b ? 'T' : 'N',
-                     g.cd_type == CUDA_R_32F ? "fp32" : "bf16", (double)g.beta, epilogue_name(g.epilogue));
+                     type_name(g.a_type), type_name(g.b_type), type_name(g.cd_type), (double)g.beta,
+                     epilogue_name(g.epilogue));
 }
 
 // Owning wrappers for the descriptors of one call. Their destroy functions only free host memory;
@@ -181,14 +195,16 @@ private:
             desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias));
             desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_16BF);
         }
+        if (g.a_scale) desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.a_scale));
+        if (g.b_scale) desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.b_scale));
         if (g.aux) {
             // EPILOGUE_AUX_DATA_TYPE is left unset: it defaults to D's type, bf16 here, and the
             // header documents setting it only for fp8 kernels (where other values are rejected).
             desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
             desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)g.m);
         }
-        const LtLayout a(CUDA_R_16BF, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.transpose_a ? g.k : g.m);
-        const LtLayout b(CUDA_R_16BF, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.transpose_b ? g.n : g.k);
+        const LtLayout a(g.a_type, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.transpose_a ? g.k : g.m);
+        const LtLayout b(g.b_type, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.transpose_b ? g.n : g.k);
         const LtLayout cd(g.cd_type, g.m, g.n, g.m);
 
         const cublasLtMatmulAlgo_t algo = algorithm(g, desc, a, b, cd);
@@ -202,7 +218,8 @@ private:
                                    const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
                                    const matmul_detail::LtLayout& cd) {
         using namespace matmul_detail;
-        const GemmKey key{g.m, g.n, g.k, g.transpose_a, g.transpose_b, (int)g.cd_type, (int)g.epilogue,
+        const GemmKey key{g.m, g.n, g.k, g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type, (int)g.cd_type,
+                          (int)g.epilogue,
                           pointer_alignment(g.bias), pointer_alignment(g.aux)};
         if (auto it = algorithms_.find(key); it != algorithms_.end()) return it->second;
 
@@ -453,6 +470,117 @@ inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, fl
     g.b = dout;  // dout^T as a column-major (OC x BT); op_T makes it dout (BT x OC)
     g.c = dweight;
     g.d = dweight;  // dweight (OC x C) row-major is dweight^T as a column-major (C x OC)
+    g.beta = 1.0f;
+    g.cd_type = CUDA_R_32F;
+    ctx.run(g, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 products (--fp8 1). Hopper's FP8 kernels take only the "TN" form: both operands stored along
+// k. The forward's operands already are (W is OC x C, inp BT x C: both rows of k = C); the dinp
+// product reads W^T (C x OC) and the dweight product inp^T (C x BT) and dout^T (OC x BT), which
+// fp8_cast writes beside the row-major copies. cuBLASLt multiplies the fp32 product by both
+// operands' inverse scales, then applies the bias and GELU epilogues as for bf16. k and every
+// leading dimension must be a multiple of 16 bytes: C, OC and BT multiples of 16.
+
+// An FP8 tensor as the products take it: its codes, its format, and the device scalar that turns
+// them back into values (Fp8Scale::scale_inv).
+struct Fp8Tensor {
+    const uint8_t* data = nullptr;
+    cudaDataType_t type = CUDA_R_8F_E4M3;
+    const float* scale_inv = nullptr;
+};
+
+namespace matmul_detail {
+
+inline void check_fp8_shape(const char* op, int BT, int C, int OC) {
+    if (BT < 16 || BT % 16 || C < 16 || C % 16 || OC < 16 || OC % 16)
+        fail(strformat("%s: BT %d, C %d, OC %d: FP8 products need each a positive multiple of 16 (Hopper's FP8 "
+                       "kernels read k and every leading dimension in 16-byte steps)",
+                       op, BT, C, OC));
+}
+inline void check_fp8_tensor(const char* op, const char* name, const Fp8Tensor& t) {
+    check_pointer(op, name, t.data, true);
+    if (!t.scale_inv) fail(strformat("%s: %s has no scale", op, name));
+    if (t.type != CUDA_R_8F_E4M3 && t.type != CUDA_R_8F_E5M2)
+        fail(strformat("%s: %s is not E4M3 or E5M2", op, name));
+}
+inline void set_fp8_operands(Gemm& g, const Fp8Tensor& a, const Fp8Tensor& b) {
+    g.transpose_a = true, g.transpose_b = false;
+    g.a = a.data, g.a_type = a.type, g.a_scale = a.scale_inv;
+    g.b = b.data, g.b_type = b.type, g.b_scale = b.scale_inv;
+}
+
+}  // namespace matmul_detail
+
+// out (BT x OC) = inp W^T + bias (+ residual), or with pre_gelu: pre_gelu = inp W^T + bias and out =
+// GELU(pre_gelu); from E4M3 copies of inp (BT x C) and weight (OC x C). As matmul_forward otherwise.
+inline void matmul_forward_fp8(MatmulContext& ctx, floatX* out, floatX* pre_gelu, const Fp8Tensor& inp,
+                               const Fp8Tensor& weight, const floatX* bias, const floatX* residual, int BT, int C,
+                               int OC, cudaStream_t stream) {
+    using namespace matmul_detail;
+    const char* op = "matmul_forward_fp8";
+    check_fp8_shape(op, BT, C, OC);
+    check_fp8_tensor(op, "inp", inp);
+    check_fp8_tensor(op, "weight", weight);
+    check_pointer(op, "out", out, true);
+    check_pointer(op, "pre_gelu", pre_gelu, false);
+    check_pointer(op, "bias", bias, false);
+    check_pointer(op, "residual", residual, false);
+    if (pre_gelu && residual) fail(strformat("%s: a residual cannot be added after a fused GELU", op));
+    Gemm g;
+    g.op = op;
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = OC, g.n = BT, g.k = C;
+    set_fp8_operands(g, weight, inp);
+    g.d = out;
+    g.c = residual;
+    g.beta = residual ? 1.0f : 0.0f;
+    g.cd_type = CUDA_R_16BF;
+    g.bias = bias;
+    g.aux = pre_gelu;
+    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    ctx.run(g, stream);
+}
+
+// dinp (BT x C) = dout (BT x OC, E5M2) W, from weight_t = W^T (C x OC, E4M3); OVERWRITTEN. The GELU
+// backward, where one follows, is the caller's (gelu_backward_inplace): FP8 products take no DGELU.
+inline void matmul_backward_dinp_fp8(MatmulContext& ctx, floatX* dinp, const Fp8Tensor& dout,
+                                     const Fp8Tensor& weight_t, int BT, int C, int OC, cudaStream_t stream) {
+    using namespace matmul_detail;
+    const char* op = "matmul_backward_dinp_fp8";
+    check_fp8_shape(op, BT, C, OC);
+    check_fp8_tensor(op, "dout", dout);
+    check_fp8_tensor(op, "weight_t", weight_t);
+    check_pointer(op, "dinp", dinp, true);
+    Gemm g;
+    g.op = op;
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = C, g.n = BT, g.k = OC;
+    set_fp8_operands(g, weight_t, dout);
+    g.d = dinp;
+    g.cd_type = CUDA_R_16BF;
+    ctx.run(g, stream);
+}
+
+// dweight (OC x C, fp32) += dout^T inp, from dout_t = dout^T (OC x BT, E5M2) and inp_t = inp^T (C x
+// BT, E4M3). The bias gradient is bias_backward's, from the bf16 dout.
+inline void matmul_backward_dweight_fp8(MatmulContext& ctx, float* dweight, const Fp8Tensor& dout_t,
+                                        const Fp8Tensor& inp_t, int BT, int C, int OC, cudaStream_t stream) {
+    using namespace matmul_detail;
+    const char* op = "matmul_backward_dweight_fp8";
+    check_fp8_shape(op, BT, C, OC);
+    check_fp8_tensor(op, "dout_t", dout_t);
+    check_fp8_tensor(op, "inp_t", inp_t);
+    check_pointer(op, "dweight", dweight, true);
+    Gemm g;
+    g.op = op;
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = C, g.n = OC, g.k = BT;
+    set_fp8_operands(g, inp_t, dout_t);
+    g.c = dweight;
+    g.d = dweight;
     g.beta = 1.0f;
     g.cd_type = CUDA_R_32F;
     ctx.run(g, stream);

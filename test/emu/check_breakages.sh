@@ -225,6 +225,23 @@ breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench atten
     '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);' \
     '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
 
+# 9. FP8 (llmc/kernels/fp8.cuh, matmul.cuh's FP8 products).
+breakage fp8-cast-transpose-barrier llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_cast: the transpose read from the tile before every thread has written its codes" \
+    '    if (qt) {
+        __syncthreads();' \
+    '    if (qt) {'
+breakage fp8-cast-no-saturation llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_cast: encoded without saturation (beyond the range becomes NaN, not the largest value)" \
+    '__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, format)' '__nv_cvt_float_to_fp8(scaled, __NV_NOSAT, format)'
+breakage fp8-product-wrong-scale llmc/kernels/matmul.cuh "bench fp8" \
+    "FP8 products: B multiplied by A's inverse scale" \
+    'g.b = b.data, g.b_type = b.type, g.b_scale = b.scale_inv;' 'g.b = b.data, g.b_type = b.type, g.b_scale = a.scale_inv;'
+breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_delayed_update: the history's largest amax taken without its last slot" \
+    'for (uint32_t h = 0; h < s.history_count; h++) m = fmaxf(m, ring[h]);' \
+    'for (uint32_t h = 0; h + 1 < s.history_count; h++) m = fmaxf(m, ring[h]);'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"

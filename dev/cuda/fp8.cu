@@ -1,0 +1,268 @@
+// dev/cuda/fp8.cu: FP8 quantization and the FP8 products (llmc/kernels/fp8.cuh, matmul.cuh), one
+// version each so far:
+//
+//   1  llmc: fp8_cast (32 x 32 shared-memory tiles, the transpose beside the row-major copy, amax
+//      and clipping counted per block), fp8_current_scale, fp8_delayed_update, and the products
+//      matmul_forward_fp8 / matmul_backward_dinp_fp8 / matmul_backward_dweight_fp8 (cuBLASLt, TN)
+//
+//   ./fp8 [--check] [--seed N]
+//
+// Checked against the CPU: every code of the cast and of its transpose equals llmc/fp8.h's encode
+// of the same value (bit for bit), and so do the amax, the clipping counts and the scales
+// (fp8::scale_for_amax); the delayed update follows the history as cpu::Fp8Linears::end_step does;
+// the products equal cpu::Fp8Linears' forward and backward on the same bf16 values (the quantized
+// operands are then the same, so what remains is the accumulation order and the bf16 rounding of
+// the outputs: bf16 outputs within BF16_TOLERANCE, the fp32 weight gradient within FP32_TOLERANCE)
+// and repeat their bits. Timed on a GPU: the cast against DRAM bandwidth and, on GPT-2 124M's and
+// 1.5B's fc shapes, the FP8 forward product against the bf16 one (matmul_forward), both against the
+// dense bf16 peak, so FP8's 2x shows as a share above 100%.
+#include <cstring>
+#include <vector>
+
+#include "dev/cuda/common.cuh"
+#include "llmc/cpu/fp8_linear.h"
+#include "llmc/kernels/fp8.cuh"
+#include "llmc/kernels/matmul.cuh"
+
+using bench::DeviceBuffer;
+using llmc::floatX;
+using llmc::Fp8Scale;
+using llmc::strformat;
+namespace fp8 = llmc::fp8;
+
+constexpr int NUM_VERSIONS = 1;
+
+namespace {
+
+// The host's quantization of x with `scale`: codes, transposed codes, amax and clipping.
+struct HostCast {
+    std::vector<uint8_t> q, qt;
+    float amax = 0.0f;
+    unsigned long long elements = 0, overflows = 0, underflows = 0;
+};
+
+HostCast host_cast(const std::vector<float>& x, int rows, int cols, float scale, fp8::Format f) {
+    HostCast h;
+    h.q.resize(x.size());
+    h.qt.resize(x.size());
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const float v = x[(size_t)r * cols + c], scaled = v * scale;
+            const uint8_t code = fp8::encode(scaled, f);
+            h.q[(size_t)r * cols + c] = code;
+            h.qt[(size_t)c * rows + r] = code;
+            h.amax = std::max(h.amax, std::fabs(v));
+            h.elements++;
+            h.overflows += std::fabs(scaled) > fp8::info(f).largest;
+            h.underflows += scaled != 0.0f && (code & 0x7f) == 0;
+        }
+    return h;
+}
+
+template <typename T>
+T from_device(const T* d) {
+    T out;
+    CUDA_CHECK(cudaMemcpy(&out, d, sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+}
+template <typename T>
+void to_device(T* d, const T& value) {
+    CUDA_CHECK(cudaMemcpy(d, &value, sizeof(T), cudaMemcpyHostToDevice));
+}
+
+// The cast of a ragged shape (not a multiple of the 32 x 32 tile) with a scale large enough that
+// some elements saturate and small values that flush, in both formats, with and without amax.
+void check_cast(std::mt19937_64& rng) {
+    const int rows = 75, cols = 53;
+    const size_t n = (size_t)rows * cols;
+    std::vector<float> x = bench::random_bf16(n, rng, 4.0f);
+    for (size_t i = 0; i < n; i += 7) x[i] = bench::bf16_round(x[i] * 1e-12f);  // some flush to zero
+    DeviceBuffer<floatX> d_x = bench::to_device_bf16(x);
+    DeviceBuffer<uint8_t> q(n, "q"), qt(n, "qt");
+    DeviceBuffer<Fp8Scale> scale(1, "scale");
+    DeviceBuffer<llmc::Fp8Clip> clip(1, "clip");
+    for (fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2}) {
+        const float s = f == fp8::Format::E4M3 ? 64.0f : 8192.0f;  // amax ~ 14: some saturate in both formats
+        printf(" cast %d x %d to %s, scale %g\n", rows, cols, fp8::info(f).name, s);
+        Fp8Scale state;
+        state.scale = s, state.scale_inv = 1.0f / s;
+        to_device(scale.get(), state);
+        to_device(clip.get(), llmc::Fp8Clip{});
+        bench::poison(q.get(), n);
+        bench::poison(qt.get(), n);
+        llmc::fp8_cast(q.get(), qt.get(), scale.get(), clip.get(), d_x.get(), rows, cols, f, true, 0);
+        const HostCast want = host_cast(x, rows, cols, s, f);
+        bench::check_same_bits("codes", bench::device_bytes(q.get(), n), want.q);
+        bench::check_same_bits("transposed codes", bench::device_bytes(qt.get(), n), want.qt);
+        const Fp8Scale after = from_device(scale.get());
+        const llmc::Fp8Clip c = from_device(clip.get());
+        bench::report_check("amax", after.amax == want.amax, strformat("%g, host %g", after.amax, want.amax));
+        bench::report_check("clipping counts",
+                            c.elements == want.elements && c.overflows == want.overflows &&
+                                c.underflows == want.underflows && want.overflows > 0 && want.underflows > 0,
+                            strformat("elements %llu saturated %llu flushed %llu; host %llu %llu %llu", c.elements,
+                                      c.overflows, c.underflows, want.elements, want.overflows, want.underflows));
+        // Without a transpose or an amax the codes are the same and the amax untouched.
+        to_device(scale.get(), state);
+        bench::poison(q.get(), n);
+        llmc::fp8_cast(q.get(), nullptr, scale.get(), nullptr, d_x.get(), rows, cols, f, false, 0);
+        bench::check_same_bits("codes (no transpose, no amax)", bench::device_bytes(q.get(), n), want.q);
+        bench::report_check("amax not recorded", from_device(scale.get()).amax == 0.0f, "");
+    }
+}
+
+// fp8_current_scale against fp8::scale_for_amax, for tensors of very different ranges.
+void check_current_scale(std::mt19937_64& rng) {
+    printf(" current scaling: the scale of a tensor's own amax\n");
+    DeviceBuffer<Fp8Scale> scale(1, "scale");
+    for (float sigma : {1e-6f, 0.02f, 1.0f, 300.0f})
+        for (fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2}) {
+            const std::vector<float> x = bench::random_bf16(5000, rng, sigma);
+            float amax = 0.0f;
+            for (float v : x) amax = std::max(amax, std::fabs(v));
+            to_device(scale.get(), Fp8Scale{});
+            DeviceBuffer<floatX> d_x = bench::to_device_bf16(x);
+            llmc::fp8_current_scale(scale.get(), d_x.get(), x.size(), f, 0);
+            const Fp8Scale got = from_device(scale.get());
+            const float want = fp8::scale_for_amax(amax, f, 1.0f);
+            bench::report_check(strformat("sigma %g, %s", sigma, fp8::info(f).name).c_str(),
+                                got.scale == want && got.scale_inv * want == 1.0f && got.amax == 0.0f,
+                                strformat("scale %g (inverse %g), host %g", got.scale, got.scale_inv, want));
+        }
+}
+
+// fp8_delayed_update over steps of amaxes, against the last `history` amaxes' scale.
+void check_delayed_update() {
+    printf(" delayed scaling: 2 tensors, history 3, over 6 steps\n");
+    const int tensors = 2, history = 3;
+    DeviceBuffer<Fp8Scale> scales(tensors, "scales");
+    DeviceBuffer<float> rings((size_t)tensors * history, "histories"), largest(tensors, "largest");
+    CUDA_CHECK(cudaMemset(rings.get(), 0, (size_t)tensors * history * sizeof(float)));
+    bench::upload(largest.get(), std::vector<float>{448.0f, 57344.0f});
+    bench::upload(scales.get(), std::vector<Fp8Scale>(tensors));
+    const float amaxes[6][2] = {{1.0f, 3e-5f}, {40.0f, 0.0f}, {0.5f, 2e-5f}, {0.5f, 1e-6f}, {0.7f, 1e-6f}, {0.6f, 1e-6f}};
+    std::vector<std::vector<float>> seen(tensors);
+    bool ok = true;
+    std::string detail;
+    for (const auto& step : amaxes) {
+        std::vector<Fp8Scale> s(tensors);
+        CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * tensors, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < tensors; t++) s[t].amax = step[t];
+        bench::upload(scales.get(), s);
+        llmc::fp8_delayed_update(scales.get(), rings.get(), largest.get(), tensors, history, 0);
+        CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * tensors, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < tensors; t++) {
+            if (step[t] > 0) seen[t].push_back(step[t]);  // a step that did not quantize the tensor is skipped
+            const size_t from = seen[t].size() > (size_t)history ? seen[t].size() - history : 0;
+            const float m = *std::max_element(seen[t].begin() + from, seen[t].end());
+            const float want = fp8::scale_for_amax(m, t == 0 ? fp8::Format::E4M3 : fp8::Format::E5M2, 1.0f);
+            if (s[t].scale != want || !s[t].primed || s[t].amax != 0.0f) {
+                ok = false;
+                detail = strformat("tensor %d: scale %g, host %g", t, s[t].scale, want);
+            }
+        }
+    }
+    bench::report_check("scales follow the last 3 amaxes", ok, detail);
+}
+
+// The three products against cpu::Fp8Linears on the same bf16 operands, with current scaling.
+void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
+    const int BT = 64, C = 48, OC = 80;
+    printf(" products: BT %d, C %d, OC %d\n", BT, C, OC);
+    const std::vector<float> inp = bench::random_bf16((size_t)BT * C, rng), w = bench::random_bf16((size_t)OC * C, rng, 0.05f);
+    const std::vector<float> bias = bench::random_bf16(OC, rng, 0.1f), dout = bench::random_bf16((size_t)BT * OC, rng, 1e-3f);
+    llmc::cpu::Fp8Linears cpu(1, {true, llmc::Fp8Scaling::Current, 4});
+    std::vector<float> want_out((size_t)BT * OC), want_dinp((size_t)BT * C), want_dw((size_t)OC * C, 0.0f);
+    cpu.forward(0, llmc::FP8_FC, want_out.data(), inp.data(), w.data(), bias.data(), nullptr, BT, C, OC);
+    cpu.backward(0, llmc::FP8_FC, want_dinp.data(), want_dw.data(), nullptr, dout.data(), inp.data(), w.data(), BT, C,
+                 OC);
+
+    DeviceBuffer<floatX> d_inp = bench::to_device_bf16(inp), d_w = bench::to_device_bf16(w);
+    DeviceBuffer<floatX> d_bias = bench::to_device_bf16(bias), d_dout = bench::to_device_bf16(dout);
+    DeviceBuffer<Fp8Scale> scales(3, "scales");  // inp, w, dout
+    bench::upload(scales.get(), std::vector<Fp8Scale>(3));
+    DeviceBuffer<uint8_t> inp8((size_t)BT * C, "inp8"), inp8t((size_t)BT * C, "inp8t");
+    DeviceBuffer<uint8_t> w8((size_t)OC * C, "w8"), w8t((size_t)OC * C, "w8t");
+    DeviceBuffer<uint8_t> dout8((size_t)BT * OC, "dout8"), dout8t((size_t)BT * OC, "dout8t");
+    DeviceBuffer<floatX> out((size_t)BT * OC, "out"), dinp((size_t)BT * C, "dinp");
+    DeviceBuffer<float> dw((size_t)OC * C, "dweight");
+    auto run = [&] {
+        using fp8::Format;
+        Fp8Scale* s = scales.get();
+        llmc::fp8_current_scale(s + 0, d_inp.get(), (size_t)BT * C, Format::E4M3, 0);
+        llmc::fp8_current_scale(s + 1, d_w.get(), (size_t)OC * C, Format::E4M3, 0);
+        llmc::fp8_current_scale(s + 2, d_dout.get(), (size_t)BT * OC, Format::E5M2, 0);
+        llmc::fp8_cast(inp8.get(), inp8t.get(), s + 0, nullptr, d_inp.get(), BT, C, Format::E4M3, false, 0);
+        llmc::fp8_cast(w8.get(), w8t.get(), s + 1, nullptr, d_w.get(), OC, C, Format::E4M3, false, 0);
+        llmc::fp8_cast(dout8.get(), dout8t.get(), s + 2, nullptr, d_dout.get(), BT, OC, Format::E5M2, false, 0);
+        const llmc::Fp8Tensor i{inp8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s + 0)}, it{inp8t.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s + 0)};
+        const llmc::Fp8Tensor wq{w8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s + 1)}, wt{w8t.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s + 1)};
+        const llmc::Fp8Tensor d{dout8.get(), CUDA_R_8F_E5M2, llmc::fp8_scale_inv(s + 2)}, dt{dout8t.get(), CUDA_R_8F_E5M2, llmc::fp8_scale_inv(s + 2)};
+        bench::poison(out.get(), (size_t)BT * OC);
+        bench::poison(dinp.get(), (size_t)BT * C);
+        CUDA_CHECK(cudaMemset(dw.get(), 0, (size_t)OC * C * sizeof(float)));
+        llmc::matmul_forward_fp8(ctx, out.get(), nullptr, i, wq, d_bias.get(), nullptr, BT, C, OC, 0);
+        llmc::matmul_backward_dinp_fp8(ctx, dinp.get(), d, wt, BT, C, OC, 0);
+        llmc::matmul_backward_dweight_fp8(ctx, dw.get(), dt, it, BT, C, OC, 0);
+        return std::vector<std::vector<float>>{bench::to_host(out.get(), (size_t)BT * OC),
+                                               bench::to_host(dinp.get(), (size_t)BT * C),
+                                               bench::to_host(dw.get(), (size_t)OC * C)};
+    };
+    const auto got = run();
+    bench::check("forward (bias epilogue)", got[0], want_out, bench::BF16_TOLERANCE);
+    bench::check("dinp", got[1], want_dinp, bench::BF16_TOLERANCE);
+    bench::check("dweight (fp32)", got[2], want_dw, bench::FP32_TOLERANCE);
+    const auto again = run();
+    for (int t = 0; t < 3; t++) bench::check_same_bits("run twice", got[t], again[t]);
+}
+
+// FP8 against bf16 on the fc products of GPT-2 124M and 1.5B (B 8 x T 1024), and the cast's speed.
+void time_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
+    struct Layer {
+        const char* name;
+        int BT, C, OC;
+    };
+    for (const Layer& l : {Layer{"124M fc", 8192, 768, 3072}, Layer{"1.5B fc", 8192, 1600, 6400}}) {
+        printf(" %s: BT %d, C %d, OC %d\n", l.name, l.BT, l.C, l.OC);
+        DeviceBuffer<floatX> inp = bench::to_device_bf16(bench::random_bf16((size_t)l.BT * l.C, rng));
+        DeviceBuffer<floatX> w = bench::to_device_bf16(bench::random_bf16((size_t)l.OC * l.C, rng, 0.02f));
+        DeviceBuffer<floatX> out((size_t)l.BT * l.OC, "out");
+        DeviceBuffer<Fp8Scale> scales(2, "scales");
+        bench::upload(scales.get(), std::vector<Fp8Scale>(2));
+        DeviceBuffer<uint8_t> inp8((size_t)l.BT * l.C, "inp8"), inp8t((size_t)l.BT * l.C, "inp8t");
+        DeviceBuffer<uint8_t> w8((size_t)l.OC * l.C, "w8");
+        llmc::fp8_current_scale(scales.get(), inp.get(), (size_t)l.BT * l.C, fp8::Format::E4M3, 0);
+        llmc::fp8_current_scale(scales.get() + 1, w.get(), (size_t)l.OC * l.C, fp8::Format::E4M3, 0);
+        llmc::fp8_cast(w8.get(), nullptr, scales.get() + 1, nullptr, w.get(), l.OC, l.C, fp8::Format::E4M3, false, 0);
+        const double flops = 2.0 * l.BT * l.C * l.OC;
+        bench::report_compute_bound("forward, bf16", bench::time_ms([&] {
+            llmc::matmul_forward(ctx, out.get(), nullptr, inp.get(), w.get(), nullptr, nullptr, l.BT, l.C, l.OC, 0);
+        }), flops);
+        const llmc::Fp8Tensor i{inp8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(scales.get())};
+        const llmc::Fp8Tensor wq{w8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(scales.get() + 1)};
+        bench::report_compute_bound("forward, fp8 product", bench::time_ms([&] {
+            llmc::matmul_forward_fp8(ctx, out.get(), nullptr, i, wq, nullptr, nullptr, l.BT, l.C, l.OC, 0);
+        }), flops);
+        const float cast_ms = bench::time_ms([&] {
+            llmc::fp8_cast(inp8.get(), inp8t.get(), scales.get(), nullptr, inp.get(), l.BT, l.C, fp8::Format::E4M3,
+                           true, 0);
+        });
+        bench::report_memory_bound("cast inp + transpose", cast_ms, 4.0 * l.BT * l.C);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const bench::Options opts = bench::start(argc, argv, NUM_VERSIONS);
+    return bench::run_and_finish(argv[0], [&] {
+        std::mt19937_64 rng(opts.seed + 1);
+        llmc::MatmulContext ctx;
+        printf("version 1: llmc/kernels/fp8.cuh and the FP8 products of matmul.cuh\n");
+        check_cast(rng);
+        check_current_scale(rng);
+        check_delayed_update();
+        check_products(rng, ctx);
+        if (!opts.check_only && !bench::EMULATED) time_products(rng, ctx);
+    });
+}
