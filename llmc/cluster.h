@@ -116,6 +116,7 @@ struct Topology {
     std::string name;
     int gpus_per_node = 8;
     double peak_tflops = 0;         // dense bf16 tensor-core peak of one GPU
+    double fp8_peak_tflops = 0;     // dense FP8 peak (0: no FP8 tensor cores)
     double hbm_gbps = 0;            // memory bandwidth, GB/s
     double memory_gib = 0;          // memory per GPU
     double nvlink_gbps = 0;         // per GPU per direction, inside a node
@@ -128,7 +129,7 @@ struct Topology {
     double memory_efficiency = 0;     // elementwise kernels, LayerNorm, AdamW: of hbm_gbps
 };
 
-// DGX H100 (NVIDIA DGX H100 datasheet; H100 SXM5 datasheet): 8 GPUs, 989 TFLOP/s dense bf16, HBM3
+// DGX H100 (NVIDIA DGX H100 datasheet; H100 SXM5 datasheet): 8 GPUs, 989 TFLOP/s dense bf16 (1979 FP8), HBM3
 // 3.35 TB/s, 80 GB; NVLink 4 900 GB/s per GPU = 450 GB/s per direction; 8 ConnectX-7 of 400 Gb/s
 // per node = 50 GB/s per GPU; PCIe Gen5 x16, 64 GB/s per direction. DGX A100 (DGX A100 datasheet;
 // A100 SXM4 80GB datasheet): 312 TFLOP/s, HBM2e 2.0 TB/s, 80 GB; NVLink 3 600 GB/s = 300 per
@@ -141,7 +142,7 @@ inline Topology topology_preset(const std::string& name) {
     Topology t;
     t.name = name;
     if (name == "h100") {
-        t.peak_tflops = 989, t.hbm_gbps = 3350, t.memory_gib = 80, t.nvlink_gbps = 450, t.network_gbps = 50, t.host_gbps = 64;
+        t.peak_tflops = 989, t.fp8_peak_tflops = 1979, t.hbm_gbps = 3350, t.memory_gib = 80, t.nvlink_gbps = 450, t.network_gbps = 50, t.host_gbps = 64;
         t.matmul_efficiency = 0.70;
     } else if (name == "a100") {
         t.peak_tflops = 312, t.hbm_gbps = 2039, t.memory_gib = 80, t.nvlink_gbps = 300, t.network_gbps = 25, t.host_gbps = 32;
@@ -165,7 +166,7 @@ inline Topology read_topology(const std::string& spec) {
     const nlohmann::json j = detail::read_json_file(spec, "--topology");
     const std::string where = strformat("--topology '%s'", spec.c_str());
     if (!j.is_object()) fail(where + " must hold a JSON object");
-    detail::refuse_unknown_keys(j, {"base", "gpus_per_node", "peak_tflops", "hbm_gbps", "memory_gib", "nvlink_gbps",
+    detail::refuse_unknown_keys(j, {"base", "gpus_per_node", "peak_tflops", "fp8_peak_tflops", "hbm_gbps", "memory_gib", "nvlink_gbps",
                                     "network_gbps", "host_gbps", "nvlink_latency_s", "network_latency_s", "matmul_efficiency",
                                     "attention_efficiency", "memory_efficiency", "matmul_tflops", "attention_tflops",
                                     "memory_gbps"}, where);
@@ -179,7 +180,7 @@ inline Topology read_topology(const std::string& spec) {
     double gpus = t.gpus_per_node;
     set("gpus_per_node", &gpus, true);
     t.gpus_per_node = (int)gpus;
-    set("peak_tflops", &t.peak_tflops), set("hbm_gbps", &t.hbm_gbps), set("memory_gib", &t.memory_gib);
+    set("peak_tflops", &t.peak_tflops), set("fp8_peak_tflops", &t.fp8_peak_tflops), set("hbm_gbps", &t.hbm_gbps), set("memory_gib", &t.memory_gib);
     set("nvlink_gbps", &t.nvlink_gbps), set("network_gbps", &t.network_gbps), set("host_gbps", &t.host_gbps);
     set("nvlink_latency_s", &t.nvlink_latency_s), set("network_latency_s", &t.network_latency_s);
     set("matmul_efficiency", &t.matmul_efficiency), set("attention_efficiency", &t.attention_efficiency);

@@ -24,6 +24,10 @@
 //        reduced over dp x cp.
 // Recomputation (-r) adds the forward work backward redoes: 1 the GELU, 2 also the LayerNorms,
 // 3 each layer's whole forward with its tp collectives.
+// FP8 (--fp8 1, on a GPU with FP8 tensor cores): the blocks' products run at the FP8 peak with the
+// bf16 products' efficiency (an assumption until a GPU session measures it), and every product's
+// inputs, weights and output gradients pay their casts (kernels/fp8.cuh) as memory traffic; the
+// MFU counts those products against the FP8 peak (mfu.h).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 
 #include "llmc/cluster.h"
 #include "llmc/config.h"
+#include "llmc/mfu.h"
 
 namespace llmc {
 
@@ -104,16 +109,36 @@ namespace detail {
 struct Kernel {
     double flops = 0, bytes = 0;
 };
-// A kernel runs at its kind's share of the peak or of the memory bandwidth, whichever binds.
-inline double kernel_s(Kernel k, double efficiency, const Topology& t) {
-    return std::max(k.flops / (t.peak_tflops * 1e12 * efficiency), k.bytes / (t.hbm_gbps * 1e9 * t.memory_efficiency));
+// A kernel runs at its kind's share of the peak (bf16's, or `peak_tflops` where given: FP8's) or of
+// the memory bandwidth, whichever binds.
+inline double kernel_s(Kernel k, double efficiency, const Topology& t, double peak_tflops = 0) {
+    const double peak = peak_tflops > 0 ? peak_tflops : t.peak_tflops;
+    return std::max(k.flops / (peak * 1e12 * efficiency), k.bytes / (t.hbm_gbps * 1e9 * t.memory_efficiency));
 }
+
+// With --fp8 on a GPU with FP8 tensor cores: the FP8 peak the blocks' products run at (0: bf16).
+inline double fp8_peak_tflops(const RunConfig& c, const Topology& t) { return c.fp8 ? t.fp8_peak_tflops : 0; }
 
 // One layer's forward on one tensor rank, bf16 activations: matmuls, attention, and the elementwise
 // kernels (2 LayerNorms and 2 residual adds on the rank's rows, the MLP activation on its columns).
 struct LayerForward {
     Kernel matmul, attention, elementwise, gelu, layernorm;
+    Kernel fp8_forward_casts, fp8_backward_casts;  // --fp8 only (kernels/fp8.cuh)
 };
+
+// --fp8's casts of one layer on one tensor rank: each product's input (forward) and output gradient
+// (backward) read in bf16 and written in FP8 twice (the row-major copy and its transpose), read once
+// more for its amax under current scaling; the weights likewise, once per micro-batch.
+inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig& c) {
+    if (!c.fp8) return;
+    const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden * (s.swiglu ? 2.0 : 1.0);
+    const double per_element = 2 + 2 + (c.fp8_scaling == "current" ? 2 : 0);
+    const double qkv_out = C + 2.0 * C * s.kv_heads / s.heads;
+    const double inputs = n * (C + C / tp + C + s.ffn_hidden / tp), weights = s.layer_matmul_params() / tp;
+    const double grads = n * (qkv_out / tp + C + F / tp + C);
+    f.fp8_forward_casts = {0, per_element * (inputs + weights)};
+    f.fp8_backward_casts = {0, per_element * grads};
+}
 inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
     const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden;
     const double rows = c.dims.tp > 1 && c.sequence_parallel ? n / tp : n;
@@ -123,6 +148,7 @@ inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
     f.layernorm = {0, 2 * 2 * 2 * rows * C};                          // 2 norms, read + write
     f.gelu = {0, 2 * 2 * n * F / tp * (s.swiglu ? 1.5 : 1)};
     f.elementwise = {0, 2 * 2 * 3 * rows * C};                        // 2 residual adds with bias
+    add_fp8_casts(f, s, c);
     return f;
 }
 
@@ -162,13 +188,17 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
                                        bool head) {
     using detail::kernel_s;
     const detail::LayerForward f = detail::layer_forward(s, c);
-    const double matmul = kernel_s(f.matmul, t.matmul_efficiency, t), attn = kernel_s(f.attention, t.attention_efficiency, t);
+    const double matmul = kernel_s(f.matmul, t.matmul_efficiency, t, detail::fp8_peak_tflops(c, t));
+    const double attn = kernel_s(f.attention, t.attention_efficiency, t);
     const double elementwise = kernel_s(f.elementwise, 1, t), gelu = kernel_s(f.gelu, 1, t), ln = kernel_s(f.layernorm, 1, t);
-    const double layer_fwd = matmul + attn + elementwise + gelu + ln;
+    const bool fp8 = detail::fp8_peak_tflops(c, t) > 0;
+    const double casts_fwd = fp8 ? kernel_s(f.fp8_forward_casts, 1, t) : 0;
+    const double casts_bwd = fp8 ? kernel_s(f.fp8_backward_casts, 1, t) : 0;
+    const double layer_fwd = matmul + attn + elementwise + gelu + ln + casts_fwd;
     const detail::LayerTp tp = detail::layer_tp(s, c, tp_link(c, t));
     MicroBatchWork w;
     w.forward_s = layers * layer_fwd;
-    w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln));
+    w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln) + casts_bwd);
     w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
     w.tp_exposed_s = layers * (tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul));
     w.cp_exposed_s = layers * detail::layer_cp_exposed_s(c, attn, cp_link(c, t));
@@ -250,7 +280,9 @@ inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const
     e.model_tflops_per_gpu = flops_per_token * e.tokens_per_s_per_gpu / 1e12;
     const double recompute_per_token = w.recompute_flops * c.dims.tp * c.dims.pp / rank_rows(c);
     e.hw_tflops_per_gpu = (flops_per_token + recompute_per_token) * e.tokens_per_s_per_gpu / 1e12;
-    e.mfu = e.model_tflops_per_gpu / t.peak_tflops;
+    const double fp8_flops_per_token = c.fp8 ? 6.0 * s.layers * s.layer_matmul_params() : 0;
+    e.mfu = model_flops_utilization(flops_per_token, e.tokens_per_s_per_gpu, t.peak_tflops, 1, fp8_flops_per_token,
+                                    detail::fp8_peak_tflops(c, t));
     return e;
 }
 

@@ -94,6 +94,12 @@ inline std::string step_report(const RunConfig& c, const Topology& t, const Step
         e.hw_tflops_per_gpu, 100 * e.mfu);
     out += strformat("  compute %s, recompute %s, optimizer %s\n", share(e.compute_s).c_str(),
                      share(e.recompute_s).c_str(), share(e.optimizer_s).c_str());
+    if (c.fp8 && t.fp8_peak_tflops > 0)
+        out += strformat("  --fp8 1: the blocks' products at the FP8 peak (%.0f TFLOP/s) with their casts; the MFU "
+                         "counts them against it\n", t.fp8_peak_tflops);
+    else if (c.fp8)
+        out += strformat("  --fp8 1: %s has no FP8 tensor cores (no fp8_peak_tflops): planned in bf16\n",
+                         t.name.c_str());
     std::string exposed;
     auto axis = [&](const char* name, int size, double s, Link l) {
         if (size > 1) exposed += strformat(" %s %s over %s,", name, share(s).c_str(), link_name(l).c_str());

@@ -279,3 +279,41 @@ TEST_CASE("context parallelism: each rank computes 1/cp of the sequence, the rin
     CHECK_THAT(step_report(cp2, t, estimate_run(cp2, t)), Contains("cp "));
     CHECK(step_json(cp2, t, b, 0)["layout"]["cp"] == 2);
 }
+
+TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, and counts MFU against both peaks", "[plan]") {
+    const Topology h100 = topology_preset("h100");
+    RunConfig c = resolved("d48", 64, 1, 1, 16, 1024, 1024);
+    const ModelShape s = shape_of(c.model_config);
+    const double fpt = shape_flops_per_token(s, c.model_config, c.seq_len);
+    const StepEstimate bf16 = estimate_step(s, c, h100, fpt);
+    c.fp8 = 1;
+    const StepEstimate fp8 = estimate_step(s, c, h100, fpt);
+    // The products take half the time (1979 against 989 TFLOP/s); the casts (6 bytes an element under current scaling) give
+    // part of it back.
+    const double rows = 16.0 * 1024, C = 1600, F = 6400, L = 48, m = c.grad_accum_steps;
+    const double product_flops = 3 * 2 * rows * s.layer_matmul_params() * L * m;  // forward + 2 backward
+    const double halved = product_flops / (989e12 * h100.matmul_efficiency) - product_flops / (1979e12 * h100.matmul_efficiency);
+    const double elements = rows * (3 * C + F) + s.layer_matmul_params() + rows * (3 * C + C + F + C);
+    const double casts = 6 * elements * L * m / (3350e9 * h100.memory_efficiency);
+    CHECK(fp8.compute_s == Approx(bf16.compute_s - halved + casts).epsilon(1e-6));
+    CHECK(fp8.compute_s < bf16.compute_s);
+    c.fp8_scaling = "delayed";  // no amax pass: 4 bytes an element
+    CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(bf16.compute_s - halved + casts * 4 / 6).epsilon(1e-6));
+    // MFU: the products' FLOPs against 1979, the rest against 989.
+    const double fp8_fpt = 6 * s.layer_matmul_params() * L;
+    CHECK(fp8.mfu == Approx(fp8.tokens_per_s_per_gpu * ((fpt - fp8_fpt) / 989e12 + fp8_fpt / 1979e12)));
+    CHECK(fp8.mfu < bf16.mfu);  // FP8 buys tokens/s, not MFU
+    CHECK(fp8.tokens_per_s_per_gpu > bf16.tokens_per_s_per_gpu);
+    CHECK(model_flops_utilization(fpt, 1000, 989, 1, fp8_fpt, 0) == Approx(model_flops_utilization(fpt, 1000, 989, 1)));
+    // A GPU without FP8 tensor cores plans it in bf16, and says so.
+    const Topology a100 = topology_preset("a100");
+    c.fp8_scaling = "current";
+    const StepEstimate on_a100 = estimate_step(s, c, a100, fpt);
+    c.fp8 = 0;
+    CHECK(on_a100.step_s == Approx(estimate_step(s, c, a100, fpt).step_s));
+    c.fp8 = 1;
+    CHECK_THAT(step_report(c, a100, on_a100), Contains("a100 has no FP8 tensor cores"));
+    CHECK_THAT(step_report(c, h100, fp8), Contains("FP8 peak (1979 TFLOP/s)"));
+    CHECK(gpu_peak_fp8_tflops("NVIDIA H100 80GB HBM3") == 1978);
+    CHECK(gpu_peak_fp8_tflops("NVIDIA A100-SXM4-80GB") == 0);
+}

@@ -129,4 +129,10 @@ inline double model_flops_per_token(const ModelConfig& c, int T) {
     return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
 }
 
+// Of those, the FLOPs of every block's four products (qkv, attention projection, fc, fc projection):
+// what --fp8 runs in FP8.
+inline double fp8_flops_per_token(const ModelConfig& c) {
+    return 6.0 * 12.0 * c.channels * (double)c.channels * c.num_layers;
+}
+
 }  // namespace llmc
