@@ -214,6 +214,18 @@ void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
     bench::check("dweight (fp32)", got[2], want_dw, bench::FP32_TOLERANCE);
     const auto again = run();
     for (int t = 0; t < 3; t++) bench::check_same_bits("run twice", got[t], again[t]);
+    // The GELU epilogue on the same FP8 operands (the scales and copies of the last run).
+    DeviceBuffer<floatX> pre((size_t)BT * OC, "pre_gelu");
+    bench::poison(pre.get(), (size_t)BT * OC);
+    const Fp8Scale* s = scales.get();
+    llmc::matmul_forward_fp8(ctx, out.get(), pre.get(), {inp8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s)},
+                             {w8.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(s + 1)}, d_bias.get(), nullptr, BT, C, OC, 0);
+    std::vector<float> want_gelu(want_out.size());
+    llmc::cpu::gelu_forward(want_gelu.data(), want_out.data(), want_out.size());
+    bench::check("forward, GELU epilogue: pre_gelu", bench::to_host(pre.get(), (size_t)BT * OC), want_out,
+                 bench::BF16_TOLERANCE);
+    bench::check("forward, GELU epilogue: out", bench::to_host(out.get(), (size_t)BT * OC), want_gelu,
+                 bench::BF16_TOLERANCE);
 }
 
 // FP8 against bf16 on the fc products of GPT-2 124M and 1.5B (B 8 x T 1024), and the cast's speed.

@@ -267,6 +267,19 @@ inline void check_pointer(const char* op, const char* name, const void* p, bool 
 }
 
 // An output must not share memory with an input of the same call (`bytes` each).
+// A forward product's output: out = product + bias + residual (cuBLASLt's C, beta 1), or with
+// pre_gelu the GELU_AUX epilogues (pre_gelu = product + bias, out = GELU(pre_gelu)).
+inline void set_forward_output(Gemm& g, floatX* out, floatX* pre_gelu, const floatX* bias, const floatX* residual) {
+    g.d = out;
+    g.c = residual;
+    g.beta = residual ? 1.0f : 0.0f;
+    g.cd_type = CUDA_R_16BF;
+    g.bias = bias;
+    g.aux = pre_gelu;
+    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+}
+
 inline void check_disjoint(const char* op, const char* out_name, const void* out, size_t out_bytes,
                            const char* in_name, const void* in, size_t in_bytes) {
     if (!out || !in) return;
@@ -403,14 +416,7 @@ inline void matmul_forward(MatmulContext& ctx, floatX* out, floatX* pre_gelu, co
     g.transpose_a = true;  // W (OC x C) row-major is a column-major (C x OC): op_T makes it (OC x C)
     g.a = weight;
     g.b = inp;  // inp (BT x C) row-major is inp^T as a column-major (C x BT)
-    g.d = out;
-    g.c = residual;
-    g.beta = residual ? 1.0f : 0.0f;
-    g.cd_type = CUDA_R_16BF;
-    g.bias = bias;
-    g.aux = pre_gelu;
-    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    set_forward_output(g, out, pre_gelu, bias, residual);
     ctx.run(g, stream);
 }
 
@@ -505,10 +511,20 @@ inline void check_fp8_tensor(const char* op, const char* name, const Fp8Tensor& 
     if (t.type != CUDA_R_8F_E4M3 && t.type != CUDA_R_8F_E5M2)
         fail(strformat("%s: %s is not E4M3 or E5M2", op, name));
 }
-inline void set_fp8_operands(Gemm& g, const Fp8Tensor& a, const Fp8Tensor& b) {
+// The checked core of every FP8 product: D (m x n) = op_T(a) b, both stored along k.
+inline Gemm fp8_gemm(const char* op, int BT, int C, int OC, int m, int n, int k, const char* a_name,
+                     const Fp8Tensor& a, const char* b_name, const Fp8Tensor& b) {
+    check_fp8_shape(op, BT, C, OC);
+    check_fp8_tensor(op, a_name, a);
+    check_fp8_tensor(op, b_name, b);
+    Gemm g;
+    g.op = op;
+    g.BT = BT, g.C = C, g.OC = OC;
+    g.m = m, g.n = n, g.k = k;
     g.transpose_a = true, g.transpose_b = false;
     g.a = a.data, g.a_type = a.type, g.a_scale = a.scale_inv;
     g.b = b.data, g.b_type = b.type, g.b_scale = b.scale_inv;
+    return g;
 }
 
 }  // namespace matmul_detail
@@ -520,27 +536,13 @@ inline void matmul_forward_fp8(MatmulContext& ctx, floatX* out, floatX* pre_gelu
                                int OC, cudaStream_t stream) {
     using namespace matmul_detail;
     const char* op = "matmul_forward_fp8";
-    check_fp8_shape(op, BT, C, OC);
-    check_fp8_tensor(op, "inp", inp);
-    check_fp8_tensor(op, "weight", weight);
+    Gemm g = fp8_gemm(op, BT, C, OC, OC, BT, C, "weight", weight, "inp", inp);
     check_pointer(op, "out", out, true);
     check_pointer(op, "pre_gelu", pre_gelu, false);
     check_pointer(op, "bias", bias, false);
     check_pointer(op, "residual", residual, false);
     if (pre_gelu && residual) fail(strformat("%s: a residual cannot be added after a fused GELU", op));
-    Gemm g;
-    g.op = op;
-    g.BT = BT, g.C = C, g.OC = OC;
-    g.m = OC, g.n = BT, g.k = C;
-    set_fp8_operands(g, weight, inp);
-    g.d = out;
-    g.c = residual;
-    g.beta = residual ? 1.0f : 0.0f;
-    g.cd_type = CUDA_R_16BF;
-    g.bias = bias;
-    g.aux = pre_gelu;
-    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    set_forward_output(g, out, pre_gelu, bias, residual);
     ctx.run(g, stream);
 }
 
@@ -550,15 +552,8 @@ inline void matmul_backward_dinp_fp8(MatmulContext& ctx, floatX* dinp, const Fp8
                                      const Fp8Tensor& weight_t, int BT, int C, int OC, cudaStream_t stream) {
     using namespace matmul_detail;
     const char* op = "matmul_backward_dinp_fp8";
-    check_fp8_shape(op, BT, C, OC);
-    check_fp8_tensor(op, "dout", dout);
-    check_fp8_tensor(op, "weight_t", weight_t);
+    Gemm g = fp8_gemm(op, BT, C, OC, C, BT, OC, "weight_t", weight_t, "dout", dout);
     check_pointer(op, "dinp", dinp, true);
-    Gemm g;
-    g.op = op;
-    g.BT = BT, g.C = C, g.OC = OC;
-    g.m = C, g.n = BT, g.k = OC;
-    set_fp8_operands(g, weight_t, dout);
     g.d = dinp;
     g.cd_type = CUDA_R_16BF;
     ctx.run(g, stream);
@@ -570,15 +565,8 @@ inline void matmul_backward_dweight_fp8(MatmulContext& ctx, float* dweight, cons
                                         const Fp8Tensor& inp_t, int BT, int C, int OC, cudaStream_t stream) {
     using namespace matmul_detail;
     const char* op = "matmul_backward_dweight_fp8";
-    check_fp8_shape(op, BT, C, OC);
-    check_fp8_tensor(op, "dout_t", dout_t);
-    check_fp8_tensor(op, "inp_t", inp_t);
+    Gemm g = fp8_gemm(op, BT, C, OC, C, OC, BT, "inp_t", inp_t, "dout_t", dout_t);
     check_pointer(op, "dweight", dweight, true);
-    Gemm g;
-    g.op = op;
-    g.BT = BT, g.C = C, g.OC = OC;
-    g.m = C, g.n = OC, g.k = BT;
-    set_fp8_operands(g, inp_t, dout_t);
     g.c = dweight;
     g.d = dweight;
     g.beta = 1.0f;
