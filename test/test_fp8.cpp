@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -78,6 +79,22 @@ TEST_CASE("fp8 encoding saturates beyond the largest value and keeps NaN", "[fp8
         CHECK((int)fp8::encode(fi.min_normal / 1024, f) == 0);  // below half the smallest subnormal
         CHECK((int)fp8::encode(-0.0f, f) == 0x80);
     }
+}
+
+TEST_CASE("rounding to an fp8 format on the float's bits gives the value its code decodes to", "[fp8]") {
+    // Every float whose low 16 bits are one of the patterns around a rounding boundary: every
+    // midpoint between fp8 values, both sides of it, subnormals, saturation, infinities, NaN.
+    const uint32_t low_bits[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x3fff, 0x4000, 0xc000};
+    long mismatches = 0;
+    for (Format f : kFormats)
+        for (uint32_t high = 0; high < 0x10000; high++)
+            for (uint32_t low : low_bits) {
+                const float x = std::bit_cast<float>(high << 16 | low);
+                const float want = fp8::decode(fp8::encode(x, f), f), got = fp8::round_to_format(x, f);
+                mismatches += !(std::bit_cast<uint32_t>(want) == std::bit_cast<uint32_t>(got) ||
+                                (std::isnan(want) && std::isnan(got)));
+            }
+    CHECK(mismatches == 0);
 }
 
 TEST_CASE("an fp8 scale is the largest power of two that keeps amax in range", "[fp8]") {
