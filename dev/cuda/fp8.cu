@@ -96,7 +96,7 @@ void check_cast(std::mt19937_64& rng) {
         bench::check_same_bits("transposed codes", bench::device_bytes(qt.get(), n), want.qt);
         const Fp8Scale after = from_device(scale.get());
         const llmc::Fp8Clip c = from_device(clip.get());
-        bench::report_check("amax", after.amax == want.amax, strformat("%g, host %g", after.amax, want.amax));
+        bench::report_check("amax", after.step_amax == want.amax, strformat("%g, host %g", after.step_amax, want.amax));
         bench::report_check("clipping counts",
                             c.elements == want.elements && c.overflows == want.overflows &&
                                 c.underflows == want.underflows && want.overflows > 0 && want.underflows > 0,
@@ -107,7 +107,7 @@ void check_cast(std::mt19937_64& rng) {
         bench::poison(q.get(), n);
         llmc::fp8_cast(q.get(), nullptr, scale.get(), nullptr, d_x.get(), rows, cols, f, false, 0);
         bench::check_same_bits("codes (no transpose, no amax)", bench::device_bytes(q.get(), n), want.q);
-        bench::report_check("amax not recorded", from_device(scale.get()).amax == 0.0f, "");
+        bench::report_check("amax not recorded", from_device(scale.get()).step_amax == 0.0f, "");
     }
 }
 
@@ -126,7 +126,7 @@ void check_current_scale(std::mt19937_64& rng) {
             const Fp8Scale got = from_device(scale.get());
             const float want = fp8::scale_for_amax(amax, f, 1.0f);
             bench::report_check(strformat("sigma %g, %s", sigma, fp8::info(f).name).c_str(),
-                                got.scale == want && got.scale_inv * want == 1.0f && got.amax == 0.0f,
+                                got.scale == want && got.scale_inv * want == 1.0f && got.amax_now == 0.0f,
                                 strformat("scale %g (inverse %g), host %g", got.scale, got.scale_inv, want));
         }
 }
@@ -147,7 +147,7 @@ void check_delayed_update() {
     for (const auto& step : amaxes) {
         std::vector<Fp8Scale> s(tensors);
         CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * tensors, cudaMemcpyDeviceToHost));
-        for (int t = 0; t < tensors; t++) s[t].amax = step[t];
+        for (int t = 0; t < tensors; t++) s[t].step_amax = step[t];
         bench::upload(scales.get(), s);
         llmc::fp8_delayed_update(scales.get(), rings.get(), largest.get(), tensors, history, 0);
         CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * tensors, cudaMemcpyDeviceToHost));
@@ -156,13 +156,25 @@ void check_delayed_update() {
             const size_t from = seen[t].size() > (size_t)history ? seen[t].size() - history : 0;
             const float m = *std::max_element(seen[t].begin() + from, seen[t].end());
             const float want = fp8::scale_for_amax(m, t == 0 ? fp8::Format::E4M3 : fp8::Format::E5M2, 1.0f);
-            if (s[t].scale != want || !s[t].primed || s[t].amax != 0.0f) {
+            if (s[t].scale != want || !s[t].primed || s[t].step_amax != 0.0f) {
                 ok = false;
                 detail = strformat("tensor %d: scale %g, host %g", t, s[t].scale, want);
             }
         }
     }
     bench::report_check("scales follow the last 3 amaxes", ok, detail);
+
+    // The step amaxes out to an array and back as the maximum over two ranks' arrays.
+    std::vector<Fp8Scale> s(tensors);
+    s[0].step_amax = 1.0f, s[1].step_amax = 5.0f;
+    bench::upload(scales.get(), s);
+    DeviceBuffer<float> all(2 * tensors, "both ranks' amaxes");
+    llmc::fp8_step_amax_out(all.get(), scales.get(), tensors, 0);
+    bench::upload(all.get() + tensors, std::vector<float>{3.0f, 2.0f});  // the other rank's
+    llmc::fp8_step_amax_max(scales.get(), all.get(), tensors, 2, 0);
+    CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * tensors, cudaMemcpyDeviceToHost));
+    bench::report_check("step amax: the maximum over the ranks", s[0].step_amax == 3.0f && s[1].step_amax == 5.0f,
+                        strformat("%g %g, expected 3 5", s[0].step_amax, s[1].step_amax));
 }
 
 // The three products against cpu::Fp8Linears on the same bf16 operands, with current scaling.

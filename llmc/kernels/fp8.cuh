@@ -24,11 +24,12 @@
 namespace llmc {
 
 // One quantized tensor's scale, on the device. `scale` multiplies before encoding, `scale_inv`
-// (1 / scale, exact) is what cuBLASLt's A/B scale pointers take. `amax` collects the largest |x| of
-// the casts since it was last used (atomicMax on its bits: non-negative floats order as their bits).
+// (1 / scale, exact) is what cuBLASLt's A/B scale pointers take. The amaxes collect the largest |x|
+// (atomicMax on its bits: non-negative floats order as their bits): `amax_now` of the tensor about
+// to be cast (current scaling), `step_amax` of the casts since the step began (delayed scaling).
 struct Fp8Scale {
     float scale = 1.0f, scale_inv = 1.0f;
-    float amax = 0.0f;
+    float amax_now = 0.0f, step_amax = 0.0f;
     uint32_t primed = 0;            // delayed scaling: has a scale from its history
     uint32_t history_count = 0;     // delayed scaling: amaxes in the history (at most its length)
     uint32_t history_next = 0;      // delayed scaling: the ring slot the next amax goes to
@@ -58,7 +59,7 @@ __device__ inline void fp8_set_scale_from_amax(Fp8Scale& s, float amax, float la
 }
 
 // ---------------------------------------------------------------------------------------------
-// amax of a bf16 tensor into s->amax (max with what it holds).
+// amax of a bf16 tensor into s->amax_now (max with what it holds).
 
 constexpr int FP8_AMAX_THREADS = 512;
 
@@ -68,13 +69,13 @@ __global__ void __launch_bounds__(FP8_AMAX_THREADS) fp8_amax_kernel(Fp8Scale* s,
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         m = fmaxf(m, fabsf(__bfloat162float(x[i])));
     m = block_reduce_max(m, shared);
-    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->amax), __float_as_uint(m));
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->amax_now), __float_as_uint(m));
 }
 
-// Current scaling: the scale from the amax just measured; the amax is then reset for the next cast.
+// Current scaling: the scale from the amax just measured, which is then reset for the next cast.
 __global__ void fp8_current_scale_kernel(Fp8Scale* s, float largest) {
-    fp8_set_scale_from_amax(*s, s->amax, largest);
-    s->amax = 0.0f;
+    fp8_set_scale_from_amax(*s, s->amax_now, largest);
+    s->amax_now = 0.0f;
 }
 
 // s's scale from x's own amax: two small launches, no host synchronisation.
@@ -96,8 +97,8 @@ __global__ void fp8_delayed_update_kernel(Fp8Scale* scales, float* histories, co
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= tensors) return;
     Fp8Scale& s = scales[i];
-    const float amax = s.amax;
-    s.amax = 0.0f;
+    const float amax = s.step_amax;
+    s.step_amax = 0.0f;
     if (!(amax > 0.0f)) return;
     float* ring = histories + (size_t)i * history;
     ring[s.history_next] = amax;
@@ -118,12 +119,34 @@ inline void fp8_delayed_update(Fp8Scale* scales, float* histories, const float* 
     CUDA_CHECK_LAUNCH();
 }
 
+// Delayed scaling over data-parallel ranks: each tensor's step amax copied out to a contiguous
+// array (to all-gather), and back in as the maximum over the ranks' arrays.
+__global__ void fp8_step_amax_out_kernel(float* out, const Fp8Scale* scales, int tensors) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < tensors) out[i] = scales[i].step_amax;
+}
+__global__ void fp8_step_amax_max_kernel(Fp8Scale* scales, const float* all, int tensors, int ranks) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tensors) return;
+    float m = 0.0f;
+    for (int r = 0; r < ranks; r++) m = fmaxf(m, all[(size_t)r * tensors + i]);
+    scales[i].step_amax = m;
+}
+inline void fp8_step_amax_out(float* out, const Fp8Scale* scales, int tensors, cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_step_amax_out_kernel, ceil_div(tensors, 128), 128, 0, stream)(out, scales, tensors);
+    CUDA_CHECK_LAUNCH();
+}
+inline void fp8_step_amax_max(Fp8Scale* scales, const float* all, int tensors, int ranks, cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_step_amax_max_kernel, ceil_div(tensors, 128), 128, 0, stream)(scales, all, tensors, ranks);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The cast: q (rows x cols) = encode(x * scale), and qt (cols x rows) its transpose when given. A
 // block owns a 32 x 32 tile: its 32 x 8 threads read the tile row by row (coalesced), encode, keep
 // the codes in shared memory, and write the transpose row by row too (a 1-D block of 256 threads:
 // thread t is column t % 32 of rows t / 32, t / 32 + 8, ...). With record_amax the tile's
-// amax joins s->amax (delayed scaling measures as it casts); clip (optional) counts.
+// amax joins s->step_amax (delayed scaling measures as it casts); clip (optional) counts.
 
 constexpr int FP8_TILE = 32;
 constexpr int FP8_TILE_ROWS_PER_PASS = 8;
@@ -163,7 +186,7 @@ __global__ void __launch_bounds__(FP8_CAST_THREADS)
     // One atomic per block and counter.
     if (record_amax) {
         amax = block_reduce_max(amax, shared);
-        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->amax), __float_as_uint(amax));
+        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->step_amax), __float_as_uint(amax));
     }
     if (clip) {
         const float counts[3] = {(float)elements, (float)overflows, (float)underflows};
