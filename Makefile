@@ -292,3 +292,4 @@ test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUIL
 	test/gpu/run_gpu_pp_tests.sh $(BUILD)/test_pp_cuda ./train_gpt
 	test/gpu/run_gpu_cp_tests.sh $(BUILD)/test_cp_cuda ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
+	test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu

@@ -26,6 +26,7 @@
 #include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
+#include "llmc/fp8.h"
 #include "llmc/goodput.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/schedule.h"
@@ -761,6 +762,11 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"config_file", cfg.config_file},
     };
     return j;
+}
+
+// --fp8, --fp8-scaling, --fp8-history as both models take them.
+inline Fp8Options fp8_options(const RunConfig& cfg) {
+    return {cfg.fp8 == 1, cfg.fp8_scaling == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, cfg.fp8_history};
 }
 
 }  // namespace llmc

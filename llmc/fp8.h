@@ -154,6 +154,8 @@ inline fp8::Format fp8_format(int operand) { return operand == FP8_GRAD ? fp8::F
 
 // A block's four products.
 enum Fp8Product { FP8_QKV, FP8_ATTPROJ, FP8_FC, FP8_FCPROJ, FP8_PRODUCTS };
+// Scaled tensors per block: every product's operands.
+constexpr int FP8_TENSORS_PER_LAYER = (int)FP8_PRODUCTS * (int)FP8_OPERANDS;
 inline const char* fp8_product_name(int p) {
     static const char* names[] = {"qkv", "attproj", "fc", "fcproj"};
     return names[p];

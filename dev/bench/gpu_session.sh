@@ -272,6 +272,7 @@ for stage in "${STAGES[@]}"; do
         step mpi_comm.log 60 mpirun -np 2 build/test_comm  # the carried MPI, before the GPU runs lean on it
         step gpu_dp.log 180 test/mpi/run_gpu_dp_tests.sh ./train_gpt
         step gpu_ckpt.log 90 test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
+        step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
         step train_smoke.log 60 ./train_gpt -x 30 -v 10 -s 0 -o "$RUNS/train_smoke"
         keep_run_files train_smoke
         sanitize

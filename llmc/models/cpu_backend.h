@@ -66,8 +66,7 @@ struct CpuBackend {
                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
                                                    pipeline_of(cfg), groups.cp());
             model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
-            model->set_fp8_options({cfg.fp8 == 1, cfg.fp8_scaling == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current,
-                                    cfg.fp8_history});
+            model->set_fp8_options(fp8_options(cfg));
             built.model = std::move(model);
         } catch (const std::bad_alloc&) {
             fail(strformat("out of memory allocating the CPU model for B %d x T %d (activations grow with B*T, the "

@@ -46,8 +46,6 @@ struct CudaBackend {
         if (cfg.model_config.num_experts > 0)
             fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
                            cfg.model_config.num_experts));
-        if (cfg.fp8)
-            fail("--fp8 1: the CUDA model has no FP8 kernels yet; train_gpt_cpu simulates FP8 exactly (issue 28)");
         refuse_context_parallel_with(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
@@ -173,6 +171,7 @@ private:
     static GPT2CUDAOptions options(const RunConfig& cfg) {
         GPT2CUDAOptions o;
         o.recompute = (Recompute)cfg.recompute;
+        o.fp8 = fp8_options(cfg);
         return o;
     }
 

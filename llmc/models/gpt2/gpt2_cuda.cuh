@@ -82,6 +82,7 @@
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
+#include "llmc/models/gpt2/fp8_linears.cuh"
 #include "llmc/models/gpt2/model_file.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
@@ -98,6 +99,7 @@ enum class Recompute { None = 0, Gelu = 1, GeluLayerNorm = 2, Block = 3 };
 struct GPT2CUDAOptions {
     Recompute recompute = Recompute::None;
     int classifier_chunk_rows = 8192;  // logits rows computed at once (8192 x 50304 bf16 = 786 MiB)
+    Fp8Options fp8;                    // the blocks' products in FP8 (fp8_linears.cuh)
 };
 
 // A per-layer activation: L slices back to back, or, when backward recomputes it, one slice that
@@ -160,6 +162,8 @@ struct CudaActivationLayout {
     int* positions;
     floatX *ring_kv, *pair_out;
     float *pair_lse, *ring_acc, *ring_dkv;
+    // FP8 products only (--fp8): the FP8 copies of the product at hand (fp8_linears.cuh).
+    Fp8Scratch fp8;
 
     size_t slot_bytes = 0, scratch_bytes = 0;
     size_t total_bytes = 0;  // every slot and the scratch
@@ -249,6 +253,13 @@ struct CudaActivationLayout {
         take(pair_lse, ring ? NH * BT : 0, false);
         take(ring_acc, ring ? BT * Cl : 0, false);
         take(ring_dkv, ring ? 2 * BT * 2 * Cl : 0, false);
+        const bool quantized = o.fp8.enabled;
+        take(fp8.input, quantized ? BT * 4 * Cl : 0, false);
+        take(fp8.input_t, quantized ? BT * 4 * Cl : 0, false);
+        take(fp8.grad, quantized ? BT * 4 * Cl : 0, false);
+        take(fp8.grad_t, quantized ? BT * 4 * Cl : 0, false);
+        take(fp8.weight, quantized ? 4 * Cl * C : 0, false);
+        take(fp8.weight_t, quantized ? 4 * Cl * C : 0, false);
         total_bytes = stage.slots * slot_bytes + scratch_bytes;
         for (const Take& t : takes)
             t.set(base ? base + (t.per_slot ? slot * slot_bytes : stage.slots * slot_bytes) + t.offset : nullptr);
@@ -373,6 +384,8 @@ public:
                                "runs alone or with data parallelism so far (the CPU model combines them)",
                                cp_.size, tp_.size, pp_host_.world_size()));
         }
+        if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
+            fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         engine_.set_tensor_parallel(tp_host_);
         engine_.set_pipeline_parallel(pp_host_);
         chunks_ = pipeline_chunks(pipe_.split, pp_host_.rank());
@@ -392,8 +405,11 @@ public:
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T * (stage_.pipelined ? pipe_.micro_batches : 1),
                                              "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
+        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), options_.fp8, comm_.world_size(), stream_.get());
+        engine_.attach_replicated_state(&fp8_);
         own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
-                                DeviceMemory::scratch_bytes();
+                                DeviceMemory::scratch_bytes() +
+                                Fp8LinearsCUDA::device_bytes(layout_.num_layers(), options_.fp8, comm_.world_size());
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -410,6 +426,11 @@ public:
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, std::max(1, rows)), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
+        if (o.fp8.enabled)
+            specs.push_back({"FP8 scales and amax histories", K::Activations,
+                             Fp8LinearsCUDA::device_bytes(stage.layers < 0 ? c.num_layers : stage.layers, o.fp8,
+                                                          plan.world_size),
+                             1});
         return specs;
     }
 
@@ -541,8 +562,10 @@ public:
         if (step < 1) fail(strformat("adamw_step: step must be >= 1 (1-based for bias correction), got %d", step));
         NvtxRange range("adamw");
         PhaseScope phase(timer_, "adamw", stream_.get());
+        fp8_.end_step(comm_.world_size() > 1 ? &comm_ : nullptr);
         engine_.adamw_step(opt, step, grad_multiplier);
     }
+    Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
 
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
@@ -649,6 +672,7 @@ private:
                        Pass pass, float grad_scale, int logits_row = -1) {
         last_B_ = B;
         last_T_ = T;
+        fp8_.set_recording(pass == Pass::Train);
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
@@ -758,16 +782,16 @@ private:
         const floatX* ln1 = gather_rows(a.ln1.at(l), a.full, BT, C);
         {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr, BT, C,
-                           3 * Cl, s);
+            linear_forward(a, l, FP8_QKV, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr,
+                           BT, C, 3 * Cl);
         }
         {
             PhaseScope phase(timer_, "attention", s);
             if (cp_.size == 1) attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, s);
             else ring_attention_forward(a, l, B, T, NH, HS);
         }
-        row_parallel_forward(a, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l), param(P::ATTPROJB, l),
-                             residual, BT, Cl, C);
+        row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l),
+                             param(P::ATTPROJB, l), residual, BT, Cl, C);
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
@@ -776,38 +800,60 @@ private:
         const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
         if (options_.recompute == Recompute::None) {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_forward(matmul_, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
-                           BT, C, 4 * Cl, s);
+            linear_forward(a, l, FP8_FC, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l),
+                           nullptr, BT, C, 4 * Cl);
         } else {
             // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
                 PhaseScope phase(timer_, "matmul", s);
-                matmul_forward(matmul_, a.fch.at(l), nullptr, ln2, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C,
-                               4 * Cl, s);
+                linear_forward(a, l, FP8_FC, a.fch.at(l), nullptr, ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
+                               BT, C, 4 * Cl);
             }
             PhaseScope phase(timer_, "gelu", s);
             gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
         if (for_backward) return;
-        row_parallel_forward(a, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l), param(P::FCPROJB, l),
-                             a.residual2.at(l), BT, 4 * Cl, C);
+        row_parallel_forward(a, l, FP8_FCPROJ, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l),
+                             param(P::FCPROJB, l), a.residual2.at(l), BT, 4 * Cl, C);
     }
 
     // out = base + inp W^T + bias. One rank: one product with the bias and the residual in its
     // epilogue. Tensor parallel (W cut by input columns, inp this rank's columns of all BT rows): each
     // rank's product is a partial sum, reduced over the group (to this rank's rows under sequence
     // parallelism) before the bias and the residual (this rank's rows) are added.
-    void row_parallel_forward(const CudaActivationLayout& a, floatX* out, const floatX* inp, const floatX* weight,
-                              const floatX* bias, const floatX* base, int BT, int IC, int C) {
+    void row_parallel_forward(const CudaActivationLayout& a, int l, Fp8Product product, floatX* out,
+                              const floatX* inp, const floatX* weight, const floatX* bias, const floatX* base, int BT,
+                              int IC, int C) {
         cudaStream_t s = stream_.get();
         PhaseScope phase(timer_, "matmul", s);
         if (tp_.size == 1) {
-            matmul_forward(matmul_, out, nullptr, inp, weight, bias, base, BT, IC, C, s);
+            linear_forward(a, l, product, out, nullptr, inp, weight, bias, base, BT, IC, C);
             return;
         }
         matmul_forward(matmul_, a.partial, nullptr, inp, weight, nullptr, nullptr, BT, IC, C, s);
         tp_wait(reduce_rows(a.partial, out, BT, C));
         bias_residual_add(out, reduced(a.partial, out), bias, base, tp_.rows(BT), C, s);
+    }
+
+    // Block l's product `product` (matmul_forward's arguments): in bf16, or in FP8 (--fp8).
+    void linear_forward(const CudaActivationLayout& a, int l, Fp8Product product, floatX* out, floatX* pre_gelu,
+                        const floatX* inp, const floatX* weight, const floatX* bias, const floatX* residual, int BT,
+                        int C, int OC) {
+        if (fp8_.enabled())
+            fp8_.forward(matmul_, a.fp8, l, product, out, pre_gelu, inp, weight, bias, residual, BT, C, OC);
+        else
+            matmul_forward(matmul_, out, pre_gelu, inp, weight, bias, residual, BT, C, OC, stream_.get());
+    }
+    // Its backward (matmul_backward's arguments).
+    void linear_backward(const CudaActivationLayout& a, int l, Fp8Product product, floatX* dinp, float* dweight,
+                         float* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
+                         const floatX* pre_gelu, int BT, int C, int OC) {
+        if (fp8_.enabled())
+            fp8_.backward(matmul_, a.fp8, l, product, dinp, dweight, dbias, a.scratch, dout, inp, weight, pre_gelu, BT,
+                          C, OC);
+        else
+            matmul_backward(matmul_, dinp, dweight, dbias, a.scratch, dout, inp, weight, pre_gelu, BT, C, OC,
+                            stream_.get());
     }
 
     // Rebuilds what layer l's backward needs and the forward did not keep.
@@ -819,7 +865,9 @@ private:
         case Recompute::None:
             return;
         case Recompute::Block:
+            fp8_.set_recording(false);  // its casts were measured and counted in the forward
             layer_forward(a, l, B, T, true);
+            fp8_.set_recording(true);
             return;
         case Recompute::GeluLayerNorm: {
             PhaseScope phase(timer_, "layernorm", s);
@@ -910,10 +958,10 @@ private:
         // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
         {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, a.dresidual,
-                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C, s);
-            matmul_backward(matmul_, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C, a.ln2.at(l),
-                            param(P::FCW, l), nullptr, BT, C, 4 * C, s);
+            linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual,
+                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C);
+            linear_backward(a, l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2.at(l),
+                            param(P::FCW, l), nullptr, BT, C, 4 * C);
         }
         {
             PhaseScope phase(timer_, "layernorm", s);
@@ -923,8 +971,8 @@ private:
         // dresidual is now d(residual2[l]); the attention projection read atty
         {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, a.dresidual,
-                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C, s);
+            linear_backward(a, l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual,
+                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C);
         }
         {
             PhaseScope phase(timer_, "attention", s);
@@ -935,8 +983,8 @@ private:
         }
         {
             PhaseScope phase(timer_, "matmul", s);
-            matmul_backward(matmul_, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C, a.ln1.at(l),
-                            param(P::QKVW, l), nullptr, BT, C, 3 * C, s);
+            linear_backward(a, l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1.at(l),
+                            param(P::QKVW, l), nullptr, BT, C, 3 * C);
         }
         {
             PhaseScope phase(timer_, "layernorm", s);
@@ -1351,6 +1399,7 @@ private:
     EncoderBackward encoder_backward_;
     PhaseTimer timer_;
     DeviceBuffer<char> acts_;
+    Fp8LinearsCUDA fp8_;  // the blocks' FP8 products and scales (--fp8; inert otherwise)
     PinnedBuffer<int> pinned_tokens_;
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;

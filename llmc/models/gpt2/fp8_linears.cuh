@@ -1,0 +1,225 @@
+// fp8_linears.cuh: the CUDA model's FP8 products (--fp8 1): each block's qkv, attention projection,
+// fc and fc projection with their inputs and weights cast to E4M3 and their output gradients to
+// E5M2 (kernels/fp8.cuh), multiplied by cuBLASLt's FP8 products (matmul.cuh).
+//
+// The one idea: it quantizes exactly what cpu::Fp8Linears (the CPU model's simulation) quantizes,
+// with the same scales, so the emulated suite can hold the two models to each other. A scale per
+// (layer, product, operand) lives on the device; current scaling measures each tensor before its
+// cast, delayed scaling takes the scale its history set at the last step's end (the casts measure
+// the step's amax as they write, and the maximum over the data-parallel ranks joins the history).
+// Until the first step has ended there is no history, and delayed scaling scales as current does,
+// as the CPU model's does. The backward casts the saved bf16 input and the weight again, with the
+// forward's scales, instead of keeping FP8 copies: no activation memory, the same codes.
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llmc/ckpt/shard_state.h"
+#include "llmc/dist/comm.h"
+#include "llmc/fp8.h"
+#include "llmc/kernels/fp8.cuh"
+#include "llmc/kernels/gelu.cuh"
+#include "llmc/kernels/matmul.cuh"
+
+namespace llmc {
+
+// The FP8 copies one product needs at once (the activation layout's scratch, sized by
+// fp8_scratch_bytes): its input and weight, their transposes, its output gradient and its transpose.
+struct Fp8Scratch {
+    uint8_t *input = nullptr, *input_t = nullptr, *weight = nullptr, *weight_t = nullptr, *grad = nullptr,
+            *grad_t = nullptr;
+};
+
+class Fp8LinearsCUDA : public ReplicatedState {
+public:
+    Fp8LinearsCUDA() = default;
+    // `dp_ranks`: the data-parallel ranks whose step amaxes delayed scaling takes the maximum of;
+    // `stream`: the model's, on which every kernel runs (the host reads the state after it).
+    Fp8LinearsCUDA(int layers, const Fp8Options& options, int dp_ranks, cudaStream_t stream)
+        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), stream_(stream) {
+        if (!options.enabled) return;
+        if (options.history < 1) fail(strformat("--fp8-history must be >= 1 step, got %d", options.history));
+        scales_ = DeviceBuffer<Fp8Scale>(tensors_, "FP8 scales");
+        histories_ = DeviceBuffer<float>((size_t)tensors_ * options.history, "FP8 amax histories");
+        largest_ = DeviceBuffer<float>(tensors_, "FP8 formats' largest values");
+        clips_ = DeviceBuffer<Fp8Clip>(FP8_TENSORS_PER_LAYER, "FP8 clipping counts");
+        step_amaxes_ = DeviceBuffer<float>(step_amax_floats(tensors_, options, dp_ranks), "FP8 step amaxes");
+        const std::vector<Fp8Scale> fresh(tensors_);
+        CUDA_CHECK(cudaMemcpy(scales_.get(), fresh.data(), sizeof(Fp8Scale) * tensors_, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(histories_.get(), 0, sizeof(float) * tensors_ * options.history));
+        std::vector<float> largest(tensors_);
+        for (int i = 0; i < tensors_; i++) largest[i] = fp8::info(fp8_format(i % FP8_OPERANDS)).largest;
+        CUDA_CHECK(cudaMemcpy(largest_.get(), largest.data(), sizeof(float) * tensors_, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(clips_.get(), 0, sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER));
+    }
+    Fp8LinearsCUDA(Fp8LinearsCUDA&&) = default;
+    Fp8LinearsCUDA& operator=(Fp8LinearsCUDA&&) = default;
+
+    bool enabled() const { return options_.enabled; }
+    // Training passes measure amaxes and count clipping; evaluation and recomputation only cast.
+    void set_recording(bool recording) { recording_ = recording; }
+
+    // The scales, histories and counters this allocates (the memory plan's line).
+    static size_t device_bytes(int layers, const Fp8Options& o, int dp_ranks) {
+        if (!o.enabled) return 0;
+        const size_t tensors = (size_t)layers * FP8_TENSORS_PER_LAYER;
+        return tensors * (sizeof(Fp8Scale) + sizeof(float) * (o.history + 1)) +
+               sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER + sizeof(float) * step_amax_floats(tensors, o, dp_ranks);
+    }
+    // The FP8 scratch of the largest product of a BT-row micro-batch (C channels): BT x 4C for the
+    // activations and gradients and their transposes, 4C x C for the weight and its transpose.
+    static size_t scratch_bytes(size_t BT, size_t C) { return 4 * BT * 4 * C + 2 * 4 * C * C; }
+
+    // out (BT x OC) = inp W^T + bias (+ residual), or GELU into out with pre_gelu, as matmul_forward.
+    void forward(MatmulContext& ctx, const Fp8Scratch& x, int l, Fp8Product p, floatX* out, floatX* pre_gelu,
+                 const floatX* inp, const floatX* weight, const floatX* bias, const floatX* residual, int BT, int C,
+                 int OC) {
+        cudaStream_t s = stream_;
+        const Fp8Tensor in = cast(x.input, nullptr, l, p, FP8_INPUT, inp, BT, C, recording_, s);
+        const Fp8Tensor w = cast(x.weight, nullptr, l, p, FP8_WEIGHT, weight, OC, C, recording_, s);
+        matmul_forward_fp8(ctx, out, pre_gelu, in, w, bias, residual, BT, C, OC, s);
+    }
+
+    // The backward of forward, as matmul_backward: dinp (overwritten; multiplied by GELU'(pre_gelu)
+    // where given), dweight += , dbias += (from the bf16 dout, in `scratch`).
+    void backward(MatmulContext& ctx, const Fp8Scratch& x, int l, Fp8Product p, floatX* dinp, float* dweight,
+                  float* dbias, float* scratch, const floatX* dout, const floatX* inp, const floatX* weight,
+                  const floatX* pre_gelu, int BT, int C, int OC) {
+        cudaStream_t s = stream_;
+        if (dbias) bias_backward(dbias, scratch, dout, BT, OC, s);
+        cast(x.grad, x.grad_t, l, p, FP8_GRAD, dout, BT, OC, recording_, s);
+        const Fp8Tensor grad{x.grad, CUDA_R_8F_E5M2, fp8_scale_inv(scale(l, p, FP8_GRAD))};
+        const Fp8Tensor grad_t{x.grad_t, CUDA_R_8F_E5M2, grad.scale_inv};
+        cast(x.weight, x.weight_t, l, p, FP8_WEIGHT, weight, OC, C, false, s);
+        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, false, s);
+        const Fp8Tensor weight_t{x.weight_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
+        const Fp8Tensor input_t{x.input_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_INPUT))};
+        matmul_backward_dinp_fp8(ctx, dinp, grad, weight_t, BT, C, OC, s);
+        if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s);
+        matmul_backward_dweight_fp8(ctx, dweight, grad_t, input_t, BT, C, OC, s);
+    }
+
+    // The end of an optimizer step: with delayed scaling, every tensor's step amax (the maximum over
+    // `dp`, a device communicator; null for one rank) joins its history and sets its next scale.
+    void end_step(Communicator* dp) {
+        cudaStream_t s = stream_;
+        if (!enabled() || options_.scaling != Fp8Scaling::Delayed) return;
+        if (dp && dp->world_size() > 1) {
+            const int ranks = dp->world_size();
+            if (step_amaxes_.count() != step_amax_floats(tensors_, options_, ranks))
+                fail(strformat("Fp8LinearsCUDA: made for another number of data-parallel ranks than %d", ranks));
+            float* mine = step_amaxes_.get() + (size_t)tensors_ * ranks;
+            fp8_step_amax_out(mine, scales_.get(), tensors_, s);
+            CUDA_CHECK(cudaStreamSynchronize(s));  // a few floats once a step: the collective reads them next
+            dp->all_gather(mine, step_amaxes_.get(), tensors_, CommDtype::F32).wait();
+            fp8_step_amax_max(scales_.get(), step_amaxes_.get(), tensors_, ranks, s);
+        }
+        fp8_delayed_update(scales_.get(), histories_.get(), largest_.get(), tensors_, options_.history, s);
+        primed_ = true;
+    }
+
+    // What the casts of training passes clipped since the last call (a copy to the host).
+    Fp8Stats take_stats() {
+        cudaStream_t s = stream_;
+        Fp8Stats stats;
+        if (!enabled()) return stats;
+        Fp8Clip clips[FP8_TENSORS_PER_LAYER];
+        CUDA_CHECK(cudaMemcpyAsync(clips, clips_.get(), sizeof(clips), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemsetAsync(clips_.get(), 0, sizeof(clips), s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        for (int p = 0; p < FP8_PRODUCTS; p++)
+            for (int o = 0; o < FP8_OPERANDS; o++) {
+                const Fp8Clip& c = clips[p * FP8_OPERANDS + o];
+                stats.counts[p][o] = {c.elements, c.overflows, c.underflows};
+            }
+        return stats;
+    }
+
+    // ReplicatedState: delayed scaling's state in cpu::Fp8Linears' layout (per tensor its scale,
+    // whether it has one, its history's length and the history oldest first), so a checkpoint of
+    // either model resumes on the other.
+    std::vector<std::pair<std::string, std::vector<float>>> named_values() const override {
+        if (!enabled() || options_.scaling != Fp8Scaling::Delayed) return {};
+        const int H = options_.history;
+        std::vector<Fp8Scale> scales(tensors_);
+        std::vector<float> rings((size_t)tensors_ * H);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the last step's update is on the model's stream
+        CUDA_CHECK(cudaMemcpy(scales.data(), scales_.get(), sizeof(Fp8Scale) * tensors_, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(rings.data(), histories_.get(), sizeof(float) * rings.size(), cudaMemcpyDeviceToHost));
+        std::vector<float> out;
+        for (int i = 0; i < tensors_; i++) {
+            const Fp8Scale& s = scales[i];
+            out.push_back(s.scale);
+            out.push_back(s.primed ? 1.0f : 0.0f);
+            out.push_back((float)s.history_count);
+            const size_t oldest = s.history_count < (uint32_t)H ? 0 : s.history_next;
+            for (int h = 0; h < H; h++)
+                out.push_back(h < (int)s.history_count ? rings[(size_t)i * H + (oldest + h) % H] : 0.0f);
+        }
+        return {{"fp8_scaling", out}};
+    }
+    bool restore(const std::string& name, const std::vector<float>& values, const std::string& where) override {
+        if (name != "fp8_scaling") return false;
+        if (!enabled() || options_.scaling != Fp8Scaling::Delayed) return true;  // no use for the histories
+        const int H = options_.history;
+        const size_t per_tensor = 3 + (size_t)H;
+        if (values.size() != (size_t)tensors_ * per_tensor)
+            fail(strformat("%s: the FP8 scaling state holds %zu values; this model (%d scaled tensors, --fp8-history "
+                           "%d) expects %zu (resume with the checkpoint's --fp8-history)",
+                           where.c_str(), values.size(), tensors_, H, tensors_ * per_tensor));
+        std::vector<Fp8Scale> scales(tensors_);
+        std::vector<float> rings((size_t)tensors_ * H, 0.0f);
+        bool all_primed = true;
+        for (int i = 0; i < tensors_; i++) {
+            const float* v = values.data() + i * per_tensor;
+            Fp8Scale& s = scales[i];
+            s.scale = v[0], s.scale_inv = 1.0f / v[0], s.primed = v[1] != 0.0f;
+            s.history_count = (uint32_t)std::min<float>(v[2], (float)H);
+            s.history_next = s.history_count % H;
+            for (uint32_t h = 0; h < s.history_count; h++) rings[(size_t)i * H + h] = v[3 + h];
+            all_primed = all_primed && s.primed;
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaMemcpy(scales_.get(), scales.data(), sizeof(Fp8Scale) * tensors_, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(histories_.get(), rings.data(), sizeof(float) * rings.size(), cudaMemcpyHostToDevice));
+        primed_ = all_primed;
+        return true;
+    }
+
+private:
+    // Delayed scaling over several ranks: every rank's step amaxes, then this rank's own.
+    static size_t step_amax_floats(size_t tensors, const Fp8Options& o, int dp_ranks) {
+        return o.scaling == Fp8Scaling::Delayed && dp_ranks > 1 ? tensors * (dp_ranks + 1) : 0;
+    }
+
+    Fp8Scale* scale(int l, Fp8Product p, Fp8Operand o) const {
+        return scales_.get() + ((size_t)l * FP8_PRODUCTS + p) * FP8_OPERANDS + o;
+    }
+
+    // x (rows x cols) cast into q (and its transpose into qt, if given) with its tensor's scale:
+    // current scaling (or delayed before its first step's end) measures x first.
+    Fp8Tensor cast(uint8_t* q, uint8_t* qt, int l, Fp8Product p, Fp8Operand o, const floatX* x, int rows, int cols,
+                   bool record, cudaStream_t s) {
+        Fp8Scale* sc = scale(l, p, o);
+        const fp8::Format f = fp8_format(o);
+        const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
+        if (!delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+        Fp8Clip* clip = record ? clips_.get() + (int)p * FP8_OPERANDS + o : nullptr;
+        fp8_cast(q, qt, sc, clip, x, rows, cols, f, record && options_.scaling == Fp8Scaling::Delayed, s);
+        return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
+    }
+
+    Fp8Options options_;
+    int tensors_ = 0;
+    cudaStream_t stream_ = nullptr;
+    bool recording_ = true;
+    bool primed_ = false;  // delayed scaling: every tensor has a scale from its history
+    DeviceBuffer<Fp8Scale> scales_;
+    DeviceBuffer<float> histories_, largest_, step_amaxes_;
+    DeviceBuffer<Fp8Clip> clips_;
+};
+
+}  // namespace llmc

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# FP8 products of the CUDA model (--fp8 1; part of make test-gpu and make test-emu), ranks sharing
+# one GPU through the MPI communicator:
+#   1. train_gpt --fp8 1 against train_gpt_cpu --fp8 1 (the CPU model's exact simulation), current
+#      and delayed scaling, over 12 steps, within 1e-3 relative per step (emulated: 8e-5; the GPU
+#      quantizes bf16 values, the CPU fp32 ones, and the bf16 runs differ by 3e-5); the step line
+#      shows the clipping;
+#   2. delayed scaling on 2 data-parallel ranks at ZeRO-1 (the step amax the maximum over the
+#      ranks) against 1 rank, within 1e-3;
+#   3. a delayed-scaling run resumed from its step-6 checkpoint (the amax histories in its manifest)
+#      ends bitwise equal to the uninterrupted run, and train_gpt_cpu continues it;
+#   4. --fp8 with --tp is refused.
+# Skips with a message where there is no GPU or no mpirun, except in a GPU session
+# (LLMC_GPU_SESSION=1), where either is a failure.
+#   test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
+set -euo pipefail
+
+trainer=${1:-./train_gpt}
+cpu_trainer=${2:-./train_gpt_cpu}
+source "$(dirname "$0")/lib.sh"
+gpu_checks run_gpu_fp8_tests.sh "$trainer" "$cpu_trainer"
+limit=${LLMC_FP8_LOSS_LIMIT:-1e-3}
+common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 12 -v 0 -s 0 -l 1e-3 --gpu-comm mpi --fp8 1)
+
+# 1. against the CPU model's simulation
+for scaling in current delayed; do
+    run "gpu_$scaling" 1 16 --fp8-scaling "$scaling"
+    echo "== cpu_$scaling: train_gpt_cpu, B 16 --fp8-scaling $scaling"
+    "$cpu_trainer" "${common[@]}" -b 16 --fp8-scaling "$scaling" -o "$dir/cpu_$scaling" > "$dir/cpu_$scaling.log"
+    compare "cpu_$scaling" "gpu_$scaling" "$limit" 12
+done
+grep -q "fp8 sat [0-9]* flush [0-9.]*%" "$dir/gpu_delayed.log" || { echo "FAIL: no FP8 clipping on the step line"; exit 1; }
+echo "ok the step line: $(grep -o 'fp8 sat.*%' "$dir/gpu_delayed.log" | tail -1)"
+
+# 2. delayed scaling over 2 data-parallel ranks
+run two_ranks 2 8 --fp8-scaling delayed -z 1
+compare gpu_delayed two_ranks "$limit" 12
+
+# 3. resume from the step-6 checkpoint, on the GPU and on the CPU
+run ref 1 16 --fp8-scaling delayed -n 6 -nk 0
+mkdir -p "$dir/resumed" "$dir/cpu_resumed"
+cp -r "$dir/ref/ckpt_00000006" "$dir/resumed/"
+cp -r "$dir/ref/ckpt_00000006" "$dir/cpu_resumed/"
+grep -q '"fp8_scaling"' "$dir/ref/ckpt_00000006/manifest.json" || { echo "FAIL: no FP8 state in the manifest"; exit 1; }
+run resumed 1 16 --fp8-scaling delayed -n 6 -nk 0 -y 1
+grep -q "resumed from $dir/resumed/ckpt_00000006" "$dir/resumed.log" || { echo "FAIL: no resume"; exit 1; }
+cmp "$dir/ref/model.bin" "$dir/resumed/model.bin" || { echo "FAIL: model.bin differs after the resume"; exit 1; }
+echo "ok a delayed-scaling run resumed at step 6 ends bitwise equal to the uninterrupted one"
+"$cpu_trainer" "${common[@]}" -b 16 --fp8-scaling delayed -n 6 -nk 0 -y 1 -o "$dir/cpu_resumed" > "$dir/cpu_resumed.log"
+grep -q "resumed from $dir/cpu_resumed/ckpt_00000006" "$dir/cpu_resumed.log" || { echo "FAIL: no CPU resume"; exit 1; }
+compare ref cpu_resumed "$limit" 12
+
+# 4. refused
+if "$trainer" "${common[@]}" -b 16 --tp 2 -o "$dir/bad" > "$dir/bad.log" 2>&1; then
+    echo "FAIL: --fp8 with --tp ran"; exit 1
+fi
+grep -q -- "--fp8 1 runs a dense model with data parallelism" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }
+echo "ok --fp8 with --tp refused: $(grep -m1 -- '--fp8 1' "$dir/bad.log")"
