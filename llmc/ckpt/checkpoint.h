@@ -550,6 +550,7 @@ private:
             m.world_size = (int)outcomes.size();
             m.tp = cfg_.dims.tp;
             m.pp = cfg_.dims.pp;
+            m.ep = cfg_.dims.ep;
             if (cfg_.dims.pp > 1) m.pp_layers = pipeline_split(cfg_).describe();
             m.zero_stage = cfg_.zero_stage;
             m.run_id = cfg_.run_id;
@@ -843,11 +844,11 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
         why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
                         "ranks; the shared tier on any)", dir.c_str(), m.world_size, W);
     const std::string layers = cfg.dims.pp > 1 ? pipeline_split(cfg).describe() : "";
-    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers))
-        why = strformat("'%s' was written at tp %d, pp %d (layers %s) and this run is tp %d, pp %d (layers %s): the "
-                        "local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp, m.pp,
-                        m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), cfg.dims.tp, cfg.dims.pp,
-                        layers.empty() ? "-" : layers.c_str());
+    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers || m.ep != cfg.dims.ep))
+        why = strformat("'%s' was written at tp %d, pp %d (layers %s), ep %d and this run is tp %d, pp %d (layers %s), "
+                        "ep %d: the local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp,
+                        m.pp, m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), m.ep, cfg.dims.tp, cfg.dims.pp,
+                        layers.empty() ? "-" : layers.c_str(), cfg.dims.ep);
     if (why.empty()) {
         why = file_problem(dir, m.files[rank]);
         own = why.empty();

@@ -231,6 +231,13 @@ inline void moe_gates_backward(float* dy, MoeScratch& scratch, const float* dout
     }
 }
 
+// Backward of the router: dx (rows x C, overwritten) and the router's gradient (accumulated) from
+// the d scores moe_gates_backward left in scratch.scores.
+inline void moe_router_backward(float* dx, float* grouter, MoeScratch& scratch, const float* x, const float* router,
+                                const MoeShape& s) {
+    matmul_backward(dx, grouter, nullptr, scratch.scores.data(), x, router, s.rows, s.C, s.E);
+}
+
 // Backward of moe_experts_forward: dx (rows of a.x, overwritten) from dy, the experts' weight
 // gradients accumulated (g's expert tensors start at the first of the experts, as w's).
 inline void moe_experts_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const float* dy,
@@ -282,7 +289,7 @@ inline void moe_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const floa
     const size_t A = r.begin[s.E];
     scratch.dy.resize(A * s.C), scratch.dx.resize(A * s.C);
     moe_gates_backward(scratch.dy.data(), scratch, dout, r, a.y.data(), s, dbalance, dz);
-    matmul_backward(dx, g.router, nullptr, scratch.scores.data(), x, w.router, s.rows, s.C, s.E);
+    moe_router_backward(dx, g.router, scratch, x, w.router, s);
     moe_experts_backward(scratch.dx.data(), g, scratch, scratch.dy.data(), a, r.begin.data(), s.E, w, s);
     moe_scatter_backward(dx, r, scratch.dx.data(), s);
 }
