@@ -844,11 +844,13 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
         why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
                         "ranks; the shared tier on any)", dir.c_str(), m.world_size, W);
     const std::string layers = cfg.dims.pp > 1 ? pipeline_split(cfg).describe() : "";
-    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers || m.ep != cfg.dims.ep))
-        why = strformat("'%s' was written at tp %d, pp %d (layers %s), ep %d and this run is tp %d, pp %d (layers %s), "
-                        "ep %d: the local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp,
-                        m.pp, m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), m.ep, cfg.dims.tp, cfg.dims.pp,
-                        layers.empty() ? "-" : layers.c_str(), cfg.dims.ep);
+    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers || m.ep != cfg.dims.ep)) {
+        auto ep = [&](int n) { return m.ep > 1 || cfg.dims.ep > 1 ? strformat(", ep %d", n) : std::string(); };
+        why = strformat("'%s' was written at tp %d, pp %d (layers %s)%s and this run is tp %d, pp %d (layers %s)%s: the "
+                        "local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp, m.pp,
+                        m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), ep(m.ep).c_str(), cfg.dims.tp, cfg.dims.pp,
+                        layers.empty() ? "-" : layers.c_str(), ep(cfg.dims.ep).c_str());
+    }
     if (why.empty()) {
         why = file_problem(dir, m.files[rank]);
         own = why.empty();
