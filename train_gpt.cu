@@ -160,7 +160,8 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(), &groups.dp_cp());
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(),
+                    cfg.dims.ep > 1 ? &groups.expert_data() : &groups.dp_cp());
     trainer.set_peak_tflops(built.peak_tflops);
     trainer.set_straggler_factor(straggler_factor);
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is

@@ -1018,9 +1018,11 @@ inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
 // tier (collective over `world`, which it needs) by each rank from its own file only, the ranges
 // other ranks own arriving by all-gather.
 // dp: the ranks that hold the same layout (the data-parallel group; null: world), among which a
-// local-tier restore shares what each read from its own file.
+// local-tier restore shares what each read from its own file; expert_dp: under expert parallelism,
+// those that hold the same experts, which share the expert buckets' ranges instead (null: dp).
 inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout,
-                            Communicator* world = nullptr, Communicator* dp = nullptr) {
+                            Communicator* world = nullptr, Communicator* dp = nullptr,
+                            Communicator* expert_dp = nullptr) {
     const bool local = p.tier.local();
     if (local && !world) fail("load_checkpoint: the local tier needs the world communicator");
     Manifest own_only;
@@ -1046,7 +1048,15 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
             continue;
         }
         // Every rank holds whole ranges here (the same ones on every rank of its data-parallel
-        // group, which holds the same layout): each sends its part.
+        // group, which holds the same layout, or of its expert data group for an expert bucket's):
+        // each sends its part.
+        auto group_of = [&](FlatRange r) -> Communicator& {
+            for (int b = 0; b < layout.num_buckets(); b++)
+                if (layout.is_expert_bucket(b) && r.begin >= layout.bucket_begin(b) &&
+                    r.begin < layout.bucket_begin(b) + layout.bucket_size(b) && expert_dp)
+                    return *expert_dp;
+            return dp ? *dp : *world;
+        };
         state.restore(i, [&](FlatRange r, float* out) {
             std::string part(2 * sizeof(uint64_t), '\0');
             for (const FlatRange& o : owned) {
@@ -1058,7 +1068,7 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
                 reader.read(source, {lo, hi}, reinterpret_cast<float*>(part.data() + 2 * sizeof(uint64_t)));
             }
             size_t covered = 0;
-            for (const std::string& q : all_gather_strings(dp ? *dp : *world, part)) {
+            for (const std::string& q : all_gather_strings(group_of(r), part)) {
                 uint64_t lo, hi;
                 std::memcpy(&lo, q.data(), sizeof lo);
                 std::memcpy(&hi, q.data() + sizeof lo, sizeof hi);

@@ -5,7 +5,9 @@
 # dp 4 in expert groups of 2), which also routes exactly as data parallelism does; pipeline
 # parallelism alone and with --ep; a router that sends every token to the same two experts (one
 # rank's), on 2 expert-parallel ranks, with the imbalance in the log; resumes across ep (2 -> 1 and
-# 1 -> 2) and on another rank count; bad meshes refused.
+# 1 -> 2) and on another rank count, and the local tier at dp 4 x ep 2; the replicas' fingerprints
+# compared every 5 steps (among the ranks that hold the same experts); --plan's expert line; bad
+# meshes refused.
 #   test/mpi/run_moe_tests.sh ./train_gpt_cpu
 set -euo pipefail
 trainer=${1:-./train_gpt_cpu}
@@ -14,7 +16,7 @@ source "$(dirname "$0")/lib.sh"
 
 common=(-i 'data/default/default_train_*.bin' -j "" --tokenizer "" --num-layers 2 --channels 64 --num-heads 2
         --max-seq-len 64 --experts 4 --top-k 2 --moe-every 2 --capacity-factor 1.0 --moe-balance-coef 0.1
-        -b 2 -t 32 -d 256 -x 20 -v 0 -s 0 -k constant -l 1e-3)
+        -b 2 -t 32 -d 256 -x 20 -v 0 -s 0 -k constant -l 1e-3 --fingerprint-every 5)
 
 "$trainer" "${common[@]}" -o "$dir/one" >"$dir/one.log" 2>&1
 grep -q "experts: balance [0-9.]* z [0-9.]* max load [0-9.]* dropped [1-9]" "$dir/one.log" ||
@@ -143,6 +145,18 @@ resumed "$dir/resume_ep2.log" "$dir/first_ep2" "MoE written on 1 rank, resumed a
 "$trainer" "${common[@]}" -n 10 -y 1 -o "$dir/from_ep2" >"$dir/resume_from_ep2.log" 2>&1
 resumed "$dir/resume_from_ep2.log" "$dir/from_ep2" "MoE written at --ep 2 (ZeRO-2), resumed on 1 rank"
 echo "ok MoE: a run resumed at step 10 reproduces the uninterrupted one: on 2 ranks, from 1 rank to --ep 2 and back"
+
+# The local checkpoint tier at dp 4 x ep 2 under ZeRO-0 (each rank holds all of its layout, and a
+# restore from the rank's own file gathers the rest: the experts' ranges from the rank that holds
+# the same experts, the others' from the data-parallel group): killed, a node lost, resumed.
+local_tier_kill_resume "dp 4 x ep 2" "$trainer" "${common[@]}" --ep 2 -z 0
+
+# --plan knows the experts: each of 4 ranks at --ep 2 holds 2 of the 4 experts (their optimizer
+# state sharded over the 2 ranks that hold the same ones) and sends its all-to-all bytes.
+"$trainer" "${common[@]}" --ep 2 -z 1 --plan 4 >"$dir/plan.txt" 2>&1 || { echo "FAILED: --plan at --ep 2"; cat "$dir/plan.txt"; exit 1; }
+grep -q "^experts: 2 of each MoE block's 4 on this rank (ep 2): .* ZeRO-1 over the 2 rank(s) that hold the same, .* all-to-all: [0-9.]* [KM]iB sent per step" \
+    "$dir/plan.txt" || { echo "FAILED: --plan shows no expert line:"; cat "$dir/plan.txt"; exit 1; }
+echo "ok --plan at --ep 2: $(grep '^experts:' "$dir/plan.txt")"
 
 # Bad meshes: each refused before training, naming the flag and the values.
 expect_failure "--ep 3 on 2 data-parallel ranks" "--ep 3 must be >= 1 and divide the 2 data-parallel rank(s)" \
