@@ -223,7 +223,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
         {"-sg", "skip_update_gradz", &RunConfig::skip_update_gradz, "skip the update when the gradient norm's z-score over the last 100 steps exceeds this (0: off)"},
         {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
-        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; 0: never)"},
+        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; with --ep those that hold the same experts; 0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
