@@ -14,7 +14,6 @@
 // not depend on ep; only the weight gradients' sums over rows are added in another order.
 #pragma once
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
