@@ -127,8 +127,8 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
-        if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1)
-            printf("mesh: %d rank(s) = dp %d x pp %d%s x tp %d%s%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
+        if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1 || cfg.dims.ep > 1)
+            printf("mesh: %d rank(s) = dp %d x pp %d%s x tp %d%s%s%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
                    cfg.dims.cp > 1 ? strformat(" x cp %d", cfg.dims.cp).c_str() : "", cfg.dims.tp,
                    cfg.dims.tp == 1 ? ""
                    : cfg.sequence_parallel ? "; tensor parallel with sequence parallelism"
@@ -136,7 +136,12 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                    cfg.dims.cp == 1 ? ""
                                     : strformat("; context parallel, %d of each sequence's %d positions per rank, "
                                                 "ring attention, ZeRO over dp x cp", cfg.seq_len / cfg.dims.cp,
-                                                cfg.seq_len).c_str());
+                                                cfg.seq_len).c_str(),
+                   cfg.dims.ep == 1 ? ""
+                                    : strformat("; expert parallel: dp in groups of ep %d, %d of each MoE block's %d "
+                                                "experts per rank, experts' ZeRO over the %d rank(s) that hold them",
+                                                cfg.dims.ep, cfg.model_config.num_experts / cfg.dims.ep,
+                                                cfg.model_config.num_experts, cfg.dims.dp / cfg.dims.ep).c_str());
         if (cfg.dims.pp > 1) {
             const PipelineSplit split = pipeline_split(cfg);
             printf("pipeline: %d stages, %s schedule, layers per virtual stage %s, %d micro-batches, bubble %.1f%%\n",
@@ -155,7 +160,8 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
     if (cfg.model_is_file) model->load(cfg.model);
     else model->init_random(cfg.seed);
 
-    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(), &groups.dp_cp());
+    Trainer trainer(cfg, *model, groups.dp(), cfg.output_dir + "/metrics.jsonl", &groups.world(),
+                    cfg.dims.ep > 1 ? &groups.expert_data() : &groups.dp_cp());
     trainer.set_peak_tflops(built.peak_tflops);
     trainer.set_straggler_factor(straggler_factor);
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is

@@ -104,6 +104,8 @@ struct RunConfig {
     int pp_print_schedule = 0;            // 1: print the pipeline schedule (every rank's actions)
     // context parallelism (context_parallel.h, cpu/ring_attention.h)
     int cp = 1;                           // ranks per context group, each sequence split over them
+    // expert parallelism (dist/expert_parallel.h)
+    int ep = 1;                           // ranks per expert group, carved from the data-parallel ranks
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks
@@ -164,7 +166,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "channels", &RunConfig::channels, "override the preset's channel count"},
         {"", "max_seq_len", &RunConfig::max_seq_len, "override the preset's maximum sequence length (1024)"},
         {"", "vocab_size", &RunConfig::vocab_size, "vocabulary size of a preset model (padded to a multiple of 128)"},
-        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model, no --tp/--pp yet)"},
+        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model, with data, expert and pipeline parallelism, no --tp/--cp)"},
         {"", "top_k", &RunConfig::top_k, "with --experts: experts each token is routed to"},
         {"", "moe_every", &RunConfig::moe_every, "with --experts: every N-th block has experts (the last of each N), the others GPT-2's MLP"},
         {"", "moe_shared", &RunConfig::moe_shared, "with --experts: 1 keeps the block's dense MLP as an always-on shared expert beside the routed ones"},
@@ -206,6 +208,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
         {"", "pp_print_schedule", &RunConfig::pp_print_schedule, "1: print every pipeline rank's schedule of forwards and backwards (with --plan N: and exit)"},
         {"", "cp", &RunConfig::cp, "context-parallel ranks (CPU model): every sequence split over cp ranks (chunks i and 2cp-1-i of 2cp on rank i), attention by ring attention; -t must divide by 2 x cp; world = dp x pp x cp x tp, ZeRO shards over dp x cp"},
+        {"", "ep", &RunConfig::ep, "expert-parallel ranks (CPU model, with --experts): the data-parallel ranks in groups of ep, each holding experts/ep of every MoE block's experts, tokens sent to their experts' ranks and back; ep divides dp, ZeRO shards the experts over the dp/ep ranks that hold the same ones"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},
         {"", "comm_timeout_s", &RunConfig::comm_timeout_s, "seconds before a collective that has not finished is an error"},
@@ -228,7 +231,7 @@ inline const std::vector<RunOption>& run_options() {
         {"-sl", "skip_update_lossz", &RunConfig::skip_update_lossz, "skip the update when the loss's z-score over the last 100 steps exceeds this (0: off)"},
         {"-sg", "skip_update_gradz", &RunConfig::skip_update_gradz, "skip the update when the gradient norm's z-score over the last 100 steps exceeds this (0: off)"},
         {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
-        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; 0: never)"},
+        {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; with --ep those that hold the same experts; 0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
         {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
@@ -536,6 +539,11 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
     cfg.dims.tp = cfg.tp;
     cfg.dims.pp = cfg.pp;
     cfg.dims.cp = cfg.cp;
+    require(cfg.ep >= 1 && cfg.dims.dp % cfg.ep == 0,
+            strformat("--ep %d must be >= 1 and divide the %d data-parallel rank(s) (%d rank(s) / (pp %d x cp %d x tp "
+                      "%d)): expert groups are carved from the data-parallel ranks", cfg.ep, cfg.dims.dp, world_size,
+                      cfg.pp, cfg.cp, cfg.tp));
+    cfg.dims.ep = cfg.ep;
     cfg.dims.validate(world_size);
 }
 
@@ -565,10 +573,18 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     }
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
-    if (cfg.model_config.num_experts > 0)
-        require(cfg.tp == 1 && cfg.pp == 1 && cfg.cp == 1,
-                strformat("a mixture-of-experts model (%d experts) trains with data parallelism (-z 0-3) only so far: "
-                          "drop --tp %d / --pp %d / --cp %d", cfg.model_config.num_experts, cfg.tp, cfg.pp, cfg.cp));
+    const int experts = cfg.model_config.num_experts;
+    if (experts > 0)
+        require(cfg.tp == 1 && cfg.cp == 1,
+                strformat("a mixture-of-experts model (%d experts) trains with data, expert and pipeline parallelism "
+                          "(-z 0-3, --ep, --pp), not yet tensor or context parallelism: drop --tp %d / --cp %d",
+                          experts, cfg.tp, cfg.cp));
+    require(cfg.ep == 1 || experts > 0,
+            strformat("--ep %d splits a mixture-of-experts model's experts, but the model is dense (give --experts, "
+                      "or a model file with experts)", cfg.ep));
+    require(experts == 0 || experts % cfg.ep == 0,
+            strformat("--ep %d must divide the model's %d experts: each expert-parallel rank holds an equal block of "
+                      "them", cfg.ep, experts));
     require(cfg.capacity_factor >= 0 && std::isfinite(cfg.capacity_factor),
             strformat("--capacity-factor must be 0 (dropless) or positive, got %g", cfg.capacity_factor));
     require(cfg.moe_balance_coef >= 0 && cfg.moe_z_coef >= 0,
@@ -756,6 +772,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"tp_size", cfg.dims.tp},
         {"pp_size", cfg.dims.pp},
         {"cp_size", cfg.dims.cp},
+        {"ep_size", cfg.dims.ep},
         {"pp_layers", pipeline_split(cfg).describe()},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},

@@ -114,8 +114,10 @@ public:
                digits(m.total_steps), m.step, m.total_steps, m.train_loss, m.lr, m.grad_norm, m.step_ms, m.comm_ms,
                m.tokens_per_s, m.mfu >= 0 ? strformat(" | MFU %4.1f%%", 100 * m.mfu).c_str() : "",
                format_duration(m.elapsed_s).c_str(), format_duration(m.eta_s).c_str(),
-               routing.passes ? strformat(" | experts: balance %.3f z %.3f max load %.2f dropped %ld", routing.balance_loss,
-                                    routing.z_loss, routing.max_load, routing.dropped).c_str() : "",
+               routing.passes ? strformat(" | experts: balance %.3f z %.3f max load %.2f dropped %ld%s", routing.balance_loss,
+                                    routing.z_loss, routing.max_load, routing.dropped,
+                                    routing.max_rank_load > 0 ? strformat(" busiest rank %.2f", routing.max_rank_load).c_str()
+                                                              : "").c_str() : "",
                fp8_summary(m.fp8).c_str(), m.skipped ? " | update SKIPPED" : "");
         fflush(stdout);
         nlohmann::json r = {{"step", m.step}, {"train_loss", m.train_loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
@@ -126,6 +128,7 @@ public:
             r["experts"] = {{"balance_loss", m.router.balance_loss}, {"z_loss", m.router.z_loss},
                             {"max_load", m.router.max_load}, {"dropped", m.router.dropped},
                             {"assigned", m.router.assigned}};
+        if (m.router.max_rank_load > 0) r["experts"]["max_rank_load"] = m.router.max_rank_load;
         if (m.fp8.total().elements) r["fp8"] = fp8_json(m.fp8);
         if (m.skipped) r["skipped"] = true;
         write(r);

@@ -34,6 +34,7 @@ inline const char* memory_kind_name(MemoryKind k) {
 struct RouterStats {
     int passes = 0;
     double balance_loss = 0, z_loss = 0, max_load = 0;
+    double max_rank_load = 0;  // expert parallelism: the largest share of a rank's assignments sent to one rank
     long dropped = 0, assigned = 0;
 };
 

@@ -27,6 +27,7 @@ struct MemoryPlan {
     double tp_comm_bytes_per_rank = 0;               // and in its tensor-parallel group
     double pp_comm_bytes_per_rank = 0;               // and to its pipeline neighbours
     double cp_comm_bytes_per_rank = 0;               // and around its context ring (ring attention)
+    double ep_comm_bytes_per_rank = 0;               // and to the other ranks of its expert group (all-to-all)
     size_t snapshot_bytes = 0;                       // host memory for checkpoint snapshots (with -n), per rank
     size_t total_bytes() const {
         size_t total = 0;
@@ -80,6 +81,22 @@ inline double pipeline_comm_bytes(const RunConfig& cfg, const PipelineSplit& spl
     return bytes;
 }
 
+// Bytes one rank of pipeline stage `pp_rank` sends to the other ranks of its expert group per
+// optimizer step (expert parallelism, dist/expert_parallel.h): each MoE block it holds sends its
+// experts' counts once per micro-batch (E / ep integers to each other rank) and its assignments' rows
+// four times (the inputs out, the outputs back, their gradients out and back): rows x top-k rows of
+// C activations, of which (ep - 1) / ep go to other ranks when the routing is even.
+inline double expert_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size_t activation_bytes = sizeof(float)) {
+    const int ep = cfg.dims.ep;
+    const ModelConfig& m = cfg.model_config;
+    if (ep <= 1 || m.num_experts == 0) return 0;
+    int blocks = 0;
+    for (int l : pipeline_split(cfg).rank_layers(pp_rank)) blocks += m.is_moe_layer(l);
+    const double share = (ep - 1.0) / ep, rows = context_rows(cfg) * m.moe_top_k;
+    const double per_micro_batch = share * (4 * rows * m.channels * activation_bytes + m.num_experts * sizeof(int));
+    return blocks * per_micro_batch * cfg.grad_accum_steps;
+}
+
 // buffers: everything the model allocates per rank (its own size function's list); precision: how
 // its parameters travel in the all-gathers (gradients are reduced in fp32 by both models); pp_rank:
 // the rank's pipeline stage.
@@ -105,6 +122,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     }
     // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
     plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes) * accum;
+    plan.ep_comm_bytes_per_rank = expert_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes);
     plan.cp_comm_bytes_per_rank = ring_bytes_per_layer(cfg.batch_size, cfg.seq_len, cfg.dims.cp,
                                                        m.channels / cfg.dims.tp, (int)precision.param_bytes) *
                                   (double)pipeline_split(cfg).rank_layers(pp_rank).size() * accum;
@@ -124,6 +142,21 @@ inline std::string format_bytes(double bytes) {
     return strformat("%.1f KiB", bytes / 1024.0);
 }
 
+// What one rank holds of the experts (the expert buckets of its ZeroPlan): parameters whole, and the
+// share of them whose optimizer state it keeps (its ZeRO slice over the expert data group).
+inline std::string expert_memory_line(const RunConfig& cfg, const ZeroPlan& zero, double ep_bytes) {
+    const ModelConfig& m = cfg.model_config;
+    size_t held = 0, owned = 0;
+    for (const ZeroPlan::Bucket& k : zero.buckets)
+        if (k.experts) held += k.size, owned += k.owned_end - k.owned_begin;
+    return strformat("experts: %d of each MoE block's %d on this rank (ep %d): %.2fM parameters (%s in fp32), ZeRO-%d "
+                     "over the %d rank(s) that hold the same, %.2fM of them this rank's slice; all-to-all: %s sent per "
+                     "step to the expert group (even routing)\n",
+                     m.num_experts / cfg.dims.ep, m.num_experts, cfg.dims.ep, held / 1e6,
+                     format_bytes(held * sizeof(float)).c_str(), zero.stage, zero.expert_world_size,
+                     (zero.shards_optimizer() ? owned : held) / 1e6, format_bytes(ep_bytes).c_str());
+}
+
 inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero, const MemoryPlan& plan,
                                       const char* model_kind) {
     const ModelConfig& m = cfg.model_config;
@@ -137,6 +170,7 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
         mesh += " ranks";
         if (cfg.dims.pp > 1) mesh += "; pipeline rank 0 (every stage below)";
     }
+    if (cfg.dims.ep > 1) mesh += strformat(", data-parallel ranks in expert groups of %d", cfg.dims.ep);
     std::string out = strformat(
         "memory plan per rank: %s, %.2fM parameters, B %d x T %d, %d accumulation step(s), %s, ZeRO-%d, %s\n",
         cfg.model.c_str(), num_params(m) / 1e6, cfg.batch_size, cfg.seq_len, cfg.grad_accum_steps, mesh.c_str(),
@@ -164,6 +198,7 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     else
         out += strformat("per optimizer step: %.1f TFLOP over all ranks, %s sent by each rank\n",
                          plan.flops_per_step / 1e12, format_bytes(plan.comm_bytes_per_rank).c_str());
+    if (m.num_experts > 0) out += expert_memory_line(cfg, zero, plan.ep_comm_bytes_per_rank);
     return out;
 }
 

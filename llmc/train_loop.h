@@ -143,7 +143,9 @@ public:
     // writes the JSONL metrics and prints ("" for none). world: every rank of the job, each of which
     // writes its own checkpoint file (null: dp is the world). replicas: the ranks that hold the same
     // parameters, whose fingerprints must agree and which share a local-tier restore: the data x
-    // context group (ProcessGroups::dp_cp(); null: dp).
+    // context group (ProcessGroups::dp_cp(); null: dp), or under expert parallelism the expert data
+    // group (ProcessGroups::expert_data(): the others hold other experts), dp then sharing the
+    // restore of the buckets that are not experts.
     Trainer(const RunConfig& cfg, Model& model, Communicator& dp, const std::string& metrics_path,
             Communicator* world = nullptr, Communicator* replicas = nullptr)
         : cfg_(cfg), schedule_(lr_schedule_of(cfg)), model_(model), dp_(dp), world_(world ? *world : dp),
@@ -443,7 +445,7 @@ private:
         if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
         if (!point) return false;
         const Manifest& m = point->manifest;
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &replicas_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_);
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
@@ -615,7 +617,7 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, &replicas_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
@@ -682,6 +684,9 @@ private:
     Communicator& dp_;
     Communicator& world_;
     Communicator& replicas_;
+    // The ranks that share a local-tier restore of the buckets that are not experts (ProcessGroups::
+    // dp_cp(): dp, since experts do not run with --cp; replicas_ then holds only the same experts).
+    Communicator* restore_group() { return cfg_.dims.ep > 1 ? &dp_ : &replicas_; }
     DataLoader train_;
     std::vector<int> step_inputs_, step_targets_;  // one step's micro-batches, back to back
     std::unique_ptr<DataLoader> val_;

@@ -79,3 +79,17 @@ TEST_CASE("every dimension's groups partition the ranks, and members agree on th
         CHECK((int)ids.size() == 24 / d.size(dim));  // one colour per group
     }
 }
+
+TEST_CASE("expert groups are ep consecutive data-parallel ranks; the ranks that hold the same experts, every ep-th",
+          "[parallel_dims]") {
+    // 8 ranks: dp 4 x tp 2, ep 2. Rank 5 = dp 2, tp 1.
+    ParallelDims d = dims_of(4, 1, 1, 2);
+    d.ep = 2;
+    d.validate(8);
+    CHECK(d.expert_group_ranks(5) == std::vector<int>{5, 7});   // dp 2 and 3
+    CHECK(d.expert_data_ranks(5) == std::vector<int>{1, 5});    // dp 0 and 2: the same place in their groups
+    CHECK(d.expert_group_ranks(0) == std::vector<int>{0, 2});
+    CHECK(d.describe() == "dp 4 x pp 1 x cp 1 x tp 2 (ep 2)");
+    d.ep = 3;
+    CHECK_THROWS_WITH(d.validate(8), Contains("ep must divide the 4 data-parallel ranks"));
+}

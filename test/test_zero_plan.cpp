@@ -177,3 +177,29 @@ TEST_CASE("layers of different kinds: each bucket holds its kind's tensors, the 
     bad.layer_kinds = {0, 1};
     REQUIRE_THROWS_WITH(ParamLayout(bad), Contains("layer_kinds names 2 layers, the table has 3"));
 }
+
+TEST_CASE("expert parallelism: a MoE layer's experts are a bucket of their own, a block of them per rank, "
+          "sharded over the expert data group", "[zero]") {
+    ModelConfig c = model_preset("d4", 64, 256);
+    c.num_layers = 2, c.num_experts = 4, c.moe_top_k = 2, c.moe_every = 2;
+    const ParamLayout whole = GPT2Params::layout(c), half = GPT2Params::layout(c, {}, {}, {1, 2});
+    using P = GPT2Params;
+    CHECK(whole.expert_bucket(0) == -1);
+    REQUIRE(half.expert_bucket(1) >= 0);
+    CHECK(half.is_expert_bucket(half.expert_bucket(1)));
+    CHECK(half.bucket_of(P::EFCW, 1) == half.expert_bucket(1));
+    CHECK(half.bucket_of(P::ROUTERW, 1) == half.layer_bucket(1));  // the router stays with the layer, on every rank
+    CHECK(2 * half.bucket_size(half.expert_bucket(1)) == whole.bucket_size(whole.expert_bucket(1)));
+    CHECK(!half.is_whole());
+    // rank 1 of 2 holds experts 2 and 3: its first efcw element is expert 2's first
+    const auto runs = half.split_runs(P::EFCW, 0, half.tensor_size(P::EFCW));
+    REQUIRE(runs.size() == 1);
+    CHECK(runs[0].global == 2 * (size_t)4 * c.channels * c.channels);
+    // ZeRO over 4 data-parallel ranks, the experts over the 2 that hold the same (expert data rank 1)
+    const ZeroPlan plan(half, 1, 3, 4, 1, 1, 2);
+    for (const ZeroPlan::Bucket& k : plan.buckets) {
+        CHECK(k.world_size == (k.experts ? 2 : 4));
+        CHECK(k.rank == (k.experts ? 1 : 3));
+    }
+    CHECK_THROWS_WITH(GPT2Params::layout(c, {}, {}, {0, 3}), Contains("divisible by the 3 expert-parallel ranks"));
+}

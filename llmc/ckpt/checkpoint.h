@@ -554,6 +554,7 @@ private:
             m.world_size = (int)outcomes.size();
             m.tp = cfg_.dims.tp;
             m.pp = cfg_.dims.pp;
+            m.ep = cfg_.dims.ep;
             if (cfg_.dims.pp > 1) m.pp_layers = pipeline_split(cfg_).describe();
             m.zero_stage = cfg_.zero_stage;
             m.run_id = cfg_.run_id;
@@ -848,11 +849,13 @@ inline std::optional<ResumePoint> check_local_checkpoint(int step, const Checkpo
         why = strformat("'%s' was written by %d rank(s) and this run has %d (the local tier resumes on the same "
                         "ranks; the shared tier on any)", dir.c_str(), m.world_size, W);
     const std::string layers = cfg.dims.pp > 1 ? pipeline_split(cfg).describe() : "";
-    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers))
-        why = strformat("'%s' was written at tp %d, pp %d (layers %s) and this run is tp %d, pp %d (layers %s): the "
+    if (why.empty() && (m.tp != cfg.dims.tp || m.pp != cfg.dims.pp || m.pp_layers != layers || m.ep != cfg.dims.ep)) {
+        auto ep = [&](int n) { return m.ep > 1 || cfg.dims.ep > 1 ? strformat(", ep %d", n) : std::string(); };
+        why = strformat("'%s' was written at tp %d, pp %d (layers %s)%s and this run is tp %d, pp %d (layers %s)%s: the "
                         "local tier resumes on the same mesh, the shared tier on any", dir.c_str(), m.tp, m.pp,
-                        m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), cfg.dims.tp, cfg.dims.pp,
-                        layers.empty() ? "-" : layers.c_str());
+                        m.pp_layers.empty() ? "-" : m.pp_layers.c_str(), ep(m.ep).c_str(), cfg.dims.tp, cfg.dims.pp,
+                        layers.empty() ? "-" : layers.c_str(), ep(cfg.dims.ep).c_str());
+    }
     if (why.empty()) {
         why = file_problem(dir, m.files[rank]);
         own = why.empty();
@@ -1020,9 +1023,11 @@ inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
 // tier (collective over `world`, which it needs) by each rank from its own file only, the ranges
 // other ranks own arriving by all-gather.
 // dp: the ranks that hold the same layout (the data-parallel group; null: world), among which a
-// local-tier restore shares what each read from its own file.
+// local-tier restore shares what each read from its own file; expert_dp: under expert parallelism,
+// those that hold the same experts, which share the expert buckets' ranges instead (null: dp).
 inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout,
-                            Communicator* world = nullptr, Communicator* dp = nullptr) {
+                            Communicator* world = nullptr, Communicator* dp = nullptr,
+                            Communicator* expert_dp = nullptr) {
     const bool local = p.tier.local();
     if (local && !world) fail("load_checkpoint: the local tier needs the world communicator");
     Manifest own_only;
@@ -1048,7 +1053,15 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
             continue;
         }
         // Every rank holds whole ranges here (the same ones on every rank of its data-parallel
-        // group, which holds the same layout): each sends its part.
+        // group, which holds the same layout, or of its expert data group for an expert bucket's):
+        // each sends its part.
+        auto group_of = [&](FlatRange r) -> Communicator& {
+            for (int b = 0; b < layout.num_buckets(); b++)
+                if (layout.is_expert_bucket(b) && r.begin >= layout.bucket_begin(b) &&
+                    r.begin < layout.bucket_begin(b) + layout.bucket_size(b) && expert_dp)
+                    return *expert_dp;
+            return dp ? *dp : *world;
+        };
         state.restore(i, [&](FlatRange r, float* out) {
             std::string part(2 * sizeof(uint64_t), '\0');
             for (const FlatRange& o : owned) {
@@ -1060,7 +1073,7 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
                 reader.read(source, {lo, hi}, reinterpret_cast<float*>(part.data() + 2 * sizeof(uint64_t)));
             }
             size_t covered = 0;
-            for (const std::string& q : all_gather_strings(dp ? *dp : *world, part)) {
+            for (const std::string& q : all_gather_strings(group_of(r), part)) {
                 uint64_t lo, hi;
                 std::memcpy(&lo, q.data(), sizeof lo);
                 std::memcpy(&hi, q.data() + sizeof lo, sizeof hi);

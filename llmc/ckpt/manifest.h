@@ -74,6 +74,7 @@ struct Manifest {
     int world_size = 1;       // of the run that wrote it
     int tp = 1;               // its tensor-parallel ranks
     int pp = 1;               // its pipeline stages (its data-parallel ranks: world_size / (tp pp))
+    int ep = 1;               // its expert-parallel ranks (carved from the data-parallel ones)
     std::string pp_layers;    // layers per virtual pipeline stage, "2,2" ("": one stage)
     int zero_stage = 0;
     std::string run_id;     // the run that wrote it (ckpt/output_dir.h; "" before run identities)
@@ -211,6 +212,7 @@ inline nlohmann::json manifest_json(const Manifest& m) {
             {"world_size", m.world_size},
             {"tp", m.tp},
             {"pp", m.pp},
+            {"ep", m.ep},
             {"pp_layers", m.pp_layers},
             {"zero_stage", m.zero_stage},
             {"run_id", m.run_id},
@@ -355,6 +357,7 @@ inline Manifest parse_manifest(const std::string& text, const std::string& where
     m.world_size = rd.int_at(j, "world_size", "manifest");
     m.tp = j.contains("tp") ? rd.int_at(j, "tp", "manifest") : 1;  // version 1 had no tensor parallelism
     m.pp = j.contains("pp") ? rd.int_at(j, "pp", "manifest") : 1;  // nor did it have pipelines
+    m.ep = j.contains("ep") ? rd.int_at(j, "ep", "manifest") : 1;  // nor expert parallelism
     if (j.contains("pp_layers")) m.pp_layers = rd.string_at(j, "pp_layers", "manifest");
     m.zero_stage = rd.int_at(j, "zero_stage", "manifest");
     if (j.contains("run_id")) m.run_id = rd.string_at(j, "run_id", "manifest");  // absent before run identities

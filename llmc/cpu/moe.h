@@ -131,13 +131,18 @@ inline void assign(MoeRouting& r, const MoeShape& s) {
 
 }  // namespace moe_detail
 
-// out (rows x C) = each token's experts' outputs weighted by their probabilities.
-inline void moe_forward(float* out, MoeRouting& r, MoeActivations& a, MoeScratch& scratch, const float* x,
-                        const MoeWeights& w, const MoeShape& s) {
-    const size_t C = s.C, F = s.F;
+// ---- the layer in pieces ----
+// moe_forward and moe_backward are these pieces in order. Expert parallelism (dist/expert_parallel.h)
+// runs the same pieces with the experts' batches on other ranks: it sends the gathered rows to the
+// ranks of their experts between moe_gather and moe_experts_forward and brings the outputs back
+// before moe_combine, and in reverse in the backward.
+
+// The router's scores, softmax and top K of every token, then capacity, the expert-major numbering
+// and both losses (MoeRouting).
+inline void moe_route(MoeRouting& r, MoeScratch& scratch, const float* x, const float* router, const MoeShape& s) {
     scratch.scores.resize((size_t)s.rows * s.E);
     const float* scores = scratch.scores.data();
-    matmul_forward(scratch.scores.data(), x, w.router, nullptr, nullptr, s.rows, s.C, s.E);
+    matmul_forward(scratch.scores.data(), x, router, nullptr, nullptr, s.rows, s.C, s.E);
     r.probs.resize((size_t)s.rows * s.E);
     r.lse.resize(s.rows);
     r.expert.resize((size_t)s.rows * s.K);
@@ -146,19 +151,34 @@ inline void moe_forward(float* out, MoeRouting& r, MoeActivations& a, MoeScratch
         moe_detail::route_row(scores + (size_t)n * s.E, s.E, s.K, &r.probs[(size_t)n * s.E], &r.lse[n],
                               &r.expert[(size_t)n * s.K]);
     moe_detail::assign(r, s);
+}
 
-    const size_t A = r.begin[s.E];
-    a.x.resize(A * C), a.pre.resize(A * F), a.h.resize(A * F), a.y.resize(A * C);
+// Every assignment's input row, expert-major (A x C, A = r.begin[E]).
+inline void moe_gather(float* rows, const MoeRouting& r, const float* x, const MoeShape& s) {
+    const size_t C = s.C, A = r.begin[s.E];
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < A; i++) std::memcpy(&a.x[i * C], x + r.choice_of[i] / s.K * C, C * sizeof(float));
-    for (int e = 0; e < s.E; e++) {
-        const size_t at = r.begin[e];
-        const int m = r.begin[e + 1] - r.begin[e];
+    for (size_t i = 0; i < A; i++) std::memcpy(rows + i * C, x + r.choice_of[i] / s.K * C, C * sizeof(float));
+}
+
+// `experts` experts on their batches of a.x: expert e's are rows [begin[e], begin[e + 1]), and w's
+// expert tensors start at the first of them. Fills a.pre, a.h and a.y (sized here; a.x is the caller's).
+inline void moe_experts_forward(MoeActivations& a, const int* begin, int experts, const MoeWeights& w,
+                                const MoeShape& s) {
+    const size_t C = s.C, F = s.F, A = begin[experts];
+    a.pre.resize(A * F), a.h.resize(A * F), a.y.resize(A * C);
+    for (int e = 0; e < experts; e++) {
+        const size_t at = begin[e];
+        const int m = begin[e + 1] - begin[e];
         if (m == 0) continue;
         matmul_forward(&a.pre[at * F], &a.x[at * C], w.fcw + e * F * C, w.fcb + e * F, nullptr, m, s.C, s.F);
         gelu_forward(&a.h[at * F], &a.pre[at * F], (size_t)m * F);
         matmul_forward(&a.y[at * C], &a.h[at * F], w.fcprojw + e * C * F, w.fcprojb + e * C, nullptr, m, s.F, s.C);
     }
+}
+
+// out (rows x C) = each token's experts' outputs (y, expert-major) weighted by their probabilities.
+inline void moe_combine(float* out, const MoeRouting& r, const float* y, const MoeShape& s) {
+    const size_t C = s.C;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < s.rows; n++) {
         float* o = out + n * C;
@@ -167,19 +187,17 @@ inline void moe_forward(float* out, MoeRouting& r, MoeActivations& a, MoeScratch
             const size_t c = (size_t)n * s.K + k;
             if (r.slot[c] < 0) continue;
             const float gate = r.probs[(size_t)n * s.E + r.expert[c]];
-            const float* y = &a.y[(size_t)r.slot[c] * C];
-            for (size_t j = 0; j < C; j++) o[j] += gate * y[j];
+            const float* yc = y + (size_t)r.slot[c] * C;
+            for (size_t j = 0; j < C; j++) o[j] += gate * yc[j];
         }
     }
 }
 
-// dx (rows x C, overwritten) and the weights' gradients (accumulated) from dout, and from the
-// losses' weights in the model's loss: d loss / d balance_loss and d loss / d z_loss.
-inline void moe_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const float* dout, const float* x,
-                         const MoeRouting& r, const MoeActivations& a, const MoeWeights& w, const MoeShape& s,
-                         float dbalance, float dz) {
-    const size_t C = s.C, F = s.F, A = r.begin[s.E];
-    scratch.dy.resize(A * C), scratch.dh.resize(A * F), scratch.dx.resize(A * C);
+// Backward of moe_combine: dy (A x C, expert-major) = gate x dout, and the router's d scores (in
+// scratch.scores) from the gates, the balance loss (weight dbalance) and the z-loss (weight dz).
+inline void moe_gates_backward(float* dy, MoeScratch& scratch, const float* dout, const MoeRouting& r, const float* y,
+                               const MoeShape& s, float dbalance, float dz) {
+    const size_t C = s.C;
     float* dscores = scratch.scores.data();  // d probs first, then d scores
     // the gates' gradients go to the probabilities they are, beside the balance loss's
 #pragma omp parallel for schedule(static)
@@ -191,12 +209,12 @@ inline void moe_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const floa
             const size_t c = (size_t)n * s.K + k;
             if (r.slot[c] < 0) continue;
             const float gate = r.probs[(size_t)n * s.E + r.expert[c]];
-            const float* y = &a.y[(size_t)r.slot[c] * C];
-            float* dy = &scratch.dy[(size_t)r.slot[c] * C];
+            const float* yc = y + (size_t)r.slot[c] * C;
+            float* dyc = dy + (size_t)r.slot[c] * C;
             double dgate = 0;
             for (size_t j = 0; j < C; j++) {
-                dgate += (double)d[j] * y[j];
-                dy[j] = gate * d[j];
+                dgate += (double)d[j] * yc[j];
+                dyc[j] = gate * d[j];
             }
             dp[r.expert[c]] += (float)dgate;
         }
@@ -211,26 +229,69 @@ inline void moe_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const floa
         const float zterm = dz * 2.0f * r.lse[n] / s.rows;
         for (int e = 0; e < s.E; e++) dp[e] = p[e] * (dp[e] - (float)dot) + zterm * p[e];
     }
-    matmul_backward(dx, g.router, nullptr, dscores, x, w.router, s.rows, s.C, s.E);
-    for (int e = 0; e < s.E; e++) {  // each expert's MLP backward
-        const size_t at = r.begin[e];
-        const int m = r.begin[e + 1] - r.begin[e];
+}
+
+// Backward of the router: dx (rows x C, overwritten) and the router's gradient (accumulated) from
+// the d scores moe_gates_backward left in scratch.scores.
+inline void moe_router_backward(float* dx, float* grouter, MoeScratch& scratch, const float* x, const float* router,
+                                const MoeShape& s) {
+    matmul_backward(dx, grouter, nullptr, scratch.scores.data(), x, router, s.rows, s.C, s.E);
+}
+
+// Backward of moe_experts_forward: dx (rows of a.x, overwritten) from dy, the experts' weight
+// gradients accumulated (g's expert tensors start at the first of the experts, as w's).
+inline void moe_experts_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const float* dy,
+                                 const MoeActivations& a, const int* begin, int experts, const MoeWeights& w,
+                                 const MoeShape& s) {
+    const size_t C = s.C, F = s.F;
+    scratch.dh.resize((size_t)begin[experts] * F);
+    for (int e = 0; e < experts; e++) {
+        const size_t at = begin[e];
+        const int m = begin[e + 1] - begin[e];
         if (m == 0) continue;
-        float *dh = &scratch.dh[at * F], *dxe = &scratch.dx[at * C];
-        matmul_backward(dh, g.fcprojw + e * C * F, g.fcprojb + e * C, &scratch.dy[at * C], &a.h[at * F],
+        float* dh = &scratch.dh[at * F];
+        matmul_backward(dh, g.fcprojw + e * C * F, g.fcprojb + e * C, dy + at * C, &a.h[at * F],
                         w.fcprojw + e * C * F, m, s.F, s.C);
         gelu_backward(dh, &a.pre[at * F], (size_t)m * F);
-        matmul_backward(dxe, g.fcw + e * F * C, g.fcb + e * F, dh, &a.x[at * C], w.fcw + e * F * C, m, s.C, s.F);
+        matmul_backward(dx + at * C, g.fcw + e * F * C, g.fcb + e * F, dh, &a.x[at * C], w.fcw + e * F * C, m, s.C,
+                        s.F);
     }
-    // the experts' input gradients back to their tokens, each token's choices in order
+}
+
+// dx (rows x C) += the assignments' input gradients (dx_rows, expert-major), each token's choices in order.
+inline void moe_scatter_backward(float* dx, const MoeRouting& r, const float* dx_rows, const MoeShape& s) {
+    const size_t C = s.C;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < s.rows; n++)
         for (int k = 0; k < s.K; k++) {
             const int slot = r.slot[(size_t)n * s.K + k];
             if (slot < 0) continue;
-            const float* d = &scratch.dx[(size_t)slot * C];
+            const float* d = dx_rows + (size_t)slot * C;
             for (size_t j = 0; j < C; j++) dx[n * C + j] += d[j];
         }
+}
+
+// out (rows x C) = each token's experts' outputs weighted by their probabilities.
+inline void moe_forward(float* out, MoeRouting& r, MoeActivations& a, MoeScratch& scratch, const float* x,
+                        const MoeWeights& w, const MoeShape& s) {
+    moe_route(r, scratch, x, w.router, s);
+    a.x.resize((size_t)r.begin[s.E] * s.C);
+    moe_gather(a.x.data(), r, x, s);
+    moe_experts_forward(a, r.begin.data(), s.E, w, s);
+    moe_combine(out, r, a.y.data(), s);
+}
+
+// dx (rows x C, overwritten) and the weights' gradients (accumulated) from dout, and from the
+// losses' weights in the model's loss: d loss / d balance_loss and d loss / d z_loss.
+inline void moe_backward(float* dx, MoeGrads& g, MoeScratch& scratch, const float* dout, const float* x,
+                         const MoeRouting& r, const MoeActivations& a, const MoeWeights& w, const MoeShape& s,
+                         float dbalance, float dz) {
+    const size_t A = r.begin[s.E];
+    scratch.dy.resize(A * s.C), scratch.dx.resize(A * s.C);
+    moe_gates_backward(scratch.dy.data(), scratch, dout, r, a.y.data(), s, dbalance, dz);
+    moe_router_backward(dx, g.router, scratch, x, w.router, s);
+    moe_experts_backward(scratch.dx.data(), g, scratch, scratch.dy.data(), a, r.begin.data(), s.E, w, s);
+    moe_scatter_backward(dx, r, scratch.dx.data(), s);
 }
 
 }  // namespace cpu

@@ -8,6 +8,11 @@
 // unit-tested alone; process_groups.h turns it into communicators.
 //
 // Data, pipeline, context and tensor parallelism all run (--pp, --cp, --tp; the rest is dp).
+//
+// Expert parallelism is not a fifth dimension: it carves the data-parallel ranks into expert groups
+// of ep consecutive data coordinates (ep divides dp), each rank of a group holding 1/ep of the
+// experts; the ranks with the same place in their expert groups hold the same experts and form
+// the expert data group (dp / ep ranks), over which ZeRO reduces them.
 #pragma once
 
 #include <array>
@@ -44,6 +49,7 @@ struct ParallelDims {
     int tp = 1;  // tensor parallel: one layer's matrices split over ranks
     int pp = 1;  // pipeline parallel: consecutive layers on different ranks
     int cp = 1;  // context parallel: one sequence split over ranks
+    int ep = 1;  // expert parallel: the data-parallel ranks in groups of ep, the experts split over each
 
     // Every rank in data parallelism (resolve_run_config then sets tp and pp).
     static ParallelDims data_parallel(int world_size) {
@@ -63,7 +69,9 @@ struct ParallelDims {
     }
     // The number of ranks the mesh needs (as a long long: a product of bad sizes may overflow int).
     long long ranks() const { return (long long)dp * tp * pp * cp; }
-    std::string describe() const { return strformat("dp %d x pp %d x cp %d x tp %d", dp, pp, cp, tp); }
+    std::string describe() const {
+        return strformat("dp %d x pp %d x cp %d x tp %d", dp, pp, cp, tp) + (ep > 1 ? strformat(" (ep %d)", ep) : "");
+    }
 
     // Fails unless every size is positive and the mesh has exactly world_size ranks.
     void validate(int world_size) const {
@@ -74,7 +82,14 @@ struct ParallelDims {
         if (ranks() != world_size)
             fail(strformat("parallel dims %s need %lld ranks, but the launch has %d", describe().c_str(), ranks(),
                            world_size));
+        if (ep < 1 || dp % ep != 0)
+            fail(strformat("parallel dims %s: ep must divide the %d data-parallel ranks", describe().c_str(), dp));
     }
+
+    // Expert parallelism: `rank`'s expert group (the ranks of its dp group with the same dp / ep) and
+    // its expert data group (those with the same dp % ep), each in the order of its rank in it.
+    std::vector<int> expert_group_ranks(int rank) const { return dp_subgroup(rank, true); }
+    std::vector<int> expert_data_ranks(int rank) const { return dp_subgroup(rank, false); }
 
     // Row-major over (dp, pp, cp, tp): tp varies fastest.
     MeshCoord coord_of(int rank) const {
@@ -105,6 +120,16 @@ struct ParallelDims {
     int group_id(MeshDim dim, int rank) const { return group_ranks(dim, rank).front(); }
 
 private:
+    std::vector<int> dp_subgroup(int rank, bool expert_group) const {
+        MeshCoord c = coord_of(rank);
+        const int block = c[MeshDim::DP] / ep, place = c[MeshDim::DP] % ep;
+        std::vector<int> ranks;
+        for (int i = 0; i < (expert_group ? ep : dp / ep); i++) {
+            c[MeshDim::DP] = expert_group ? block * ep + i : i * ep + place;
+            ranks.push_back(rank_of(c));
+        }
+        return ranks;
+    }
     void check_rank(int rank) const {
         if (rank < 0 || rank >= ranks())
             fail(strformat("rank %d is not in the mesh %s of %lld ranks", rank, describe().c_str(), ranks()));

@@ -11,8 +11,15 @@
 // coordinates. They hold the same weights (context ranks are replicas too, only each sees other
 // positions of the sequences), so their gradients are summed together and ZeRO shards over them.
 // Without context parallelism it is the data-parallel group.
+//
+// Expert parallelism (ParallelDims::ep > 1) adds two groups carved from the data-parallel one: the
+// expert group (ep ranks that split the experts between them and exchange tokens) and the expert
+// data group (the dp / ep ranks that hold the same experts). Both are split from the world even
+// where they span it, so the token exchange's messages never share a communicator with ZeRO's
+// collectives. Without it the expert group is one rank and the expert data group is dp.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <utility>
@@ -33,6 +40,8 @@ public:
     Communicator& cp() const { return group(MeshDim::CP); }
     Communicator& tp() const { return group(MeshDim::TP); }
     Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
+    Communicator& ep() const { return ep_ ? *ep_ : local_communicator(); }
+    Communicator& expert_data() const { return expert_data_ ? *expert_data_ : dp(); }
     // The colour and key that split world rank `rank`'s dp x cp group from the world (for device
     // communicators that mirror it): the group's first rank, and the rank's (dp, cp) index in it.
     std::pair<int, int> dp_cp_split(int rank) const {
@@ -64,9 +73,19 @@ public:
             group_[(int)dim] = comm;
         }
         if (dims.cp > 1) dp_cp_ = split_dp_cp(world, coord);
+        if (dims.ep > 1) {
+            ep_ = split_by(world, dims.expert_group_ranks(rank));
+            expert_data_ = split_by(world, dims.expert_data_ranks(rank));
+        }
     }
 
 private:
+    // This rank's group of `ranks` (listed in group-rank order), split from the world: coloured by
+    // its first rank, keyed by the place in the list.
+    static std::unique_ptr<Communicator> split_by(Communicator& world, const std::vector<int>& ranks) {
+        const int key = (int)(std::find(ranks.begin(), ranks.end(), world.rank()) - ranks.begin());
+        return world.split(ranks.front(), key);
+    }
     std::unique_ptr<Communicator> split_dp_cp(Communicator& world, MeshCoord coord) const {
         const auto [color, key] = dp_cp_split(dims_.rank_of(coord));
         return world.split(color, key);
@@ -77,6 +96,7 @@ private:
     std::array<std::unique_ptr<Communicator>, 4> owned_;  // the groups split from world
     std::array<Communicator*, 4> group_{};                  // each dimension's group: owned, or world
     std::unique_ptr<Communicator> dp_cp_;                   // with cp > 1: the data x context group
+    std::unique_ptr<Communicator> ep_, expert_data_;        // with ep > 1: the expert and expert data groups
 };
 
 }  // namespace llmc

@@ -19,6 +19,10 @@
 // The engine allocates exactly the buffers buffer_specs() lists, and the --plan printout reads the
 // same list, so the plan is what gets allocated.
 //
+// Expert parallelism: a layer's expert bucket is sharded and reduced over the expert data group
+// (the ranks that hold the same experts; zero_plan.h), every other bucket over the engine's
+// data-parallel communicator; set_expert_parallel gives the engine that group.
+//
 // One engine serves both models. Where its buffers live and how data moves in them is a Memory
 // policy: HostMemory (host_memory.h: fp32 parameters that are their own master copy, for the CPU
 // model), and DeviceMemory (device_memory.cuh: bf16 parameters with separate fp32 master weights,
@@ -261,11 +265,11 @@ public:
         const auto& k = plan_.buckets[bucket];
         slot->bucket = bucket;
         slot->in_use = false;
-        Param* own = slot->data + (size_t)plan_.rank * k.shard_size;
+        Param* own = slot->data + (size_t)k.rank * k.shard_size;
         mem_.copy(own, params_shard_ + k.shard_offset, k.shard_size * sizeof(Param));
-        mem_.before_collective(comm_);
+        mem_.before_collective(comm_of(k));
         slot->pending =
-            std::make_unique<CommHandle>(comm_.all_gather(own, slot->data, k.shard_size, Memory::param_dtype));
+            std::make_unique<CommHandle>(comm_of(k).all_gather(own, slot->data, k.shard_size, Memory::param_dtype));
     }
     // The caller is done with the bucket's parameters for now (its buffer may be reused).
     void release_params(int bucket) {
@@ -295,20 +299,21 @@ public:
     // the step's gradient is now complete, so stages 0-1 start its collective too.
     void grads_ready(int bucket, bool last_micro_batch) {
         const auto& k = plan_.buckets[bucket];
-        if (plan_.shards_gradients() || last_micro_batch) mem_.before_collective(comm_);
+        Communicator& comm = comm_of(k);
+        if (plan_.shards_gradients() || last_micro_batch) mem_.before_collective(comm);
         if (plan_.shards_gradients()) {
             GradSlot* slot = grad_slot_for(bucket);
             slot->pending = std::make_unique<CommHandle>(
-                comm_.reduce_scatter_sum(slot->data, slot->landing, k.shard_size, CommDtype::F32));
+                comm.reduce_scatter_sum(slot->data, slot->landing, k.shard_size, CommDtype::F32));
             in_flight_.push_back(slot);
         } else if (last_micro_batch) {
             float* grads = grads_full_ + k.padded_begin;
             if (plan_.shards_optimizer())
                 whole_step_ops_.push_back(std::make_unique<CommHandle>(
-                    comm_.reduce_scatter_sum(grads, grads_shard_ + k.shard_offset, k.shard_size, CommDtype::F32)));
+                    comm.reduce_scatter_sum(grads, grads_shard_ + k.shard_offset, k.shard_size, CommDtype::F32)));
             else
                 whole_step_ops_.push_back(
-                    std::make_unique<CommHandle>(comm_.all_reduce_sum(grads, k.padded_extent, CommDtype::F32)));
+                    std::make_unique<CommHandle>(comm.all_reduce_sum(grads, k.padded_extent, CommDtype::F32)));
         }
     }
 
@@ -343,29 +348,45 @@ public:
         pp_ = &pp;
     }
 
+    // Expert parallelism: the layout holds the experts of `ep` rank ep.rank(), and `expert_data` is
+    // the data-parallel group of the ranks that hold the same ones (the plan's expert buckets are
+    // sharded over it). The gradient norm sums the experts over `ep` (host communicators).
+    void set_expert_parallel(Communicator& expert_data, Communicator& ep) {
+        if (expert_data.world_size() != plan_.expert_world_size || expert_data.rank() != plan_.expert_rank)
+            fail(strformat("ZeroEngine: the plan's expert data rank is %d of %d but the communicator is rank %d of %d",
+                           plan_.expert_rank, plan_.expert_world_size, expert_data.rank(), expert_data.world_size()));
+        if (ep.uses_device_buffers()) fail("ZeroEngine: the expert-parallel group's communicator must work on host buffers");
+        expert_comm_ = &expert_data;
+        ep_ = &ep;
+    }
+
     // The squared global gradient norm (identical on every rank; a collective under stages 1-3 and
-    // under tensor parallelism).
+    // under tensor, pipeline and expert parallelism). Under stages 1-3 the data-parallel sum covers
+    // the experts too: each expert element is owned by one rank of its expert data group, and each
+    // expert-parallel rank's group holds other experts.
     double grad_norm_squared() {
         const bool split = tp_ && tp_->world_size() > 1, staged = pp_ && pp_->world_size() > 1;
-        if (!split && !staged) {
+        const bool experts_apart = ep_ && ep_->world_size() > 1 && !plan_.shards_optimizer();
+        if (!split && !staged && !experts_apart) {
             if (!plan_.shards_optimizer()) return mem_.sum_squares(grads_full_, plan_.padded_num_params);
             const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
             return llmc::sum_over_ranks(host_comm(), local);
         }
-        std::vector<double> sums = {0.0, 0.0};  // cut tensors, replicated tensors
+        std::vector<double> sums = {0.0, 0.0, 0.0};  // cut tensors, replicated tensors, experts
         for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
             const double squares = mem_.sum_squares(grad_for_update(k, lo), hi - lo);
             // A stage's copy counts once, on the stage that holds the original; but a non-finite
             // value in the copy (which AdamW would apply here alone) still makes the norm non-finite.
             if (layout_.is_stage_copy(seg.tensor) && std::isfinite(squares)) return;
-            sums[layout_.is_split(seg.tensor) ? 0 : 1] += squares;
+            sums[layout_.is_split(seg.tensor) ? 0 : k.experts ? 2 : 1] += squares;
         });
         if (plan_.shards_optimizer()) {
             const std::vector<double> all = all_gather_doubles(host_comm(), sums);
-            sums = {0.0, 0.0};
-            for (size_t i = 0; i < all.size(); i++) sums[i % 2] += all[i];
+            sums = {0.0, 0.0, 0.0};
+            for (size_t i = 0; i < all.size(); i++) sums[i % 3] += all[i];
         }
-        const double stage = (split ? llmc::sum_over_ranks(*tp_, sums[0]) : sums[0]) + sums[1];
+        if (experts_apart) sums[2] = llmc::sum_over_ranks(*ep_, sums[2]);
+        const double stage = (split ? llmc::sum_over_ranks(*tp_, sums[0]) : sums[0]) + sums[1] + sums[2];
         return staged ? llmc::sum_over_ranks(*pp_, stage) : stage;
     }
 
@@ -389,10 +410,11 @@ public:
         });
         if (plan_.shards_optimizer() && !plan_.shards_parameters()) {
             mem_.before_collective(comm_);
+            if (expert_comm_) mem_.before_collective(*expert_comm_);
             for (const auto& k : plan_.buckets) {
                 Param* bucket = params_full_ + k.padded_begin;
-                whole_step_ops_.push_back(std::make_unique<CommHandle>(comm_.all_gather(
-                    bucket + (size_t)plan_.rank * k.shard_size, bucket, k.shard_size, Memory::param_dtype)));
+                whole_step_ops_.push_back(std::make_unique<CommHandle>(comm_of(k).all_gather(
+                    bucket + (size_t)k.rank * k.shard_size, bucket, k.shard_size, Memory::param_dtype)));
             }
             for (auto& op : whole_step_ops_) finish(op);
             whole_step_ops_.clear();
@@ -577,10 +599,10 @@ private:
     // A bucket's sharded master weights gathered whole, into the memory's transient buffer (saving).
     const float* gather_master_blocking(const ZeroPlan::Bucket& k) {
         float* whole = mem_.transient(k.padded_extent);
-        float* own = whole + (size_t)plan_.rank * k.shard_size;
+        float* own = whole + (size_t)k.rank * k.shard_size;
         mem_.copy(own, master_shard_ + k.shard_offset, k.shard_size * sizeof(float));
-        mem_.before_collective(comm_);
-        CommHandle h = comm_.all_gather(own, whole, k.shard_size, CommDtype::F32);
+        mem_.before_collective(comm_of(k));
+        CommHandle h = comm_of(k).all_gather(own, whole, k.shard_size, CommDtype::F32);
         wait_counted(h);
         return whole;
     }
@@ -594,6 +616,8 @@ private:
             return master_shard_ + k.shard_offset + (bucket_offset - k.owned_begin);
         }
     }
+    // The group bucket k is reduced and sharded over.
+    Communicator& comm_of(const ZeroPlan::Bucket& k) { return k.experts && expert_comm_ ? *expert_comm_ : comm_; }
     // Scalars (the gradient norm) travel through host memory on the host communicator.
     Communicator& host_comm() { return comm_.uses_device_buffers() ? mem_.host_comm(comm_) : comm_; }
     // Stage 2-3 gradient buffers: each resident bucket has its own, the others alternate two.
@@ -668,6 +692,8 @@ private:
     Communicator& comm_;
     Communicator* tp_ = nullptr;  // the tensor-parallel group, when the layout is a piece of the model
     Communicator* pp_ = nullptr;  // the pipeline group, when the layout is a stage's part of it
+    Communicator* expert_comm_ = nullptr;  // the expert data group (expert buckets), when not comm_
+    Communicator* ep_ = nullptr;  // the expert-parallel group, when the layout holds some of the experts
     Memory& mem_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};
     Param *params_full_ = nullptr, *params_shard_ = nullptr;
@@ -716,19 +742,29 @@ public:
         for (int b = 0; b < layout_.num_buckets(); b++)
             if (layout_.is_resident(b)) params_[b] = engine_.acquire_params(b);
     }
-    // Layer l's parameters for its forward or backward, with the gather of the layer that comes next
-    // in that direction started (within the pass's layers [first, end): a pipeline chunk's, or all);
-    // going backward, also the buffer its gradient accumulates into.
+    // Layer l's parameters (its bucket, and its expert bucket if it has one) for its forward or
+    // backward, with the gather of the layer that comes next in that direction started (within the
+    // pass's layers [first, end): a pipeline chunk's, or all); going backward, also the buffers its
+    // gradient accumulates into.
     void enter_layer(int layer, Direction d, int first = 0, int end = -1) {
         if (end < 0) end = layout_.num_layers();
         const int next = d == Direction::Forward ? layer + 1 : layer - 1;
-        acquire(layout_.layer_bucket(layer), next >= first && next < end ? layout_.layer_bucket(next) : -1);
-        if (d == Direction::Backward) take_grads(layout_.layer_bucket(layer));
+        const int next_bucket = next >= first && next < end ? layout_.layer_bucket(next) : -1;
+        const int experts = layout_.expert_bucket(layer);
+        acquire(layout_.layer_bucket(layer), experts < 0 ? next_bucket : -1);
+        if (experts >= 0) acquire(experts, next_bucket);
+        if (d == Direction::Backward) {
+            take_grads(layout_.layer_bucket(layer));
+            if (experts >= 0) take_grads(experts);
+        }
     }
-    // Done with layer l; going backward its gradient is complete and its collective starts.
+    // Done with layer l; going backward its gradient is complete and its collectives start.
     void leave_layer(int layer, Direction d, bool last_micro_batch = false) {
-        if (d == Direction::Backward) grads_ready(layout_.layer_bucket(layer), last_micro_batch);
-        release(layout_.layer_bucket(layer));
+        for (int b : {layout_.layer_bucket(layer), layout_.expert_bucket(layer)}) {
+            if (b < 0) continue;
+            if (d == Direction::Backward) grads_ready(b, last_micro_batch);
+            release(b);
+        }
     }
 
     // Makes a bucket's parameters available (waiting for its gather under ZeRO-3) and starts

@@ -64,7 +64,7 @@ struct CpuBackend {
         try {
             auto model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(),
                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
-                                                   pipeline_of(cfg), groups.cp());
+                                                   pipeline_of(cfg), groups.cp(), groups.ep(), &groups.expert_data());
             model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
             model->set_fp8_options(fp8_options(cfg));
             built.model = std::move(model);
@@ -81,9 +81,7 @@ struct CpuBackend {
     // anything (every tensor and context rank holds an equal piece, so rank 0 speaks for all), and
     // under pipeline parallelism the first rank of every stage (each holds different layers).
     static std::string plan_report(const RunConfig& cfg) {
-        auto zero_of = [&](int pp_rank) {
-            return ZeroPlan(stage_layout(cfg, 0, pp_rank), cfg.zero_stage, 0, cfg.dims.dp * cfg.dims.cp);
-        };
+        auto zero_of = [&](int pp_rank) { return zero_plan(cfg, stage_layout(cfg, 0, pp_rank), 0); };
         std::string out = memory_plan_report(cfg, zero_of(0), memory_plan(cfg, 0, 0, 0), "fp32 CPU model");
         if (cfg.dims.pp > 1) {
             std::vector<MemoryPlan> stages;
@@ -93,18 +91,26 @@ struct CpuBackend {
         return out;
     }
 
+    // (Every expert-parallel rank holds an equal block of the experts: rank 0's speaks for all.)
     static ParamLayout stage_layout(const RunConfig& cfg, int tp_rank, int pp_rank) {
         return GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp},
-                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
+                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank), {0, cfg.dims.ep});
+    }
+    // ZeRO's plan for rank `zero_rank` of the data x context group; its experts' buckets are sharded
+    // over its expert data group (dp / ep ranks; rank zero_rank / ep in it).
+    static ZeroPlan zero_plan(const RunConfig& cfg, const ParamLayout& layout, int zero_rank) {
+        const int zero_world = cfg.dims.dp * cfg.dims.cp;
+        return ZeroPlan(layout, cfg.zero_stage, zero_rank, zero_world, 1, zero_rank / cfg.dims.ep,
+                        zero_world / cfg.dims.ep);
     }
     // What rank `zero_rank` of the data x context group (ZeRO's) of tensor rank `tp_rank` in pipeline
     // stage `pp_rank` allocates (every tensor rank holds an equal piece).
     static MemoryPlan memory_plan(const RunConfig& cfg, int zero_rank, int tp_rank, int pp_rank) {
         const TensorParallel tp{cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel};
-        ZeroPlan zero(stage_layout(cfg, tp_rank, pp_rank), cfg.zero_stage, zero_rank, cfg.dims.dp * cfg.dims.cp);
+        ZeroPlan zero = zero_plan(cfg, stage_layout(cfg, tp_rank, pp_rank), zero_rank);
         std::vector<BufferSpec> buffers =
             GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
-                                  pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp);
+                                  pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp, cfg.dims.ep);
         return plan_memory(cfg, zero, buffers, HostMemory::precision, pp_rank);
     }
 };

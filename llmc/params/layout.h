@@ -27,6 +27,13 @@
 // its kind, so buckets of different kinds differ in size, and a model file stores such a tensor for
 // the layers that have it, back to back.
 //
+// Expert parallelism: a tensor may hold one slice per expert of a mixture-of-experts block
+// (TensorSpec::per_expert: its leading dimension is the experts). A layer's such tensors form a
+// bucket of their own, after the layer's other tensors (its expert bucket), because ZeRO reduces
+// and shards them over other ranks than the rest (zero_plan.h); and a layout made for rank r of an
+// expert-parallel group of n (EpShard) holds only the r-th of n equal blocks of the experts, so
+// split_runs() places them as it places a tensor-parallel piece.
+//
 // Pipeline parallelism: a layout made for a pipeline stage (StageSlice) holds only some layers of
 // the per-layer group (numbered 0.. locally, global_layer() maps them back) and only some of the
 // other groups; a group it holds as a copy of another stage's (GPT-2's tied embedding on the last
@@ -70,6 +77,12 @@ struct TpShard {
     int size = 1;
 };
 
+// Which experts the per-expert tensors of a layout hold: block `rank` of `size` equal blocks.
+struct EpShard {
+    int rank = 0;
+    int size = 1;
+};
+
 // Which part of the model a pipeline stage's layout holds: the per-layer group's layers `layers`
 // (global indices, ascending; empty: all of them) and, per bucket group, whether it is held at all
 // (`groups`; empty: every group) and whether it is a copy of the group another stage holds too
@@ -89,6 +102,7 @@ struct TensorSpec {
     ParamInit init;
     TensorSplit split = {};     // how tensor parallelism cuts it
     int layer_kind = -1;        // a per-layer tensor in the layers of this kind only (-1: every layer)
+    bool per_expert = false;    // its leading dimension is the experts (in the layer's expert bucket)
 };
 
 // Local elements [local, local + run * count) of a tensor slice are, in the global slice, `count`
@@ -143,9 +157,9 @@ public:
     size_t num_params = 0;
 
     // The whole model's layout, or (tp.size > 1) rank tp.rank's piece of it, of the layers and groups
-    // a pipeline stage holds (stage).
-    explicit ParamLayout(ParamTable table, TpShard tp = {}, StageSlice stage = {})
-        : table_(std::move(table)), tp_(tp), stage_(std::move(stage)) {
+    // a pipeline stage holds (stage), with (ep.size > 1) block ep.rank of the experts.
+    explicit ParamLayout(ParamTable table, TpShard tp = {}, StageSlice stage = {}, EpShard ep = {})
+        : table_(std::move(table)), tp_(tp), ep_(ep), stage_(std::move(stage)) {
         validate_table();
         validate_stage();
         const int num_tensors = (int)table_.tensors.size(), kinds = table_.num_kinds();
@@ -153,18 +167,22 @@ public:
         global_sizes_.resize(num_tensors);
         offset_in_bucket_.assign(num_tensors, std::vector<size_t>(kinds, 0));
         file_begin_.resize(num_tensors);
-        // one bucket of each group, for a layer of each kind (a group that is not per-layer: kind 0)
+        // one bucket of each group, for a layer of each kind (a group that is not per-layer: kind 0),
+        // and of the per-layer group's expert tensors (expert_size)
         std::vector<std::vector<size_t>> group_size(table_.groups.size(), std::vector<size_t>(kinds, 0));
+        std::vector<size_t> expert_size(kinds, 0);
         size_t file_at = 0;
         for (int t = 0; t < num_tensors; t++) {
             const TensorSpec& spec = table_.tensors[t];
             global_sizes_[t] = 1;
             for (size_t d : spec.shape) global_sizes_[t] *= d;
             sizes_[t] = is_split(t) ? global_sizes_[t] / tp_.size : global_sizes_[t];
+            if (spec.per_expert) sizes_[t] /= ep_.size;
             for (int k = 0; k < kinds; k++)
                 if (spec.layer_kind < 0 || spec.layer_kind == k) {
-                    offset_in_bucket_[t][k] = group_size[spec.group][k];
-                    group_size[spec.group][k] += sizes_[t];
+                    size_t& size = spec.per_expert ? expert_size[k] : group_size[spec.group][k];
+                    offset_in_bucket_[t][k] = size;
+                    size += sizes_[t];
                 }
             file_begin_[t] = file_at;
             file_at += (is_per_layer(t) ? (size_t)table_.layers_with(t) : 1) * sizes_[t];
@@ -176,16 +194,12 @@ public:
             }
             group_first_bucket_.push_back((int)buckets_.size());
             const bool per_layer = table_.groups[g].per_layer;
-            if (per_layer) first_layer_bucket_ = (int)buckets_.size();
             for (int l = 0; l < (per_layer ? num_layers() : 1); l++) {
                 const int kind = per_layer ? kind_of_local(l) : 0;
-                buckets_.push_back({num_params, group_size[g][kind], g});
-                for (int t = 0; t < num_tensors; t++)
-                    if (table_.tensors[t].group == g && (!per_layer || has(t, l))) {
-                        const size_t begin = num_params + offset_in_bucket_[t][kind];
-                        segments_.push_back({t, l, begin, begin + sizes_[t]});
-                    }
-                num_params += group_size[g][kind];
+                if (per_layer) layer_buckets_.push_back(num_buckets());
+                add_bucket(g, l, kind, group_size[g][kind], false);
+                if (per_layer) expert_buckets_.push_back(expert_size[kind] ? num_buckets() : -1);
+                if (per_layer && expert_size[kind]) add_bucket(g, l, kind, expert_size[kind], true);
             }
         }
     }
@@ -203,6 +217,7 @@ public:
         return is_per_layer(s.tensor) ? table_.slice_index(s.tensor, global_layer(s.layer)) : 0;
     }
     const TpShard& tp() const { return tp_; }
+    const EpShard& ep() const { return ep_; }
     const StageSlice& stage() const { return stage_; }
     // Whether this layout holds the bucket group, or the tensor; and whether it holds it as a copy of
     // another pipeline stage's (the copy is kept equal to it, and counted once, by the other stage).
@@ -214,8 +229,8 @@ public:
     // Whether this rank's copy of the tensor is the one that counts: its tensor-parallel piece, or a
     // replica held on tensor rank 0, and not a pipeline stage's copy.
     bool is_primary(int tensor) const { return (tp_.rank == 0 || is_split(tensor)) && !is_stage_copy(tensor); }
-    // Whether the layout is the whole model's (no tensor or pipeline cut).
-    bool is_whole() const { return tp_.size == 1 && stage_.layers.empty() && stage_.groups.empty(); }
+    // Whether the layout is the whole model's (no tensor, expert or pipeline cut).
+    bool is_whole() const { return tp_.size == 1 && ep_.size == 1 && stage_.layers.empty() && stage_.groups.empty(); }
 
     // ---- tensors ----
     int num_tensors() const { return (int)table_.tensors.size(); }
@@ -234,6 +249,8 @@ public:
     size_t global_tensor_size(int tensor) const { return global_sizes_[check_tensor(tensor)]; }
     // Whether this layout holds a piece of the tensor rather than all of it.
     bool is_split(int tensor) const { return tp_.size > 1 && spec(tensor).split.kind != TensorSplit::None; }
+    // Whether the tensor holds one slice per expert (and this layout, under expert parallelism, some of them).
+    bool is_per_expert(int tensor) const { return spec(tensor).per_expert; }
 
     // Where local elements [lo, hi) of one slice of `tensor` sit in the global slice: one run when
     // the tensor is whole here, else one per block of a row split, or for a column split the
@@ -241,7 +258,11 @@ public:
     std::vector<SplitRun> split_runs(int tensor, size_t lo, size_t hi) const {
         std::vector<SplitRun> runs;
         if (lo >= hi) return runs;
-        if (!is_split(tensor)) return {{lo, lo, hi - lo, hi - lo, 1}};
+        // this rank's block of the experts (the whole tensor without expert parallelism)
+        if (!is_split(tensor)) {
+            const size_t first = is_per_expert(tensor) ? (size_t)ep_.rank * sizes_[tensor] : 0;
+            return {{lo, first + lo, hi - lo, hi - lo, 1}};
+        }
         const TensorSplit& split = spec(tensor).split;
         const std::vector<size_t>& shape = spec(tensor).shape;
         const size_t cols = shape.size() > 1 ? global_sizes_[tensor] / shape[0] : 1;
@@ -285,19 +306,17 @@ public:
 
     // ---- buckets ----
     int num_buckets() const { return (int)buckets_.size(); }
-    int layer_bucket(int layer) const {
-        if (first_layer_bucket_ < 0) fail("ParamLayout: the table has no per-layer bucket group");
-        if (layer < 0 || layer >= num_layers())
-            fail(strformat("ParamLayout: layer %d is not in [0, %d)", layer, num_layers()));
-        return first_layer_bucket_ + layer;
-    }
+    // Layer `layer`'s bucket, and its expert bucket (-1: the layer has no expert tensors).
+    int layer_bucket(int layer) const { return layer_buckets_[check_layer(layer)]; }
+    int expert_bucket(int layer) const { return expert_buckets_[check_layer(layer)]; }
+    bool is_expert_bucket(int b) const { return bucket(b).experts; }
     int final_bucket() const { return num_buckets() - 1; }  // the last bucket in flat order
     int bucket_of(int tensor, int layer = 0) const {
         check(tensor, layer);
         if (!holds(tensor))
             fail(strformat("ParamLayout: this pipeline stage does not hold %s", name(tensor).c_str()));
-        // a tensor of a one-bucket group has layer 0 (check() made sure)
-        return group_first_bucket_[spec(tensor).group] + layer;
+        if (is_per_layer(tensor)) return is_per_expert(tensor) ? expert_bucket(layer) : layer_bucket(layer);
+        return group_first_bucket_[spec(tensor).group];
     }
     // Buckets tile [0, num_params) in order: bucket_begin(b + 1) == bucket_begin(b) + bucket_size(b).
     size_t bucket_begin(int b) const { return bucket(b).begin; }
@@ -333,7 +352,26 @@ private:
     struct Bucket {
         size_t begin, size;
         int group;
+        bool experts;  // a layer's expert bucket
     };
+
+    // Appends layer l's bucket of group g (its expert bucket, or the rest of it) and its segments.
+    void add_bucket(int g, int l, int kind, size_t size, bool experts) {
+        buckets_.push_back({num_params, size, g, experts});
+        const bool per_layer = table_.groups[g].per_layer;
+        for (int t = 0; t < num_tensors(); t++)
+            if (table_.tensors[t].group == g && (!per_layer || has(t, l)) && table_.tensors[t].per_expert == experts) {
+                const size_t begin = num_params + offset_in_bucket_[t][kind];
+                segments_.push_back({t, l, begin, begin + sizes_[t]});
+            }
+        num_params += size;
+    }
+    int check_layer(int layer) const {
+        if (layer_buckets_.empty()) fail("ParamLayout: the table has no per-layer bucket group");
+        if (layer < 0 || layer >= num_layers())
+            fail(strformat("ParamLayout: layer %d is not in [0, %d)", layer, num_layers()));
+        return layer;
+    }
 
     size_t layers_of(int tensor) const { return is_per_layer(tensor) ? (size_t)num_layers() : 1; }
     const TensorSpec& spec(int tensor) const { return table_.tensors[check_tensor(tensor)]; }
@@ -376,6 +414,17 @@ private:
                                table_.groups.size()));
         if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size)
             fail(strformat("ParamLayout: tensor-parallel rank %d of %d is not a rank of the group", tp_.rank, tp_.size));
+        if (ep_.size < 1 || ep_.rank < 0 || ep_.rank >= ep_.size)
+            fail(strformat("ParamLayout: expert-parallel rank %d of %d is not a rank of the group", ep_.rank, ep_.size));
+        for (const TensorSpec& t : table_.tensors) {
+            if (!t.per_expert) continue;
+            if (!table_.groups[t.group].per_layer || t.shape.empty() || t.shape[0] % ep_.size != 0)
+                fail(strformat("ParamTable: per-expert tensor %s must be per-layer, its %zu experts divisible by the %d "
+                               "expert-parallel ranks", t.name.c_str(), t.shape.empty() ? 0 : t.shape[0], ep_.size));
+            if (ep_.size > 1 && tp_.size > 1 && t.split.kind != TensorSplit::None)
+                fail(strformat("ParamLayout: tensor %s cannot be cut by tensor and expert parallelism at once",
+                               t.name.c_str()));
+        }
         if (tp_.size == 1) return;
         for (const TensorSpec& t : table_.tensors) {
             if (t.split.kind == TensorSplit::None) continue;
@@ -410,6 +459,7 @@ private:
 
     ParamTable table_;
     TpShard tp_;
+    EpShard ep_;
     StageSlice stage_;
     std::vector<size_t> sizes_;             // one slice, the piece this layout holds
     std::vector<size_t> global_sizes_;      // one slice, whole
@@ -418,7 +468,7 @@ private:
     std::vector<Bucket> buckets_;
     std::vector<Segment> segments_;
     std::vector<int> group_first_bucket_;  // per bucket group: its (first) bucket
-    int first_layer_bucket_ = -1;
+    std::vector<int> layer_buckets_, expert_buckets_;  // per layer: its bucket, its expert bucket (or -1)
 };
 
 // Copies every parameter between a whole-model layout's flat buffer and a tensor-parallel rank's

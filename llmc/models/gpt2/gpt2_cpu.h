@@ -21,8 +21,12 @@
 //
 // Mixture of experts (ModelConfig::num_experts): a block with experts runs cpu/moe.h in place of
 // its MLP (or beside it, the shared expert); its routing and the experts' activations are kept per
-// block outside the activation buffer, their size depending on the routing. The balance and z
-// losses enter the training loss with MoeOptions' weights (data parallelism only so far).
+// block (and per activation slot, for a pipeline's micro-batches in flight) outside the activation
+// buffer, their size depending on the routing. The balance and z losses enter the training loss
+// with MoeOptions' weights. Expert parallelism over the expert group (ep ranks carved from the data
+// ranks): this rank holds a block of every MoE block's experts (EpShard), routes its own tokens, and
+// runs its experts on the rows every rank of the group sends them (dist/expert_parallel.h); ZeRO
+// reduces the experts over the data ranks that hold the same ones.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +42,7 @@
 #include "llmc/cpu/ops.h"
 #include "llmc/cpu/ring_attention.h"
 #include "llmc/dist/context_parallel.h"
+#include "llmc/dist/expert_parallel.h"
 #include "llmc/dist/host_memory.h"
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
@@ -88,6 +93,7 @@ struct ActivationLayout {
 
     size_t slot_floats = 0, scratch_floats = 0;
     size_t total_floats = 0;  // the buffer size this layout needs (every slot and the scratch)
+    int slot = 0;             // the slot this layout points into
 
     static size_t size_for(const ModelConfig& c, int B, int T, const TensorParallel& tp = {},
                            const StageShape& stage = {}, bool ring_attention = false) {
@@ -96,7 +102,8 @@ struct ActivationLayout {
 
     // Assigns slices of `base`; with base == nullptr only the sizes are computed.
     ActivationLayout(const ModelConfig& c, int B, int T, float* base, const TensorParallel& tp = {},
-                     const StageShape& stage = {}, int slot = 0, bool ring_attention = false) {
+                     const StageShape& stage = {}, int slot = 0, bool ring_attention = false)
+        : slot(slot) {
         const size_t BT = (size_t)B * T, C = c.channels, NH = c.num_heads / tp.size;
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT), Cl = C / tp.size;
@@ -166,20 +173,27 @@ public:
     // rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel); when
     // `pp` has more than one rank, cut into pipeline stages over it (see PipelineParallel); when `cp`
     // has more than one rank, each sequence split over it (context parallelism; `dp` must then be the
-    // data x context group, ProcessGroups::dp_cp(), since the context ranks' gradients add up).
+    // data x context group, ProcessGroups::dp_cp(), since the context ranks' gradients add up); when
+    // `ep` has more than one rank, the experts split over it (expert parallelism; `expert_data` is the
+    // group of data-parallel ranks that hold the same experts, ProcessGroups::expert_data(), which
+    // ZeRO reduces them over; null: dp).
     // Every entry point takes whole sequences of max_T or fewer tokens, the same on every context rank.
     GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
             Communicator& tp = local_communicator(), bool sequence_parallel = false,
             Communicator& pp = local_communicator(), const PipelineParallel& pipe = {},
-            Communicator& cp = local_communicator())
+            Communicator& cp = local_communicator(), Communicator& ep = local_communicator(),
+            Communicator* expert_data = nullptr)
         : config_(validated(config)), tp_comm_(tp),
           tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
           pipe_(checked_pipeline("GPT2CPU", config.num_layers, pp, pipe)),
           layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
-                                     GPT2Params::stage_slice(pipe_.split, pp.rank()))),
+                                     GPT2Params::stage_slice(pipe_.split, pp.rank()), {ep.rank(), ep.world_size()})),
           stage_(pipeline_stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
-          engine_(layout_, ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size()), dp, memory_), dp_comm_(dp),
-          cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp) {
+          engine_(layout_,
+                  ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size(), 1, (expert_data ? *expert_data : dp).rank(),
+                           (expert_data ? *expert_data : dp).world_size()),
+                  dp, memory_),
+          dp_comm_(dp), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp), ep_comm_(ep) {
         if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
@@ -190,6 +204,7 @@ public:
                            tp_.size, max_T, cp_.size));
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
+        engine_.set_expert_parallel(expert_data ? *expert_data : dp, ep);
         chunks_ = pipeline_chunks(pipe_.split, pp.rank());
         // Where activations and gradients travel between the stages (pipeline_links).
         if (stage_.pipelined) links_ = pipeline_links(pp, pipe_.edge_links);
@@ -208,24 +223,28 @@ public:
     // Everything one rank allocates: the engine's buffers and the activations (what --plan prints).
     static std::vector<BufferSpec> memory_specs(const ZeroPlan& zero, const ModelConfig& c, int max_B, int max_T,
                                                 const TensorParallel& tp = {}, const StageShape& stage = {},
-                                                int cp = 1) {
+                                                int cp = 1, int ep = 1) {
         std::vector<BufferSpec> specs = buffer_specs(zero);
         specs.push_back({stage.slots > 1 ? strformat("activations (%d micro-batches)", stage.slots) : "activations",
                          MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage, cp)});
         if (c.num_experts > 0)
-            specs.push_back({"expert activations (at most)", MemoryKind::Activations, moe_activation_floats(c, max_B, max_T)});
+            specs.push_back({"expert activations (at most)", MemoryKind::Activations,
+                             moe_activation_floats(c, max_B, max_T, ep) * stage.slots});
         return specs;
     }
-    // The most the MoE blocks keep, dropless: per block its routing (rows x E probabilities, the
-    // choices) and every assignment's input, fc, GELU and output rows, and its output; once, the
-    // scratch of the passes. (The vectors grow to what the routing needs, never past this.)
-    static size_t moe_activation_floats(const ModelConfig& c, int max_B, int max_T) {
+    // The most the MoE blocks keep per activation slot, dropless: per block its routing (rows x E
+    // probabilities, the choices), its assignments' input and output rows, the rows its experts ran
+    // on (input, fc, GELU, output; under expert parallelism at most every rank's assignments, when
+    // all go to this rank's experts), and its output; once, the scratch of the passes. (The vectors
+    // grow to what the routing needs, never past this.)
+    static size_t moe_activation_floats(const ModelConfig& c, int max_B, int max_T, int ep = 1) {
         const size_t rows = (size_t)max_B * max_T, A = rows * c.moe_top_k, C = c.channels, F = 4 * C, E = c.num_experts;
+        const size_t R = A * ep;  // rows at this rank's experts
         size_t blocks = 0;
         for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
         const size_t routing = rows * E + rows + 3 * A + E + 1 + E;  // ints count as floats
-        const size_t block = routing + A * (2 * C + 2 * F) + rows * C;
-        return blocks * block + rows * E + A * (2 * C + F) + rows * C;
+        const size_t block = routing + 2 * A * C + R * (2 * C + 2 * F) + rows * C;
+        return blocks * block + rows * E + 2 * A * C + R * (4 * C + F) + rows * C;
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -270,8 +289,9 @@ public:
     void get_params(float* local) { engine_.get_params(local); }
     // The whole model's parameters in the whole-model layout, on every rank; a collective over every
     // group. Each rank puts the elements it holds first-hand into a zeroed whole (ParamLayout::
-    // is_primary: every element comes from one rank) and the sums over the tensor and pipeline
-    // groups fill in the rest, exactly (x + 0 is x).
+    // is_primary: every element comes from one rank; of the expert group, whose ranks all hold the
+    // tensors that are not per-expert, rank 0 only puts those) and the sums over the tensor,
+    // pipeline and expert groups fill in the rest, exactly (x + 0 is x).
     void get_whole_params(float* whole) {
         std::vector<float> local(layout_.num_params);
         engine_.get_params(local.data());
@@ -281,7 +301,10 @@ public:
         }
         std::fill(whole, whole + whole_layout().num_params, 0.0f);
         copy_between_layouts(whole_layout(), whole, layout_, local.data(), false, /*primary_only=*/true);
-        for (Communicator* group : {&tp_comm_, &pp_comm_})
+        if (ep_comm_.rank() > 0)
+            for (const ParamLayout::Segment& seg : whole_layout().segments())
+                if (!whole_layout().is_per_expert(seg.tensor)) std::fill(whole + seg.begin, whole + seg.end, 0.0f);
+        for (Communicator* group : {&tp_comm_, &pp_comm_, &ep_comm_})
             if (group->world_size() > 1) group->all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
     }
 
@@ -588,6 +611,7 @@ private:
         last_B_ = B;
         moe_training_ = pass == Pass::Train;
         fp8_.set_training(pass == Pass::Train);
+        moe_grad_scale_ = grad_scale;  // every chunk's MoE blocks weigh their losses' gradients by it
         last_T_ = T;
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels;
@@ -640,7 +664,6 @@ private:
         // group's rows.
         const bool train = pass == Pass::Train;
         const int group_rows = BT * cp_.size;
-        moe_grad_scale_ = grad_scale;
         if (tp_.size == 1) {
             cpu::crossentropy(a.row_loss, a.logits, targets, train, grad_scale / group_rows, BT, V, Vl);
         } else {  // vocabulary-parallel: only each row's max, sum of exponentials and target logit travel
@@ -757,10 +780,9 @@ private:
             residual = a.residual3 + nc;
         }
         if (!is_moe_layer(l)) return;
-        MoeBlock& b = moe_block(l);
-        b.out.resize((size_t)BT * C);
-        cpu::moe_forward(b.out.data(), b.routing, b.acts, moe_scratch_, a.ln2 + nc, moe_weights(l), moe_shape(BT));
-        count_routing(b.routing, BT);
+        MoeBlock& b = moe_block(a.slot, l);
+        moe_forward(b, a.ln2 + nc, l, BT);
+        count_routing(b, BT);
         float* out = a.residual3 + nc;
 #pragma omp parallel for simd schedule(static)
         for (size_t i = 0; i < (size_t)BT * C; i++) out[i] = residual[i] + b.out[i];
@@ -780,28 +802,62 @@ private:
                             gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l), BT, C, 4 * Cl);
         }
         if (!is_moe_layer(l)) return;
-        MoeBlock& b = moe_block(l);
         moe_dx_.resize((size_t)BT * C);
         float* dx = dense ? moe_dx_.data() : a.dC;
-        cpu::MoeGrads g{grad(P::ROUTERW, l), grad(P::EFCW, l), grad(P::EFCB, l), grad(P::EFCPROJW, l),
-                        grad(P::EFCPROJB, l)};
-        cpu::moe_backward(dx, g, moe_scratch_, a.dresidual, a.ln2 + nc, b.routing, b.acts, moe_weights(l),
-                          moe_shape(BT), moe_options_.balance_coef * moe_grad_scale_,
-                          moe_options_.z_coef * moe_grad_scale_);
+        moe_backward(dx, moe_block(a.slot, l), a.dresidual, a.ln2 + nc, l, BT);
         if (dense)
             for (size_t i = 0; i < (size_t)BT * C; i++) a.dC[i] += dx[i];
     }
 
-    // One block's routing and expert activations, kept from its forward for its backward.
+    // One block's routing, exchange and expert activations, kept from its forward for its backward:
+    // `mine` holds this rank's assignments' rows (gathered inputs, then the outputs that came back),
+    // `experts` the rows this rank's experts ran on (from every rank of the expert group).
     struct MoeBlock {
         cpu::MoeRouting routing;
-        cpu::MoeActivations acts;
+        ExpertExchange exchange;
+        cpu::MoeActivations mine, experts;
         std::vector<float> out;
     };
     bool is_moe_layer(int l) const { return config_.is_moe_layer(layout_.global_layer(l)); }
-    MoeBlock& moe_block(int l) {
-        if (moe_.size() < (size_t)layout_.num_layers()) moe_.resize(layout_.num_layers());
-        return moe_[l];
+    MoeBlock& moe_block(int slot, int l) {
+        if (moe_.size() <= (size_t)slot) moe_.resize(slot + 1);
+        if (moe_[slot].size() < (size_t)layout_.num_layers()) moe_[slot].resize(layout_.num_layers());
+        return moe_[slot][l];
+    }
+    // Block l's experts on x (BT x C rows of ln2) into b.out: cpu/moe.h's pieces, with the rows sent to
+    // the ranks of their experts and back between them (a copy without expert parallelism).
+    void moe_forward(MoeBlock& b, const float* x, int l, int BT) {
+        const cpu::MoeShape s = moe_shape(BT);
+        const cpu::MoeWeights w = moe_weights(l);
+        cpu::moe_route(b.routing, moe_scratch_, x, w.router, s);
+        const size_t rows = (size_t)b.routing.begin[s.E] * s.C;
+        b.mine.x.resize(rows), b.mine.y.resize(rows), b.out.resize((size_t)BT * s.C);
+        cpu::moe_gather(b.mine.x.data(), b.routing, x, s);
+        b.exchange.plan(ep_comm_, b.routing.begin, s.E);
+        b.exchange.dispatch(ep_comm_, b.mine.x.data(), b.experts.x, s.C);
+        cpu::moe_experts_forward(b.experts, b.exchange.local_begin().data(), b.exchange.local_experts(), w, s);
+        b.exchange.give_back(ep_comm_, b.experts.y.data(), b.mine.y.data(), s.C);
+        cpu::moe_combine(b.out.data(), b.routing, b.mine.y.data(), s);
+    }
+    // Its backward: dx (BT x C, overwritten) from dout, the router's and this rank's experts'
+    // gradients accumulated; the outputs' gradients travel to the experts and the inputs' back.
+    void moe_backward(float* dx, MoeBlock& b, const float* dout, const float* x, int l, int BT) {
+        using P = GPT2Params;
+        const cpu::MoeShape s = moe_shape(BT);
+        const cpu::MoeWeights w = moe_weights(l);
+        cpu::MoeGrads g{grad(P::ROUTERW, l), grad(P::EFCW, l), grad(P::EFCB, l), grad(P::EFCPROJW, l),
+                        grad(P::EFCPROJB, l)};
+        const size_t rows = (size_t)b.routing.begin[s.E] * s.C;
+        moe_scratch_.dy.resize(rows), moe_scratch_.dx.resize(rows);
+        cpu::moe_gates_backward(moe_scratch_.dy.data(), moe_scratch_, dout, b.routing, b.mine.y.data(), s,
+                                moe_options_.balance_coef * moe_grad_scale_, moe_options_.z_coef * moe_grad_scale_);
+        cpu::moe_router_backward(dx, g.router, moe_scratch_, x, w.router, s);
+        b.exchange.dispatch(ep_comm_, moe_scratch_.dy.data(), moe_expert_dy_, s.C);
+        moe_expert_dx_.resize(moe_expert_dy_.size());
+        cpu::moe_experts_backward(moe_expert_dx_.data(), g, moe_scratch_, moe_expert_dy_.data(), b.experts,
+                                  b.exchange.local_begin().data(), b.exchange.local_experts(), w, s);
+        b.exchange.give_back(ep_comm_, moe_expert_dx_.data(), moe_scratch_.dx.data(), s.C);
+        cpu::moe_scatter_backward(dx, b.routing, moe_scratch_.dx.data(), s);
     }
     cpu::MoeWeights moe_weights(int l) const {
         using P = GPT2Params;
@@ -813,13 +869,17 @@ private:
                 moe_options_.capacity_factor};
     }
     // A training forward's routing of one block into router_stats_.
-    void count_routing(const cpu::MoeRouting& r, int BT) {
+    void count_routing(const MoeBlock& b, int BT) {
         if (!moe_training_) return;
+        const cpu::MoeRouting& r = b.routing;
         RouterStats& s = router_stats_;
         s.passes++;
         s.balance_loss += r.balance_loss, s.z_loss += r.z_loss, s.dropped += r.dropped;
         s.assigned += (long)BT * config_.moe_top_k;
         for (float share : r.chosen_share) s.max_load = std::max(s.max_load, (double)share);
+        if (ep_comm_.world_size() > 1 && r.begin.back() > 0)
+            for (int rows : b.exchange.rows_out())
+                s.max_rank_load = std::max(s.max_rank_load, (double)rows / r.begin.back());
     }
 
     ModelConfig config_;
@@ -847,12 +907,14 @@ private:
     std::vector<float> acts_;
     MoeOptions moe_options_;
     cpu::Fp8Linears fp8_{0, {}};         // the FP8 simulation of the blocks' products (--fp8)
-    std::vector<MoeBlock> moe_;          // per local layer (used by the MoE blocks only)
+    std::vector<std::vector<MoeBlock>> moe_;  // per activation slot and local layer (the MoE blocks only)
     cpu::MoeScratch moe_scratch_;
+    std::vector<float> moe_expert_dy_, moe_expert_dx_;  // the backward's rows at this rank's experts
     std::vector<float> moe_dx_;          // the experts' input gradient beside a shared expert's
     float moe_grad_scale_ = 1.0f;        // the training forward's grad_scale, for the auxiliary losses
     bool moe_training_ = false;          // the forward under way is a training pass
     RouterStats router_stats_;           // since the last take_router_stats
+    Communicator& ep_comm_;              // the expert group
 };
 
 }  // namespace llmc

@@ -11,8 +11,10 @@
 // Mixture of experts (ModelConfig::num_experts > 0): the blocks with experts (layer kind 1; the others
 // are kind 0, params/layout.h) hold, after GPT-2's tensors in table order, the router (E x C) and E
 // copies of each MLP tensor (efcw ... efcprojb), initialised like GPT-2's; their dense MLP tensors
-// are kept only with moe_shared (the always-on shared expert). Tensor parallelism does not cut
-// them (the config refuses --tp with experts).
+// are kept only with moe_shared (the always-on shared expert). The expert copies are per-expert
+// tensors: the layer's expert bucket, which expert parallelism cuts into blocks of experts (EpShard);
+// the router stays in the layer's bucket, on every rank. Tensor parallelism does not cut them (the
+// config refuses --tp with experts).
 //
 // Init (GPT-2's): weights ~ N(0, 0.02); the two projections that write into the residual stream
 // (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L)) so the residual's variance does not grow with depth;
@@ -86,15 +88,15 @@ struct GPT2Params {
         const ParamInit weights{InitRule::Normal, weight_std}, residual{InitRule::Normal, residual_std};
         const TensorSplit whole{};
         t.tensors.push_back({"routerw", {E, C}, LAYERS, true, weights, whole, MOE_LAYER});
-        t.tensors.push_back({"efcw", {E, 4 * C, C}, LAYERS, true, weights, whole, MOE_LAYER});
-        t.tensors.push_back({"efcb", {E, 4 * C}, LAYERS, false, zeros, whole, MOE_LAYER});
-        t.tensors.push_back({"efcprojw", {E, C, 4 * C}, LAYERS, true, residual, whole, MOE_LAYER});
-        t.tensors.push_back({"efcprojb", {E, C}, LAYERS, false, zeros, whole, MOE_LAYER});
+        t.tensors.push_back({"efcw", {E, 4 * C, C}, LAYERS, true, weights, whole, MOE_LAYER, true});
+        t.tensors.push_back({"efcb", {E, 4 * C}, LAYERS, false, zeros, whole, MOE_LAYER, true});
+        t.tensors.push_back({"efcprojw", {E, C, 4 * C}, LAYERS, true, residual, whole, MOE_LAYER, true});
+        t.tensors.push_back({"efcprojb", {E, C}, LAYERS, false, zeros, whole, MOE_LAYER, true});
     }
     // The whole model's layout, or tensor-parallel rank tp.rank's piece of it, of the part of the
-    // model one pipeline stage holds (stage_slice).
-    static ParamLayout layout(const ModelConfig& c, TpShard tp = {}, StageSlice stage = {}) {
-        return ParamLayout(table(c), tp, std::move(stage));
+    // model one pipeline stage holds (stage_slice), with expert-parallel rank ep.rank's experts.
+    static ParamLayout layout(const ModelConfig& c, TpShard tp = {}, StageSlice stage = {}, EpShard ep = {}) {
+        return ParamLayout(table(c), tp, std::move(stage), ep);
     }
     // What pipeline rank `rank` holds: its chunks' layers; the embeddings where it runs the first
     // virtual stage (the encoder) or the last (the lm head reads the tied wte), as a copy on the last
