@@ -225,6 +225,28 @@ breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench atten
     '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);' \
     '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
 
+# 8. Context parallelism with tensor and pipeline parallelism (the CUDA model's meshes).
+breakage cp-tp-plain-attention-backward llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "layer_backward_tensor_parallel: attention's backward over the rank's own rows, not around the ring" \
+    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+        }
+        attention_layer_backward(a, l, B, T, NH, HS);' \
+    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+        }
+        attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);'
+breakage cp-tp-embedding-positions llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "the vocabulary-parallel embedding adds the positions of rows 0..T-1, not the rank's global positions" \
+    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s, a.positions);' \
+    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s);'
+breakage cp-pp-loss-not-summed llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "run_schedule: each micro-batch's loss the mean of the rank's rows, not summed over the context group" \
+    'loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);' \
+    'loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);'
+breakage cp-pp-batch-not-cut llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "forward_backward_step: the pipeline's micro-batches not cut to the rank's positions" \
+    'return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);' \
+    'return run_schedule(inputs, targets, micro_batches, B, local.T, grad_scale);'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"
@@ -254,6 +276,7 @@ targets_of() {
         gpt2) echo "$emu/test_gpt2_cuda" ;;
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
+        cp-mesh) echo "$emu/test_cp_cuda" ;;
         dp-nccl | tp-nccl | ckpt) echo "train_gpt_emu" ;;
         *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
     esac
@@ -264,6 +287,7 @@ describe() {
         gpt2) echo "$emu/test_gpt2_cuda" ;;
         tp) echo "mpirun -np 2 $emu/test_tp_cuda DIR 2 (test/gpu/run_gpu_tp_tests.sh)" ;;
         pp) echo "mpirun -np 2 $emu/test_pp_cuda DIR 2 1 1 (test/gpu/run_gpu_pp_tests.sh)" ;;
+        cp-mesh) echo "mpirun -np 4 $emu/test_cp_cuda DIR cp2.tp2 cp2.tp2.sp0 pp2.cp2 (test/gpu/run_gpu_cp_tests.sh)" ;;
         dp-nccl) echo "the 2-rank --gpu-comm nccl run against 1 rank (test/mpi/run_gpu_dp_tests.sh)" ;;
         tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
         ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
@@ -279,6 +303,7 @@ run_test() {
         gpt2) timeout 600 "$emu/test_gpt2_cuda" ;;
         tp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_tp_cuda" "$d" 2 ;;
         pp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_pp_cuda" "$d" 2 1 1 ;;
+        cp-mesh) timeout 600 mpirun --oversubscribe -np 4 "$emu/test_cp_cuda" "$d" cp2.tp2 cp2.tp2.sp0 pp2.cp2 ;;
         dp-nccl)  # run_gpu_dp_tests.sh's 1-rank reference and its 2-rank NCCL run, compared by its lib.sh
             (
                 # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
