@@ -22,7 +22,9 @@
 #   test/emu/check_breakages.sh [--no-baseline] [--gaps] [--keep] [--list] [NAME...]
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
-# test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include.
+# test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
+# the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
+# machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
 # MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
 # copy links to the repository's.
 set -euo pipefail
