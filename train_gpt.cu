@@ -89,7 +89,6 @@ static void print_plan(RunConfig cfg) {
 static void print_plan_search(const RunConfig& cfg) {
     if (!cfg.given.count("total_batch_tokens"))
         fail("--plan-search needs the global batch: give -d (tokens per optimizer step)");
-    if (cfg.cp > 1) fail("--plan-search does not search context parallelism yet: drop --cp (--plan N --cp C predicts one layout)");
     const Topology topology = read_topology(cfg.topology);
     fputs(search_report(search_layouts(cfg, cfg.plan_search, topology, resolve, stage_plan), topology).c_str(), stdout);
 }

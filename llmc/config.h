@@ -207,7 +207,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "pp_virtual", &RunConfig::pp_virtual, "chunks of layers per pipeline rank for --pp-schedule interleaved (at least 2)"},
         {"", "pp_layers", &RunConfig::pp_layers, "layers per (virtual) pipeline stage, comma-separated, e.g. 5,7 (default: as even as it goes, the spare layers away from the first stage)"},
         {"", "pp_print_schedule", &RunConfig::pp_print_schedule, "1: print every pipeline rank's schedule of forwards and backwards (with --plan N: and exit)"},
-        {"", "cp", &RunConfig::cp, "context-parallel ranks (CPU model): every sequence split over cp ranks (chunks i and 2cp-1-i of 2cp on rank i), attention by ring attention; -t must divide by 2 x cp; world = dp x pp x cp x tp, ZeRO shards over dp x cp"},
+        {"", "cp", &RunConfig::cp, "context-parallel ranks: every sequence split over cp ranks (chunks i and 2cp-1-i of 2cp on rank i), attention by ring attention; -t must divide by 2 x cp; world = dp x pp x cp x tp, ZeRO shards over dp x cp"},
         {"", "ep", &RunConfig::ep, "expert-parallel ranks (CPU model, with --experts): the data-parallel ranks in groups of ep, each holding experts/ep of every MoE block's experts, tokens sent to their experts' ranks and back; ep divides dp, ZeRO shards the experts over the dp/ep ranks that hold the same ones"},
         {"", "gpu_comm", &RunConfig::gpu_comm, "CUDA model on several ranks: nccl (one GPU per rank) or mpi (gradients through host memory; ranks may share a GPU)"},
         {"", "peak_tflops", &RunConfig::peak_tflops, "one GPU's dense bf16 peak TFLOP/s for the step line's MFU (0: from the table of known GPUs by name)"},

@@ -231,24 +231,40 @@ struct Layout {
     bool fits = false;
 };
 
-// Every layout of `gpus` ranks to try: tp x pp dividing them, pipelines 1F1B or interleaved with 2
-// or 4 chunks per rank, ZeRO 0-3, -r 0-3, micro-batches of 1, 2, 4, ... up to the -d batch.
+// Context-parallel sizes to try: the given --cp only, where one is given; else cp 1, and cp 2, 4
+// and 8 where the sequence is long, each rank still holding SEARCH_MIN_CONTEXT_ROWS of its positions
+// (shorter sequences fit a rank without splitting, and their ring steps would have little attention
+// to hide under). At most 8: the ring then stays inside a node.
+constexpr int SEARCH_MIN_CONTEXT_ROWS = 4096;
+inline std::vector<int> candidate_context_sizes(const RunConfig& base) {
+    if (base.given.count("cp")) return {base.cp};
+    std::vector<int> out{1};
+    for (int cp : {2, 4, 8})
+        if (base.seq_len / cp >= SEARCH_MIN_CONTEXT_ROWS) out.push_back(cp);
+    return out;
+}
+
+// Every layout of `gpus` ranks to try: tp x pp x cp dividing them (candidate_context_sizes), pipelines
+// 1F1B or interleaved with 2 or 4 chunks per rank, ZeRO 0-3, -r 0-3, micro-batches of 1, 2, 4, ...
+// up to the -d batch.
 inline std::vector<RunConfig> candidate_layouts(const RunConfig& base, int gpus) {
     std::vector<RunConfig> out;
     for (int tp = 1; tp <= gpus; tp++)
-        for (int pp = 1; gpus % tp == 0 && pp <= gpus / tp; pp++) {
-            if ((gpus / tp) % pp) continue;
-            const long long tokens_per_sequence_row = (long long)base.seq_len * (gpus / tp / pp);
-            for (int chunks : {1, 2, 4})
-                for (int zero = 0; zero <= 3 && (pp > 1 || chunks == 1); zero++)
-                    for (int r = 0; r <= 3; r++)
-                        for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
-                            RunConfig c = base;
-                            c.tp = tp, c.pp = pp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
-                            c.pp_schedule = chunks > 1 ? "interleaved" : "1f1b", c.pp_virtual = chunks, c.pp_layers = "";
-                            out.push_back(c);
-                        }
-        }
+        for (int pp = 1; gpus % tp == 0 && pp <= gpus / tp; pp++)
+            for (int cp : candidate_context_sizes(base)) {
+                if ((gpus / tp) % pp || (gpus / tp / pp) % cp) continue;
+                const long long tokens_per_sequence_row = (long long)base.seq_len * (gpus / tp / pp / cp);
+                for (int chunks : {1, 2, 4})
+                    for (int zero = 0; zero <= 3 && (pp > 1 || chunks == 1); zero++)
+                        for (int r = 0; r <= 3; r++)
+                            for (int b = 1; b * tokens_per_sequence_row <= base.total_batch_tokens; b *= 2) {
+                                RunConfig c = base;
+                                c.tp = tp, c.pp = pp, c.cp = cp, c.zero_stage = zero, c.recompute = r, c.batch_size = b;
+                                c.pp_schedule = chunks > 1 ? "interleaved" : "1f1b", c.pp_virtual = chunks;
+                                c.pp_layers = "";
+                                out.push_back(c);
+                            }
+            }
     return out;
 }
 

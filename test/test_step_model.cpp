@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include "llmc/step_plan.h"
 
@@ -254,6 +255,29 @@ TEST_CASE("--plan-search tries interleaved pipelines, and only where there is a 
     CHECK(layout_name(c) == "dp 2 x tp 1 x pp 4, ZeRO-0, -r 0, -b 1");
     c.pp_virtual = 2;
     CHECK_THAT(layout_name(c), Contains("pp 4 (interleaved, 2 chunks)"));
+}
+
+TEST_CASE("--plan-search tries cp 2, 4, 8 where each rank keeps 4096 positions, only the given --cp if one is given", "[plan]") {
+    auto context_sizes = [](int seq_len, int given_cp) {
+        RunConfig base;
+        base.model = "d12", base.seq_len = seq_len, base.max_seq_len = seq_len, base.total_batch_tokens = 16 * seq_len;
+        if (given_cp) base.cp = given_cp, base.given.insert("cp");
+        std::set<int> sizes;
+        for (const RunConfig& c : candidate_layouts(base, 16)) {
+            CHECK(16 % (c.tp * c.pp * c.cp) == 0);
+            CHECK((long long)c.batch_size * seq_len * (16 / (c.tp * c.pp * c.cp)) <= base.total_batch_tokens);
+            sizes.insert(c.cp);
+        }
+        return sizes;
+    };
+    CHECK(context_sizes(1024, 0) == std::set<int>{1});
+    CHECK(context_sizes(16384, 0) == std::set<int>{1, 2, 4});  // cp 8 would leave 2048 positions per rank
+    CHECK(context_sizes(32768, 0) == std::set<int>{1, 2, 4, 8});
+    CHECK(context_sizes(32768, 2) == std::set<int>{2});
+    CHECK(context_sizes(1024, 1) == std::set<int>{1});
+    RunConfig c = resolved("d12", 8, 1, 1, 1, 1024, 64);
+    c.cp = 2, c.dims.cp = 2, c.dims.dp = 4;
+    CHECK(layout_name(c) == "dp 4 x tp 1 x pp 1 x cp 2, ZeRO-0, -r 0, -b 1");
 }
 
 TEST_CASE("context parallelism: each rank computes 1/cp of the sequence, the ring's K and V hide under attention", "[plan]") {

@@ -31,6 +31,10 @@
 #   dev/bench/gpu_session.sh pp         pipeline parallelism: test_pp_cuda (pp 2 1F1B and interleaved,
 #                                       dp 2 x pp 2, pp 2 x tp 2) and the trainer's --pp 2 against 1 rank,
 #                                       checkpoints across meshes (test/gpu/run_gpu_pp_tests.sh)
+#   dev/bench/gpu_session.sh cp         context parallelism: the ring pairs' and the embedding's
+#                                       workbenches, test_cp_cuda (cp 2; cp 2 x tp 2, sp on and off;
+#                                       pp 2 x cp 2; dp 2 x cp 2) and the trainer's --cp runs and resumes
+#                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48, PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget.
@@ -248,6 +252,7 @@ for stage in "${STAGES[@]}"; do
     bench) targets+=(build/bench_train_step) ;;
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
+    cp) targets+=(train_gpt train_gpt_cpu build/test_cp_cuda build/test_cuda_host cuda-workbench) ;;
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
@@ -286,6 +291,13 @@ for stage in "${STAGES[@]}"; do
     pp)
         step test_cuda_host.log 30 build/test_cuda_host
         step gpu_pp.log 450 test/gpu/run_gpu_pp_tests.sh build/test_pp_cuda ./train_gpt
+        ;;
+    cp)
+        step test_cuda_host.log 30 build/test_cuda_host
+        for b in attention_forward attention_backward vocab_parallel; do
+            step "check_$b.log" 45 "dev/cuda/build/$b" --check
+        done
+        step gpu_cp.log 420 test/gpu/run_gpu_cp_tests.sh build/test_cp_cuda ./train_gpt ./train_gpt_cpu
         ;;
     train)
         # the default run (d4) on the GPU and, for its first 20 steps, on the CPU: same seed and data,

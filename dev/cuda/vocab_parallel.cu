@@ -5,7 +5,8 @@
 //   embedding   llmc::embedding_forward_range on each rank's wte rows, summed over the ranks, then
 //               llmc::add_positions on each rank's rows (sequence parallel): against
 //               cpu::embedding_forward_range + cpu::add_positions, and against the 1-rank
-//               llmc::encoder_forward (the same bits: the sum adds zeros only, one rounding after)
+//               llmc::encoder_forward (the same bits: the sum adds zeros only, one rounding after);
+//               add_positions at given positions (context parallelism) against cpu::add_positions
 //   classifier  llmc::classifier_local_stats on each slice, the stats concatenated in rank order (the
 //               all-gather), llmc::classifier_from_stats on each slice: losses and dlogits against
 //               cpu::crossentropy_local_stats / crossentropy_from_stats, and against the 1-rank
@@ -89,6 +90,18 @@ void check_embedding(const Shape& s, std::mt19937_64& rng) {
     CUDA_CHECK(cudaDeviceSynchronize());
     bench::check_same_bits("vocabulary-parallel embedding = encoder_forward", out,
                            bench::to_host(d_out.get(), (size_t)BT * C));
+    // Context parallelism: the rows hold given positions of each sequence (here in reverse order).
+    std::vector<int> positions(s.T);
+    for (int t = 0; t < s.T; t++) positions[t] = s.T - 1 - t;
+    bench::DeviceBuffer<int> d_positions = bench::to_device(positions);
+    for (int r = 0; r < s.tp; r++)
+        llmc::add_positions(d_out.get() + (size_t)r * n * C, d_sum.get() + (size_t)r * n * C, d_wpe.get(), r * n, n,
+                            s.T, C, 0, d_positions.get());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    llmc::cpu::add_positions(ref.data(), sum.data(), wpe.data(), 0, BT, s.T, C, positions.data());
+    for (float& x : ref) x = bench::bf16_round(x);
+    bench::check_same_bits("add_positions at given positions = cpu::add_positions rounded to bf16",
+                           bench::to_host(d_out.get(), (size_t)BT * C), ref);
 }
 
 void check_classifier(const Shape& s, std::mt19937_64& rng) {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct ContextSplit {
         const int S = chunk_len();
         return size == 1 ? p : (p / S < size ? 0 : S) + p % S;
     }
+    // Sampling pads a prompt to a multiple of this: the split cuts each sequence into 2 x size chunks,
+    // and sequence parallelism a rank's rows into rows_unit blocks (tp; 1 without it).
+    int padding_unit(int rows_unit) const { return size == 1 ? rows_unit : size * std::lcm(2, rows_unit); }
     // The global positions of this rank's local_len() rows of a sequence, into `positions`, and the
     // values at them of `sequences` sequences of T (tokens, targets) into `mine`: `sequences` x
     // local_len() values (mine may be null: the positions only).

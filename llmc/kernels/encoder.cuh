@@ -86,14 +86,15 @@ __global__ void embedding_forward_range_kernel(floatX* out, const int* tokens, c
     store128(out + r * C + channel, result);
 }
 
-__global__ void add_positions_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T,
-                                     int C) {
+__global__ void add_positions_kernel(floatX* out, const floatX* inp, const floatX* wpe, const int* positions, int row0,
+                                     int rows, int T, int C) {
     const int chunks = C / x128::size;
     const size_t index = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (index >= (size_t)rows * chunks) return;
     const size_t r = index / chunks;
     const int channel = (int)(index % chunks) * x128::size;
-    const int t = (int)((row0 + r) % T);
+    const int row_in_sequence = (int)((row0 + r) % T);
+    const int t = positions ? positions[row_in_sequence] : row_in_sequence;
     const x128 x = load128(inp + r * C + channel);
     const x128 position_row = load128(wpe + (size_t)t * C + channel);
     x128 result;
@@ -124,13 +125,15 @@ inline void embedding_forward_range(floatX* out, const int* tokens, const floatX
     CUDA_CHECK_LAUNCH();
 }
 
-// `rows` rows of a B x T batch starting at row row0 (positions restart every T rows); out may be inp.
+// `rows` rows of a B x T batch starting at row row0 (positions restart every T rows; positions as
+// encoder_forward's); out may be inp.
 inline void add_positions(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const int* positions = nullptr) {
     if (T < 1 || row0 < 0) fail(strformat("add_positions: T = %d, row0 = %d; expected T >= 1, row0 >= 0", T, row0));
     const int threads = 256;
     const size_t blocks = embedding_blocks(rows, C, threads, "add_positions");
-    LLMC_LAUNCH(add_positions_kernel, (unsigned)blocks, threads, 0, stream)(out, inp, wpe, row0, rows, T, C);
+    LLMC_LAUNCH(add_positions_kernel, (unsigned)blocks, threads, 0, stream)(out, inp, wpe, positions, row0, rows, T,
+                                                                                   C);
     CUDA_CHECK_LAUNCH();
 }
 

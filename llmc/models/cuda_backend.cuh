@@ -1,7 +1,7 @@
 // models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
 // (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp), pipelined (--pp) and
-// context parallel (--cp: ring attention; alone or with data parallelism, ZeRO over dp x cp).
+// context parallel (--cp: ring attention, with any of the other axes; ZeRO over dp x cp).
 //
 // The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
 // into the data-parallel, tensor-parallel, pipeline and context groups with the same colours and keys
@@ -46,7 +46,6 @@ struct CudaBackend {
         if (cfg.model_config.num_experts > 0)
             fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
                            cfg.model_config.num_experts));
-        refuse_context_parallel_with(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -78,7 +77,6 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        refuse_context_parallel_with(cfg);
         const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, zero_world(cfg), tp_shape(cfg, 0),
                                                   GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
@@ -117,14 +115,6 @@ struct CudaBackend {
                            DeviceMemory::precision, pp_rank);
     }
 
-    // The CUDA model's ring attention runs alone or with data parallelism; the CPU model's
-    // (cpu/ring_attention.h) combines --cp with --tp and --pp too.
-    static void refuse_context_parallel_with(const RunConfig& cfg) {
-        if (cfg.dims.cp > 1 && (cfg.dims.tp > 1 || cfg.dims.pp > 1))
-            fail(strformat("--cp %d with --tp %d and --pp %d: the CUDA model combines context parallelism with data "
-                           "parallelism only so far; train_gpt_cpu combines all four", cfg.dims.cp, cfg.dims.tp,
-                           cfg.dims.pp));
-    }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
         return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};

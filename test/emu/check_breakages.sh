@@ -22,7 +22,9 @@
 #   test/emu/check_breakages.sh [--no-baseline] [--gaps] [--keep] [--list] [NAME...]
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
-# test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include.
+# test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
+# the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
+# machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
 # MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
 # copy links to the repository's.
 set -euo pipefail
@@ -225,6 +227,28 @@ breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench atten
     '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);' \
     '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
 
+# 8. Context parallelism with tensor and pipeline parallelism (the CUDA model's meshes).
+breakage cp-tp-plain-attention-backward llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "layer_backward_tensor_parallel: attention's backward over the rank's own rows, not around the ring" \
+    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+        }
+        attention_layer_backward(a, l, B, T, NH, HS);' \
+    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+        }
+        attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);'
+breakage cp-tp-embedding-positions llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "the vocabulary-parallel embedding adds the positions of rows 0..T-1, not the rank's global positions" \
+    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s, a.positions);' \
+    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s);'
+breakage cp-pp-loss-not-summed llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "run_schedule: each micro-batch's loss the mean of the rank's rows, not summed over the context group" \
+    'loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);' \
+    'loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);'
+breakage cp-pp-batch-not-cut llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+    "forward_backward_step: the pipeline's micro-batches not cut to the rank's positions" \
+    'return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);' \
+    'return run_schedule(inputs, targets, micro_batches, B, local.T, grad_scale);'
+
 # 9. FP8 (llmc/kernels/fp8.cuh, matmul.cuh's FP8 products).
 breakage fp8-cast-transpose-barrier llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_cast: the transpose read from the tile before every thread has written its codes" \
@@ -271,6 +295,7 @@ targets_of() {
         gpt2) echo "$emu/test_gpt2_cuda" ;;
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
+        cp-mesh) echo "$emu/test_cp_cuda" ;;
         dp-nccl | tp-nccl | ckpt) echo "train_gpt_emu" ;;
         *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
     esac
@@ -281,6 +306,7 @@ describe() {
         gpt2) echo "$emu/test_gpt2_cuda" ;;
         tp) echo "mpirun -np 2 $emu/test_tp_cuda DIR 2 (test/gpu/run_gpu_tp_tests.sh)" ;;
         pp) echo "mpirun -np 2 $emu/test_pp_cuda DIR 2 1 1 (test/gpu/run_gpu_pp_tests.sh)" ;;
+        cp-mesh) echo "mpirun -np 4 $emu/test_cp_cuda DIR cp2.tp2 cp2.tp2.sp0 pp2.cp2 (test/gpu/run_gpu_cp_tests.sh)" ;;
         dp-nccl) echo "the 2-rank --gpu-comm nccl run against 1 rank (test/mpi/run_gpu_dp_tests.sh)" ;;
         tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
         ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
@@ -296,6 +322,7 @@ run_test() {
         gpt2) timeout 600 "$emu/test_gpt2_cuda" ;;
         tp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_tp_cuda" "$d" 2 ;;
         pp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_pp_cuda" "$d" 2 1 1 ;;
+        cp-mesh) timeout 600 mpirun --oversubscribe -np 4 "$emu/test_cp_cuda" "$d" cp2.tp2 cp2.tp2.sp0 pp2.cp2 ;;
         dp-nccl)  # run_gpu_dp_tests.sh's 1-rank reference and its 2-rank NCCL run, compared by its lib.sh
             (
                 # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh

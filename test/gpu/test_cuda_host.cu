@@ -14,6 +14,7 @@
 #include "llmc/fp8.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/step_plan.h"
 
 using namespace llmc;
 
@@ -352,4 +353,43 @@ TEST_CASE("llmc/fp8.h encodes as CUDA's __nv_cvt_float_to_fp8 with saturation do
             CAPTURE(code);
             CHECK(((std::isnan(ours) && std::isnan(theirs)) || ours == theirs));
         }
+
+// Needs the CUDA model's memory plan (flash attention: no T x T matrix), hence here and not in
+// test_step_model.cpp. With 80 GiB the sequence fits a data-parallel rank without context
+// parallelism or recomputation only at ZeRO-3, by 1.4 GiB (tp cannot cut 25 heads over 64 GPUs);
+// with 70 GiB no layout of cp 1 and -r 0 fits, and the best is a context-parallel one, faster than
+// any that recomputes instead.
+TEST_CASE("--plan-search for GPT-2 1.5B at T = 32k on 64 H100s: where no cp 1 -r 0 layout fits, a cp layout wins", "[plan]") {
+    RunConfig base;
+    base.model = "d48", base.seq_len = 32768, base.max_seq_len = 32768, base.total_batch_tokens = 64 * 32768;
+    const StagePlan plan = [](const RunConfig& c, int stage) { return CudaBackend::memory_plan(c, 0, 0, stage); };
+    const Resolve resolve = [](RunConfig& c, int gpus) { resolve_run_config(c, gpus, nullptr); };
+    Topology t = topology_preset("h100");
+    for (double gib : {80.0, 70.0}) {
+        t.memory_gib = gib;
+        const std::vector<Layout> layouts = search_layouts(base, 64, t, resolve, plan);
+        REQUIRE(!layouts.empty());
+        const Layout& best = layouts.front();
+        INFO(gib << " GiB: the best is " << layout_name(best.cfg) << ", " << best.memory_bytes / 1073741824.0 << " GiB");
+        REQUIRE(best.fits);
+        bool plain_fits = false, context_tried = false;
+        const Layout* best_recomputing = nullptr;  // the fastest that fits with -r > 0 and no cp
+        for (const Layout& l : layouts) {
+            const bool plain = l.cfg.dims.cp == 1 && l.cfg.recompute == 0;
+            plain_fits |= plain && l.fits;
+            if (plain && l.cfg.dims.pp == 1 && l.cfg.zero_stage < 3) {
+                INFO(layout_name(l.cfg) << ": " << l.memory_bytes / 1073741824.0 << " GiB");
+                CHECK_FALSE(l.fits);  // 86 GiB and more
+            }
+            context_tried |= l.cfg.dims.cp > 1;
+            if (!best_recomputing && l.fits && l.cfg.dims.cp == 1 && l.cfg.recompute > 0) best_recomputing = &l;
+        }
+        CHECK(context_tried);
+        REQUIRE(best_recomputing != nullptr);
+        CHECK(plain_fits == (gib == 80.0));
+        if (plain_fits) continue;
+        CHECK(best.cfg.dims.cp > 1);
+        CHECK(best.cfg.recompute == 0);
+        CHECK(best.step.step_s < best_recomputing->step.step_s);
+    }
 }

@@ -33,7 +33,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -340,7 +339,7 @@ public:
         // Sequence and context parallelism cut the rows into equal blocks: pad with token 0 to a length
         // they cut. Attention is causal, so the padding cannot change the logits at position T - 1,
         // which the context rank that holds it broadcasts (every other one computes a row unused).
-        const int unit = padding_unit();
+        const int unit = cp_.padding_unit(tp_.sequence_parallel ? tp_.size : 1);
         std::vector<int> padded(tokens, tokens + T);
         padded.resize((T + unit - 1) / unit * unit, 0);
         const LocalBatch local = local_batch(padded.data(), nullptr, 1, (int)padded.size());
@@ -438,12 +437,6 @@ private:
     }
     // The global position of each of this rank's rows of a sequence (null: row t is position t).
     const int* positions() const { return cp_.size > 1 ? batcher_.positions().data() : nullptr; }
-    // Sampling pads a prompt to a multiple of this: sequence parallelism cuts a context rank's rows
-    // into tp blocks, context parallelism each sequence into 2 cp chunks.
-    int padding_unit() const {
-        const int rows_unit = tp_.sequence_parallel ? tp_.size : 1;
-        return cp_.size == 1 ? rows_unit : cp_.size * std::lcm(2, rows_unit);
-    }
 
     // ---- tensor parallelism: the four collectives of the tensor-parallel group ----
     // With one rank each is the identity, so the model below is one code path for every tp.

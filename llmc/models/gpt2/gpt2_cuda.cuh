@@ -55,8 +55,10 @@
 // embedding; attention is ring attention over the context group's device communicator from
 // attention.cuh's ring-pair kernels (ring_attention_forward/backward below); the loss is the mean
 // over the group's rows, and the data-parallel communicator the model is given is the data x
-// context group's, so ZeRO sums the context ranks' partial gradients. Alone or with data
-// parallelism only (tensor and pipeline parallelism with --cp run on the CPU model).
+// context group's, so ZeRO sums the context ranks' partial gradients. With tensor parallelism the
+// ring runs per tensor rank over its heads (sequence parallelism cuts a context rank's rows again
+// into tp blocks); under pipeline parallelism each stage's context group rings its own layers, and
+// the stages' messages carry the rank's rows.
 //
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
@@ -362,9 +364,9 @@ public:
         if (tp_host_.world_size() != tp_comm_.world_size() || tp_host_.rank() != tp_comm_.rank())
             fail(strformat("GPT2CUDA: the tensor-parallel host communicator is rank %d of %d but the device one rank "
                            "%d of %d", tp_host_.rank(), tp_host_.world_size(), tp_comm_.rank(), tp_comm_.world_size()));
-        if (tp_.sequence_parallel && max_T % tp_.size != 0)
-            fail(strformat("GPT2CUDA: sequence parallelism over %d tensor-parallel ranks needs max_T (%d) divisible "
-                           "by them", tp_.size, max_T));
+        if (tp_.sequence_parallel && max_T / cp.size() % tp_.size != 0)
+            fail(strformat("GPT2CUDA: sequence parallelism over %d tensor-parallel ranks needs max_T / cp (%d / %d) "
+                           "divisible by them", tp_.size, max_T, cp.size()));
         if (!pp_comm_.uses_device_buffers())
             fail(strformat("GPT2CUDA: the pipeline %s communicator works on host buffers; wrap it in a StagedComm",
                            pp_comm_.backend()));
@@ -379,10 +381,6 @@ public:
                                "must be a device one and a host one over the same ranks",
                                cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
                                cp_host_.world_size()));
-            if (tp_.size > 1 || stage_.pipelined)
-                fail(strformat("GPT2CUDA: --cp %d with --tp %d or --pp %d: the CUDA model's context parallelism "
-                               "runs alone or with data parallelism so far (the CPU model combines them)",
-                               cp_.size, tp_.size, pp_host_.world_size()));
         }
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
@@ -514,7 +512,8 @@ public:
         if (!stage_.pipelined) return Model::forward_backward_step(inputs, targets, micro_batches, B, T, grad_scale);
         for (int m = 0; m < micro_batches; m++)
             check_batch(inputs + (size_t)m * B * T, targets + (size_t)m * B * T, B, T, "forward_backward_step");
-        return run_schedule(inputs, targets, micro_batches, B, T, grad_scale);
+        const LocalBatch local = local_batch(inputs, targets, micro_batches * B, T);
+        return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);
     }
     float evaluate(const int* inputs, const int* targets, int B, int T) override {
         check_batch(inputs, targets, B, T, "evaluate");
@@ -524,10 +523,10 @@ public:
     // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");
-        // Sequence parallelism cuts the rows into tp equal blocks, context parallelism each sequence
-        // into 2 cp chunks: pad with token 0 to a length they cut. Attention is causal, so the padding
-        // cannot change the logits at position T - 1, which the context rank holding it broadcasts.
-        const int unit = tp_.sequence_parallel ? tp_.size : cp_.size > 1 ? 2 * cp_.size : 1;
+        // Sequence and context parallelism cut the rows into equal blocks: pad with token 0 to a length
+        // they cut. Attention is causal, so the padding cannot change the logits at position T - 1,
+        // which the context rank holding it broadcasts.
+        const int unit = cp_.padding_unit(tp_.sequence_parallel ? tp_.size : 1);
         std::vector<int> padded(tokens, tokens + T);
         padded.resize((T + unit - 1) / unit * unit, 0);
         if ((int)padded.size() > max_T_)
@@ -621,9 +620,9 @@ private:
     void check_batch(const int* inputs, const int* targets, int B, int T, const char* who) const {
         llmc::check_batch(config_, max_B_, max_T_, inputs, targets, B, T, who);
         ContextSplit::check(T, cp_.size, who);
-        if (tp_.sequence_parallel && (B * T) % tp_.size != 0)
-            fail(strformat("%s: sequence parallelism needs B*T = %d*%d divisible by the %d tensor-parallel ranks", who,
-                           B, T, tp_.size));
+        if (tp_.sequence_parallel && (B * T / cp_.size) % tp_.size != 0)
+            fail(strformat("%s: sequence parallelism needs B*T/cp = %d*%d/%d divisible by the %d tensor-parallel ranks",
+                           who, B, T, cp_.size, tp_.size));
     }
 
     // The whole model's layout (model files, init), and this rank's piece of a whole-model buffer.
@@ -693,7 +692,7 @@ private:
                                         s);
                 tp_wait(reduce_rows(a.partial, x, BT, C));
                 const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
-                add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s);
+                add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s, a.positions);
             }
         }
         for (int l = ch.begin; l < ch.end; l++) {
@@ -785,11 +784,7 @@ private:
             linear_forward(a, l, FP8_QKV, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr,
                            BT, C, 3 * Cl);
         }
-        {
-            PhaseScope phase(timer_, "attention", s);
-            if (cp_.size == 1) attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, s);
-            else ring_attention_forward(a, l, B, T, NH, HS);
-        }
+        attention_layer_forward(a, l, B, T, NH, HS);
         row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l),
                              param(P::ATTPROJB, l), residual, BT, Cl, C);
         {
@@ -974,13 +969,7 @@ private:
             linear_backward(a, l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual,
                             a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C);
         }
-        {
-            PhaseScope phase(timer_, "attention", s);
-            if (cp_.size == 1)
-                attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
-            else
-                ring_attention_backward(a, l, B, T, NH, HS);
-        }
+        attention_layer_backward(a, l, B, T, NH, HS);
         {
             PhaseScope phase(timer_, "matmul", s);
             linear_backward(a, l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1.at(l),
@@ -1046,10 +1035,7 @@ private:
             matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, dresidual,
                             a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
         }
-        {
-            PhaseScope phase(timer_, "attention", s);
-            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);
-        }
+        attention_layer_backward(a, l, B, T, NH, HS);
         {
             PhaseScope phase(timer_, "matmul", s);
             matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d3C, nullptr, param(P::QKVW, l), nullptr, BT,
@@ -1134,17 +1120,21 @@ private:
         for (auto [tensor, layer] : tensors) add_into(grad(tensor, layer), a.dln_weights + slot++ * C, C, stream_.get());
     }
 
-    // The mean of the per-row losses of the last forward, summed on the host in row order.
-    // The mean of the last forward's BT row losses; under context parallelism the sums of the group's
-    // ranks are added (in rank order: the same bits on every rank) and divided by all their rows.
+    // The mean of the last forward's BT row losses (group_mean).
     float mean_loss(int BT) {
         const CudaActivationLayout a = activations(last_B_, last_T_, 0);
         CUDA_CHECK(cudaMemcpyAsync(pinned_losses_.get(), a.row_loss, BT * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_.get()));
         stream_.synchronize();
-        if (cp_.size == 1) return mean_of(pinned_losses_.get(), BT);
+        return group_mean(pinned_losses_.get(), BT);
+    }
+    // The mean of a micro-batch's BT row losses, summed on the host in row order; under context
+    // parallelism the sums of the group's ranks are added (in rank order: the same bits on every
+    // rank) and divided by all their rows.
+    float group_mean(const float* row_losses, int BT) {
+        if (cp_.size == 1) return mean_of(row_losses, BT);
         double total = 0.0;
-        for (int r = 0; r < BT; r++) total += pinned_losses_.get()[r];
+        for (int r = 0; r < BT; r++) total += row_losses[r];
         return (float)(sum_over_ranks(cp_host_, total) / ((double)BT * cp_.size));
     }
     static float mean_of(const float* row_losses, int BT) {
@@ -1155,8 +1145,24 @@ private:
 
     // ---- context parallelism: this rank's positions, and ring attention (context_parallel.h) ----
 
-    LocalBatch local_batch(const int* inputs, const int* targets, int B, int T) {
-        return batcher_.take(cp_, inputs, targets, B, T);
+    LocalBatch local_batch(const int* inputs, const int* targets, int sequences, int T) {
+        return batcher_.take(cp_, inputs, targets, sequences, T);
+    }
+
+    // Layer l's attention over this rank's NH heads: the plain kernel, or the ring over the context group.
+    void attention_layer_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
+        PhaseScope phase(timer_, "attention", stream_.get());
+        if (cp_.size == 1) attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, stream_.get());
+        else ring_attention_forward(a, l, B, T, NH, HS);
+    }
+    // Its backward, into a.d3C from the output's gradient in a.dC.
+    void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
+        PhaseScope phase(timer_, "attention", stream_.get());
+        if (cp_.size == 1)
+            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS,
+                               stream_.get());
+        else
+            ring_attention_backward(a, l, B, T, NH, HS);
     }
 
     // Calls fn(query half, key half, causal) for every pair of this rank's two query chunks with the
@@ -1352,7 +1358,7 @@ private:
         stream_.synchronize();
         double loss_sum = 0.0;
         if (stage_.head)
-            for (int mb = 0; mb < m; mb++) loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);
+            for (int mb = 0; mb < m; mb++) loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);
         wait(pp_host_.broadcast(&loss_sum, sizeof(loss_sum), pipe_.split.last_rank()));
         if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0) {
             size_t count = 0;
