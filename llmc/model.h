@@ -36,6 +36,12 @@ struct RouterStats {
     long dropped = 0, assigned = 0;
 };
 
+// The mixture-of-experts training options (--capacity-factor, --moe-balance-coef, --moe-z-coef), the
+// same for both models.
+struct MoeOptions {
+    float capacity_factor = 0, balance_coef = 0.01f, z_coef = 0.001f;
+};
+
 struct AdamWConfig {
     float lr = 3e-4f;
     float beta1 = 0.9f;

@@ -154,11 +154,6 @@ struct ActivationLayout {
     }
 };
 
-// The mixture-of-experts training options (--capacity-factor, --moe-balance-coef, --moe-z-coef).
-struct MoeOptions {
-    float capacity_factor = 0, balance_coef = 0.01f, z_coef = 0.001f;
-};
-
 class GPT2CPU : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one

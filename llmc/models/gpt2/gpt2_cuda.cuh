@@ -58,6 +58,14 @@
 // context group's, so ZeRO sums the context ranks' partial gradients. Alone or with data
 // parallelism only (tensor and pipeline parallelism with --cp run on the CPU model).
 //
+// Mixture of experts (ModelConfig::num_experts, kernels/moe.cuh): a block with experts routes its
+// ln2 rows and runs its experts in place of the MLP (or beside it, the shared expert), as GPT2CPU
+// does; its routing and the experts' activations are kept per MoE block in an allocation of their
+// own, sized for dropless routing of max_B x max_T tokens (or the capacity's cap), which backward
+// reads whatever the recomputation setting (-r 3 re-runs a block's forward up to its MLP only). The
+// forward of each MoE block waits for its routing's row counts (one stream synchronisation, see
+// moe.cuh). Data parallelism (ZeRO 0-3) only: tensor, pipeline and context parallelism are refused.
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
@@ -80,6 +88,7 @@
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/kernels/moe.cuh"
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/model_file.h"
@@ -98,6 +107,7 @@ enum class Recompute { None = 0, Gelu = 1, GeluLayerNorm = 2, Block = 3 };
 struct GPT2CUDAOptions {
     Recompute recompute = Recompute::None;
     int classifier_chunk_rows = 8192;  // logits rows computed at once (8192 x 50304 bf16 = 786 MiB)
+    MoeOptions moe;                    // a mixture-of-experts model's capacity and auxiliary losses
 };
 
 // A per-layer activation: L slices back to back, or, when backward recomputes it, one slice that
@@ -394,6 +404,7 @@ public:
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
         own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
                                 DeviceMemory::scratch_bytes();
+        if (config_.num_experts > 0) allocate_experts();
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -410,7 +421,12 @@ public:
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, std::max(1, rows)), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
+        if (c.num_experts > 0) specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o), 1});
         return specs;
+    }
+    // The MoE blocks' routing and expert activations for max_B x max_T tokens (moe.cuh's MoeMemory).
+    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o) {
+        return MoeMemory::bytes_for(moe_shape_of(c, max_B * max_T, o), moe_blocks(c));
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -544,6 +560,13 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
 
+    RouterStats take_router_stats() override {
+        RouterStats s = router_stats_;
+        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
+        router_stats_ = {};
+        return s;
+    }
+
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
         tp_exposed_ms_ = 0;
@@ -649,6 +672,8 @@ private:
                        Pass pass, float grad_scale, int logits_row = -1) {
         last_B_ = B;
         last_T_ = T;
+        moe_training_ = pass == Pass::Train;
+        moe_grad_scale_ = grad_scale;  // the auxiliary losses' gradients scale as the loss's
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
@@ -773,12 +798,24 @@ private:
             layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
                               param(P::LN2B, l), n, C, s);
         }
+        mlp_forward(a, l, BT, for_backward);
+    }
+
+    // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (moe.cuh), or both (the
+    // shared expert beside the routed ones, added after it as GPT2CPU adds them). `for_backward`: a
+    // whole-block recomputation, which stops before the dense projection and leaves the experts'
+    // activations as the forward kept them.
+    void mlp_forward(const CudaActivationLayout& a, int l, int BT, bool for_backward) {
+        const int C = config_.channels, Cl = C / tp_.size;
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
         const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
-        if (options_.recompute == Recompute::None) {
+        const bool dense = layout_.has(P::FCW, l);
+        if (dense && options_.recompute == Recompute::None) {
             PhaseScope phase(timer_, "matmul", s);
             matmul_forward(matmul_, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
                            BT, C, 4 * Cl, s);
-        } else {
+        } else if (dense) {
             // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
                 PhaseScope phase(timer_, "matmul", s);
@@ -789,8 +826,37 @@ private:
             gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
         if (for_backward) return;
-        row_parallel_forward(a, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l), param(P::FCPROJB, l),
-                             a.residual2.at(l), BT, 4 * Cl, C);
+        if (dense)
+            row_parallel_forward(a, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l), param(P::FCPROJB, l),
+                                 a.residual2.at(l), BT, 4 * Cl, C);
+        if (!is_moe_layer(l)) return;
+        PhaseScope phase(timer_, "experts", s);
+        const int b = moe_index_[l];
+        moe_summaries_[b] = moe_forward(matmul_, a.residual3.at(l), dense ? a.residual3.at(l) : a.residual2.at(l),
+                                        moe_memory_.block(b), ln2, moe_weights(l), moe_shape(BT), pinned_moe_.get(), s);
+        count_routing(moe_summaries_[b], BT);
+    }
+    // Its backward on one rank: from dresidual = d(residual3[l]) to d(ln2[l]) in dC.
+    void mlp_backward(const CudaActivationLayout& a, int l, int BT) {
+        const int C = config_.channels;
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
+        const bool dense = layout_.has(P::FCW, l);
+        if (dense) {  // the MLP projection read fch_gelu, whose GELU came from fch
+            PhaseScope phase(timer_, "matmul", s);
+            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, a.dresidual,
+                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C, s);
+            matmul_backward(matmul_, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C, a.ln2.at(l),
+                            param(P::FCW, l), nullptr, BT, C, 4 * C, s);
+        }
+        if (!is_moe_layer(l)) return;
+        PhaseScope phase(timer_, "experts", s);
+        const int b = moe_index_[l];
+        const MoeGradsF32 g{grad(P::ROUTERW, l), grad(P::EFCW, l), grad(P::EFCB, l), grad(P::EFCPROJW, l),
+                            grad(P::EFCPROJB, l)};
+        moe_backward(matmul_, a.dC, dense, g, moe_memory_.scratch(), a.dresidual, a.ln2.at(l), moe_memory_.block(b),
+                     moe_summaries_[b], moe_weights(l), moe_shape(BT), options_.moe.balance_coef * moe_grad_scale_,
+                     options_.moe.z_coef * moe_grad_scale_, s);
     }
 
     // out = base + inp W^T + bias. One rank: one product with the bias and the residual in its
@@ -831,6 +897,7 @@ private:
         }
             [[fallthrough]];
         case Recompute::Gelu: {
+            if (!layout_.has(P::FCW, l)) return;  // experts only: they keep their own GELU output
             PhaseScope phase(timer_, "gelu", s);
             gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
@@ -907,14 +974,7 @@ private:
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         const floatX* residual = layer_input(a, l, B * T);
-        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
-        {
-            PhaseScope phase(timer_, "matmul", s);
-            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, a.dresidual,
-                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C, s);
-            matmul_backward(matmul_, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C, a.ln2.at(l),
-                            param(P::FCW, l), nullptr, BT, C, 4 * C, s);
-        }
+        mlp_backward(a, l, BT);  // dresidual is d(residual3[l]); dC becomes d(ln2[l])
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
@@ -1022,6 +1082,49 @@ private:
                                a.ln1_rstd.at(l), n, C, s);
         }
         finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
+    }
+
+    // ---- mixture of experts (kernels/moe.cuh) ----
+
+    static int moe_blocks(const ModelConfig& c) {
+        int blocks = 0;
+        for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
+        return blocks;
+    }
+    static cpu::MoeShape moe_shape_of(const ModelConfig& c, int rows, const GPT2CUDAOptions& o) {
+        return {rows, c.channels, 4 * c.channels, c.num_experts, c.moe_top_k, o.moe.capacity_factor};
+    }
+    cpu::MoeShape moe_shape(int BT) const { return moe_shape_of(config_, BT, options_); }
+    bool is_moe_layer(int l) const { return config_.is_moe_layer(layout_.global_layer(l)); }
+    MoeWeightsBf16 moe_weights(int l) const {
+        using P = GPT2Params;
+        return {param(P::ROUTERW, l), param(P::EFCW, l), param(P::EFCB, l), param(P::EFCPROJW, l),
+                param(P::EFCPROJB, l)};
+    }
+    // The MoE blocks' memory (moe_bytes), numbered in layer order.
+    void allocate_experts() {
+        if (tp_.size > 1 || stage_.pipelined || cp_.size > 1)
+            fail(strformat("GPT2CUDA: a mixture-of-experts model (%d experts) runs with data parallelism only on "
+                           "CUDA, not --tp %d / --pp %d / --cp %d",
+                           config_.num_experts, tp_.size, pp_host_.world_size(), cp_.size));
+        moe_acts_.allocate(moe_bytes(config_, max_B_, max_T_, options_), "expert activations");
+        moe_memory_ = MoeMemory(moe_shape(max_B_ * max_T_), moe_blocks(config_), moe_acts_.get());
+        pinned_moe_ = PinnedBuffer<int>(moe_summary_words(config_.num_experts), "routing summary download");
+        moe_index_.assign(layout_.num_layers(), -1);
+        int blocks = 0;
+        for (int l = 0; l < layout_.num_layers(); l++)
+            if (is_moe_layer(l)) moe_index_[l] = blocks++;
+        moe_summaries_.resize(blocks);
+        own_activation_bytes_ += moe_acts_.bytes();
+    }
+    // A training forward's routing of one block into router_stats_ (as GPT2CPU counts it).
+    void count_routing(const MoeSummary& m, int BT) {
+        if (!moe_training_) return;
+        RouterStats& r = router_stats_;
+        r.passes++;
+        r.balance_loss += m.balance_loss, r.z_loss += m.z_loss, r.dropped += m.dropped;
+        r.assigned += (long)BT * config_.moe_top_k;
+        for (float share : m.share) r.max_load = std::max(r.max_load, (double)share);
     }
 
     // ---- tensor parallelism: the collectives of the tensor-parallel group ----
@@ -1354,7 +1457,16 @@ private:
     PinnedBuffer<int> pinned_tokens_;
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;
-    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch
+    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch,
+                                       // expert activations
+    DeviceBuffer<char> moe_acts_;      // the MoE blocks' routing and expert activations (moe_memory_)
+    MoeMemory moe_memory_;
+    PinnedBuffer<int> pinned_moe_;     // a routing's summary on its way to the host
+    std::vector<int> moe_index_;       // per local layer: its MoE block's number (-1: none)
+    std::vector<MoeSummary> moe_summaries_;  // per MoE block: its last forward's routing
+    float moe_grad_scale_ = 1.0f;      // the training forward's grad_scale, for the auxiliary losses
+    bool moe_training_ = false;        // the forward under way is a training pass
+    RouterStats router_stats_;         // since the last take_router_stats
 };
 
 }  // namespace llmc
