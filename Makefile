@@ -19,9 +19,9 @@
 #                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
 #                     skips (one line) where Slurm is not installed or not as root
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
-#                     data, tensor, pipeline and context parallelism and checkpoints on the GPU
+#                     data, tensor, pipeline and context parallelism, checkpoints and mixture of experts on the GPU
 #                     (test/mpi/run_gpu_dp_tests.sh, test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_pp_tests.sh,
-#                     test/gpu/run_gpu_cp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh); each skips without a GPU, and fails instead in a GPU
+#                     test/gpu/run_gpu_cp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh, test/gpu/run_gpu_moe_tests.sh); each skips without a GPU, and fails instead in a GPU
 #                     session (LLMC_GPU_SESSION=1, dev/bench/gpu_session.sh)
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
@@ -291,3 +291,4 @@ test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUIL
 	test/gpu/run_gpu_pp_tests.sh $(BUILD)/test_pp_cuda ./train_gpt
 	test/gpu/run_gpu_cp_tests.sh $(BUILD)/test_cp_cuda ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
+	test/gpu/run_gpu_moe_tests.sh ./train_gpt ./train_gpt_cpu
