@@ -225,12 +225,7 @@ public:
     const ModelConfig& config() const override { return config_; }
     const ParamLayout& layout() const override { return layout_; }
     void set_moe_options(const MoeOptions& o) { moe_options_ = o; }
-    RouterStats take_router_stats() override {
-        RouterStats s = router_stats_;
-        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
-        router_stats_ = {};
-        return s;
-    }
+    RouterStats take_router_stats() override { return router_stats_.take(); }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -789,12 +784,8 @@ private:
     }
     // A training forward's routing of one block into router_stats_.
     void count_routing(const cpu::MoeRouting& r, int BT) {
-        if (!moe_training_) return;
-        RouterStats& s = router_stats_;
-        s.passes++;
-        s.balance_loss += r.balance_loss, s.z_loss += r.z_loss, s.dropped += r.dropped;
-        s.assigned += (long)BT * config_.moe_top_k;
-        for (float share : r.chosen_share) s.max_load = std::max(s.max_load, (double)share);
+        if (moe_training_)
+            router_stats_.add_pass(r.balance_loss, r.z_loss, r.dropped, (long)BT * config_.moe_top_k, r.chosen_share);
     }
 
     ModelConfig config_;

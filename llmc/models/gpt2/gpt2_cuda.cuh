@@ -560,12 +560,7 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
 
-    RouterStats take_router_stats() override {
-        RouterStats s = router_stats_;
-        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
-        router_stats_ = {};
-        return s;
-    }
+    RouterStats take_router_stats() override { return router_stats_.take(); }
 
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
@@ -834,7 +829,9 @@ private:
         const int b = moe_index_[l];
         moe_summaries_[b] = moe_forward(matmul_, a.residual3.at(l), dense ? a.residual3.at(l) : a.residual2.at(l),
                                         moe_memory_.block(b), ln2, moe_weights(l), moe_shape(BT), pinned_moe_.get(), s);
-        count_routing(moe_summaries_[b], BT);
+        const MoeSummary& m = moe_summaries_[b];
+        if (moe_training_)
+            router_stats_.add_pass(m.balance_loss, m.z_loss, m.dropped, (long)BT * config_.moe_top_k, m.share);
     }
     // Its backward on one rank: from dresidual = d(residual3[l]) to d(ln2[l]) in dC.
     void mlp_backward(const CudaActivationLayout& a, int l, int BT) {
@@ -1117,16 +1114,6 @@ private:
         moe_summaries_.resize(blocks);
         own_activation_bytes_ += moe_acts_.bytes();
     }
-    // A training forward's routing of one block into router_stats_ (as GPT2CPU counts it).
-    void count_routing(const MoeSummary& m, int BT) {
-        if (!moe_training_) return;
-        RouterStats& r = router_stats_;
-        r.passes++;
-        r.balance_loss += m.balance_loss, r.z_loss += m.z_loss, r.dropped += m.dropped;
-        r.assigned += (long)BT * config_.moe_top_k;
-        for (float share : m.share) r.max_load = std::max(r.max_load, (double)share);
-    }
-
     // ---- tensor parallelism: the collectives of the tensor-parallel group ----
     // Each starts once the compute stream's work issued before it is done (after_compute); the host
     // waits on its handle (tp_wait) before issuing the kernels that read its result.
