@@ -18,15 +18,17 @@
 // products, the experts' input rows added back to their tokens with the router's input gradient,
 // and the router's weight gradient.
 //
-// One product per expert, not a grouped or batched cuBLASLt call: a batched call needs the same
-// rows for every expert, so it would pad every expert to the busiest one (E times the work when the
-// router is lopsided, and dropless routing can be); cuBLASLt's grouped products are newer than the
-// library version llmc pins and the emulator does not have them. Per-expert products need each
-// expert's row count on the host: the forward copies the E + 1 offsets (and the losses, for the
-// log) to pinned memory and waits for the stream, one synchronisation per MoE block forward; the
-// backward reuses the forward's offsets and never waits. The router's scores are computed here in
-// fp32, not by matmul.cuh: E (8, 64) is far below the width where cuBLASLt pays, need not be a
-// multiple of 8, and fp32 scores make the top-K agree with the fp32 reference except at near-ties.
+// One product per expert, not a grouped or batched call: a batched call needs the same rows for
+// every expert, so it would pad every expert to the busiest one (E times the work when the router
+// is lopsided, and dropless routing can be); a grouped call (one launch, a row count per group)
+// would fit, but the emulated cuBLASLt (dev/emu/cublaslt.cpp) has none, so nothing here could check
+// it: it is the step to take where the E launches per product show in a profile. Per-expert
+// products need each expert's row count on the host: the forward copies the E + 1 offsets (and the
+// losses, for the log) to pinned memory and waits for the stream, one synchronisation per MoE block
+// forward; the backward reuses the forward's offsets and never waits. The router's scores are
+// computed here in fp32, not by matmul.cuh: E is small and need not be a multiple of 8 (as
+// matmul.cuh's widths must), and fp32 scores make the top-K agree with the fp32 reference except
+// at near-ties of the bf16 inputs.
 //
 // bf16 rows, fp32 accumulation; every sum runs in a fixed order, so the results repeat bit for bit.
 #pragma once

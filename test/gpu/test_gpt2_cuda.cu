@@ -349,7 +349,8 @@ GPT2CUDAOptions moe_options(const MoeCase& m, Recompute r = Recompute::None) {
 // have such a token in the first case; seed 3 has none (and the workbench dev/cuda/moe.cu checks
 // the routing itself choice by choice on fp32-exact inputs). A GPU's products round differently
 // than the emulator's: a failure there with every tensor a little off is that, not a wrong kernel.
-TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, routing, every gradient") {
+TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, routing, every gradient; and "
+          "so do evaluation and next-token logits, which count no routing") {
     const int B = 2, T = 16;
     for (const MoeCase& m : MOE_CASES) {
         const ModelConfig c = moe_config(m);
@@ -385,6 +386,13 @@ TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, r
             INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
             CHECK(err <= 5e-2);
         }
+        CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
+                        cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
+        std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
+        gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
+        cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
+        CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+        CHECK(gpu.take_router_stats().passes == 0);
     }
 }
 
