@@ -49,8 +49,8 @@ HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
-             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda $(BUILD)/test_device_comm \
-             $(BUILD)/bench_train_step cuda-workbench)
+             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda $(BUILD)/test_moe_cuda \
+             $(BUILD)/test_device_comm $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
 # as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -268,6 +268,10 @@ $(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/gpu/cuda_test_util.h test/m
 $(BUILD)/test_cp_cuda: test/gpu/test_cp_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
+# Mixture of experts of the CUDA model under data parallelism: the same, run by test/gpu/run_gpu_moe_tests.sh.
+$(BUILD)/test_moe_cuda: test/gpu/test_moe_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 # The device communicators' all_to_all_v (one rank on a real GPU: NCCL refuses two ranks on one).
 $(BUILD)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
@@ -280,6 +284,7 @@ cuda-workbench:
 bench: $(BUILD)/bench_train_step
 
 test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda \
+          $(BUILD)/test_moe_cuda \
           $(BUILD)/test_device_comm \
           cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_ptx
@@ -291,4 +296,4 @@ test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUIL
 	test/gpu/run_gpu_pp_tests.sh $(BUILD)/test_pp_cuda ./train_gpt
 	test/gpu/run_gpu_cp_tests.sh $(BUILD)/test_cp_cuda ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
-	test/gpu/run_gpu_moe_tests.sh ./train_gpt ./train_gpt_cpu
+	test/gpu/run_gpu_moe_tests.sh $(BUILD)/test_moe_cuda ./train_gpt ./train_gpt_cpu

@@ -242,7 +242,8 @@ echo "make ${MAKEARGS[*]}" > "$LOGS/make_args.txt"
 targets=()
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm cuda-workbench) ;;
+    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm
+                    build/test_moe_cuda cuda-workbench) ;;
     sanitize) targets+=(build/test_gpt2_cuda) ;;
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench) ;;
@@ -273,7 +274,7 @@ for stage in "${STAGES[@]}"; do
         step mpi_comm.log 60 mpirun -np 2 build/test_comm  # the carried MPI, before the GPU runs lean on it
         step gpu_dp.log 180 test/mpi/run_gpu_dp_tests.sh ./train_gpt
         step gpu_ckpt.log 90 test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
-        step gpu_moe.log 90 test/gpu/run_gpu_moe_tests.sh ./train_gpt ./train_gpt_cpu
+        step gpu_moe.log 90 test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
         step train_smoke.log 60 ./train_gpt -x 30 -v 10 -s 0 -o "$RUNS/train_smoke"
         keep_run_files train_smoke
         sanitize

@@ -132,6 +132,13 @@ struct CudaBackend {
                            "with data parallelism (-z 0-3) only; drop them, or train with train_gpt_cpu",
                            cfg.model_config.num_experts, cfg.dims.tp, cfg.dims.pp, cfg.dims.cp));
     }
+    // The model options of a config (recomputation, the experts' capacity and losses' weights).
+    static GPT2CUDAOptions options(const RunConfig& cfg) {
+        GPT2CUDAOptions o;
+        o.recompute = (Recompute)cfg.recompute;
+        o.moe = {cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef};
+        return o;
+    }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
         return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};
@@ -175,12 +182,6 @@ private:
         return &group;
     }
 
-    static GPT2CUDAOptions options(const RunConfig& cfg) {
-        GPT2CUDAOptions o;
-        o.recompute = (Recompute)cfg.recompute;
-        o.moe = {cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef};
-        return o;
-    }
 
     // NCCL needs a GPU per rank; through MPI several ranks may share one.
     static int pick_device(const Launch& launch, bool nccl) {
