@@ -19,9 +19,9 @@
 #                     example, srun --mpi=pmix against mpirun, a killed step and a requeued job resumed; it
 #                     skips (one line) where Slurm is not installed or not as root
 #   make test-gpu     the CUDA model against the CPU reference, every kernel workbench's --check, and
-#                     data, tensor, pipeline and context parallelism and checkpoints on the GPU
+#                     data, tensor, pipeline and context parallelism, checkpoints and mixture of experts on the GPU
 #                     (test/mpi/run_gpu_dp_tests.sh, test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_pp_tests.sh,
-#                     test/gpu/run_gpu_cp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh); each skips without a GPU, and fails instead in a GPU
+#                     test/gpu/run_gpu_cp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh, test/gpu/run_gpu_moe_tests.sh); each skips without a GPU, and fails instead in a GPU
 #                     session (LLMC_GPU_SESSION=1, dev/bench/gpu_session.sh)
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
@@ -49,8 +49,8 @@ HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
 # Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
-             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda $(BUILD)/test_device_comm \
-             $(BUILD)/bench_train_step cuda-workbench)
+             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda $(BUILD)/test_moe_cuda \
+             $(BUILD)/test_device_comm $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
 # as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -269,6 +269,10 @@ $(BUILD)/test_pp_cuda: test/gpu/test_pp_cuda.cu test/gpu/cuda_test_util.h test/m
 $(BUILD)/test_cp_cuda: test/gpu/test_cp_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
+# Mixture of experts of the CUDA model under data parallelism: the same, run by test/gpu/run_gpu_moe_tests.sh.
+$(BUILD)/test_moe_cuda: test/gpu/test_moe_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
 # The device communicators' all_to_all_v (one rank on a real GPU: NCCL refuses two ranks on one).
 $(BUILD)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
@@ -281,6 +285,7 @@ cuda-workbench:
 bench: $(BUILD)/bench_train_step
 
 test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda \
+          $(BUILD)/test_moe_cuda \
           $(BUILD)/test_device_comm \
           cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_ptx
@@ -293,3 +298,4 @@ test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUIL
 	test/gpu/run_gpu_cp_tests.sh $(BUILD)/test_cp_cuda ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
+	test/gpu/run_gpu_moe_tests.sh $(BUILD)/test_moe_cuda ./train_gpt ./train_gpt_cpu

@@ -166,7 +166,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "channels", &RunConfig::channels, "override the preset's channel count"},
         {"", "max_seq_len", &RunConfig::max_seq_len, "override the preset's maximum sequence length (1024)"},
         {"", "vocab_size", &RunConfig::vocab_size, "vocabulary size of a preset model (padded to a multiple of 128)"},
-        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model, with data, expert and pipeline parallelism, no --tp/--cp)"},
+        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model with data, expert and pipeline parallelism, no --tp/--cp; CUDA model with data parallelism)"},
         {"", "top_k", &RunConfig::top_k, "with --experts: experts each token is routed to"},
         {"", "moe_every", &RunConfig::moe_every, "with --experts: every N-th block has experts (the last of each N), the others GPT-2's MLP"},
         {"", "moe_shared", &RunConfig::moe_shared, "with --experts: 1 keeps the block's dense MLP as an always-on shared expert beside the routed ones"},

@@ -6,8 +6,10 @@
 // [begin, end) of element indices, which is what ZeRO needs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/fp8.h"
@@ -36,6 +38,27 @@ struct RouterStats {
     double balance_loss = 0, z_loss = 0, max_load = 0;
     double max_rank_load = 0;  // expert parallelism: the largest share of a rank's assignments sent to one rank
     long dropped = 0, assigned = 0;
+
+    // Counts one MoE block's training forward: its losses, drops, choices made and each expert's
+    // share of them.
+    void add_pass(double balance, double z, long dropped_now, long assigned_now, const std::vector<float>& shares) {
+        passes++;
+        balance_loss += balance, z_loss += z, dropped += dropped_now, assigned += assigned_now;
+        for (float share : shares) max_load = std::max(max_load, (double)share);
+    }
+    // What was counted, the losses averaged over the passes; counting starts again.
+    RouterStats take() {
+        RouterStats s = *this;
+        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
+        *this = {};
+        return s;
+    }
+};
+
+// The mixture-of-experts training options (--capacity-factor, --moe-balance-coef, --moe-z-coef), the
+// same for both models.
+struct MoeOptions {
+    float capacity_factor = 0, balance_coef = 0.01f, z_coef = 0.001f;
 };
 
 struct AdamWConfig {

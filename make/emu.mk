@@ -91,7 +91,7 @@ $(EMU_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h $(H
 	$(EMU_LINK)
 
 EMU_TESTS := $(addprefix $(EMU_DIR)/,test_emu test_ptx test_cublaslt test_nccl test_cuda_host test_gpt2_cuda \
-             test_tp_cuda test_pp_cuda test_cp_cuda test_device_comm)
+             test_tp_cuda test_pp_cuda test_cp_cuda test_moe_cuda test_device_comm)
 emu-build: $(EMU_TESTS) $(EMU_BENCHES) train_gpt_emu
 .PHONY: emu-build test-emu
 # OMP_WAIT_POLICY=passive: an idle OpenMP thread that spins takes the core from the one working

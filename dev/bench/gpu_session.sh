@@ -20,8 +20,9 @@
 #   make data                           data/default and data/gpt2_tokenizer.bin
 # On the GPU machine, one call each (carry .device data/default data/gpt2_tokenizer.bin):
 #   dev/bench/gpu_session.sh test       probe, build, CUDA model tests, every workbench --check, data
-#                                       parallelism under mpirun (ZeRO 0-3, NCCL), checkpoints, a
-#                                       short run, compute-sanitizer memcheck and racecheck
+#                                       parallelism under mpirun (ZeRO 0-3, NCCL), checkpoints, mixture
+#                                       of experts against the CPU trainer, a short run, compute-sanitizer
+#                                       memcheck and racecheck
 #   dev/bench/gpu_session.sh sanitize   memcheck and racecheck alone (when `test` ran out of budget)
 #   dev/bench/gpu_session.sh train      d4 default run against the CPU trainer, d12 at T = 1024
 #   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA, and
@@ -245,7 +246,8 @@ echo "make ${MAKEARGS[*]}" > "$LOGS/make_args.txt"
 targets=()
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm cuda-workbench) ;;
+    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm
+                    build/test_moe_cuda cuda-workbench) ;;
     sanitize) targets+=(build/test_gpt2_cuda) ;;
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench) ;;
@@ -278,6 +280,7 @@ for stage in "${STAGES[@]}"; do
         step gpu_dp.log 180 test/mpi/run_gpu_dp_tests.sh ./train_gpt
         step gpu_ckpt.log 90 test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
+        step gpu_moe.log 90 test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
         step train_smoke.log 60 ./train_gpt -x 30 -v 10 -s 0 -o "$RUNS/train_smoke"
         keep_run_files train_smoke
         sanitize

@@ -1,7 +1,8 @@
 // models/cuda_backend.cuh: the CUDA backend (models/backend.h): train_gpt's bf16 GPT-2 on this
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
 // (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp), pipelined (--pp) and
-// context parallel (--cp: ring attention, with any of the other axes; ZeRO over dp x cp).
+// context parallel (--cp: ring attention, with any of the other axes; ZeRO over dp x cp); a
+// mixture-of-experts model, and FP8 products (--fp8), with data parallelism only.
 //
 // The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
 // into the data-parallel, tensor-parallel, pipeline and context groups with the same colours and keys
@@ -43,9 +44,7 @@ struct CudaBackend {
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
     // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
-        if (cfg.model_config.num_experts > 0)
-            fail(strformat("the CUDA model has no mixture of experts yet (%d experts): train it with train_gpt_cpu",
-                           cfg.model_config.num_experts));
+        refuse_experts_with(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -77,6 +76,7 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
+        refuse_experts_with(cfg);
         const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, zero_world(cfg), tp_shape(cfg, 0),
                                                   GPT2Params::stage_slice(pipeline_split(cfg), 0));
         std::string out = memory_plan_report(
@@ -115,6 +115,21 @@ struct CudaBackend {
                            DeviceMemory::precision, pp_rank);
     }
 
+    // The CUDA model's experts (kernels/moe.cuh) run with data parallelism (ZeRO 0-3) only.
+    static void refuse_experts_with(const RunConfig& cfg) {
+        if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1 || cfg.ep > 1))
+            fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d / --ep %d: the CUDA model runs a mixture of "
+                           "experts with data parallelism (-z 0-3) only; drop them, or train with train_gpt_cpu",
+                           cfg.model_config.num_experts, cfg.dims.tp, cfg.dims.pp, cfg.dims.cp, cfg.ep));
+    }
+    // The model options of a config (recomputation, the experts' capacity and losses' weights, FP8).
+    static GPT2CUDAOptions options(const RunConfig& cfg) {
+        GPT2CUDAOptions o;
+        o.recompute = (Recompute)cfg.recompute;
+        o.moe = {cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef};
+        o.fp8 = fp8_options(cfg);
+        return o;
+    }
     // Tensor rank tp_rank's shape of the config's mesh.
     static TpShape tp_shape(const RunConfig& cfg, int tp_rank) {
         return {cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel != 0};
@@ -158,12 +173,6 @@ private:
         return &group;
     }
 
-    static GPT2CUDAOptions options(const RunConfig& cfg) {
-        GPT2CUDAOptions o;
-        o.recompute = (Recompute)cfg.recompute;
-        o.fp8 = fp8_options(cfg);
-        return o;
-    }
 
     // NCCL needs a GPU per rank; through MPI several ranks may share one.
     static int pick_device(const Launch& launch, bool nccl) {

@@ -266,6 +266,28 @@ breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
     'for (uint32_t h = 0; h < s.history_count; h++) m = fmaxf(m, ring[h]);' \
     'for (uint32_t h = 0; h + 1 < s.history_count; h++) m = fmaxf(m, ring[h]);'
 
+# 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
+breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
+    "moe_route_kernel: ties in the top-K go to the higher expert index, not the lower" \
+    'if (!taken && (best < 0 || p[e] > p[best])) best = e;' \
+    'if (!taken && (best < 0 || p[e] >= p[best])) best = e;'
+breakage moe-capacity-off-by-one llmc/kernels/moe.cuh "bench moe" \
+    "moe_assign_kernel: each expert keeps one token more than its capacity" \
+    '                if (taken[e] < capacity) {' \
+    '                if (taken[e] <= capacity) {'
+breakage moe-no-gate-gradient llmc/kernels/moe.cuh "bench moe" \
+    "moe_combine_backward_kernel: the gates' gradient (dout . y) never reaches the router (only the auxiliary losses' does)" \
+    '        if (lane == 0) dp[e] += dgate;' \
+    '        (void)dgate;'
+breakage moe-no-router-weight-gradient llmc/kernels/moe.cuh "bench moe" \
+    "moe_router_weight_backward_kernel: the router's weight gradient is not added" \
+    '    drouter[i] += sum;' \
+    '    (void)sum;'
+breakage moe-shared-expert-gradient-lost llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
+    "GPT2CUDA::mlp_backward: the experts' input gradient overwrites the shared expert's instead of adding to it" \
+    'moe_backward(matmul_, a.dC, dense, g,' \
+    'moe_backward(matmul_, a.dC, false, g,'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"

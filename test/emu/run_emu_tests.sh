@@ -13,7 +13,10 @@
 #      nccl, one emulated GPU per rank);
 #   5. checkpoints: resume bitwise, the CUDA trainer against the CPU trainer (same seed and data),
 #      a checkpoint of either resumed by the other (test/gpu/run_gpu_ckpt_tests.sh);
-#   6. FP8 products: the CUDA trainer against the CPU model's simulation, over 2 ranks, resumed
+#   6. mixture of experts: test_moe_cuda (2 ranks, ZeRO 0-3, against 1 rank), the CUDA trainer
+#      against the CPU trainer and 2 ranks at ZeRO-3 against 1 (test/gpu/run_gpu_moe_tests.sh; the MoE
+#      model and kernels themselves are in 2 and 3);
+#   7. FP8 products: the CUDA trainer against the CPU model's simulation, over 2 ranks, resumed
 #      (test/gpu/run_gpu_fp8_tests.sh).
 # Prints each part's seconds; any failure stops it with a non-zero exit.
 #   test/emu/run_emu_tests.sh [BUILD_DIR]   (default build/emu; the trainers are ./train_gpt_emu, ./train_gpt_cpu)
@@ -59,5 +62,6 @@ part "data parallelism" test/mpi/run_gpu_dp_tests.sh ./train_gpt_emu
 part "tensor parallelism" test/gpu/run_gpu_tp_tests.sh "$emu/test_tp_cuda" ./train_gpt_emu
 part "pipeline parallelism" test/gpu/run_gpu_pp_tests.sh "$emu/test_pp_cuda" ./train_gpt_emu
 part "context parallelism" test/gpu/run_gpu_cp_tests.sh "$emu/test_cp_cuda" ./train_gpt_emu ./train_gpt_cpu
+part "mixture of experts" test/gpu/run_gpu_moe_tests.sh "$emu/test_moe_cuda" ./train_gpt_emu ./train_gpt_cpu
 part "FP8 products" test/gpu/run_gpu_fp8_tests.sh ./train_gpt_emu ./train_gpt_cpu
 echo "run_emu_tests.sh: all emulated CUDA tests passed ($((SECONDS - start)) s)"

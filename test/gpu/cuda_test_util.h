@@ -1,7 +1,7 @@
-// cuda_test_util.h: what the CUDA model's multi-rank tests (test_tp_cuda, test_pp_cuda) share, on
-// top of test/mpi/mpi_test_util.h: the model of a mesh with its planned bytes checked, training it
-// through the trainer, the 1-rank CUDA and CPU references every rank trains for itself, and the
-// same-on-every-rank check.
+// cuda_test_util.h: what the CUDA model's multi-rank tests (test_tp_cuda, test_pp_cuda, test_cp_cuda,
+// test_moe_cuda) share, on top of test/mpi/mpi_test_util.h: the model of a mesh with its planned
+// bytes checked, training it through the trainer, the 1-rank CUDA and CPU references every rank
+// trains for itself, and the same-on-every-rank check.
 #pragma once
 
 #include <cstring>
@@ -44,6 +44,7 @@ inline RunResult train_references(const RunConfig& rc, GPT2CUDA& model, RunResul
     LocalComm local;
     const RunResult cuda = train_cuda(rc, local, nullptr, model);
     GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
+    cpu_model.set_moe_options({rc.capacity_factor, rc.moe_balance_coef, rc.moe_z_coef});
     *cpu = train(rc, local, nullptr, cpu_model);
     check(cuda.losses.back() < cuda.losses.front(),
           strformat("the 1-rank CUDA reference does not learn: loss %.4f -> %.4f", cuda.losses.front(),

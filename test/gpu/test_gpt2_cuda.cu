@@ -474,3 +474,111 @@ int main(int argc, char** argv) {
     if (!cuda_device_present(&why)) return no_gpu_exit_status("test_gpt2_cuda", why);
     return run_catch_session(argc, argv);
 }
+
+// ---- mixture of experts (kernels/moe.cuh) ----
+
+namespace {
+
+// test_config's two layers with 4 experts: top 2 in both blocks, dropless; or top 1 in the second
+// block only, beside the shared expert, with a capacity that drops.
+struct MoeCase {
+    const char* name;
+    int top_k, every, shared;
+    float capacity_factor;
+};
+const MoeCase MOE_CASES[] = {{"4 experts, top 2, every block, dropless", 2, 1, 0, 0.0f},
+                             {"4 experts, top 1, second block, shared expert, capacity 0.75", 1, 2, 1, 0.75f}};
+ModelConfig moe_config(const MoeCase& m) {
+    ModelConfig c = test_config();
+    c.num_experts = 4, c.moe_top_k = m.top_k, c.moe_every = m.every, c.moe_shared = m.shared;
+    return c;
+}
+GPT2CUDAOptions moe_options(const MoeCase& m, Recompute r = Recompute::None) {
+    GPT2CUDAOptions o = options(r);
+    o.moe = {m.capacity_factor, 0.05f, 0.01f};  // weights large enough to show in the router's gradient
+    return o;
+}
+
+}  // namespace
+
+// The routing is compared through its statistics (drops, the busiest expert's share, the losses)
+// and the experts' gradients. A token whose two candidate experts' scores differ by less than the
+// bf16 rounding of its ln2 row can go to another expert on each model (a near-tie, not a bug): that
+// one token then moves every gradient downstream by 5-15%. Of the weight seeds 1-6 and 31, 1 and 31
+// have such a token in the first case; seed 3 has none (and the workbench dev/cuda/moe.cu checks
+// the routing itself choice by choice on fp32-exact inputs). A GPU's products round differently
+// than the emulator's: a failure there with every tensor a little off is that, not a wrong kernel.
+TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, routing, every gradient; and "
+          "so do evaluation and next-token logits, which count no routing") {
+    const int B = 2, T = 16;
+    for (const MoeCase& m : MOE_CASES) {
+        const ModelConfig c = moe_config(m);
+        const std::vector<float> weights = bf16_exact_init(c, 3);
+        const ParamLayout layout = GPT2Params::layout(c);
+        const Batch batch = random_batch(c, B, T, 17);
+        const GPT2CUDAOptions o = moe_options(m);
+        GPT2CPU cpu(c, B, T);
+        cpu.set_moe_options(o.moe);
+        std::copy(weights.begin(), weights.end(), cpu.params());
+        cpu.zero_grad();
+        const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        const RouterStats cpu_routing = cpu.take_router_stats();
+
+        GPT2CUDA gpu(c, B, T, o);
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        const float gpu_loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        const RouterStats gpu_routing = gpu.take_router_stats();
+        INFO(m.name << ": loss gpu " << gpu_loss << " cpu " << cpu_loss);
+        CHECK(rel_error(gpu_loss, cpu_loss) <= 1e-2);
+        CHECK(gpu_routing.passes == cpu_routing.passes);
+        CHECK(gpu_routing.dropped == cpu_routing.dropped);
+        CHECK(gpu_routing.assigned == cpu_routing.assigned);
+        CHECK(gpu_routing.max_load == Approx(cpu_routing.max_load).epsilon(1e-6));
+        CHECK(rel_error(gpu_routing.balance_loss, cpu_routing.balance_loss) <= 1e-2);
+        CHECK(rel_error(gpu_routing.z_loss, cpu_routing.z_loss) <= 1e-2);
+        if (m.capacity_factor > 0) CHECK(gpu_routing.dropped > 0);  // the case reaches the drops
+
+        const std::vector<float> g = grads_of(gpu);
+        for (const ParamLayout::Segment& s : layout.segments()) {
+            const double err = rel_error(g.data() + s.begin, cpu.grads() + s.begin, s.end - s.begin);
+            INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
+            CHECK(err <= 5e-2);
+        }
+        CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
+                        cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
+        std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
+        gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
+        cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
+        CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+        CHECK(gpu.take_router_stats().passes == 0);
+    }
+}
+
+TEST_CASE("a mixture-of-experts model: recomputation 1-3 repeats the gradients bitwise, and the memory plan "
+          "equals what it allocates") {
+    const int B = 2, T = 16;
+    const MoeCase& m = MOE_CASES[1];
+    const ModelConfig c = moe_config(m);
+    const std::vector<float> weights = bf16_exact_init(c, 33);
+    const Batch batch = random_batch(c, B, T, 19);
+    std::vector<float> grads[4];
+    for (int r = 0; r <= 3; r++) {
+        const GPT2CUDAOptions o = moe_options(m, (Recompute)r);
+        GPT2CUDA gpu(c, B, T, o);
+        size_t planned[(int)MemoryKind::Count] = {};
+        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, B, T, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+            planned[(int)s.kind] += s.bytes();
+        for (int k = 0; k < (int)MemoryKind::Count; k++) {
+            INFO("recompute " << r << ", " << memory_kind_name((MemoryKind)k));
+            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+        }
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        grads[r] = grads_of(gpu);
+    }
+    CHECK(grads[1] == grads[2]);
+    CHECK(grads[1] == grads[3]);
+    CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 1e-2);
+}

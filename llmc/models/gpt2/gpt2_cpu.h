@@ -161,11 +161,6 @@ struct ActivationLayout {
     }
 };
 
-// The mixture-of-experts training options (--capacity-factor, --moe-balance-coef, --moe-z-coef).
-struct MoeOptions {
-    float capacity_factor = 0, balance_coef = 0.01f, z_coef = 0.001f;
-};
-
 class GPT2CPU : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
@@ -255,12 +250,7 @@ public:
         engine_.attach_replicated_state(&fp8_);
     }
     Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
-    RouterStats take_router_stats() override {
-        RouterStats s = router_stats_;
-        if (s.passes > 0) s.balance_loss /= s.passes, s.z_loss /= s.passes;
-        router_stats_ = {};
-        return s;
-    }
+    RouterStats take_router_stats() override { return router_stats_.take(); }
     int max_batch() const override { return max_B_; }
     int max_seq_len() const override { return max_T_; }
 
@@ -865,14 +855,10 @@ private:
     void count_routing(const MoeBlock& b, int BT) {
         if (!moe_training_) return;
         const cpu::MoeRouting& r = b.routing;
-        RouterStats& s = router_stats_;
-        s.passes++;
-        s.balance_loss += r.balance_loss, s.z_loss += r.z_loss, s.dropped += r.dropped;
-        s.assigned += (long)BT * config_.moe_top_k;
-        for (float share : r.chosen_share) s.max_load = std::max(s.max_load, (double)share);
+        router_stats_.add_pass(r.balance_loss, r.z_loss, r.dropped, (long)BT * config_.moe_top_k, r.chosen_share);
         if (ep_comm_.world_size() > 1 && r.begin.back() > 0)
             for (int rows : b.exchange.rows_out())
-                s.max_rank_load = std::max(s.max_rank_load, (double)rows / r.begin.back());
+                router_stats_.max_rank_load = std::max(router_stats_.max_rank_load, (double)rows / r.begin.back());
     }
 
     ModelConfig config_;

@@ -60,6 +60,14 @@
 // into tp blocks); under pipeline parallelism each stage's context group rings its own layers, and
 // the stages' messages carry the rank's rows.
 //
+// Mixture of experts (ModelConfig::num_experts, kernels/moe.cuh): a block with experts routes its
+// ln2 rows and runs its experts in place of the MLP (or beside it, the shared expert), as GPT2CPU
+// does; its routing and the experts' activations are kept per MoE block in an allocation of their
+// own, sized for dropless routing of max_B x max_T tokens (or the capacity's cap), which backward
+// reads whatever the recomputation setting (-r 3 re-runs a block's forward up to its MLP only). The
+// forward of each MoE block waits for its routing's row counts (one stream synchronisation, see
+// moe.cuh). Data parallelism (ZeRO 0-3) only: tensor, pipeline and context parallelism are refused.
+//
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
 #pragma once
@@ -82,6 +90,7 @@
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/kernels/moe.cuh"
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/fp8_linears.cuh"
@@ -102,6 +111,7 @@ struct GPT2CUDAOptions {
     Recompute recompute = Recompute::None;
     int classifier_chunk_rows = 8192;  // logits rows computed at once (8192 x 50304 bf16 = 786 MiB)
     Fp8Options fp8;                    // the blocks' products in FP8 (fp8_linears.cuh)
+    MoeOptions moe;                    // a mixture-of-experts model's capacity and auxiliary losses
 };
 
 // A per-layer activation: L slices back to back, or, when backward recomputes it, one slice that
@@ -408,6 +418,7 @@ public:
         own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
                                 DeviceMemory::scratch_bytes() +
                                 Fp8LinearsCUDA::device_bytes(layout_.num_layers(), options_.fp8, comm_.world_size());
+        if (config_.num_experts > 0) allocate_experts();
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -429,7 +440,12 @@ public:
                              Fp8LinearsCUDA::device_bytes(stage.layers < 0 ? c.num_layers : stage.layers, o.fp8,
                                                           plan.world_size),
                              1});
+        if (c.num_experts > 0) specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o), 1});
         return specs;
+    }
+    // The MoE blocks' routing and expert activations for max_B x max_T tokens (moe.cuh's MoeMemory).
+    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o) {
+        return MoeMemory::bytes_for(moe_shape_of(c, max_B * max_T, o), moe_blocks(c));
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -566,6 +582,8 @@ public:
     }
     Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
 
+    RouterStats take_router_stats() override { return router_stats_.take(); }
+
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
         tp_exposed_ms_ = 0;
@@ -672,6 +690,8 @@ private:
         last_B_ = B;
         last_T_ = T;
         fp8_.set_recording(pass == Pass::Train);
+        moe_training_ = pass == Pass::Train;
+        moe_grad_scale_ = grad_scale;  // the auxiliary losses' gradients scale as the loss's
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
@@ -792,12 +812,24 @@ private:
             layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
                               param(P::LN2B, l), n, C, s);
         }
+        mlp_forward(a, l, BT, for_backward);
+    }
+
+    // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (moe.cuh), or both (the
+    // shared expert beside the routed ones, added after it as GPT2CPU adds them). `for_backward`: a
+    // whole-block recomputation, which stops before the dense projection and leaves the experts'
+    // activations as the forward kept them.
+    void mlp_forward(const CudaActivationLayout& a, int l, int BT, bool for_backward) {
+        const int C = config_.channels, Cl = C / tp_.size;
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
         const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
-        if (options_.recompute == Recompute::None) {
+        const bool dense = layout_.has(P::FCW, l);
+        if (dense && options_.recompute == Recompute::None) {
             PhaseScope phase(timer_, "matmul", s);
             linear_forward(a, l, FP8_FC, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l),
                            nullptr, BT, C, 4 * Cl);
-        } else {
+        } else if (dense) {
             // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
                 PhaseScope phase(timer_, "matmul", s);
@@ -808,8 +840,39 @@ private:
             gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
         if (for_backward) return;
-        row_parallel_forward(a, l, FP8_FCPROJ, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l),
-                             param(P::FCPROJB, l), a.residual2.at(l), BT, 4 * Cl, C);
+        if (dense)
+            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l),
+                                 param(P::FCPROJB, l), a.residual2.at(l), BT, 4 * Cl, C);
+        if (!is_moe_layer(l)) return;
+        PhaseScope phase(timer_, "experts", s);
+        const int b = moe_index_[l];
+        moe_summaries_[b] = moe_forward(matmul_, a.residual3.at(l), dense ? a.residual3.at(l) : a.residual2.at(l),
+                                        moe_memory_.block(b), ln2, moe_weights(l), moe_shape(BT), pinned_moe_.get(), s);
+        const MoeSummary& m = moe_summaries_[b];
+        if (moe_training_)
+            router_stats_.add_pass(m.balance_loss, m.z_loss, m.dropped, (long)BT * config_.moe_top_k, m.share);
+    }
+    // Its backward on one rank: from dresidual = d(residual3[l]) to d(ln2[l]) in dC.
+    void mlp_backward(const CudaActivationLayout& a, int l, int BT) {
+        const int C = config_.channels;
+        cudaStream_t s = stream_.get();
+        using P = GPT2Params;
+        const bool dense = layout_.has(P::FCW, l);
+        if (dense) {  // the MLP projection read fch_gelu, whose GELU came from fch
+            PhaseScope phase(timer_, "matmul", s);
+            linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual,
+                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C);
+            linear_backward(a, l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2.at(l),
+                            param(P::FCW, l), nullptr, BT, C, 4 * C);
+        }
+        if (!is_moe_layer(l)) return;
+        PhaseScope phase(timer_, "experts", s);
+        const int b = moe_index_[l];
+        const MoeGradsF32 g{grad(P::ROUTERW, l), grad(P::EFCW, l), grad(P::EFCB, l), grad(P::EFCPROJW, l),
+                            grad(P::EFCPROJB, l)};
+        moe_backward(matmul_, a.dC, dense, g, moe_memory_.scratch(), a.dresidual, a.ln2.at(l), moe_memory_.block(b),
+                     moe_summaries_[b], moe_weights(l), moe_shape(BT), options_.moe.balance_coef * moe_grad_scale_,
+                     options_.moe.z_coef * moe_grad_scale_, s);
     }
 
     // out = base + inp W^T + bias. One rank: one product with the bias and the residual in its
@@ -874,6 +937,7 @@ private:
         }
             [[fallthrough]];
         case Recompute::Gelu: {
+            if (!layout_.has(P::FCW, l)) return;  // experts only: they keep their own GELU output
             PhaseScope phase(timer_, "gelu", s);
             gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
         }
@@ -950,14 +1014,7 @@ private:
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
         const floatX* residual = layer_input(a, l, B * T);
-        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
-        {
-            PhaseScope phase(timer_, "matmul", s);
-            linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual,
-                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C);
-            linear_backward(a, l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2.at(l),
-                            param(P::FCW, l), nullptr, BT, C, 4 * C);
-        }
+        mlp_backward(a, l, BT);  // dresidual is d(residual3[l]); dC becomes d(ln2[l])
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
@@ -1058,6 +1115,39 @@ private:
         finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
     }
 
+    // ---- mixture of experts (kernels/moe.cuh) ----
+
+    static int moe_blocks(const ModelConfig& c) {
+        int blocks = 0;
+        for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
+        return blocks;
+    }
+    static cpu::MoeShape moe_shape_of(const ModelConfig& c, int rows, const GPT2CUDAOptions& o) {
+        return {rows, c.channels, 4 * c.channels, c.num_experts, c.moe_top_k, o.moe.capacity_factor};
+    }
+    cpu::MoeShape moe_shape(int BT) const { return moe_shape_of(config_, BT, options_); }
+    bool is_moe_layer(int l) const { return config_.is_moe_layer(layout_.global_layer(l)); }
+    MoeWeightsBf16 moe_weights(int l) const {
+        using P = GPT2Params;
+        return {param(P::ROUTERW, l), param(P::EFCW, l), param(P::EFCB, l), param(P::EFCPROJW, l),
+                param(P::EFCPROJB, l)};
+    }
+    // The MoE blocks' memory (moe_bytes), numbered in layer order.
+    void allocate_experts() {
+        if (tp_.size > 1 || stage_.pipelined || cp_.size > 1)
+            fail(strformat("GPT2CUDA: a mixture-of-experts model (%d experts) runs with data parallelism only on "
+                           "CUDA, not --tp %d / --pp %d / --cp %d",
+                           config_.num_experts, tp_.size, pp_host_.world_size(), cp_.size));
+        moe_acts_.allocate(moe_bytes(config_, max_B_, max_T_, options_), "expert activations");
+        moe_memory_ = MoeMemory(moe_shape(max_B_ * max_T_), moe_blocks(config_), moe_acts_.get());
+        pinned_moe_ = PinnedBuffer<int>(moe_summary_words(config_.num_experts), "routing summary download");
+        moe_index_.assign(layout_.num_layers(), -1);
+        int blocks = 0;
+        for (int l = 0; l < layout_.num_layers(); l++)
+            if (is_moe_layer(l)) moe_index_[l] = blocks++;
+        moe_summaries_.resize(blocks);
+        own_activation_bytes_ += moe_acts_.bytes();
+    }
     // ---- tensor parallelism: the collectives of the tensor-parallel group ----
     // Each starts once the compute stream's work issued before it is done (after_compute); the host
     // waits on its handle (tp_wait) before issuing the kernels that read its result.
@@ -1409,7 +1499,16 @@ private:
     PinnedBuffer<int> pinned_tokens_;
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;
-    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch
+    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch,
+                                       // expert activations
+    DeviceBuffer<char> moe_acts_;      // the MoE blocks' routing and expert activations (moe_memory_)
+    MoeMemory moe_memory_;
+    PinnedBuffer<int> pinned_moe_;     // a routing's summary on its way to the host
+    std::vector<int> moe_index_;       // per local layer: its MoE block's number (-1: none)
+    std::vector<MoeSummary> moe_summaries_;  // per MoE block: its last forward's routing
+    float moe_grad_scale_ = 1.0f;      // the training forward's grad_scale, for the auxiliary losses
+    bool moe_training_ = false;        // the forward under way is a training pass
+    RouterStats router_stats_;         // since the last take_router_stats
 };
 
 }  // namespace llmc
