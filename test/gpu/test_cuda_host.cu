@@ -353,6 +353,7 @@ TEST_CASE("llmc/fp8.h encodes as CUDA's __nv_cvt_float_to_fp8 with saturation do
             CAPTURE(code);
             CHECK(((std::isnan(ours) && std::isnan(theirs)) || ours == theirs));
         }
+}
 
 // Needs the CUDA model's memory plan (flash attention: no T x T matrix), hence here and not in
 // test_step_model.cpp. With 80 GiB the sequence fits a data-parallel rank without context

@@ -73,6 +73,32 @@ std::vector<float> master_of(GPT2CUDA& m) {
     return p;
 }
 
+// One training step's loss and gradients at each recomputation setting, the model options for -r r
+// made by options_of(r).
+template <typename OptionsOf>
+void step_per_recompute(const ModelConfig& c, const std::vector<float>& weights, const Batch& batch, int B, int T,
+                        OptionsOf options_of, float losses[4], std::vector<float> grads[4]) {
+    for (int r = 0; r <= 3; r++) {
+        GPT2CUDA gpu(c, B, T, options_of((Recompute)r));
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        losses[r] = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        grads[r] = grads_of(gpu);
+    }
+}
+
+// What the memory plan of these options says a one-rank model allocates, kind by kind, is what `gpu`
+// (made with them) allocated.
+void check_plan_equals_allocation(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const GPT2CUDA& gpu) {
+    size_t planned[(int)MemoryKind::Count] = {};
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, B, T, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+        planned[(int)s.kind] += s.bytes();
+    for (int k = 0; k < (int)MemoryKind::Count; k++) {
+        INFO("recompute " << (int)o.recompute << ", " << memory_kind_name((MemoryKind)k));
+        CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every gradient tensor within 5e-2") {
@@ -217,13 +243,7 @@ TEST_CASE("recomputation 1-3 gives gradients bitwise equal to each other, and wi
     const Batch batch = random_batch(c, B, T, 13);
     std::vector<float> grads[4];
     float losses[4];
-    for (int r = 0; r <= 3; r++) {
-        GPT2CUDA gpu(c, B, T, options((Recompute)r));
-        gpu.set_master_weights(weights.data());
-        gpu.zero_grad();
-        losses[r] = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-        grads[r] = grads_of(gpu);
-    }
+    step_per_recompute(c, weights, batch, B, T, [](Recompute r) { return options(r); }, losses, grads);
     CHECK(losses[1] == losses[2]);
     CHECK(losses[1] == losses[3]);
     CHECK(grads[1] == grads[2]);
@@ -280,14 +300,7 @@ TEST_CASE("the memory plan equals what the model allocates, for every recomputat
     const ModelConfig c = test_config();
     for (int r = 0; r <= 3; r++) {
         const GPT2CUDAOptions o = options((Recompute)r);
-        GPT2CUDA gpu(c, 4, 64, o);
-        size_t planned[(int)MemoryKind::Count] = {};
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 4, 64, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
-            planned[(int)s.kind] += s.bytes();
-        for (int k = 0; k < (int)MemoryKind::Count; k++) {
-            INFO("recompute " << r << ", " << memory_kind_name((MemoryKind)k));
-            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
-        }
+        check_plan_equals_allocation(c, 4, 64, o, GPT2CUDA(c, 4, 64, o));
     }
     // each setting keeps less than the one before
     size_t previous = SIZE_MAX;
@@ -390,28 +403,24 @@ TEST_CASE("FP8: recomputation 1-3 give bitwise equal gradients, and the memory p
     const std::vector<float> weights = bf16_exact_init(c, 9);
     const int B = 2, T = 64;
     const Batch batch = random_batch(c, B, T, 13);
+    auto delayed = [](Recompute r) { return fp8_options(r, Fp8Scaling::Delayed); };
     std::vector<float> grads[4];
-    for (int r = 0; r <= 3; r++) {
-        const GPT2CUDAOptions o = fp8_options((Recompute)r, Fp8Scaling::Delayed);
-        GPT2CUDA gpu(c, B, T, o);
-        gpu.set_master_weights(weights.data());
-        gpu.zero_grad();
-        gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-        grads[r] = grads_of(gpu);
-        CHECK(gpu.take_fp8_stats().counts[FP8_QKV][FP8_INPUT].elements == (uint64_t)c.num_layers * B * T * c.channels);
-        size_t planned[(int)MemoryKind::Count] = {};
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, B, T, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
-            planned[(int)s.kind] += s.bytes();
-        for (int k = 0; k < (int)MemoryKind::Count; k++) {
-            INFO("recompute " << r << ", " << memory_kind_name((MemoryKind)k));
-            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
-        }
-    }
+    float losses[4];
+    step_per_recompute(c, weights, batch, B, T, delayed, losses, grads);
     CHECK(grads[1] == grads[2]);
     CHECK(grads[1] == grads[3]);
     // -r 0 fuses GELU into the fc product's epilogue, -r 1-3 run the GELU kernel: bf16 values that
     // differ in their last bit, a few of which then take another FP8 code (5.7e-2 emulated).
     CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 0.1);
+    for (int r = 0; r <= 3; r++) {
+        GPT2CUDA gpu(c, B, T, delayed((Recompute)r));
+        check_plan_equals_allocation(c, B, T, delayed((Recompute)r), gpu);
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        // a whole-block recomputation casts again without counting
+        CHECK(gpu.take_fp8_stats().counts[FP8_QKV][FP8_INPUT].elements == (uint64_t)c.num_layers * B * T * c.channels);
+    }
 }
 
 TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it continues the same way") {
