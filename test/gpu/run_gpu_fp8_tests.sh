@@ -51,7 +51,7 @@ grep -q "resumed from $dir/cpu_resumed/ckpt_00000006" "$dir/cpu_resumed.log" || 
 compare ref cpu_resumed "$limit" 6  # steps 7-12
 
 # 4. refused
-if "$trainer" "${common[@]}" -b 16 --tp 2 -o "$dir/bad" > "$dir/bad.log" 2>&1; then
+if "$trainer" "${common[@]}" -b 16 --tp 2 --plan 2 -o "$dir/bad" > "$dir/bad.log" 2>&1; then
     echo "FAIL: --fp8 with --tp ran"; exit 1
 fi
 grep -q -- "--fp8 1 runs a dense model with data parallelism" "$dir/bad.log" || { cat "$dir/bad.log"; exit 1; }
