@@ -36,7 +36,7 @@
 #                                       workbenches, test_cp_cuda (cp 2; cp 2 x tp 2, sp on and off;
 #                                       pp 2 x cp 2; dp 2 x cp 2) and the trainer's --cp runs and resumes
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
-#   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48, PyTorch compiled, and
+#   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8), PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget.
 # Exit status: 0 when every step passed, 3 when there is no GPU, 1 otherwise.
@@ -323,6 +323,9 @@ for stage in "${STAGES[@]}"; do
         step bench_d12.log 90 build/bench_train_step -e d12 -t 1024 --profile
         step torch_d12.log 200 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
         step bench_d48.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --profile
+        # FP8 against bf16 (issue 28): the same steps with the blocks' products in FP8
+        step bench_d12_fp8.log 90 build/bench_train_step -e d12 -t 1024 --fp8 current --profile
+        step bench_d48_fp8.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --fp8 current
         step bench_d24.log 90 build/bench_train_step -e d24 -t 1024 -r 1
         step bench_d36.log 90 build/bench_train_step -e d36 -t 1024 -r 2 --steps 5
         # Comparisons with fetched code (llm.c) are not part of this repository: a session that

@@ -4,11 +4,13 @@
 //   build/bench_train_step -e d12 -t 1024              largest micro-batch that fits, no recompute
 //   build/bench_train_step -e d48 -t 1024 -r 3 -b 8    GPT-2 1.5B, whole-block recomputation
 //   build/bench_train_step -e d12 --profile            also the per-kernel time shares of one step
+//   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //
 // A step is what the trainer does: zero_grad, forward+backward of one micro-batch, the global
 // gradient norm and AdamW, on random tokens (no data loading). MFU counts model_flops_per_token
 // (models/gpt2/params.h: 6 N + 6 L C T, N the parameters without the position embedding, the second term
-// causal attention) against the GPU's dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM).
+// causal attention) against the GPU's dense bf16 peak (--peak-tflops, default 989 for H100/H200 SXM);
+// with --fp8 the blocks' products count against twice that, FP8's peak (mfu.h).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/mfu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 
 using namespace llmc;
@@ -32,12 +35,13 @@ struct Args {
     int steps = 10, warmup = 3;
     bool profile = false;
     double peak_tflops = 989.0;
+    std::string fp8 = "off";  // off, current or delayed
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
     fprintf(stderr,
             "%s\nusage: %s [-e d12|d24|d36|d48] [-t T] [-b B (0: largest that fits)] [-r 0..3] [--steps N] "
-            "[--warmup N] [--profile] [--peak-tflops X]\n",
+            "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed]\n",
             why.c_str(), prog);
     exit(2);
 }
@@ -58,10 +62,12 @@ Args parse(int argc, char** argv) {
         else if (f == "--warmup") a.warmup = atoi(value());
         else if (f == "--profile") a.profile = true;
         else if (f == "--peak-tflops") a.peak_tflops = atof(value());
+        else if (f == "--fp8") a.fp8 = value();
         else usage(argv[0], "unknown flag " + f);
     }
     if (!is_model_preset(a.model)) usage(argv[0], "-e must be a preset, got " + a.model);
     if (a.recompute < 0 || a.recompute > 3) usage(argv[0], "-r must be 0..3");
+    if (a.fp8 != "off" && a.fp8 != "current" && a.fp8 != "delayed") usage(argv[0], "--fp8 must be off, current or delayed");
     if (a.T < 1 || a.B < 0 || a.steps < 1 || a.warmup < 0) usage(argv[0], "-t, -b, --steps, --warmup out of range");
     return a;
 }
@@ -115,6 +121,7 @@ int main(int argc, char** argv) {
         const ModelConfig c = model_preset(args.model, std::max(1024, args.T));
         GPT2CUDAOptions o;
         o.recompute = (Recompute)args.recompute;
+        o.fp8 = {args.fp8 != "off", args.fp8 == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, 16};
         Run run;
         int B = args.B;
         if (B > 0) {
@@ -135,14 +142,15 @@ int main(int argc, char** argv) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double step_ms = seconds * 1e3 / args.steps;
         const double tokens_per_s = (double)B * args.T * args.steps / seconds;
-        const double mfu = model_flops_per_token(c, args.T) * tokens_per_s / (args.peak_tflops * 1e12);
+        const double mfu = model_flops_utilization(model_flops_per_token(c, args.T), tokens_per_s, args.peak_tflops, 1,
+                                                   o.fp8.enabled ? fp8_flops_per_token(c) : 0, 2 * args.peak_tflops);
         size_t bytes = 0;
         for (int k = 0; k < (int)MemoryKind::Count; k++) bytes += run.model->allocated_bytes((MemoryKind)k);
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        printf("| device | model | B | T | recompute | step ms | tokens/s | MFU | llmc memory |\n");
-        printf("| %s | %s | %d | %d | %d | %.1f | %.0f | %.1f%% | %.1f GiB |\n", prop.name, args.model.c_str(), B,
-               args.T, args.recompute, step_ms, tokens_per_s, 100.0 * mfu, bytes / 1073741824.0);
+        printf("| device | model | B | T | recompute | fp8 | step ms | tokens/s | MFU | llmc memory |\n");
+        printf("| %s | %s | %d | %d | %d | %s | %.1f | %.0f | %.1f%% | %.1f GiB |\n", prop.name, args.model.c_str(), B,
+               args.T, args.recompute, args.fp8.c_str(), step_ms, tokens_per_s, 100.0 * mfu, bytes / 1073741824.0);
 
         if (args.profile) {
             run.model->enable_phase_timing(true);
