@@ -18,6 +18,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+
+#include "llmc/utils.h"
 
 namespace llmc::fp8 {
 
@@ -176,5 +179,16 @@ struct Fp8Stats {
         return t;
     }
 };
+
+// Delayed scaling's checkpoint state ("fp8_scaling", the same for both models): per scaled tensor
+// its scale, whether it has one, its history's length and `history` amaxes, oldest first.
+inline size_t fp8_state_floats_per_tensor(int history) { return 3 + (size_t)history; }
+inline void check_fp8_state_size(size_t values, size_t tensors, int history, const std::string& where) {
+    const size_t expected = tensors * fp8_state_floats_per_tensor(history);
+    if (values != expected)
+        fail(strformat("%s: the FP8 scaling state holds %zu values; this model (%zu scaled tensors, --fp8-history "
+                       "%d) expects %zu (resume with the checkpoint's --fp8-history)",
+                       where.c_str(), values, tensors, history, expected));
+}
 
 }  // namespace llmc

@@ -108,12 +108,8 @@ public:
         return out;
     }
     void set_state(const std::vector<float>& state, const std::string& where) {
-        const size_t per_tensor = 3 + (size_t)options_.history;
-        if (state.size() != scales_.size() * per_tensor)
-            fail(strformat("%s: the FP8 scaling state holds %zu values; this model (%zu scaled tensors, "
-                           "--fp8-history %d) expects %zu (resume with the checkpoint's --fp8-history)",
-                           where.c_str(), state.size(), scales_.size(), options_.history,
-                           scales_.size() * per_tensor));
+        const size_t per_tensor = fp8_state_floats_per_tensor(options_.history);
+        check_fp8_state_size(state.size(), scales_.size(), options_.history, where);
         for (size_t i = 0; i < scales_.size(); i++) {
             const float* v = state.data() + i * per_tensor;
             TensorScale& s = scales_[i];
@@ -154,11 +150,10 @@ private:
         TensorScale& s = scales_[((size_t)layer * FP8_PRODUCTS + p) * FP8_OPERANDS + operand];
         const fp8::Format format = fp8_format(operand);
         const bool delayed = options_.scaling == Fp8Scaling::Delayed && s.primed;
-        const float amax = delayed && !record ? 0.0f : amax_of(x, n);
-        const float scale = delayed ? s.scale : fp8::scale_for_amax(amax, format, 1.0f);
+        const float scale = delayed ? s.scale : fp8::scale_for_amax(amax_of(x, n), format, 1.0f);
         scratch.assign(x, x + n);
         fp8::Clipping clipping;
-        fp8::quantize(scratch.data(), (int64_t)n, scale, format, record ? &clipping : nullptr);
+        const float amax = fp8::quantize(scratch.data(), (int64_t)n, scale, format, record ? &clipping : nullptr);
         if (record) {
             s.step_amax = std::max(s.step_amax, amax);
             Fp8Counts& c = stats_.counts[p][operand];

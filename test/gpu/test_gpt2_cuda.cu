@@ -73,6 +73,16 @@ std::vector<float> master_of(GPT2CUDA& m) {
     return p;
 }
 
+// The evaluation loss and the next-token logits of the same weights on the two models, within 1e-2.
+void check_evaluation_matches(GPT2CUDA& gpu, GPT2CPU& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
+    CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
+                    cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
+    std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
+    gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
+    cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
+    CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+}
+
 // One training step's loss and gradients at each recomputation setting, the model options for -r r
 // made by options_of(r).
 template <typename OptionsOf>
@@ -138,12 +148,7 @@ TEST_CASE("evaluation loss and next-token logits match the CPU reference within 
     std::copy(weights.begin(), weights.end(), cpu.params());
     GPT2CUDA gpu(c, B, T);
     gpu.set_master_weights(weights.data());
-    CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
-                    cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
-    std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
-    gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
-    cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
-    CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+    check_evaluation_matches(gpu, cpu, c, batch, B, T);
 }
 
 TEST_CASE("10 AdamW steps track the CPU reference: every loss within 2e-2") {
@@ -554,12 +559,7 @@ TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, r
             INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
             CHECK(err <= 5e-2);
         }
-        CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
-                        cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
-        std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
-        gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
-        cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
-        CHECK(rel_error(gpu_logits.data(), cpu_logits.data(), c.vocab_size) <= 1e-2);
+        check_evaluation_matches(gpu, cpu, c, batch, B, T);
         CHECK(gpu.take_router_stats().passes == 0);
     }
 }

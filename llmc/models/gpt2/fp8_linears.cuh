@@ -165,11 +165,8 @@ public:
         if (name != "fp8_scaling") return false;
         if (!enabled() || options_.scaling != Fp8Scaling::Delayed) return true;  // no use for the histories
         const int H = options_.history;
-        const size_t per_tensor = 3 + (size_t)H;
-        if (values.size() != (size_t)tensors_ * per_tensor)
-            fail(strformat("%s: the FP8 scaling state holds %zu values; this model (%d scaled tensors, --fp8-history "
-                           "%d) expects %zu (resume with the checkpoint's --fp8-history)",
-                           where.c_str(), values.size(), tensors_, H, tensors_ * per_tensor));
+        const size_t per_tensor = fp8_state_floats_per_tensor(H);
+        check_fp8_state_size(values.size(), tensors_, H, where);
         std::vector<Fp8Scale> scales(tensors_);
         std::vector<float> rings((size_t)tensors_ * H, 0.0f);
         bool all_primed = true;
