@@ -280,6 +280,9 @@ run "--ep on a dense model" "--ep 2 splits a mixture-of-experts model's experts,
 run "--ep not dividing the experts" "--ep 2 must divide the model's 3 experts" --plan 2 --ep 2 --experts 3 --top-k 1
 run "--ep not dividing dp" "--ep 3 must be >= 1 and divide the 2 data-parallel rank(s)" --plan 2 --ep 3 --experts 6
 run "--capacity-factor below 0" "--capacity-factor must be 0 (dropless) or positive, got -1" --experts 4 --capacity-factor -1
+run "--fp8 other than 0/1" "--fp8 must be 0 or 1, got 2" --fp8 2
+run "--fp8-history below 1" "--fp8-history must be >= 1 step, got 0" --fp8 1 --fp8-history 0
+run "--fp8 with experts" "--fp8 1 runs a dense model with data parallelism" --fp8 1 --experts 4
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
 expect_diverged() {
