@@ -17,6 +17,8 @@
 #
 # Here, once (network needed, no GPU):
 #   dev/bench/gpu_session.sh prepare    .device/: headers, make, Open MPI (Debian 12 packages)
+#   dev/bench/gpu_session.sh prebuild   .device/prebuilt.tar.xz: every stage's programs (saves the device
+#                                       minutes nvcc would take there)
 #   make data                           data/default and data/gpt2_tokenizer.bin
 # On the GPU machine, one call each (carry .device data/default data/gpt2_tokenizer.bin):
 #   dev/bench/gpu_session.sh test       probe, build, CUDA model tests, every workbench --check, data
@@ -38,7 +40,8 @@
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8), PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
-# Several stages may share a call (`train kernels`); they share its budget.
+# Several stages may share a call (`train kernels`); they share its budget and run in the order named
+# (`test train sanitize` moves test's memcheck and racecheck after train).
 # Exit status: 0 when every step passed, 3 when there is no GPU, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -111,6 +114,32 @@ if [ "${STAGES[0]}" = prepare ]; then
     exit 0
 fi
 
+# ---- prebuild (here, not on the device): the GPU programs, so the device's minutes are not spent on nvcc ----
+# The committed and uncommitted tracked files are copied to $PREBUILD_DIR (kept between prebuilds,
+# mtimes preserved, so a second prebuild is incremental) and built there for every stage, with the
+# host code for any x86-64-v3 processor instead of -march=native (the device's CPU is not this one's).
+# The programs are packed into .device/prebuilt.tar.xz at their paths in the tree; on the device the
+# build step unpacks them in place and runs make only if one of them cannot load its libraries there.
+ALL_TARGETS="train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm
+             build/test_moe_cuda build/bench_train_step build/test_tp_cuda build/test_pp_cuda build/test_cp_cuda"
+if [ "${STAGES[0]}" = prebuild ]; then
+    set -e
+    dir=${PREBUILD_DIR:-/tmp/llmc_prebuild}
+    mkdir -p "$dir"
+    git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$dir"
+    portable="-O3 -march=x86-64-v3"  # through the environment: the Makefiles append to CXXFLAGS
+    # shellcheck disable=SC2086
+    CXXFLAGS=$portable make -C "$dir" -j"$(nproc)" "CUDA_HOST_FLAGS=-Xcompiler -fopenmp,-march=x86-64-v3" \
+        $ALL_TARGETS cuda-workbench
+    # xz: 54 MB of programs (two architectures' code in each) travel as 8
+    # shellcheck disable=SC2086
+    tar -C "$dir" -cf - $ALL_TARGETS dev/cuda/build | xz -6 -T0 > .device/prebuilt.tar.xz.tmp
+    mv .device/prebuilt.tar.xz.tmp .device/prebuilt.tar.xz
+    echo "prebuilt: .device/prebuilt.tar.xz, $(du -h .device/prebuilt.tar.xz | cut -f1)" \
+         "(from $(git rev-parse --short HEAD)$(git diff --quiet || echo ' + uncommitted changes'))"
+    exit 0
+fi
+
 # ---- the session's budget, logs and summary ----
 RESULTS=${OUT:-out/gpu_session}
 LOGS=/tmp/gpu_session/logs_$NAME
@@ -174,8 +203,8 @@ keep_run_files() {
 printf '# gpu_session.sh %s\n\n| step | result | s | log |\n| --- | --- | --- | --- |\n' "${STAGES[*]}" > "$SUMMARY"
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test | sanitize | train | kernels | bench | tp | pp) ;;
-    *) echo "unknown stage '$stage': expected prepare, test, sanitize, train, kernels, bench, tp or pp" >&2; exit 2 ;;
+    test | sanitize | train | kernels | bench | tp | pp | cp) ;;
+    *) echo "unknown stage '$stage': expected prepare, prebuild, test, sanitize, train, kernels, bench, tp, pp or cp" >&2; exit 2 ;;
     esac
 done
 
@@ -258,7 +287,24 @@ for stage in "${STAGES[@]}"; do
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
-step build.log 300 make -k "${MAKEARGS[@]}" "${targets[@]}"
+# Programs prebuilt on the build machine (`prebuild`) are used when every one loads its libraries
+# here; otherwise this call builds them.
+use_prebuilt() {
+    [ -f .device/prebuilt.tar.xz ] || return 1
+    tar -xJf .device/prebuilt.tar.xz || return 1
+    local t missing
+    for t in $ALL_TARGETS dev/cuda/build/*; do
+        missing=$(ldd "$t" 2>&1 | grep "not found")
+        [ -z "$missing" ] || { echo "prebuilt $t cannot load here: $missing"; return 1; }
+    done
+    echo "prebuilt programs load here: make skipped"
+}
+if use_prebuilt > "$LOGS/prebuilt.log" 2>&1; then
+    row "prebuilt programs (.device/prebuilt.tar.xz)" ok "" prebuilt.log
+else
+    cat "$LOGS/prebuilt.log"
+    step build.log 300 make -k "${MAKEARGS[@]}" "${targets[@]}"
+fi
 
 # ---- the stages ----
 sanitize() {  # out-of-bounds accesses, uninitialised reads and shared-memory races on the small model
@@ -283,7 +329,8 @@ for stage in "${STAGES[@]}"; do
         step gpu_moe.log 90 test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
         step train_smoke.log 60 ./train_gpt -x 30 -v 10 -s 0 -o "$RUNS/train_smoke"
         keep_run_files train_smoke
-        sanitize
+        # memcheck and racecheck close the stage, unless the call names `sanitize` to place them
+        [[ " ${STAGES[*]} " == *" sanitize "* ]] || sanitize
         ;;
     sanitize) sanitize ;;
     tp)
