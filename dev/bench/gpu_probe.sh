@@ -60,7 +60,7 @@ b = torch.randn_like(a)
 print(f"bf16 matmul 8192^3: {2 * 8192**3 / median_ms(lambda: a @ b) / 1e9:.0f} TFLOP/s")
 x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
-print(f"device copy 2 GiB: {2 * x.numel() * 2 / median_ms(lambda: y.copy_(x)) / 1e9:.0f} GB/s (read + write)")
+print(f"device copy 2 GiB: {2 * x.numel() * 2 / median_ms(lambda: y.copy_(x)) / 1e6:.0f} GB/s (read + write)")  # bytes per ms / 1e6
 EOF
 fi
 

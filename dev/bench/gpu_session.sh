@@ -38,6 +38,8 @@
 #                                       workbenches, test_cp_cuda (cp 2; cp 2 x tp 2, sp on and off;
 #                                       pp 2 x cp 2; dp 2 x cp 2) and the trainer's --cp runs and resumes
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
+#   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_gpt2_cuda's FP8 cases,
+#                                       the trainer's --fp8 runs, d12 with and without FP8, d48 with FP8
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8), PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget and run in the order named
@@ -178,7 +180,8 @@ step() {  # step LOG LIMIT_S CMD...: one step, its output in $LOGS/LOG, its resu
     tail -n 12 "$LOGS/$log"
     case $rc in
     0) result=ok ;;
-    3) result="**no GPU** (exit 3)" ;;
+    # exit 3 is "no GPU" from llmc's tools, but a Catch2 program exits with its failed test count
+    3) [ "$HAVE_GPU" = 1 ] && result="**FAIL** (exit 3)" || result="**no GPU** (exit 3)" ;;
     124 | 137) result="**timed out** at $limit s" ;;
     *) result="**FAIL** (exit $rc)" ;;
     esac
@@ -203,12 +206,14 @@ keep_run_files() {
 printf '# gpu_session.sh %s\n\n| step | result | s | log |\n| --- | --- | --- | --- |\n' "${STAGES[*]}" > "$SUMMARY"
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test | sanitize | train | kernels | bench | tp | pp | cp) ;;
-    *) echo "unknown stage '$stage': expected prepare, prebuild, test, sanitize, train, kernels, bench, tp, pp or cp" >&2; exit 2 ;;
+    test | sanitize | train | kernels | bench | tp | pp | cp | fp8) ;;
+    *) echo "unknown stage '$stage': expected prepare, prebuild, test, sanitize, train, kernels, bench, tp, pp, cp or fp8" >&2; exit 2 ;;
     esac
 done
 
+HAVE_GPU=1
 if ! nvidia-smi -L > "$LOGS/gpu.log" 2>&1; then
+    HAVE_GPU=0
     echo "no GPU on this machine (nvidia-smi -L failed): stages '${STAGES[*]}' need one"
     row "nvidia-smi -L" "**no GPU**" "" gpu.log
     if [ "${GPU_SESSION_DRILL:-0}" != 1 ]; then
@@ -284,6 +289,7 @@ for stage in "${STAGES[@]}"; do
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
     cp) targets+=(train_gpt train_gpt_cpu build/test_cp_cuda build/test_cuda_host cuda-workbench) ;;
+    fp8) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/bench_train_step cuda-workbench) ;;
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
@@ -342,6 +348,15 @@ for stage in "${STAGES[@]}"; do
         step test_cuda_host.log 30 build/test_cuda_host
         step gpu_pp.log 450 test/gpu/run_gpu_pp_tests.sh build/test_pp_cuda ./train_gpt
         ;;
+    fp8)
+        step check_fp8.log 45 dev/cuda/build/fp8 --check
+        step test_gpt2_cuda_fp8.log 120 build/test_gpt2_cuda "FP8*"
+        step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
+        # tokens/s with and without FP8 in the same call (issue 28)
+        step bench_d12.log 90 build/bench_train_step -e d12 -t 1024
+        step bench_d12_fp8.log 90 build/bench_train_step -e d12 -t 1024 --fp8 current --profile
+        step bench_d48_fp8.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --fp8 current
+        ;;
     cp)
         step test_cuda_host.log 30 build/test_cuda_host
         for b in attention_forward attention_backward vocab_parallel; do
@@ -352,7 +367,7 @@ for stage in "${STAGES[@]}"; do
     train)
         # the default run (d4) on the GPU and, for its first 20 steps, on the CPU: same seed and data,
         # and the same learning rates (20 steps are all warm-up, which does not depend on -x)
-        step train_d4.log 120 ./train_gpt -x 200 -o "$RUNS/train_d4"
+        step train_d4.log 120 ./train_gpt -o "$RUNS/train_d4"  # the default run, as make train
         keep_run_files train_d4
         step train_d4_cpu.log 120 ./train_gpt_cpu -x 20 -v 0 -s 0 -o "$RUNS/train_d4_cpu"
         keep_run_files train_d4_cpu

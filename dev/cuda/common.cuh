@@ -214,7 +214,18 @@ inline bool check(const char* what, const std::vector<float>& gpu, const std::ve
     if (gpu.size() != ref.size())
         return report_check(what, false, llmc::strformat("size %zu, reference %zu", gpu.size(), ref.size()));
     const double err = rel_error(gpu.data(), ref.data(), gpu.size());
-    return report_check(what, err < tolerance, llmc::strformat("rel. error %.3e (limit %.0e)", err, tolerance));
+    std::string detail = llmc::strformat("rel. error %.3e (limit %.0e)", err, tolerance);
+    if (!(err < tolerance)) {  // where: the first element that is not finite, else the largest difference
+        size_t worst = 0;
+        for (size_t i = 0; i < gpu.size(); i++) {
+            if (!std::isfinite(gpu[i])) { worst = i; break; }
+            if (std::fabs(gpu[i] - ref[i]) > std::fabs(gpu[worst] - ref[worst])) worst = i;
+        }
+        if (!gpu.empty())
+            detail += llmc::strformat("; element %zu of %zu: %.6g, reference %.6g", worst, gpu.size(), gpu[worst],
+                                      ref[worst]);
+    }
+    return report_check(what, err < tolerance, detail);
 }
 
 // How many of the first min(a.size(), b.size()) elements differ in their bits (not their values: a

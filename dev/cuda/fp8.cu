@@ -12,8 +12,9 @@
 // (fp8::scale_for_amax); the delayed update follows the history as cpu::Fp8Linears::end_step does;
 // the products equal cpu::Fp8Linears' forward and backward on the same bf16 values (the quantized
 // operands are then the same, so what remains is the accumulation order and the bf16 rounding of
-// the outputs: bf16 outputs within BF16_TOLERANCE, the fp32 weight gradient within FP32_TOLERANCE)
-// and repeat their bits. Timed on a GPU: the cast against DRAM bandwidth and, on GPT-2 124M's and
+// the outputs: bf16 outputs within BF16_TOLERANCE, the fp32 weight gradient within
+// FP8_ACCUMULATION_TOLERANCE: Hopper's FP8 tensor cores accumulate with fewer bits than fp32, and
+// an H200 was 6.3e-5 from the exact sum, 6x FP32_TOLERANCE) and repeat their bits. Timed on a GPU: the cast against DRAM bandwidth and, on GPT-2 124M's and
 // 1.5B's fc shapes, the FP8 forward product against the bf16 one (matmul_forward), both against the
 // dense bf16 peak, so FP8's 2x shows as a share above 100%.
 #include <cstring>
@@ -33,6 +34,9 @@ namespace fp8 = llmc::fp8;
 constexpr int NUM_VERSIONS = 1;
 
 namespace {
+
+// An fp32 result of FP8 operands: the tensor cores' accumulation is not fp32's (see the top).
+constexpr double FP8_ACCUMULATION_TOLERANCE = 1e-3;
 
 // The host's quantization of x with `scale`: codes, transposed codes, amax and clipping.
 struct HostCast {
@@ -223,7 +227,7 @@ void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
     const auto got = run();
     bench::check("forward (bias epilogue)", got[0], want_out, bench::BF16_TOLERANCE);
     bench::check("dinp", got[1], want_dinp, bench::BF16_TOLERANCE);
-    bench::check("dweight (fp32)", got[2], want_dw, bench::FP32_TOLERANCE);
+    bench::check("dweight (fp32)", got[2], want_dw, FP8_ACCUMULATION_TOLERANCE);
     const auto again = run();
     for (int t = 0; t < 3; t++) bench::check_same_bits("run twice", got[t], again[t]);
     // The GELU epilogue on the same FP8 operands (the scales and copies of the last run).

@@ -21,7 +21,8 @@
 //     decoded exactly, accumulated in fp32 and multiplied by A's and B's per-tensor scales
 //     (A_SCALE_POINTER, B_SCALE_POINTER: device scalars read when the product runs) with alpha; C
 //     and D bf16 or fp32; only "TN" (A transposed, B not), k and every leading dimension's bytes a
-//     multiple of 16, A and B 16-byte aligned, else NOT_SUPPORTED; the forward epilogues (none,
+//     multiple of 16, A, B and the scale pointers 16-byte aligned, else NOT_SUPPORTED (the scales'
+//     alignment at cublasLtMatmul only, as the real library checks it); the forward epilogues (none,
 //     bias, ReLU, GELU, GELU aux) with a bf16 bias. Gradient epilogues (DGELU, BGRAD*), fp8
 //     outputs, C's and D's scales, D's amax and block scaling are NOT_SUPPORTED: not emulated;
 //   - the epilogues DEFAULT, RELU, RELU_BIAS, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS,
@@ -517,6 +518,11 @@ cublasStatus_t bind_pointers(const MatmulDescData& desc, const void* alpha, cons
 cublasStatus_t check_algorithm(const cublasLtMatmulAlgo_t* algo, const Call& call) {
     if (call.p.fp8 && (alignment_of(call.a, 16) < 16 || alignment_of(call.b, 16) < 16))
         return CUBLAS_STATUS_NOT_SUPPORTED;  // fp8 kernels need 16-byte aligned A and B, whatever the algorithm
+    // ... and 16-byte aligned scale pointers: an H200's cuBLASLt 13.0 refused a scale 4 bytes into
+    // an allocation with NOT_SUPPORTED at cublasLtMatmul, after its heuristic had accepted it
+    // (dev/cuda/NOTES.md, first GPU session)
+    for (const float* scale : {call.a_scale, call.b_scale})
+        if (scale && alignment_of(scale, 16) < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!algo) return CUBLAS_STATUS_SUCCESS;
     AlgoRecord r;
     std::memcpy(&r, algo, sizeof(r));

@@ -207,17 +207,17 @@ Operands make_operands(const Case& c, std::mt19937& rng) {
 // Device copies of the operands, each with 64 bytes to spare so that a test may offset a pointer.
 struct DeviceOperands {
     static constexpr size_t SLACK = 64;
-    DeviceBuffer a, b, c, d, aux, bias, scales;  // scales: A's, then B's
+    DeviceBuffer a, b, c, d, aux, bias, scales;  // scales: A's, then B's 16 bytes on (fp8 kernels need that)
     DeviceOperands(const Operands& o, const Case& cs)
         : a(o.a.bytes() + SLACK), b(o.b.bytes() + SLACK), c(o.c.bytes() + SLACK), d(o.d.bytes() + SLACK),
-          aux(o.aux.bytes() + SLACK), bias(o.bias.bytes() + SLACK), scales(2 * sizeof(float)) {
+          aux(o.aux.bytes() + SLACK), bias(o.bias.bytes() + SLACK), scales(8 * sizeof(float)) {
         upload(a.get(), o.a), upload(b.get(), o.b), upload(c.get(), o.c), upload(d.get(), o.d);
         upload(aux.get(), o.aux), upload(bias.get(), o.bias);
-        const float values[2] = {cs.a_scale, cs.b_scale};
+        const float values[8] = {cs.a_scale, 0, 0, 0, cs.b_scale, 0, 0, 0};
         REQUIRE(cudaMemcpy(scales.get(), values, sizeof(values), cudaMemcpyHostToDevice) == cudaSuccess);
     }
     const float* a_scale() const { return static_cast<const float*>(scales.get()); }
-    const float* b_scale() const { return a_scale() + 1; }
+    const float* b_scale() const { return a_scale() + 4; }
     void* d_pointer(const Case& cs) const { return cs.in_place ? c.get() : d.get(); }
 };
 
@@ -686,6 +686,20 @@ TEST_CASE("fp8 products outside what Hopper's kernels take are CUBLAS_STATUS_NOT
     SECTION("D's scale and amax, which the emulator does not emulate") {
         r.setup.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<const void*>(r.dev.scales.get()));
         r.expect(CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+    SECTION("a scale pointer 4 bytes into its allocation (an H200 refused it at cublasLtMatmul)") {
+        const float* aligned[2] = {r.dev.a_scale(), r.dev.b_scale()};
+        const cublasLtMatmulDescAttributes_t attributes[2] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                              CUBLASLT_MATMUL_DESC_B_SCALE_POINTER};
+        for (int i = 0; i < 2; i++) {
+            r.setup.set(attributes[i], static_cast<const void*>(aligned[i] + 1));
+            cublasLtMatmulAlgo_t algo;
+            CHECK(r.setup.heuristic(r.handle.get(), &algo) == CUBLAS_STATUS_SUCCESS);  // as the real one
+            CHECK(r.run(&algo) == CUBLAS_STATUS_NOT_SUPPORTED);
+            CHECK(r.run() == CUBLAS_STATUS_NOT_SUPPORTED);
+            r.setup.set(attributes[i], static_cast<const void*>(aligned[i]));
+            CHECK(r.run() == CUBLAS_STATUS_SUCCESS);
+        }
     }
     SECTION("A 8-byte aligned, or a preference that promises less than 16 bytes") {
         const float alpha = 1.0f, beta = 0.0f;

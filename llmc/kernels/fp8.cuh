@@ -27,13 +27,18 @@ namespace llmc {
 // (1 / scale, exact) is what cuBLASLt's A/B scale pointers take. The amaxes collect the largest |x|
 // (atomicMax on its bits: non-negative floats order as their bits): `amax_now` of the tensor about
 // to be cast (current scaling), `step_amax` of the casts since the step began (delayed scaling).
-struct Fp8Scale {
-    float scale = 1.0f, scale_inv = 1.0f;
+// scale_inv comes first and the struct is 16-byte aligned: cuBLASLt's FP8 products refuse a scale
+// pointer that is not (NOT_SUPPORTED at cublasLtMatmul on an H200, found in the first GPU session).
+struct alignas(16) Fp8Scale {
+    float scale_inv = 1.0f, scale = 1.0f;
     float amax_now = 0.0f, step_amax = 0.0f;
     uint32_t primed = 0;            // delayed scaling: has a scale from its history
     uint32_t history_count = 0;     // delayed scaling: amaxes in the history (at most its length)
     uint32_t history_next = 0;      // delayed scaling: the ring slot the next amax goes to
 };
+
+static_assert(offsetof(Fp8Scale, scale_inv) == 0 && sizeof(Fp8Scale) % 16 == 0,
+              "every Fp8Scale of an array must hold its scale_inv 16-byte aligned");
 
 // Where a scale's inverse lies on the device, for cuBLASLt's scale pointers (no load from device memory).
 inline const float* fp8_scale_inv(const Fp8Scale* s) {

@@ -223,24 +223,42 @@ private:
                           pointer_alignment(g.bias), pointer_alignment(g.aux)};
         if (auto it = algorithms_.find(key); it != algorithms_.end()) return it->second;
 
+        // Split-K is avoided where cuBLASLt has another algorithm; where it has none, a split-K whose
+        // parts are summed by a separate reduction (in the compute or the output type: a fixed
+        // order, so the same bits every run) is accepted. An H200 had no other algorithm for d12's
+        // FP8 weight gradients (m 768 n 768 k 131072, E4M3 x E5M2 into fp32).
+        const uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_NONE,
+                                     CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE};
+        for (uint32_t scheme : schemes) {
+            cublasLtMatmulHeuristicResult_t result{};
+            const cublasStatus_t status = heuristic(desc, a, b, cd, scheme, &result);
+            if (status == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+            CUBLAS_CHECK(status);
+            return algorithms_.emplace(key, result.algo).first->second;
+        }
+        fail(strformat("cuBLASLt has no algorithm for this product on this GPU (asked for: no split-K reduction, "
+                       "or one reduced in a separate step; %u-byte alignment; at most %zu bytes of workspace)",
+                       MIN_ALIGNMENT_BYTES, workspace_.bytes()));
+    }
+
+    // The heuristic's best algorithm under these reduction schemes; NOT_SUPPORTED where it has none.
+    cublasStatus_t heuristic(const matmul_detail::LtMatmulDesc& desc, const matmul_detail::LtLayout& a,
+                             const matmul_detail::LtLayout& b, const matmul_detail::LtLayout& cd,
+                             uint32_t reduction_schemes, cublasLtMatmulHeuristicResult_t* result) {
+        using namespace matmul_detail;
         LtPreference preference;
         preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (uint64_t)workspace_.bytes());
-        preference.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, (uint32_t)CUBLASLT_REDUCTION_SCHEME_NONE);
+        preference.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_schemes);
         preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, MIN_ALIGNMENT_BYTES);
         preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, MIN_ALIGNMENT_BYTES);
         preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MIN_ALIGNMENT_BYTES);
         preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MIN_ALIGNMENT_BYTES);
-        cublasLtMatmulHeuristicResult_t result{};
         int returned = 0;
-        const cublasStatus_t heuristic_status = cublasLtMatmulAlgoGetHeuristic(
-            handle_, desc.get(), a.get(), b.get(), cd.get(), cd.get(), preference.get(), 1, &result, &returned);
-        if (heuristic_status == CUBLAS_STATUS_NOT_SUPPORTED ||
-            (heuristic_status == CUBLAS_STATUS_SUCCESS && (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)))
-            fail(strformat("cuBLASLt has no algorithm for this product on this GPU (asked for: no split-K "
-                           "reduction, %u-byte alignment, at most %zu bytes of workspace)",
-                           MIN_ALIGNMENT_BYTES, workspace_.bytes()));
-        CUBLAS_CHECK(heuristic_status);
-        return algorithms_.emplace(key, result.algo).first->second;
+        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc.get(), a.get(), b.get(), cd.get(),
+                                                                     cd.get(), preference.get(), 1, result, &returned);
+        if (status == CUBLAS_STATUS_SUCCESS && (returned == 0 || result->state != CUBLAS_STATUS_SUCCESS))
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        return status;
     }
 
     DeviceBuffer<uint8_t> workspace_;
