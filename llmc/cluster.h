@@ -25,14 +25,20 @@ struct ModelShape {
     int vocab = 0;
     bool tied = true;        // the head reuses the token embedding
     bool is_gpt2 = false;    // a preset: its model FLOPs are params.h's count, exactly as the MFU line's
+    // Mixture of experts (GPT-2's --experts; 0: dense): every moe_every-th layer has `experts` MLPs,
+    // each token visiting top_k of them (and the shared one, with moe_shared), chosen by a router.
+    int experts = 0, top_k = 0, moe_every = 1;
+    bool moe_shared = false;
 
-    // Weights that multiply activations in one layer: qkv (K and V narrower with fewer KV heads),
-    // the attention projection and the MLP.
-    double layer_matmul_params() const {
+    // Weights that multiply activations: qkv (K and V narrower with fewer KV heads) and the
+    // attention projection; one MLP (or one expert's); a dense layer's together.
+    double attention_params() const {
         const double kv = (double)hidden * kv_heads / heads;
-        return (double)hidden * (hidden + 2 * kv) + (double)hidden * hidden +
-               (swiglu ? 3.0 : 2.0) * hidden * ffn_hidden;
+        return (double)hidden * (hidden + 2 * kv) + (double)hidden * hidden;
     }
+    double mlp_params() const { return (swiglu ? 3.0 : 2.0) * hidden * ffn_hidden; }
+    double layer_matmul_params() const { return attention_params() + mlp_params(); }
+    bool is_moe_layer(int layer) const { return experts > 0 && layer % moe_every == moe_every - 1; }
     double params() const {
         const double norms_and_biases = 13.0 * hidden;  // 2 LayerNorms and the biases, per layer (GPT-2)
         return layers * (layer_matmul_params() + norms_and_biases) + (tied ? 1.0 : 2.0) * vocab * hidden;
@@ -44,6 +50,8 @@ inline ModelShape shape_of(const ModelConfig& m) {
     ModelShape s;
     s.layers = m.num_layers, s.hidden = m.channels, s.heads = s.kv_heads = m.num_heads;
     s.ffn_hidden = 4 * m.channels, s.vocab = m.padded_vocab_size, s.is_gpt2 = true;
+    if (m.num_experts > 0)
+        s.experts = m.num_experts, s.top_k = m.moe_top_k, s.moe_every = m.moe_every, s.moe_shared = m.moe_shared;
     return s;
 }
 

@@ -24,6 +24,12 @@
 //        reduced over dp x cp.
 // Recomputation (-r) adds the forward work backward redoes: 1 the GELU, 2 also the LayerNorms,
 // 3 each layer's whole forward with its tp collectives.
+// Experts (--experts, with --ep): a MoE layer's MLP runs each token's top-k experts (and the shared
+// one) at the dense products' efficiency (an assumption: an expert's product has top_k / experts of
+// the rows), reads the weights of the experts its rank holds, and adds the router's product; with
+// ep > 1 the rows go to their experts' ranks and back, forward and backward, by all-to-all over the
+// expert group (ep consecutive data-parallel ranks), exposed (llmc overlaps none of it yet). The
+// experts' gradients are reduced over dp / ep ranks, their optimizer slice is ep times a dense one's.
 // FP8 (--fp8 1, on a GPU with FP8 tensor cores): the blocks' products run at the FP8 peak with the
 // bf16 products' efficiency (an assumption until a GPU session measures it), and every product's
 // inputs, weights and output gradients pay their casts (kernels/fp8.cuh) as memory traffic; the
@@ -33,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "llmc/cluster.h"
 #include "llmc/config.h"
@@ -74,6 +81,10 @@ inline Link axis_link(const Topology& t, int stride, int size) {
 }
 inline Link tp_link(const RunConfig& c, const Topology& t) { return axis_link(t, 1, c.dims.tp); }
 inline Link cp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp, c.dims.cp); }
+// The expert group: ep consecutive data-parallel ranks.
+inline Link ep_link(const RunConfig& c, const Topology& t) {
+    return axis_link(t, c.dims.tp * c.dims.cp * c.dims.pp, c.dims.ep);
+}
 inline Link pp_link(const RunConfig& c, const Topology& t) { return axis_link(t, c.dims.tp * c.dims.cp, c.dims.pp); }
 inline Link dp_link(const RunConfig& c, const Topology& t) {
     return axis_link(t, c.dims.tp * c.dims.cp * c.dims.pp, c.dims.dp);
@@ -87,8 +98,8 @@ inline double rank_rows(const RunConfig& c) { return (double)c.batch_size * c.se
 
 struct StepEstimate {
     // seconds per optimizer step, adding up to step_s
-    double compute_s = 0, recompute_s = 0, tp_exposed_s = 0, cp_exposed_s = 0, pp_exposed_s = 0, dp_exposed_s = 0,
-           bubble_s = 0, optimizer_s = 0;
+    double compute_s = 0, recompute_s = 0, tp_exposed_s = 0, cp_exposed_s = 0, ep_exposed_s = 0, pp_exposed_s = 0,
+           dp_exposed_s = 0, bubble_s = 0, optimizer_s = 0;
     double step_s = 0;
     double tokens_per_s_per_gpu = 0;
     double model_tflops_per_gpu = 0;  // model FLOPs per token (mfu.h's count) x tokens/s
@@ -100,7 +111,7 @@ struct StepEstimate {
 // One micro-batch's work on one rank of the stage holding `layers` layers (+ head / embedding).
 struct MicroBatchWork {
     double forward_s = 0, backward_s = 0, recompute_s = 0;
-    double tp_exposed_s = 0, cp_exposed_s = 0;
+    double tp_exposed_s = 0, cp_exposed_s = 0, ep_exposed_s = 0;
     double forward_flops = 0, recompute_flops = 0;  // per rank
 };
 
@@ -139,17 +150,33 @@ inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig&
     f.fp8_forward_casts = {0, per_element * (inputs + weights)};
     f.fp8_backward_casts = {0, per_element * grads};
 }
-inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c) {
+// A layer's forward; `moe`: one with experts, whose MLP runs (top_k + shared) rows per token and
+// reads the weights of the experts the rank holds (experts / ep, and the shared one), plus the router.
+inline LayerForward layer_forward(const ModelShape& s, const RunConfig& c, bool moe = false) {
     const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden;
     const double rows = c.dims.tp > 1 && c.sequence_parallel ? n / tp : n;
+    const double mlp_rows = moe ? s.top_k + s.moe_shared : 1;                     // MLP rows per token
+    const double mlps_held = moe ? (double)s.experts / c.dims.ep + s.moe_shared : 1;  // MLPs whose weights it reads
+    const double active = s.attention_params() + mlp_rows * s.mlp_params();
+    const double held = s.attention_params() + mlps_held * s.mlp_params();
     LayerForward f;
-    f.matmul = {2 * n * s.layer_matmul_params() / tp, 2 * (4 * n * C + 2 * n * F / tp) + 2 * s.layer_matmul_params() / tp};
+    f.matmul = {2 * n * active / tp, 2 * (4 * n * C + mlp_rows * 2 * n * F / tp) + 2 * held / tp};
+    if (moe) f.matmul.flops += 2 * n * C * s.experts;                 // the router (fp32, small)
     f.attention = {2 * n * c.seq_len * C / tp, 2 * 4 * n * C / tp};  // causal QK^T and PV: half of 4 n T C
     f.layernorm = {0, 2 * 2 * 2 * rows * C};                          // 2 norms, read + write
-    f.gelu = {0, 2 * 2 * n * F / tp * (s.swiglu ? 1.5 : 1)};
+    f.gelu = {0, 2 * 2 * mlp_rows * n * F / tp * (s.swiglu ? 1.5 : 1)};
     f.elementwise = {0, 2 * 2 * 3 * rows * C};                        // 2 residual adds with bias
     add_fp8_casts(f, s, c);
     return f;
+}
+
+// Expert parallelism's all-to-alls of one MoE layer per micro-batch: its tokens' top_k rows (bf16)
+// to their experts' ranks and back, in forward and again in backward, over the expert group.
+inline double layer_ep_s(const ModelShape& s, const RunConfig& c, const Topology& t) {
+    const int ep = c.dims.ep;
+    if (ep <= 1) return 0;
+    const double rows = s.top_k * rank_rows(c), bytes = 2.0 * rows * s.hidden;
+    return 4 * all_to_all_s(bytes, ep, ep_link(c, t));
 }
 
 // One layer's tp collectives on the B x T x C activation (bf16). With SP the forward gathers twice
@@ -183,11 +210,10 @@ inline double layer_cp_exposed_s(const RunConfig& c, double attention_forward_s,
 
 }  // namespace detail
 
-// What one micro-batch costs the rank of the busiest stage (`layers` layers, the head if `head`).
-inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, const Topology& t, int layers,
-                                       bool head) {
+// What one layer costs the rank per micro-batch (a dense one, or with `moe` one with experts).
+inline MicroBatchWork layer_work(const ModelShape& s, const RunConfig& c, const Topology& t, bool moe) {
     using detail::kernel_s;
-    const detail::LayerForward f = detail::layer_forward(s, c);
+    const detail::LayerForward f = detail::layer_forward(s, c, moe);
     const double matmul = kernel_s(f.matmul, t.matmul_efficiency, t, detail::fp8_peak_tflops(c, t));
     const double attn = kernel_s(f.attention, t.attention_efficiency, t);
     const double elementwise = kernel_s(f.elementwise, 1, t), gelu = kernel_s(f.gelu, 1, t), ln = kernel_s(f.layernorm, 1, t);
@@ -197,14 +223,33 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
     const double layer_fwd = matmul + attn + elementwise + gelu + ln + casts_fwd;
     const detail::LayerTp tp = detail::layer_tp(s, c, tp_link(c, t));
     MicroBatchWork w;
-    w.forward_s = layers * layer_fwd;
-    w.backward_s = layers * (2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln) + casts_bwd);
-    w.forward_flops = layers * (f.matmul.flops + f.attention.flops);
-    w.tp_exposed_s = layers * (tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul));
-    w.cp_exposed_s = layers * detail::layer_cp_exposed_s(c, attn, cp_link(c, t));
+    w.forward_s = layer_fwd;
+    w.backward_s = 2 * matmul + 2 * attn + 2 * (elementwise + gelu + ln) + casts_bwd;
+    w.forward_flops = f.matmul.flops + f.attention.flops;
+    w.tp_exposed_s = tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul);
+    w.cp_exposed_s = detail::layer_cp_exposed_s(c, attn, cp_link(c, t));
+    w.ep_exposed_s = moe ? detail::layer_ep_s(s, c, t) : 0;
     const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp.forward_s};
-    w.recompute_s = layers * recompute[c.recompute];
+    w.recompute_s = recompute[c.recompute];
     w.recompute_flops = c.recompute == 3 ? w.forward_flops : 0;
+    return w;
+}
+
+// What one micro-batch costs the rank of the busiest stage (the layers `layers`, the head if `head`).
+inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, const Topology& t,
+                                       const std::vector<int>& layers, bool head) {
+    using detail::kernel_s;
+    MicroBatchWork w;
+    for (bool moe : {false, true}) {
+        int count = 0;
+        for (int l : layers) count += s.is_moe_layer(l) == moe;
+        if (count == 0) continue;
+        const MicroBatchWork one = layer_work(s, c, t, moe);
+        w.forward_s += count * one.forward_s, w.backward_s += count * one.backward_s;
+        w.recompute_s += count * one.recompute_s, w.forward_flops += count * one.forward_flops;
+        w.recompute_flops += count * one.recompute_flops, w.tp_exposed_s += count * one.tp_exposed_s;
+        w.cp_exposed_s += count * one.cp_exposed_s, w.ep_exposed_s += count * one.ep_exposed_s;
+    }
     if (head) {
         const double n = rank_rows(c), tp = c.dims.tp;
         const detail::Kernel logits{2 * n * s.vocab * s.hidden / tp, 2 * (n * s.hidden + (double)s.vocab * s.hidden / tp)};
@@ -254,24 +299,36 @@ inline int busiest_stage(const PipelineSplit& split) {
 // The step of rank 0 of the busiest stage. `flops_per_token`: shape_flops_per_token's.
 inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const Topology& t, double flops_per_token) {
     const PipelineSplit split = pipeline_split(c);
-    const int stage = busiest_stage(split), m = c.grad_accum_steps, layers = (int)split.rank_layers(stage).size();
-    const MicroBatchWork w = micro_batch_work(s, c, t, layers, split.holds_last(stage));
+    const int stage = busiest_stage(split), m = c.grad_accum_steps;
+    const std::vector<int> stage_layers = split.rank_layers(stage);
+    const int layers = (int)stage_layers.size();
+    const MicroBatchWork w = micro_batch_work(s, c, t, stage_layers, split.holds_last(stage));
     StepEstimate e;
     e.compute_s = m * (w.forward_s + w.backward_s);
     e.recompute_s = m * w.recompute_s;
     e.tp_exposed_s = m * w.tp_exposed_s;
     e.cp_exposed_s = m * w.cp_exposed_s;
+    e.ep_exposed_s = m * w.ep_exposed_s;
     if (c.dims.pp > 1) {
         const double rows = c.dims.tp > 1 && c.sequence_parallel ? 1.0 / c.dims.tp : 1.0;
         const double message = 2.0 * rank_rows(c) * s.hidden * rows;
         e.pp_exposed_s = m * split.chunks * 2 * p2p_s(message, pp_link(c, t));  // a send forward, one back
     }
+    // The rank's parameters: dense ones, and the experts it holds (with the router), whose gradients
+    // go to dp / ep ranks; the reduction is costed over dp for both (its bytes per rank barely change).
     const bool embedding = split.holds_first(stage) || split.holds_last(stage);
-    const double rank_params = (layers * s.layer_matmul_params() + embedding * (double)s.vocab * s.hidden) / c.dims.tp;
+    double dense = embedding * (double)s.vocab * s.hidden, experts = 0;
+    for (int l : stage_layers) {
+        if (!s.is_moe_layer(l)) { dense += s.layer_matmul_params(); continue; }
+        dense += s.attention_params() + s.moe_shared * s.mlp_params();
+        experts += (double)s.experts / c.dims.ep * s.mlp_params() + (double)s.hidden * s.experts;
+    }
+    const double rank_params = (dense + experts) / c.dims.tp;
     e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers);
-    const double shard = c.zero_stage >= 1 ? rank_params / (c.dims.dp * c.dims.cp) : rank_params;
+    const double owners = c.zero_stage >= 1 ? c.dims.dp * c.dims.cp : 1;  // ranks sharing a dense optimizer slice
+    const double shard = (dense / owners + experts / std::max(1.0, owners / c.dims.ep)) / c.dims.tp;
     e.optimizer_s = shard * 30 / (t.hbm_gbps * 1e9 * t.memory_efficiency);  // AdamW: ~30 bytes per parameter
-    const double busy = e.compute_s + e.recompute_s + e.tp_exposed_s + e.cp_exposed_s + e.pp_exposed_s;
+    const double busy = e.compute_s + e.recompute_s + e.tp_exposed_s + e.cp_exposed_s + e.ep_exposed_s + e.pp_exposed_s;
     e.bubble_fraction = c.dims.pp > 1 ? pipeline_bubble_fraction(c.dims.pp, m, split.chunks) : 0;
     e.bubble_s = busy * e.bubble_fraction / (1 - e.bubble_fraction);
     e.step_s = busy + e.bubble_s + e.dp_exposed_s + e.optimizer_s;

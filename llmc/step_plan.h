@@ -106,6 +106,7 @@ inline std::string step_report(const RunConfig& c, const Topology& t, const Step
     };
     axis("tp", c.dims.tp, e.tp_exposed_s, tp_link(c, t));
     axis("cp", c.dims.cp, e.cp_exposed_s, cp_link(c, t));
+    axis("ep", c.dims.ep, e.ep_exposed_s, ep_link(c, t));
     axis("pp", c.dims.pp, e.pp_exposed_s, pp_link(c, t));
     axis("dp", c.dims.dp, e.dp_exposed_s, dp_link(c, t));
     return out + strformat("  exposed communication:%s bubble %s\n", exposed.empty() ? " none," : exposed.c_str(),
@@ -123,10 +124,11 @@ inline nlohmann::json step_json(const RunConfig& c, const Topology& t, const Ste
         {"fits", memory_bytes <= t.memory_gib * 1024 * 1024 * 1024},
         {"topology", t.name},
         {"layout", {{"gpus", c.world_size}, {"dp", c.dims.dp}, {"tp", c.dims.tp}, {"pp", c.dims.pp}, {"cp", c.dims.cp},
+                    {"ep", c.dims.ep},
                     {"zero_stage", c.zero_stage}, {"recompute", c.recompute}, {"micro_batch", c.batch_size},
                     {"grad_accum_steps", c.grad_accum_steps}}},
         {"breakdown_s", {{"compute", e.compute_s}, {"recompute", e.recompute_s}, {"tp_exposed", e.tp_exposed_s},
-                         {"cp_exposed", e.cp_exposed_s},
+                         {"cp_exposed", e.cp_exposed_s}, {"ep_exposed", e.ep_exposed_s},
                          {"pp_exposed", e.pp_exposed_s}, {"dp_exposed", e.dp_exposed_s}, {"bubble", e.bubble_s},
                          {"optimizer", e.optimizer_s}}},
         {"bubble_fraction", e.bubble_fraction},
@@ -307,6 +309,7 @@ inline std::string why_it_loses(const Layout& l, const Layout& best, const Topol
     const std::pair<const char*, double> parts[] = {
         {"compute", a.compute_s - b.compute_s},          {"recomputation", a.recompute_s - b.recompute_s},
         {"exposed tp traffic", a.tp_exposed_s - b.tp_exposed_s}, {"exposed ring traffic", a.cp_exposed_s - b.cp_exposed_s},
+        {"exposed all-to-all", a.ep_exposed_s - b.ep_exposed_s},
         {"pipeline sends", a.pp_exposed_s - b.pp_exposed_s},
         {"exposed dp traffic", a.dp_exposed_s - b.dp_exposed_s}, {"bubble", a.bubble_s - b.bubble_s},
         {"optimizer", a.optimizer_s - b.optimizer_s},

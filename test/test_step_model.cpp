@@ -341,3 +341,46 @@ TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, an
     CHECK(gpu_peak_fp8_tflops("NVIDIA H100 80GB HBM3") == 1978);
     CHECK(gpu_peak_fp8_tflops("NVIDIA A100-SXM4-80GB") == 0);
 }
+
+TEST_CASE("experts: a MoE layer runs the top-k experts' products and the router, reads the experts it holds, "
+          "and pays the expert group's all-to-alls", "[plan]") {
+    const Topology h100 = topology_preset("h100");
+    auto run = [](int experts, int top_k, int ep, int gpus) {
+        RunConfig c;
+        c.model = "d12", c.experts = experts, c.top_k = top_k, c.ep = ep, c.batch_size = 8, c.seq_len = 1024;
+        c.total_batch_tokens = (long long)gpus * 8 * 1024;
+        resolve_run_config(c, gpus, nullptr);
+        return c;
+    };
+    const RunConfig dense = run(0, 2, 1, 8);
+    const StepEstimate d = estimate_run(dense, h100);
+    const double n = 8 * 1024, C = 768, L = 12, mlp = 8 * C * C;
+    const double rate = 989e12 * h100.matmul_efficiency;  // d12's products at B 8 are FLOP-bound
+    // One expert, top 1: the dense model plus the router's product (forward and backward: 3 x 2 n C).
+    const StepEstimate one = estimate_run(run(1, 1, 1, 8), h100);
+    CHECK(one.compute_s == Approx(d.compute_s + L * 3 * 2 * n * C * 1 / rate).epsilon(1e-9));
+    // 8 experts, top 2: each token's MLP (and its GELU, a pass over 4C bf16 values read and written)
+    // runs twice, and the router is 8 wide.
+    const StepEstimate top2 = estimate_run(run(8, 2, 1, 8), h100);
+    const double gelu_s = 2 * 2 * n * 4 * C / (h100.hbm_gbps * 1e9 * h100.memory_efficiency);
+    CHECK(top2.compute_s ==
+          Approx(d.compute_s + L * 3 * ((2 * n * mlp + 2 * n * C * 8) / rate + gelu_s)).epsilon(1e-9));
+    CHECK(top2.ep_exposed_s == 0);
+    // ep 2 inside a node: the same products, and 4 all-to-alls of the top-2 rows per layer and micro-batch.
+    const RunConfig ep2 = run(8, 2, 2, 8);
+    const StepEstimate e2 = estimate_run(ep2, h100);
+    CHECK(e2.compute_s == Approx(top2.compute_s).epsilon(0.01));
+    const double a2a = all_to_all_s(2 * 2 * n * C, 2, {h100.nvlink_gbps, h100.nvlink_latency_s, false});
+    CHECK(e2.ep_exposed_s == Approx(ep2.grad_accum_steps * L * 4 * a2a).epsilon(1e-9));
+    // ep 16 crosses nodes: the network's all-to-all costs more.
+    const StepEstimate e16 = estimate_run(run(16, 2, 16, 16), h100);
+    CHECK(e16.ep_exposed_s > 2 * e2.ep_exposed_s);
+    // ZeRO-1: a rank's slice of the experts' optimizer state is over dp / ep ranks: ep 2 keeps more.
+    RunConfig z1 = run(8, 2, 1, 8), z1_ep2 = run(8, 2, 2, 8);
+    z1.zero_stage = z1_ep2.zero_stage = 1;
+    CHECK(estimate_run(z1_ep2, h100).optimizer_s > estimate_run(z1, h100).optimizer_s);
+    // The report and the JSON name the expert group.
+    CHECK_THAT(step_report(ep2, h100, e2), Contains("ep "));
+    CHECK(step_json(ep2, h100, e2, 0)["layout"]["ep"] == 2);
+    CHECK(step_json(ep2, h100, e2, 0)["breakdown_s"]["ep_exposed"] == Approx(e2.ep_exposed_s));
+}
