@@ -53,6 +53,27 @@ compare() {
               exit worst <= limit ? 0 : 1 }'
 }
 
+# resume_check STEP STEPS LIMIT BATCH ARGS...: a 1-rank run of STEPS steps ($dir/ref) checkpoints at
+# STEP; a copy of that checkpoint, resumed by $trainer, must end with ref's model.bin bit for bit,
+# and resumed by $cpu_trainer, within LIMIT of ref's losses over the remaining steps.
+resume_check() {
+    local step=$1 steps=$2 limit=$3 batch=$4 ckpt
+    shift 4
+    ckpt=$(printf 'ckpt_%08d' "$step")
+    run ref 1 "$batch" "$@" -n "$step" -nk 0
+    mkdir -p "$dir/resumed" "$dir/cpu_resumed"
+    cp -r "$dir/ref/$ckpt" "$dir/resumed/"
+    cp -r "$dir/ref/$ckpt" "$dir/cpu_resumed/"
+    run resumed 1 "$batch" "$@" -n "$step" -nk 0 -y 1
+    grep -q "resumed from $dir/resumed/$ckpt" "$dir/resumed.log" || { echo "FAIL: no resume"; exit 1; }
+    cmp "$dir/ref/model.bin" "$dir/resumed/model.bin" || { echo "FAIL: model.bin differs after the resume"; exit 1; }
+    echo "ok a run resumed at step $step ends bitwise equal to the uninterrupted one"
+    echo "== cpu_resumed: train_gpt_cpu from the same checkpoint"
+    "$cpu_trainer" "${common[@]}" -b "$batch" "$@" -n "$step" -nk 0 -y 1 -o "$dir/cpu_resumed" > "$dir/cpu_resumed.log"
+    grep -q "resumed from $dir/cpu_resumed/$ckpt" "$dir/cpu_resumed.log" || { echo "FAIL: no CPU resume"; exit 1; }
+    compare ref cpu_resumed "$limit" $((steps - step))
+}
+
 gpus_on_node() {
     if [ "${LLMC_EMULATED:-0}" = 1 ]; then echo 8; else nvidia-smi -L | wc -l; fi
 }

@@ -37,18 +37,8 @@ run two_ranks 2 8 --fp8-scaling delayed -z 1
 compare gpu_delayed two_ranks "$limit" 12
 
 # 3. resume from the step-6 checkpoint, on the GPU and on the CPU
-run ref 1 16 --fp8-scaling delayed -n 6 -nk 0
-mkdir -p "$dir/resumed" "$dir/cpu_resumed"
-cp -r "$dir/ref/ckpt_00000006" "$dir/resumed/"
-cp -r "$dir/ref/ckpt_00000006" "$dir/cpu_resumed/"
+resume_check 6 12 "$limit" 16 --fp8-scaling delayed
 grep -q '"fp8_scaling"' "$dir/ref/ckpt_00000006/manifest.json" || { echo "FAIL: no FP8 state in the manifest"; exit 1; }
-run resumed 1 16 --fp8-scaling delayed -n 6 -nk 0 -y 1
-grep -q "resumed from $dir/resumed/ckpt_00000006" "$dir/resumed.log" || { echo "FAIL: no resume"; exit 1; }
-cmp "$dir/ref/model.bin" "$dir/resumed/model.bin" || { echo "FAIL: model.bin differs after the resume"; exit 1; }
-echo "ok a delayed-scaling run resumed at step 6 ends bitwise equal to the uninterrupted one"
-"$cpu_trainer" "${common[@]}" -b 16 --fp8-scaling delayed -n 6 -nk 0 -y 1 -o "$dir/cpu_resumed" > "$dir/cpu_resumed.log"
-grep -q "resumed from $dir/cpu_resumed/ckpt_00000006" "$dir/cpu_resumed.log" || { echo "FAIL: no CPU resume"; exit 1; }
-compare ref cpu_resumed "$limit" 6  # steps 7-12
 
 # 4. refused
 if "$trainer" "${common[@]}" -b 16 --tp 2 --plan 2 -o "$dir/bad" > "$dir/bad.log" 2>&1; then

@@ -12,7 +12,9 @@
 #   3. two ranks of 8 sequences each (--gpu-comm mpi) at ZeRO-3 reproduce the one-rank curve (the
 #      capacity counts each forward's tokens, so both route the same groups of 8) within
 #      LLMC_MOE_RANKS_LIMIT (default 1e-3; bitwise equal emulated);
-#   4. --plan lists the expert activations; --experts with --tp is refused naming both.
+#   4. a checkpoint written at step 5, resumed by train_gpt, ends with the same model.bin bit for
+#      bit, and train_gpt_cpu continues it within 2e-3;
+#   5. --plan lists the expert activations; --experts with --tp is refused naming both.
 # Skips with a message where there is no GPU or no mpirun, except in a GPU session
 # (LLMC_GPU_SESSION=1), where either is a failure (exit 3 without a GPU, 1 without mpirun).
 #   test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
@@ -54,6 +56,10 @@ grep -qE "experts: balance [0-9.]+ z [0-9.]+ max load [0-9.]+ dropped [1-9]" "$d
 # 3. two ranks, ZeRO-3
 run z3 2 8 -z 3
 compare one z3 "$ranks_limit" "$steps"
+
+# A CUDA MoE checkpoint (the experts and router in the model, the routing's state none): resumed on
+# the GPU it ends bitwise equal, and the CPU model continues it.
+resume_check 5 "$steps" 2e-3 8
 
 # 4. the plan, and the refusal
 "$trainer" "${base[@]}" -b 8 --plan 2 -z 3 > "$dir/plan.log"
