@@ -3,7 +3,8 @@
 //
 //   build/bench_train_step -e d12 -t 1024              largest micro-batch that fits, no recompute
 //   build/bench_train_step -e d48 -t 1024 -r 3 -b 8    GPT-2 1.5B, whole-block recomputation
-//   build/bench_train_step -e d12 --profile            also the per-kernel time shares of one step
+//   build/bench_train_step -e d12 --profile            also the per-kernel time shares of one step, and
+//                                                      each matrix product's TFLOP/s, forward and backward
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //
 // A step is what the trainer does: zero_grad, forward+backward of one micro-batch, the global
@@ -111,6 +112,45 @@ bool try_make(Run& run, const ModelConfig& c, int B, int T, const GPT2CUDAOption
     }
 }
 
+// One more step, timed phase by phase (so a little slower than the timed steps): each kind of kernel's
+// share, then each matrix product's rate, its FLOPs over its time. A block product of `in` x `out`
+// weights runs 2 rows in out FLOPs per layer forward (twice under -r 3, which redoes the forward)
+// and twice that backward (input and weight gradients); the lm head once forward, once backward.
+void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
+    run.model->enable_phase_timing(true);
+    one_step(run, B, args.T, 2 + args.warmup + args.steps);
+    std::map<std::string, double> phases;
+    run.model->collect_phase_ms(phases);
+    run.model->enable_phase_timing(false);
+    double total = 0;
+    for (auto& [name, ms] : phases) total += ms;
+    printf("\nGPU time of one step by kind of kernel (timed phase by phase, so a little slower than above)\n");
+    printf("| phase | ms | share |\n");
+    for (auto& [name, ms] : phases) printf("| %s | %.2f | %.1f%% |\n", name.c_str(), ms, 100.0 * ms / total);
+    printf("| total | %.2f | 100%% |\n", total);
+
+    struct Product {
+        const char* name;
+        double in, out;
+        bool per_layer;
+    };
+    const double C = c.channels, rows = (double)B * args.T;
+    const Product products[] = {{"qkv", C, 3 * C, true}, {"attproj", C, C, true}, {"fc", C, 4 * C, true},
+                                {"fcproj", 4 * C, C, true}, {"lm head", C, (double)c.padded_vocab_size, false}};
+    printf("\nThe matrix products: FLOPs over time, against the dense bf16 peak (%.0f TFLOP/s)\n", args.peak_tflops);
+    printf("| product | ms | TFLOP/s | of peak |\n");
+    for (const Product& p : products)
+        for (bool backward : {false, true}) {
+            const std::string name = std::string("matmul ") + p.name + (backward ? " backward" : "");
+            if (!phases.count(name)) continue;
+            const double layers = p.per_layer ? c.num_layers : 1;
+            const double passes = backward ? 2 : (p.per_layer && args.recompute == 3 ? 2 : 1);
+            const double tflops = 2 * rows * p.in * p.out * layers * passes / (phases[name] * 1e-3) / 1e12;
+            printf("| %s | %.2f | %.0f | %.1f%% |\n", name.c_str() + 7, phases[name], tflops,
+                   100 * tflops / args.peak_tflops);
+        }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,19 +192,7 @@ int main(int argc, char** argv) {
         printf("| %s | %s | %d | %d | %d | %s | %.1f | %.0f | %.1f%% | %.1f GiB |\n", prop.name, args.model.c_str(), B,
                args.T, args.recompute, args.fp8.c_str(), step_ms, tokens_per_s, 100.0 * mfu, bytes / 1073741824.0);
 
-        if (args.profile) {
-            run.model->enable_phase_timing(true);
-            one_step(run, B, args.T, 2 + args.warmup + args.steps);
-            std::map<std::string, double> phases;
-            run.model->collect_phase_ms(phases);
-            run.model->enable_phase_timing(false);
-            double total = 0;
-            for (auto& [name, ms] : phases) total += ms;
-            printf("\nGPU time of one step by kind of kernel (timed phase by phase, so a little slower than above)\n");
-            printf("| phase | ms | share |\n");
-            for (auto& [name, ms] : phases) printf("| %s | %.2f | %.1f%% |\n", name.c_str(), ms, 100.0 * ms / total);
-            printf("| total | %.2f | 100%% |\n", total);
-        }
+        if (args.profile) print_profile(run, c, B, args);
     } catch (const std::exception& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;

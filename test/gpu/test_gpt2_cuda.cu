@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -255,6 +256,32 @@ TEST_CASE("recomputation 1-3 gives gradients bitwise equal to each other, and wi
     CHECK(grads[1] == grads[3]);
     CHECK(rel_error(losses[1], losses[0]) <= 1e-2);
     CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 1e-2);
+}
+
+TEST_CASE("phase timing names every matrix product forward and backward (bench_train_step --profile)") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 9);
+    const int B = 2, T = 32;
+    const Batch batch = random_batch(c, B, T, 13);
+    for (Recompute r : {Recompute::None, Recompute::Block}) {
+        GPT2CUDA gpu(c, B, T, options(r));
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        gpu.enable_phase_timing(true);
+        gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        std::map<std::string, double> phases;
+        gpu.collect_phase_ms(phases);
+        INFO("recompute " << (int)r);
+        for (const char* product : {"qkv", "attproj", "fc", "fcproj", "lm head"})
+            for (const char* pass : {"", " backward"}) {
+                const std::string name = std::string("matmul ") + product + pass;
+                INFO(name);
+                CHECK(phases.count(name) == 1);
+            }
+        CHECK(phases.count("matmul") == 0);  // no product left under the old, undivided name
+        for (const char* kind : {"encoder", "layernorm", "attention", "classifier"}) CHECK(phases.count(kind) == 1);
+        for (auto& [name, ms] : phases) CHECK(ms >= 0);
+    }
 }
 
 TEST_CASE("gradient accumulation: two half-scaled micro-batches equal the sum of their gradients") {

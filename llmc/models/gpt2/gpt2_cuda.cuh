@@ -733,7 +733,7 @@ private:
         const floatX* lnf = gather_rows(a.lnf, a.full, BT, C);  // all BT rows
         if (pass == Pass::LastLogits) {
             {
-                PhaseScope phase(timer_, "matmul", s);
+                PhaseScope phase(timer_, LM_HEAD_PHASE, s);
                 const int row = logits_row < 0 ? BT - 1 : logits_row;
                 matmul_forward(matmul_, a.logits, nullptr, lnf + (size_t)row * C, param(P::WTE), nullptr, nullptr, 1,
                                C, Vl, s);
@@ -753,7 +753,7 @@ private:
             const int rows = std::min(rows_at_once, BT - r0);
             const floatX* lnf_rows = lnf + (size_t)r0 * C;
             {
-                PhaseScope phase(timer_, "matmul", s);
+                PhaseScope phase(timer_, LM_HEAD_PHASE, s);
                 matmul_forward(matmul_, a.logits, nullptr, lnf_rows, param(P::WTE), nullptr, nullptr, rows, C, Vl, s);
             }
             if (tp_.size == 1) {
@@ -773,7 +773,7 @@ private:
                                       vocab_begin(), vocab_real(), Vl, train, s);
             }
             if (train) {
-                PhaseScope phase(timer_, "matmul", s);
+                PhaseScope phase(timer_, LM_HEAD_BACKWARD_PHASE, s);
                 // the lm head has no bias, so no bias-gradient scratch
                 matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P::WTE), nullptr, nullptr, a.logits, lnf_rows,
                                 param(P::WTE), nullptr, rows, C, Vl, s);
@@ -800,7 +800,7 @@ private:
         }
         const floatX* ln1 = gather_rows(a.ln1.at(l), a.full, BT, C);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_QKV, false), s);
             linear_forward(a, l, FP8_QKV, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr,
                            BT, C, 3 * Cl);
         }
@@ -826,13 +826,13 @@ private:
         const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
         const bool dense = layout_.has(P::FCW, l);
         if (dense && options_.recompute == Recompute::None) {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_FC, false), s);
             linear_forward(a, l, FP8_FC, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l),
                            nullptr, BT, C, 4 * Cl);
         } else if (dense) {
             // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
-                PhaseScope phase(timer_, "matmul", s);
+                PhaseScope phase(timer_, matmul_phase(FP8_FC, false), s);
                 linear_forward(a, l, FP8_FC, a.fch.at(l), nullptr, ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
                                BT, C, 4 * Cl);
             }
@@ -859,7 +859,6 @@ private:
         using P = GPT2Params;
         const bool dense = layout_.has(P::FCW, l);
         if (dense) {  // the MLP projection read fch_gelu, whose GELU came from fch
-            PhaseScope phase(timer_, "matmul", s);
             linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual,
                             a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C);
             linear_backward(a, l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2.at(l),
@@ -883,7 +882,7 @@ private:
                               const floatX* inp, const floatX* weight, const floatX* bias, const floatX* base, int BT,
                               int IC, int C) {
         cudaStream_t s = stream_.get();
-        PhaseScope phase(timer_, "matmul", s);
+        PhaseScope phase(timer_, matmul_phase(product, false), s);
         if (tp_.size == 1) {
             linear_forward(a, l, product, out, nullptr, inp, weight, bias, base, BT, IC, C);
             return;
@@ -891,6 +890,17 @@ private:
         matmul_forward(matmul_, a.partial, nullptr, inp, weight, nullptr, nullptr, BT, IC, C, s);
         tp_wait(reduce_rows(a.partial, out, BT, C));
         bias_residual_add(out, reduced(a.partial, out), bias, base, tp_.rows(BT), C, s);
+    }
+
+    // The phases a product's GPU time counts under (PhaseTimer; bench_train_step --profile times each
+    // product forward and backward): "matmul <product>[ backward]", the lm head's too.
+    static constexpr const char* LM_HEAD_PHASE = "matmul lm head";
+    static constexpr const char* LM_HEAD_BACKWARD_PHASE = "matmul lm head backward";
+    static const char* matmul_phase(Fp8Product product, bool backward) {
+        static const char* names[2][FP8_PRODUCTS] = {
+            {"matmul qkv", "matmul attproj", "matmul fc", "matmul fcproj"},
+            {"matmul qkv backward", "matmul attproj backward", "matmul fc backward", "matmul fcproj backward"}};
+        return names[backward][product];
     }
 
     // Block l's product `product` (matmul_forward's arguments): in bf16, or in FP8 (--fp8).
@@ -906,6 +916,7 @@ private:
     void linear_backward(const CudaActivationLayout& a, int l, Fp8Product product, floatX* dinp, float* dweight,
                          float* dbias, const floatX* dout, const floatX* inp, const floatX* weight,
                          const floatX* pre_gelu, int BT, int C, int OC) {
+        PhaseScope phase(timer_, matmul_phase(product, true), stream_.get());
         if (fp8_.enabled())
             fp8_.backward(matmul_, a.fp8, l, product, dinp, dweight, dbias, a.scratch, dout, inp, weight, pre_gelu, BT,
                           C, OC);
@@ -1022,13 +1033,11 @@ private:
         }
         // dresidual is now d(residual2[l]); the attention projection read atty
         {
-            PhaseScope phase(timer_, "matmul", s);
             linear_backward(a, l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual,
                             a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C);
         }
         attention_layer_backward(a, l, B, T, NH, HS);
         {
-            PhaseScope phase(timer_, "matmul", s);
             linear_backward(a, l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1.at(l),
                             param(P::QKVW, l), nullptr, BT, C, 3 * C);
         }
@@ -1063,7 +1072,7 @@ private:
         CommHandle ln2_rows = gather_rows_async(a.ln2.at(l), a.full, BT, C);
         tp_wait(dresidual_rows);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_FCPROJ, true), s);
             matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, dresidual,
                             a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * Cl, C, s);
             matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d4C, nullptr, param(P::FCW, l), nullptr, BT,
@@ -1072,7 +1081,7 @@ private:
         CommHandle dln2 = reduce_rows(a.dC, a.dln, BT, C);
         tp_wait(ln2_rows);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_FC, true), s);
             matmul_backward(matmul_, nullptr, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C,
                             gathered(a.ln2.at(l), a.full), nullptr, nullptr, BT, C, 4 * Cl, s);
         }
@@ -1088,20 +1097,20 @@ private:
         CommHandle ln1_rows = gather_rows_async(a.ln1.at(l), a.full, BT, C);
         tp_wait(dresidual_rows);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_ATTPROJ, true), s);
             matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, dresidual,
                             a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
         }
         attention_layer_backward(a, l, B, T, NH, HS);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_QKV, true), s);
             matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d3C, nullptr, param(P::QKVW, l), nullptr, BT,
                             C, 3 * Cl, s);
         }
         CommHandle dln1 = reduce_rows(a.dC, a.dln, BT, C);
         tp_wait(ln1_rows);
         {
-            PhaseScope phase(timer_, "matmul", s);
+            PhaseScope phase(timer_, matmul_phase(FP8_QKV, true), s);
             matmul_backward(matmul_, nullptr, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C,
                             gathered(a.ln1.at(l), a.full), nullptr, nullptr, BT, C, 3 * Cl, s);
         }
