@@ -54,8 +54,27 @@ public:
     // This rank's experts' batches of received rows: expert j's are [local_begin()[j], [j + 1]).
     const std::vector<int>& local_begin() const { return local_begin_; }
     int local_experts() const { return local_; }
-    // Rows this rank sends to each rank of the group (its assignments to that rank's experts).
+    // Rows this rank sends to each rank of the group (its assignments to that rank's experts), and
+    // rows it receives from each.
     const std::vector<int>& rows_out() const { return rows_out_; }
+    const std::vector<int>& rows_in() const { return rows_in_; }
+
+    // The received rows' blocks, one per (source rank, local expert): copy(source_row, expert_row,
+    // rows) for each, where source_row counts in the order they arrive (rank 0's rows for expert 0,
+    // 1, ..., then rank 1's) and expert_row in the order the experts run (expert 0's from rank 0, 1,
+    // ..., then expert 1's).
+    template <typename Copy>
+    void for_each_block(Copy copy) const {
+        size_t source_at = 0;
+        std::vector<int> expert_at(local_begin_.begin(), local_begin_.end() - 1);
+        for (int s = 0; s < ranks_; s++)
+            for (int j = 0; j < local_; j++) {
+                const size_t rows = counts_in_[(size_t)s * local_ + j];
+                if (rows) copy(source_at, (size_t)expert_at[j], rows);
+                source_at += rows;
+                expert_at[j] += (int)rows;
+            }
+    }
 
     // Sends `mine` (this rank's assignments' rows of `width`, expert-major) to their experts' ranks;
     // `theirs` becomes the rows of this rank's experts from every rank, expert-major.
@@ -82,20 +101,13 @@ private:
             send_counts[q] = (size_t)rows_send[q] * width, recv_counts[q] = (size_t)rows_recv[q] * width;
         wait(ep.all_to_all_v(send, send_counts.data(), recv, recv_counts.data(), CommDtype::F32));
     }
-    // Between the source-major order rows arrive in (rank s's rows for expert 0, 1, ..., then rank
-    // s + 1's) and the expert-major order the experts run in (expert j's rows from rank 0, 1, ...).
+    // Between the source-major order rows arrive in and the expert-major order the experts run in.
     void reorder(const float* from, float* to, int width, bool to_expert_major) const {
-        size_t source_at = 0;
-        std::vector<int> expert_at(local_begin_.begin(), local_begin_.end() - 1);
-        for (int s = 0; s < ranks_; s++)
-            for (int j = 0; j < local_; j++) {
-                const size_t rows = counts_in_[(size_t)s * local_ + j];
-                const size_t a = source_at * width, b = (size_t)expert_at[j] * width, n = rows * width;
-                if (to_expert_major) std::memcpy(to + b, from + a, n * sizeof(float));
-                else std::memcpy(to + a, from + b, n * sizeof(float));
-                source_at += rows;
-                expert_at[j] += (int)rows;
-            }
+        for_each_block([&](size_t source_row, size_t expert_row, size_t rows) {
+            const size_t a = source_row * width, b = expert_row * width, n = rows * width;
+            if (to_expert_major) std::memcpy(to + b, from + a, n * sizeof(float));
+            else std::memcpy(to + a, from + b, n * sizeof(float));
+        });
     }
 
     int ranks_ = 1, local_ = 0;

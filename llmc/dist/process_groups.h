@@ -50,6 +50,11 @@ public:
         coord[MeshDim::DP] = coord[MeshDim::CP] = 0;
         return {dims_.rank_of(coord), key};
     }
+    // The same for world rank `rank`'s expert group (`expert_data` false) or expert data group:
+    // coloured by the group's first rank, keyed by the place of `rank` in it.
+    std::pair<int, int> expert_split(int rank, bool expert_data) const {
+        return split_of(expert_data ? dims_.expert_data_ranks(rank) : dims_.expert_group_ranks(rank), rank);
+    }
 
     // Collective over world: every rank calls it with the same dims. world must outlive the groups.
     ProcessGroups(Communicator& world, const ParallelDims& dims) : dims_(dims), world_(&world) {
@@ -80,11 +85,15 @@ public:
     }
 
 private:
-    // This rank's group of `ranks` (listed in group-rank order), split from the world: coloured by
-    // its first rank, keyed by the place in the list.
+    // The colour and key of `rank`'s group of `ranks` (listed in group-rank order): its first rank,
+    // and the place in the list.
+    static std::pair<int, int> split_of(const std::vector<int>& ranks, int rank) {
+        return {ranks.front(), (int)(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin())};
+    }
+    // This rank's group of `ranks`, split from the world.
     static std::unique_ptr<Communicator> split_by(Communicator& world, const std::vector<int>& ranks) {
-        const int key = (int)(std::find(ranks.begin(), ranks.end(), world.rank()) - ranks.begin());
-        return world.split(ranks.front(), key);
+        const auto [color, key] = split_of(ranks, world.rank());
+        return world.split(color, key);
     }
     std::unique_ptr<Communicator> split_dp_cp(Communicator& world, MeshCoord coord) const {
         const auto [color, key] = dp_cp_split(dims_.rank_of(coord));

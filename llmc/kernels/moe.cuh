@@ -50,17 +50,23 @@ inline size_t moe_max_assignments(const cpu::MoeShape& s) {
 
 // A block's routing and its experts' activations, kept from the forward for the backward (device).
 // choice (n, k) is token n's k-th best expert; assignment a (expert-major) is choice choice_of[a].
+// x and y are this rank's assignments' rows; the experts run on ex, pre, h, ey: the same rows (ex is
+// x, ey is y), or under expert parallelism the rows this rank's experts got from the expert group.
 struct MoeBlockBuffers {
     float *probs, *lse;        // rows x E, rows
     int *expert, *slot;        // rows x K: the expert, its assignment (-1: dropped)
     int* choice_of;            // assignments
     int* summary;              // MoeSummary's words (moe_summary_words)
-    floatX *x, *pre, *h, *y;   // assignments x C, x F, x F, x C: gathered input, fc, GELU, output
+    floatX *x, *y;             // assignments x C: gathered input, the experts' output
+    floatX *ex, *pre, *h, *ey; // expert rows x C, x F, x F, x C: input, fc, GELU, output
 };
-// What the backward passes share across blocks (device).
+// What the backward passes share across blocks (device); dy and dx are the assignments' rows, edy
+// and edx (the same buffers without expert parallelism) the experts', staging a source-major copy.
 struct MoeScratchBuffers {
     float* dscores;            // rows x E
-    floatX *dy, *dh, *dx;      // assignments x C, x F, x C
+    floatX *dy, *dx;           // assignments x C
+    floatX *edy, *dh, *edx;    // expert rows x C, x F, x C
+    floatX* staging;           // expert rows x C (expert parallelism only)
     float* bias;               // the bias gradients' partial sums (matmul_backward's scratch)
 };
 
@@ -85,23 +91,31 @@ struct MoeGradsF32 {
 };
 
 // The device memory of `blocks` MoE blocks for calls of up to s.rows tokens, cut from one allocation:
-// the blocks' buffers, then the shared scratch. Each piece starts on a 256-byte boundary.
+// the blocks' buffers, then the shared scratch. Each piece starts on a 256-byte boundary. Under
+// expert parallelism over `ep` ranks this rank's experts may get every rank's assignments (when all
+// go to them): ep times the rows, in buffers of their own.
 class MoeMemory {
 public:
-    static size_t bytes_for(const cpu::MoeShape& s, int blocks) { return MoeMemory(s, blocks, nullptr).bytes_; }
+    static size_t bytes_for(const cpu::MoeShape& s, int blocks, int ep = 1) {
+        return MoeMemory(s, blocks, nullptr, ep).bytes_;
+    }
     MoeMemory() = default;
-    MoeMemory(const cpu::MoeShape& s, int blocks, char* base) : base_(base) {
-        const size_t N = s.rows, A = moe_max_assignments(s), C = s.C, F = s.F, E = s.E, K = s.K;
+    MoeMemory(const cpu::MoeShape& s, int blocks, char* base, int ep = 1) : base_(base) {
+        const size_t N = s.rows, A = moe_max_assignments(s), R = A * ep, C = s.C, F = s.F, E = s.E, K = s.K;
         for (int b = 0; b < blocks; b++) {
             MoeBlockBuffers m;
             take(m.probs, N * E), take(m.lse, N), take(m.expert, N * K), take(m.slot, N * K);
             take(m.choice_of, A), take(m.summary, moe_summary_words(s.E));
-            take(m.x, A * C), take(m.pre, A * F), take(m.h, A * F), take(m.y, A * C);
+            take(m.x, A * C), take(m.y, A * C), take(m.pre, R * F), take(m.h, R * F);
+            m.ex = m.x, m.ey = m.y;
+            if (ep > 1) take(m.ex, R * C), take(m.ey, R * C);
             blocks_.push_back(m);
         }
-        take(scratch_.dscores, N * E), take(scratch_.dy, A * C), take(scratch_.dh, A * F), take(scratch_.dx, A * C);
-        take(scratch_.bias, std::max(matmul_backward_scratch_floats((int)A, (int)F),
-                                     matmul_backward_scratch_floats((int)A, (int)C)));
+        take(scratch_.dscores, N * E), take(scratch_.dy, A * C), take(scratch_.dx, A * C), take(scratch_.dh, R * F);
+        scratch_.edy = scratch_.dy, scratch_.edx = scratch_.dx, scratch_.staging = nullptr;
+        if (ep > 1) take(scratch_.edy, R * C), take(scratch_.edx, R * C), take(scratch_.staging, R * C);
+        take(scratch_.bias, std::max(matmul_backward_scratch_floats((int)R, (int)F),
+                                     matmul_backward_scratch_floats((int)R, (int)C)));
     }
     MoeBlockBuffers& block(int b) { return blocks_.at(b); }
     const MoeScratchBuffers& scratch() const { return scratch_; }
@@ -358,6 +372,23 @@ __global__ void moe_router_weight_backward_kernel(float* drouter, const float* d
 }
 
 // ---------------------------------------------------------------------------------------------
+// Expert parallelism (GPT2CUDA's ExpertRows, over the expert group): after the routing, this rank's
+// assignments' rows go to the ranks of their experts, and the rows of this rank's experts come in.
+
+class MoeExchange {
+public:
+    virtual ~MoeExchange() = default;
+    // Plans a block's exchange from its routing (a collective over the expert group).
+    virtual void plan(const MoeSummary& m) = 0;
+    // The rows of this rank's experts, expert-major: local expert j's are [local_begin()[j], [j + 1]).
+    virtual const std::vector<int>& local_begin() const = 0;
+    // mine (this rank's assignments' rows, expert-major) to theirs (the rows of this rank's experts),
+    // and back; both C wide.
+    virtual void dispatch(const floatX* mine, floatX* theirs, int C, cudaStream_t stream) = 0;
+    virtual void give_back(const floatX* theirs, floatX* mine, int C, cudaStream_t stream) = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
 // The launchers.
 
 namespace moe_detail {
@@ -405,9 +436,11 @@ inline MoeSummary moe_route(MoeBlockBuffers& b, const floatX* x, const floatX* r
 }
 
 // out (rows x C) = base + the experts' outputs weighted by their gates (out may be base). Keeps in
-// `b` what moe_backward reads; returns the routing's summary.
+// `b` what moe_backward reads; returns the routing's summary. With `exchange` (expert parallelism)
+// the rows run at their experts' ranks and w holds this rank's experts only.
 inline MoeSummary moe_forward(MatmulContext& ctx, floatX* out, const floatX* base, MoeBlockBuffers& b, const floatX* x,
-                              const MoeWeightsBf16& w, const cpu::MoeShape& s, int* pinned, cudaStream_t stream) {
+                              const MoeWeightsBf16& w, const cpu::MoeShape& s, int* pinned, cudaStream_t stream,
+                              MoeExchange* exchange = nullptr) {
     using namespace moe_detail;
     const MoeSummary m = moe_route(b, x, w.router, s, pinned, stream);
     const size_t C = s.C, F = s.F;
@@ -416,15 +449,22 @@ inline MoeSummary moe_forward(MatmulContext& ctx, floatX* out, const floatX* bas
             b.x, x, b.choice_of, m.assignments(), s.C, s.K);
         CUDA_CHECK_LAUNCH();
     }
-    for (int e = 0; e < s.E; e++) {
-        const size_t at = m.begin[e];
-        const int rows = m.begin[e + 1] - m.begin[e];
+    if (exchange) {
+        exchange->plan(m);
+        exchange->dispatch(b.x, b.ex, s.C, stream);
+    }
+    // this rank's experts (all of them without expert parallelism), their weights numbered from 0
+    const std::vector<int>& begin = exchange ? exchange->local_begin() : m.begin;
+    for (int e = 0; e + 1 < (int)begin.size(); e++) {
+        const size_t at = begin[e];
+        const int rows = begin[e + 1] - begin[e];
         if (rows == 0) continue;
-        matmul_forward(ctx, b.h + at * F, b.pre + at * F, b.x + at * C, w.fcw + e * F * C, w.fcb + e * F, nullptr,
+        matmul_forward(ctx, b.h + at * F, b.pre + at * F, b.ex + at * C, w.fcw + e * F * C, w.fcb + e * F, nullptr,
                        rows, s.C, s.F, stream);
-        matmul_forward(ctx, b.y + at * C, nullptr, b.h + at * F, w.fcprojw + e * C * F, w.fcprojb + e * C, nullptr,
+        matmul_forward(ctx, b.ey + at * C, nullptr, b.h + at * F, w.fcprojw + e * C * F, w.fcprojb + e * C, nullptr,
                        rows, s.F, s.C, stream);
     }
+    if (exchange) exchange->give_back(b.ey, b.y, s.C, stream);
     LLMC_LAUNCH(moe_combine_kernel, row_blocks(s.rows, s.C), ROW_THREADS, 0, stream)(
         out, base, b.y, b.probs, b.expert, b.slot, s.rows, s.C, s.E, s.K);
     CUDA_CHECK_LAUNCH();
@@ -433,11 +473,11 @@ inline MoeSummary moe_forward(MatmulContext& ctx, floatX* out, const floatX* bas
 
 // dx (rows x C; overwritten, or added to with `accumulate`) and the weights' gradients (accumulated)
 // from dout, and from the auxiliary losses' weights in the model's loss (d loss / d balance, d loss
-// / d z). `b` and `m` are the forward's of the same tokens x.
+// / d z). `b`, `m` and `exchange` (planned) are the forward's of the same tokens x.
 inline void moe_backward(MatmulContext& ctx, floatX* dx, bool accumulate, const MoeGradsF32& g,
                          const MoeScratchBuffers& scratch, const floatX* dout, const floatX* x, const MoeBlockBuffers& b,
                          const MoeSummary& m, const MoeWeightsBf16& w, const cpu::MoeShape& s, float dbalance, float dz,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, MoeExchange* exchange = nullptr) {
     using namespace moe_detail;
     check_shape(s);
     const size_t C = s.C, F = s.F;
@@ -446,16 +486,19 @@ inline void moe_backward(MatmulContext& ctx, floatX* dx, bool accumulate, const 
         scratch.dscores, scratch.dy, dout, b.y, b.probs, b.lse, b.expert, b.slot, share, dbalance, dz, s.rows, s.C,
         s.E, s.K);
     CUDA_CHECK_LAUNCH();
-    for (int e = 0; e < s.E; e++) {  // each expert's MLP backward, GELU's in the DGELU epilogue
-        const size_t at = m.begin[e];
-        const int rows = m.begin[e + 1] - m.begin[e];
+    if (exchange) exchange->dispatch(scratch.dy, scratch.edy, s.C, stream);
+    const std::vector<int>& begin = exchange ? exchange->local_begin() : m.begin;
+    for (int e = 0; e + 1 < (int)begin.size(); e++) {  // each expert's MLP backward, GELU's in the DGELU epilogue
+        const size_t at = begin[e];
+        const int rows = begin[e + 1] - begin[e];
         if (rows == 0) continue;
         matmul_backward(ctx, scratch.dh + at * F, g.fcprojw + e * C * F, g.fcprojb + e * C, scratch.bias,
-                        scratch.dy + at * C, b.h + at * F, w.fcprojw + e * C * F, b.pre + at * F, rows, s.F, s.C,
+                        scratch.edy + at * C, b.h + at * F, w.fcprojw + e * C * F, b.pre + at * F, rows, s.F, s.C,
                         stream);
-        matmul_backward(ctx, scratch.dx + at * C, g.fcw + e * F * C, g.fcb + e * F, scratch.bias, scratch.dh + at * F,
-                        b.x + at * C, w.fcw + e * F * C, nullptr, rows, s.C, s.F, stream);
+        matmul_backward(ctx, scratch.edx + at * C, g.fcw + e * F * C, g.fcb + e * F, scratch.bias, scratch.dh + at * F,
+                        b.ex + at * C, w.fcw + e * F * C, nullptr, rows, s.C, s.F, stream);
     }
+    if (exchange) exchange->give_back(scratch.edx, scratch.dx, s.C, stream);
     LLMC_LAUNCH(moe_scatter_backward_kernel, row_blocks(s.rows, s.C), ROW_THREADS, 0, stream)(
         dx, scratch.dscores, w.router, scratch.dx, b.slot, s.rows, s.C, s.E, s.K, accumulate);
     CUDA_CHECK_LAUNCH();

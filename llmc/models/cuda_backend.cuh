@@ -2,7 +2,8 @@
 // rank's GPU, its collectives over NCCL (a GPU per rank) or over MPI staged through host memory
 // (ranks may share a GPU), data parallel (ZeRO), tensor parallel (--tp, --sp), pipelined (--pp) and
 // context parallel (--cp: ring attention, with any of the other axes; ZeRO over dp x cp); a
-// mixture-of-experts model, and FP8 products (--fp8), with data parallelism only.
+// mixture-of-experts model with data and expert parallelism (--ep), and FP8 products (--fp8) with
+// data parallelism only.
 //
 // The device communicators mirror ProcessGroups (dist/process_groups.h): one over the world, split
 // into the data-parallel, tensor-parallel, pipeline and context groups with the same colours and keys
@@ -67,8 +68,16 @@ struct CudaBackend {
         ContextParallelGroup cp;
         cp.comm = device_group(built, groups, MeshDim::CP);
         cp.host = &groups.cp();
-        built.model =
-            std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp, pp, cp);
+        ExpertParallelGroup ep;
+        if (cfg.dims.ep > 1) {
+            const int rank = groups.world().rank();
+            ep.comm = split_device_group(built, groups.expert_split(rank, false), groups.ep(), "expert");
+            ep.host = &groups.ep();
+            ep.expert_data = split_device_group(built, groups.expert_split(rank, true), groups.expert_data(),
+                                                "expert data");
+        }
+        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp,
+                                                 pp, cp, ep);
         return built;
     }
 
@@ -77,8 +86,7 @@ struct CudaBackend {
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
         refuse_experts_with(cfg);
-        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, 0, zero_world(cfg), tp_shape(cfg, 0),
-                                                  GPT2Params::stage_slice(pipeline_split(cfg), 0));
+        const ZeroPlan zero = zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0);
         std::string out = memory_plan_report(
             cfg, zero, memory_plan(cfg, 0, 0, 0),
             "CUDA model (bf16 weights and activations, fp32 master weights, gradients and moments)");
@@ -107,20 +115,29 @@ struct CudaBackend {
     // constructor's allocations add up to the same bytes).
     static MemoryPlan memory_plan(const RunConfig& cfg, int zero_rank, int tp_rank, int pp_rank) {
         const TpShape tp = tp_shape(cfg, tp_rank);
-        const ZeroPlan zero = GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
-                                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank));
+        const ZeroPlan zero = zero_plan_of(cfg, zero_rank, tp, pp_rank);
         return plan_memory(cfg, zero,
                            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
-                                                  tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp),
+                                                  tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp,
+                                                  cfg.dims.ep),
                            DeviceMemory::precision, pp_rank);
     }
+    // ZeRO's plan for data-parallel rank zero_rank (its place in the expert group and in the expert
+    // data group follow from it: ep consecutive data-parallel ranks form an expert group).
+    static ZeroPlan zero_plan_of(const RunConfig& cfg, int zero_rank, const TpShape& tp, int pp_rank) {
+        const int ep = cfg.dims.ep;
+        return GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
+                                   GPT2Params::stage_slice(pipeline_split(cfg), pp_rank), {zero_rank % ep, ep},
+                                   zero_rank / ep, zero_world(cfg) / ep);
+    }
 
-    // The CUDA model's experts (kernels/moe.cuh) run with data parallelism (ZeRO 0-3) only.
+    // The CUDA model's experts (kernels/moe.cuh) run with data and expert parallelism (ZeRO 0-3) only.
     static void refuse_experts_with(const RunConfig& cfg) {
-        if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1 || cfg.ep > 1))
-            fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d / --ep %d: the CUDA model runs a mixture of "
-                           "experts with data parallelism (-z 0-3) only; drop them, or train with train_gpt_cpu",
-                           cfg.model_config.num_experts, cfg.dims.tp, cfg.dims.pp, cfg.dims.cp, cfg.ep));
+        if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1))
+            fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d: the CUDA model runs a mixture of experts "
+                           "with data and expert parallelism (-z 0-3, --ep) only; drop them, or train with "
+                           "train_gpt_cpu",
+                           cfg.model_config.num_experts, cfg.dims.tp, cfg.dims.pp, cfg.dims.cp));
     }
     // The model options of a config (recomputation, the experts' capacity and losses' weights, FP8).
     static GPT2CUDAOptions options(const RunConfig& cfg) {
@@ -161,15 +178,17 @@ private:
     // The data x context group's device communicator: the world's where it spans the world, else split
     // from it with ProcessGroups' colour and key for that group.
     static Communicator* dp_cp_device_group(BuiltModel& built, const ProcessGroups& groups) {
-        Communicator& host = groups.dp_cp();
-        if (host.world_size() == groups.world().world_size()) return built.device_comm.get();
-        const auto [color, key] = groups.dp_cp_split(groups.world().rank());
-        built.device_groups.push_back(built.device_comm->split(color, key));
+        if (groups.dp_cp().world_size() == groups.world().world_size()) return built.device_comm.get();
+        return split_device_group(built, groups.dp_cp_split(groups.world().rank()), groups.dp_cp(), "dp x cp");
+    }
+    // The device communicator split from the world's with `split` (colour, key) that mirrors `host`.
+    static Communicator* split_device_group(BuiltModel& built, std::pair<int, int> split, Communicator& host,
+                                            const char* name) {
+        built.device_groups.push_back(built.device_comm->split(split.first, split.second));
         Communicator& group = *built.device_groups.back();
         if (group.world_size() != host.world_size() || group.rank() != host.rank())
-            fail(strformat("the device dp x cp group of rank %d has %d ranks with this one at %d; its host group %d "
-                           "ranks with it at %d", groups.world().rank(), group.world_size(), group.rank(),
-                           host.world_size(), host.rank()));
+            fail(strformat("the device %s group has %d ranks with this one at %d; its host group %d ranks with it at %d",
+                           name, group.world_size(), group.rank(), host.world_size(), host.rank()));
         return &group;
     }
 

@@ -19,11 +19,13 @@
 
 namespace llmc::mpi_test {
 
-// Trains `model` from the config's seed and gathers the whole model on every rank.
-inline RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model) {
+// Trains `model` from the config's seed and gathers the whole model on every rank (`replicas`: the
+// ranks that hold the same parameters, as train_gpt passes them; dp by default).
+inline RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model,
+                            Communicator* replicas = nullptr) {
     model.init_random(cfg.seed);
     RunResult r;
-    r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;
+    r.losses = Trainer(cfg, model, dp, "", world, replicas).run().train_losses;
     r.params.resize(model.whole_num_params());
     model.get_master_weights(r.params.data());
     return r;

@@ -12,9 +12,12 @@
 #   3. two ranks of 8 sequences each (--gpu-comm mpi) at ZeRO-3 reproduce the one-rank curve (the
 #      capacity counts each forward's tokens, so both route the same groups of 8) within
 #      LLMC_MOE_RANKS_LIMIT (default 1e-3; bitwise equal emulated);
-#   4. a checkpoint written at step 5, resumed by train_gpt, ends with the same model.bin bit for
+#   4. --ep 2 (two ranks, each with 2 of the 4 experts) at ZeRO-1 reproduces the one-rank curve within
+#      LLMC_MOE_RANKS_LIMIT, its step lines name the busiest rank, and its step-5 checkpoint resumes
+#      on one rank within the same limit;
+#   5. a checkpoint written at step 5, resumed by train_gpt, ends with the same model.bin bit for
 #      bit, and train_gpt_cpu continues it within 2e-3;
-#   5. --plan lists the expert activations; --experts with --tp is refused naming both.
+#   6. --plan lists the expert activations; --experts with --tp is refused naming both.
 # Skips with a message where there is no GPU or no mpirun, except in a GPU session
 # (LLMC_GPU_SESSION=1), where either is a failure (exit 3 without a GPU, 1 without mpirun).
 #   test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
@@ -56,6 +59,17 @@ grep -qE "experts: balance [0-9.]+ z [0-9.]+ max load [0-9.]+ dropped [1-9]" "$d
 # 3. two ranks, ZeRO-3
 run z3 2 8 -z 3
 compare one z3 "$ranks_limit" "$steps"
+
+# Expert parallelism: 2 ranks in one expert group (each holding 2 of the 4 experts) reproduce the
+# one-rank curve; its step-5 checkpoint resumes on 1 rank (checkpoints hold whole tensors).
+run ep2 2 8 --ep 2 -z 1 -n 5 -nk 0
+compare one ep2 "$ranks_limit" "$steps"
+grep -qE "busiest rank [0-9.]+" "$dir/ep2.log" || { echo "FAIL the --ep 2 step lines do not show the busiest rank"; exit 1; }
+mkdir -p "$dir/ep2_on_one"
+cp -r "$dir/ep2/ckpt_00000005" "$dir/ep2_on_one/"
+run ep2_on_one 1 8 -n 5 -nk 0 -y 1
+grep -q "resumed from $dir/ep2_on_one/ckpt_00000005" "$dir/ep2_on_one.log" || { echo "FAIL: no resume from ep 2"; exit 1; }
+compare ep2 ep2_on_one "$ranks_limit" $((steps - 5))
 
 # A CUDA MoE checkpoint (the experts and router in the model, the routing's state none): resumed on
 # the GPU it ends bitwise equal, and the CPU model continues it.

@@ -1,6 +1,7 @@
-// The CUDA model's mixture of experts under data parallelism, end to end under mpirun (make test-gpu
-// and make test-emu, through test/gpu/run_gpu_moe_tests.sh): N ranks at ZeRO 0-3 reproduce the
-// 1-rank CUDA run and the CPU run of the same global batch.
+// The CUDA model's mixture of experts under data and expert parallelism, end to end under mpirun
+// (make test-gpu and make test-emu, through test/gpu/run_gpu_moe_tests.sh): N ranks at ZeRO 0-3, and
+// with an even N expert groups of 2 (--ep 2, each rank holding 2 of the 4 experts) at ZeRO 0 and 3,
+// reproduce the 1-rank CUDA run and the CPU run of the same global batch.
 //
 //   mpirun --oversubscribe -np N build/test_moe_cuda DIR   (DIR: an empty directory shared by the ranks)
 //
@@ -33,7 +34,7 @@ namespace {
 constexpr int STEPS = 10, BATCH = 4, SEQ = 32;
 constexpr double LOSS_LIMIT = 2e-4;
 
-RunConfig make_config(const std::string& shard, int stage, int world_size) {
+RunConfig make_config(const std::string& shard, int stage, int world_size, int ep = 1) {
     RunConfig cfg = base_config(shard);
     cfg.num_layers = 2;
     cfg.num_heads = 2;
@@ -49,6 +50,7 @@ RunConfig make_config(const std::string& shard, int stage, int world_size) {
     cfg.lr = 1e-3f;
     cfg.zero_stage = stage;
     cfg.gpu_comm = "mpi";
+    cfg.ep = ep;
     resolve_run_config(cfg, world_size, nullptr);
     return cfg;
 }
@@ -79,13 +81,20 @@ int main(int argc, char** argv) {
         RunResult cpu;
         const RunResult reference = train_references(rc, reference_model, &cpu);
 
-        for (int stage = 0; stage <= 3; stage++) {
-            const RunConfig cfg = make_config(shard, stage, W);
+        struct Mesh {
+            int ep, stage;
+        };
+        std::vector<Mesh> meshes = {{1, 0}, {1, 1}, {1, 2}, {1, 3}};
+        if (W % 2 == 0) meshes.insert(meshes.end(), {{2, 0}, {2, 3}});
+        for (const Mesh& mesh : meshes) {
+            const RunConfig cfg = make_config(shard, mesh.stage, W, mesh.ep);
             ProcessGroups groups(*comm, cfg.dims);
-            const std::string what = strformat("%d ranks, ZeRO-%d, 4 experts top 2, capacity 1", W, stage);
+            const std::string what = strformat("%d ranks%s, ZeRO-%d, 4 experts top 2, capacity 1", W,
+                                               mesh.ep > 1 ? strformat(" (ep %d)", mesh.ep).c_str() : "", mesh.stage);
             BuiltModel built;
             GPT2CUDA& model = make_planned_model(built, cfg, groups, what);
-            const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), model);
+            const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), model,
+                                             mesh.ep > 1 ? &groups.expert_data() : nullptr);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= LOSS_LIMIT, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit "
                                                  "%g)", what.c_str(), worst, LOSS_LIMIT));

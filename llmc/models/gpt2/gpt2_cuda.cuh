@@ -66,7 +66,10 @@
 // own, sized for dropless routing of max_B x max_T tokens (or the capacity's cap), which backward
 // reads whatever the recomputation setting (-r 3 re-runs a block's forward up to its MLP only). The
 // forward of each MoE block waits for its routing's row counts (one stream synchronisation, see
-// moe.cuh). Data parallelism (ZeRO 0-3) only: tensor, pipeline and context parallelism are refused.
+// moe.cuh). With data parallelism (ZeRO 0-3) and expert parallelism (--ep: this rank holds a block
+// of the experts; each block's rows go to their experts' ranks and back, ExpertRows below, the
+// routes' counts over the host group as GPT2CPU sends them); tensor, pipeline and context
+// parallelism are refused.
 //
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
 // shape, so two runs with the same seed and config produce bitwise identical losses.
@@ -90,6 +93,7 @@
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/dist/expert_parallel.h"
 #include "llmc/kernels/moe.cuh"
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
@@ -319,6 +323,17 @@ struct ContextParallelGroup {
     int size() const { return comm ? comm->world_size() : 1; }
 };
 
+// The expert group of a GPT2CUDA (--ep, dist/expert_parallel.h): ep data-parallel ranks that each
+// hold a block of every MoE block's experts. Rows travel on `comm`, the routes' counts on `host`
+// (the same ranks in the same order); `expert_data` (device buffers) is the group of data-parallel
+// ranks that hold the same experts, over which ZeRO reduces and shards them.
+struct ExpertParallelGroup {
+    Communicator* comm = nullptr;         // device buffers; nullptr: no expert parallelism
+    Communicator* host = nullptr;         // host buffers over the same ranks
+    Communicator* expert_data = nullptr;  // device buffers
+    EpShard shard() const { return comm ? EpShard{comm->rank(), comm->world_size()} : EpShard{}; }
+};
+
 class GPT2CUDA : public Model, private PipelineStage {
 public:
     // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
@@ -328,31 +343,37 @@ public:
     static int effective_stage(int stage, int world_size) { return world_size == 1 ? 0 : stage; }
     // ZeRO over the data-parallel group (rank of world_size) of tensor rank tp.rank's piece of the
     // pipeline stage `slice` (GPT2Params::stage_slice; the whole model by default).
+    // With expert parallelism, `ep`'s block of the experts, sharded over the expert data group
+    // (expert_rank of expert_world_size: the data-parallel ranks that hold the same experts).
     static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size, const TpShape& tp = {},
-                              const StageSlice& slice = {}) {
-        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}, slice), effective_stage(stage, world_size), rank,
-                        world_size, SHARD_ALIGN);
+                              const StageSlice& slice = {}, EpShard ep = {}, int expert_rank = -1,
+                              int expert_world_size = -1) {
+        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}, slice, ep), effective_stage(stage, world_size), rank,
+                        world_size, SHARD_ALIGN, expert_rank, expert_world_size);
     }
 
     // The communicators in `dp`, `tp`, `pp` and `cp` must outlive the model. max_T: whole sequences
     // (a context-parallel rank allocates for its max_T / cp rows of each).
     GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
              const DataParallel& dp = {}, const TensorParallelGroup& tp = {}, const PipelineGroup& pp = {},
-             const ContextParallelGroup& cp = {})
+             const ContextParallelGroup& cp = {}, const ExpertParallelGroup& ep = {})
         : config_(validated(config, tp.shape().size)), tp_(tp.shape()),
           pp_host_(pp.host ? *pp.host : local_communicator()),
           pipe_(checked_pipeline("GPT2CUDA", config.num_layers, pp_host_, pp.pipe)),
           stage_(pipeline_stage_shape(pipe_, pp_host_.rank())),
-          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size}, GPT2Params::stage_slice(pipe_.split, pp_host_.rank()))),
+          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size}, GPT2Params::stage_slice(pipe_.split, pp_host_.rank()),
+                                     ep.shard())),
           max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
           pp_comm_(pp.comm ? *pp.comm : staged_local_), cp_host_(cp.host ? *cp.host : local_communicator()),
           cp_comm_(cp.comm ? *cp.comm : staged_local_), cp_{cp.size(), cp_comm_.rank(), max_T},
+          ep_host_(ep.host ? *ep.host : local_communicator()), ep_comm_(ep.comm ? *ep.comm : staged_local_),
+          expert_data_(ep.expert_data ? *ep.expert_data : comm_),
           memory_(stream_.get(), host_),
           engine_(layout_,
                   ZeroPlan(layout_, effective_stage(dp.zero_stage, comm_.world_size()), comm_.rank(),
-                           comm_.world_size(), SHARD_ALIGN),
+                           comm_.world_size(), SHARD_ALIGN, expert_data_.rank(), expert_data_.world_size()),
                   comm_, memory_),
           encoder_backward_(max_B, std::max(1, max_T / cp.size())) {
         if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
@@ -396,6 +417,7 @@ public:
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         engine_.set_tensor_parallel(tp_host_);
         engine_.set_pipeline_parallel(pp_host_);
+        if (ep.comm) check_expert_group(ep);
         chunks_ = pipeline_chunks(pipe_.split, pp_host_.rank());
         if (stage_.pipelined) {
             // The lm head's backward runs inside its forward (chunk by chunk, see forward_chunk) and
@@ -426,7 +448,7 @@ public:
     // (max_T: whole sequences, of which a rank of a context group of cp holds max_T / cp rows.)
     static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
                                                 const ZeroPlan& plan, const TpShape& tp = {},
-                                                const StageShape& stage = {}, int cp = 1) {
+                                                const StageShape& stage = {}, int cp = 1, int ep = 1) {
         using K = MemoryKind;
         const int rows = max_T / cp;
         std::vector<BufferSpec> specs = buffer_specs(plan, DeviceMemory::precision);
@@ -440,12 +462,14 @@ public:
                              Fp8LinearsCUDA::device_bytes(stage.layers < 0 ? c.num_layers : stage.layers, o.fp8,
                                                           plan.world_size),
                              1});
-        if (c.num_experts > 0) specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o), 1});
+        if (c.num_experts > 0)
+            specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o, ep), 1});
         return specs;
     }
-    // The MoE blocks' routing and expert activations for max_B x max_T tokens (moe.cuh's MoeMemory).
-    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o) {
-        return MoeMemory::bytes_for(moe_shape_of(c, max_B * max_T, o), moe_blocks(c));
+    // The MoE blocks' routing and expert activations for max_B x max_T tokens (moe.cuh's MoeMemory),
+    // on an expert group of ep ranks.
+    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o, int ep = 1) {
+        return MoeMemory::bytes_for(moe_shape_of(c, max_B * max_T, o), moe_blocks(c), ep);
     }
 
     const ModelConfig& config() const override { return config_; }
@@ -496,7 +520,11 @@ public:
         memory_.release_transient();
         std::fill(whole, whole + whole_layout().num_params, 0.0f);
         copy_between_layouts(whole_layout(), whole, layout_, local.data(), false, /*primary_only=*/true);
-        for (Communicator* group : {&tp_host_, &pp_host_})
+        // of the expert group, whose ranks all hold the tensors that are not per-expert, rank 0 puts those
+        if (ep_host_.rank() > 0)
+            for (const ParamLayout::Segment& seg : whole_layout().segments())
+                if (!whole_layout().is_per_expert(seg.tensor)) std::fill(whole + seg.begin, whole + seg.end, 0.0f);
+        for (Communicator* group : {&tp_host_, &pp_host_, &ep_host_})
             if (group->world_size() > 1) group->all_reduce_sum(whole, whole_layout().num_params, CommDtype::F32).wait();
     }
     size_t whole_num_params() const { return whole_layout().num_params; }
@@ -847,10 +875,14 @@ private:
         PhaseScope phase(timer_, "experts", s);
         const int b = moe_index_[l];
         moe_summaries_[b] = moe_forward(matmul_, a.residual3.at(l), dense ? a.residual3.at(l) : a.residual2.at(l),
-                                        moe_memory_.block(b), ln2, moe_weights(l), moe_shape(BT), pinned_moe_.get(), s);
+                                        moe_memory_.block(b), ln2, moe_weights(l), moe_shape(BT), pinned_moe_.get(), s,
+                                        moe_exchange(b));
         const MoeSummary& m = moe_summaries_[b];
-        if (moe_training_)
-            router_stats_.add_pass(m.balance_loss, m.z_loss, m.dropped, (long)BT * config_.moe_top_k, m.share);
+        if (!moe_training_) return;
+        router_stats_.add_pass(m.balance_loss, m.z_loss, m.dropped, (long)BT * config_.moe_top_k, m.share);
+        if (moe_exchange(b) && m.assignments() > 0)  // the busiest rank of the expert group, for the step line
+            for (int rows : moe_exchanges_[b]->rows_out())
+                router_stats_.max_rank_load = std::max(router_stats_.max_rank_load, (double)rows / m.assignments());
     }
     // Its backward on one rank: from dresidual = d(residual3[l]) to d(ln2[l]) in dC.
     void mlp_backward(const CudaActivationLayout& a, int l, int BT) {
@@ -871,7 +903,7 @@ private:
                             grad(P::EFCPROJB, l)};
         moe_backward(matmul_, a.dC, dense, g, moe_memory_.scratch(), a.dresidual, a.ln2.at(l), moe_memory_.block(b),
                      moe_summaries_[b], moe_weights(l), moe_shape(BT), options_.moe.balance_coef * moe_grad_scale_,
-                     options_.moe.z_coef * moe_grad_scale_, s);
+                     options_.moe.z_coef * moe_grad_scale_, s, moe_exchange(b));
     }
 
     // out = base + inp W^T + bias. One rank: one product with the bias and the residual in its
@@ -1126,6 +1158,64 @@ private:
 
     // ---- mixture of experts (kernels/moe.cuh) ----
 
+    // One MoE block's expert-parallel exchange (moe.cuh's MoeExchange): the routes' counts over the
+    // host group (ExpertExchange, as GPT2CPU's), the rows over the device group in bf16, and between
+    // the order they arrive in and the experts' order a copy per block of rows, on the stream.
+    class ExpertRows : public MoeExchange {
+    public:
+        ExpertRows(GPT2CUDA& model, int experts) : model_(model), experts_(experts) {}
+        void plan(const MoeSummary& m) override { routes_.plan(model_.ep_host_, m.begin, experts_); }
+        const std::vector<int>& local_begin() const override { return routes_.local_begin(); }
+        const std::vector<int>& rows_out() const { return routes_.rows_out(); }
+        void dispatch(const floatX* mine, floatX* theirs, int C, cudaStream_t stream) override {
+            floatX* staging = model_.moe_memory_.scratch().staging;
+            exchange(mine, routes_.rows_out(), staging, routes_.rows_in(), C);
+            routes_.for_each_block([&](size_t source_row, size_t expert_row, size_t rows) {
+                copy_rows(theirs + expert_row * C, staging + source_row * C, rows * C, stream);
+            });
+        }
+        void give_back(const floatX* theirs, floatX* mine, int C, cudaStream_t stream) override {
+            floatX* staging = model_.moe_memory_.scratch().staging;
+            routes_.for_each_block([&](size_t source_row, size_t expert_row, size_t rows) {
+                copy_rows(staging + source_row * C, theirs + expert_row * C, rows * C, stream);
+            });
+            exchange(staging, routes_.rows_in(), mine, routes_.rows_out(), C);
+        }
+
+    private:
+        static void copy_rows(floatX* to, const floatX* from, size_t count, cudaStream_t stream) {
+            CUDA_CHECK(cudaMemcpyAsync(to, from, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+        }
+        void exchange(const floatX* send, const std::vector<int>& rows_send, floatX* recv,
+                      const std::vector<int>& rows_recv, int C) {
+            std::vector<size_t> send_counts(rows_send.size()), recv_counts(rows_recv.size());
+            for (size_t q = 0; q < rows_send.size(); q++)
+                send_counts[q] = (size_t)rows_send[q] * C, recv_counts[q] = (size_t)rows_recv[q] * C;
+            model_.before_messages(model_.ep_comm_);
+            model_.wait(model_.ep_comm_.all_to_all_v(send, send_counts.data(), recv, recv_counts.data(),
+                                                     CommDtype::BF16));
+        }
+        GPT2CUDA& model_;
+        int experts_;
+        ExpertExchange routes_;
+    };
+    MoeExchange* moe_exchange(int block) { return moe_exchanges_.empty() ? nullptr : moe_exchanges_[block].get(); }
+
+    // The expert group's communicators agree with each other and with the model.
+    void check_expert_group(const ExpertParallelGroup& ep) {
+        if (!ep.host || !ep.expert_data)
+            fail("GPT2CUDA: an expert group needs its host communicator and its expert data group");
+        if (!ep_comm_.uses_device_buffers() || !expert_data_.uses_device_buffers())
+            fail("GPT2CUDA: the expert group's rows and the expert data group's buckets need device communicators");
+        if (ep_host_.world_size() != ep_comm_.world_size() || ep_host_.rank() != ep_comm_.rank())
+            fail(strformat("GPT2CUDA: the expert group's host communicator is rank %d of %d, its device one %d of %d",
+                           ep_host_.rank(), ep_host_.world_size(), ep_comm_.rank(), ep_comm_.world_size()));
+        if (config_.num_experts == 0 || config_.num_experts % ep_comm_.world_size() != 0)
+            fail(strformat("GPT2CUDA: %d experts cannot be split over an expert group of %d ranks", config_.num_experts,
+                           ep_comm_.world_size()));
+        engine_.set_expert_parallel(expert_data_, ep_host_);
+    }
+
     static int moe_blocks(const ModelConfig& c) {
         int blocks = 0;
         for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
@@ -1147,14 +1237,17 @@ private:
             fail(strformat("GPT2CUDA: a mixture-of-experts model (%d experts) runs with data parallelism only on "
                            "CUDA, not --tp %d / --pp %d / --cp %d",
                            config_.num_experts, tp_.size, pp_host_.world_size(), cp_.size));
-        moe_acts_.allocate(moe_bytes(config_, max_B_, max_T_, options_), "expert activations");
-        moe_memory_ = MoeMemory(moe_shape(max_B_ * max_T_), moe_blocks(config_), moe_acts_.get());
+        const int ep = ep_comm_.world_size();
+        moe_acts_.allocate(moe_bytes(config_, max_B_, max_T_, options_, ep), "expert activations");
+        moe_memory_ = MoeMemory(moe_shape(max_B_ * max_T_), moe_blocks(config_), moe_acts_.get(), ep);
         pinned_moe_ = PinnedBuffer<int>(moe_summary_words(config_.num_experts), "routing summary download");
         moe_index_.assign(layout_.num_layers(), -1);
         int blocks = 0;
         for (int l = 0; l < layout_.num_layers(); l++)
             if (is_moe_layer(l)) moe_index_[l] = blocks++;
         moe_summaries_.resize(blocks);
+        if (ep > 1)
+            for (int b = 0; b < blocks; b++) moe_exchanges_.push_back(std::make_unique<ExpertRows>(*this, config_.num_experts));
         own_activation_bytes_ += moe_acts_.bytes();
     }
     // ---- tensor parallelism: the collectives of the tensor-parallel group ----
@@ -1491,6 +1584,9 @@ private:
     Communicator& cp_host_;  // the context group: host buffers
     Communicator& cp_comm_;  // the context group: device buffers (ring attention)
     ContextSplit cp_;        // this rank's positions of the batch under way
+    Communicator& ep_host_;  // the expert group: host buffers (the routes' counts)
+    Communicator& ep_comm_;  // the expert group: device buffers (the rows)
+    Communicator& expert_data_;  // the data-parallel ranks with this rank's experts: device buffers
     LocalBatcher batcher_;   // local_batch's
     PipelineLinks links_;    // the stages' messages: on pp_comm_ and splits of it
     CudaEvent comm_ready_;   // recorded before communication that reads or writes what compute did
@@ -1515,6 +1611,7 @@ private:
     PinnedBuffer<int> pinned_moe_;     // a routing's summary on its way to the host
     std::vector<int> moe_index_;       // per local layer: its MoE block's number (-1: none)
     std::vector<MoeSummary> moe_summaries_;  // per MoE block: its last forward's routing
+    std::vector<std::unique_ptr<ExpertRows>> moe_exchanges_;  // per MoE block, under expert parallelism
     float moe_grad_scale_ = 1.0f;      // the training forward's grad_scale, for the auxiliary losses
     bool moe_training_ = false;        // the forward under way is a training pass
     RouterStats router_stats_;         // since the last take_router_stats
