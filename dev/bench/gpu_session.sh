@@ -40,7 +40,7 @@
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
 #   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_gpt2_cuda's FP8 cases,
 #                                       the trainer's --fp8 runs, d12 with and without FP8, d48 with FP8
-#   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8), PyTorch compiled, and
+#   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8, d12 with 8 experts), PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget and run in the order named
 # (`test train sanitize` moves test's memcheck and racecheck after train).
@@ -390,6 +390,8 @@ for stage in "${STAGES[@]}"; do
         step bench_d48_fp8.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --fp8 current
         step bench_d24.log 90 build/bench_train_step -e d24 -t 1024 -r 1
         step bench_d36.log 90 build/bench_train_step -e d36 -t 1024 -r 2 --steps 5
+        # the mixture of experts (issue 27): d12 with 8 experts, top 2, in every block
+        step bench_d12_moe.log 90 build/bench_train_step -e d12 -t 1024 --experts 8 --top-k 2 --profile
         # Comparisons with fetched code (llm.c) are not part of this repository: a session that
         # carries peers/ and a git-ignored .device/peers.sh runs it here, within the same budget.
         [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"

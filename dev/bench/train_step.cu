@@ -6,6 +6,7 @@
 //   build/bench_train_step -e d12 --profile            also the per-kernel time shares of one step, and
 //                                                      each matrix product's TFLOP/s, forward and backward
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
+//   build/bench_train_step -e d12 --experts 8 --top-k 2  every block's MLP as 8 experts, top 2 (moe.cuh)
 //
 // A step is what the trainer does: zero_grad, forward+backward of one micro-batch, the global
 // gradient norm and AdamW, on random tokens (no data loading). MFU counts model_flops_per_token
@@ -37,12 +38,13 @@ struct Args {
     bool profile = false;
     double peak_tflops = 989.0;
     std::string fp8 = "off";  // off, current or delayed
+    int experts = 0, top_k = 2;  // a mixture of experts in every block (0: dense)
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
     fprintf(stderr,
             "%s\nusage: %s [-e d12|d24|d36|d48] [-t T] [-b B (0: largest that fits)] [-r 0..3] [--steps N] "
-            "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed]\n",
+            "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed] [--experts E [--top-k K]]\n",
             why.c_str(), prog);
     exit(2);
 }
@@ -64,12 +66,17 @@ Args parse(int argc, char** argv) {
         else if (f == "--profile") a.profile = true;
         else if (f == "--peak-tflops") a.peak_tflops = atof(value());
         else if (f == "--fp8") a.fp8 = value();
+        else if (f == "--experts") a.experts = atoi(value());
+        else if (f == "--top-k") a.top_k = atoi(value());
         else usage(argv[0], "unknown flag " + f);
     }
     if (!is_model_preset(a.model)) usage(argv[0], "-e must be a preset, got " + a.model);
     if (a.recompute < 0 || a.recompute > 3) usage(argv[0], "-r must be 0..3");
     if (a.fp8 != "off" && a.fp8 != "current" && a.fp8 != "delayed") usage(argv[0], "--fp8 must be off, current or delayed");
     if (a.T < 1 || a.B < 0 || a.steps < 1 || a.warmup < 0) usage(argv[0], "-t, -b, --steps, --warmup out of range");
+    if (a.experts < 0 || (a.experts > 0 && (a.top_k < 1 || a.top_k > a.experts)))
+        usage(argv[0], "--experts must be >= 0 and --top-k in [1, experts]");
+    if (a.experts > 0 && a.fp8 != "off") usage(argv[0], "--fp8 runs a dense model only");
     return a;
 }
 
@@ -158,7 +165,8 @@ int main(int argc, char** argv) {
     std::string why;
     if (!cuda_device_present(&why)) return no_gpu_exit_status("bench_train_step", why);
     try {
-        const ModelConfig c = model_preset(args.model, std::max(1024, args.T));
+        ModelConfig c = model_preset(args.model, std::max(1024, args.T));
+        c.num_experts = args.experts, c.moe_top_k = args.top_k;
         GPT2CUDAOptions o;
         o.recompute = (Recompute)args.recompute;
         o.fp8 = {args.fp8 != "off", args.fp8 == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, 16};
@@ -188,8 +196,10 @@ int main(int argc, char** argv) {
         for (int k = 0; k < (int)MemoryKind::Count; k++) bytes += run.model->allocated_bytes((MemoryKind)k);
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        const std::string model =
+            args.experts ? strformat("%s, %d experts top %d", args.model.c_str(), args.experts, args.top_k) : args.model;
         printf("| device | model | B | T | recompute | fp8 | step ms | tokens/s | MFU | llmc memory |\n");
-        printf("| %s | %s | %d | %d | %d | %s | %.1f | %.0f | %.1f%% | %.1f GiB |\n", prop.name, args.model.c_str(), B,
+        printf("| %s | %s | %d | %d | %d | %s | %.1f | %.0f | %.1f%% | %.1f GiB |\n", prop.name, model.c_str(), B,
                args.T, args.recompute, args.fp8.c_str(), step_ms, tokens_per_s, 100.0 * mfu, bytes / 1073741824.0);
 
         if (args.profile) print_profile(run, c, B, args);
