@@ -28,5 +28,9 @@ export LD_LIBRARY_PATH="$carried_mpi_dir/usr/lib/x86_64-linux-gnu/openmpi/lib:$c
 # single-copy mechanism of the shared-memory transport (CMA, process_vm_readv) is off: a virtual
 # machine or container may refuse it, and the ranks then fall back to copies through shared memory.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The H200 image has a PMIx of its own under /usr/lib/x86_64-linux-gnu/pmix2, whose plugins the
+# carried one tries and cannot load (a dlopen error per rank, harmless), and no zlib plugin to
+# compress with (a warning): the first GPU session's logs were full of both.
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
