@@ -166,7 +166,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "channels", &RunConfig::channels, "override the preset's channel count"},
         {"", "max_seq_len", &RunConfig::max_seq_len, "override the preset's maximum sequence length (1024)"},
         {"", "vocab_size", &RunConfig::vocab_size, "vocabulary size of a preset model (padded to a multiple of 128)"},
-        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model with data, expert and pipeline parallelism, no --tp/--cp; CUDA model with data parallelism)"},
+        {"", "experts", &RunConfig::experts, "mixture of experts: expert MLPs per MoE block of a preset model (0: dense GPT-2; CPU model with data, expert, pipeline and tensor parallelism, no --cp; CUDA model with data parallelism)"},
         {"", "top_k", &RunConfig::top_k, "with --experts: experts each token is routed to"},
         {"", "moe_every", &RunConfig::moe_every, "with --experts: every N-th block has experts (the last of each N), the others GPT-2's MLP"},
         {"", "moe_shared", &RunConfig::moe_shared, "with --experts: 1 keeps the block's dense MLP as an always-on shared expert beside the routed ones"},
@@ -575,10 +575,10 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
     const int experts = cfg.model_config.num_experts;
     if (experts > 0)
-        require(cfg.tp == 1 && cfg.cp == 1,
-                strformat("a mixture-of-experts model (%d experts) trains with data, expert and pipeline parallelism "
-                          "(-z 0-3, --ep, --pp), not yet tensor or context parallelism: drop --tp %d / --cp %d",
-                          experts, cfg.tp, cfg.cp));
+        require(cfg.cp == 1,
+                strformat("a mixture-of-experts model (%d experts) trains with data, expert, pipeline and tensor "
+                          "parallelism (-z 0-3, --ep, --pp, --tp), not yet context parallelism: drop --cp %d",
+                          experts, cfg.cp));
     require(cfg.ep == 1 || experts > 0,
             strformat("--ep %d splits a mixture-of-experts model's experts, but the model is dense (give --experts, "
                       "or a model file with experts)", cfg.ep));

@@ -44,23 +44,30 @@ struct MemoryPlan {
 // gradients; the embedding (first stage) 1 of each; the head (last stage) 2 gathers, 1
 // reduce-scatter and the final norm's weight gradients. Without it, 4 all-reduces per layer and 1
 // each for the embedding and the head. Either way the head all-gathers each row's cross-entropy
-// statistics (3 floats). So every layer is counted on the one stage that runs it, and the job's
-// total does not depend on --pp. activation_bytes: the size of an activation element (4: the CPU
-// model's fp32; 2: the CUDA model's bf16); the statistics and the LayerNorm weight gradients
-// travel in fp32 in both. Under context parallelism the rows are the rank's context_rows.
+// statistics (3 floats). A mixture-of-experts block all-reduces its experts' outputs (top-k rows
+// per token, even routing) in place of the MLP's forward reduce (beside it, with the shared
+// expert). So every layer is counted on the one stage that runs it, and the job's total does not
+// depend on --pp. activation_bytes: the size of an activation element (4: the CPU model's fp32; 2:
+// the CUDA model's bf16); the statistics and the LayerNorm weight gradients travel in fp32 in both.
+// Under context parallelism the rows are the rank's context_rows.
 inline double tensor_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size_t activation_bytes = sizeof(float)) {
     const double tp = cfg.dims.tp;
     if (tp <= 1) return 0;
     const PipelineSplit split = pipeline_split(cfg);
-    const double L = (double)split.rank_layers(pp_rank).size(), C = cfg.model_config.channels;
+    const ModelConfig& m = cfg.model_config;
+    const double L = (double)split.rank_layers(pp_rank).size(), C = m.channels;
     const double embedding = split.holds_first(pp_rank), head = split.holds_last(pp_rank);
     const double activation = context_rows(cfg) * C * activation_bytes;
     const double share = (tp - 1) / tp;  // of a gathered or scattered buffer, what one rank sends in a ring
     const double stats = head * (tp - 1) * context_rows(cfg) * 3 * sizeof(float);
-    if (!cfg.sequence_parallel) return (4 * L + embedding + head) * 2 * share * activation + stats;
-    const double gathers = 6 * L + embedding + 2 * head, scatters = 4 * L + embedding + head;
+    double moe_blocks = 0;
+    for (int l : split.rank_layers(pp_rank)) moe_blocks += m.is_moe_layer(l);
+    const double experts = moe_blocks * 2 * share * m.moe_top_k * activation;
+    const double mlp_reduces = L - (m.moe_shared ? 0 : moe_blocks);  // the forward's, after the MLP
+    if (!cfg.sequence_parallel) return (3 * L + mlp_reduces + embedding + head) * 2 * share * activation + stats + experts;
+    const double gathers = 6 * L + embedding + 2 * head, scatters = 3 * L + mlp_reduces + embedding + head;
     const double layernorm_grads = 2 * share * (4 * L + 2 * head) * C * sizeof(float);
-    return (gathers + scatters) * share * activation + layernorm_grads + stats;
+    return (gathers + scatters) * share * activation + layernorm_grads + stats + experts;
 }
 
 // Bytes one rank of pipeline stage `rank` sends to its neighbours per optimizer step: each of its
@@ -142,17 +149,19 @@ inline std::string format_bytes(double bytes) {
     return strformat("%.1f KiB", bytes / 1024.0);
 }
 
-// What one rank holds of the experts (the expert buckets of its ZeroPlan): parameters whole, and the
-// share of them whose optimizer state it keeps (its ZeRO slice over the expert data group).
+// What one rank holds of the experts (the expert buckets of its ZeroPlan): its block of them (its
+// tensor piece of each, under tensor parallelism), and the share of them whose optimizer state it
+// keeps (its ZeRO slice over the expert data group).
 inline std::string expert_memory_line(const RunConfig& cfg, const ZeroPlan& zero, double ep_bytes) {
     const ModelConfig& m = cfg.model_config;
     size_t held = 0, owned = 0;
     for (const ZeroPlan::Bucket& k : zero.buckets)
         if (k.experts) held += k.size, owned += k.owned_end - k.owned_begin;
-    return strformat("experts: %d of each MoE block's %d on this rank (ep %d): %.2fM parameters (%s in fp32), ZeRO-%d "
+    const std::string cut = cfg.dims.tp > 1 ? strformat(", 1/%d of each one's MLP (tp %d)", cfg.dims.tp, cfg.dims.tp) : "";
+    return strformat("experts: %d of each MoE block's %d on this rank (ep %d)%s: %.2fM parameters (%s in fp32), ZeRO-%d "
                      "over the %d rank(s) that hold the same, %.2fM of them this rank's slice; all-to-all: %s sent per "
                      "step to the expert group (even routing)\n",
-                     m.num_experts / cfg.dims.ep, m.num_experts, cfg.dims.ep, held / 1e6,
+                     m.num_experts / cfg.dims.ep, m.num_experts, cfg.dims.ep, cut.c_str(), held / 1e6,
                      format_bytes(held * sizeof(float)).c_str(), zero.stage, zero.expert_world_size,
                      (zero.shards_optimizer() ? owned : held) / 1e6, format_bytes(ep_bytes).c_str());
 }

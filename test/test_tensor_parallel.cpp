@@ -68,6 +68,43 @@ TEST_CASE("tensor-parallel pieces tile every tensor exactly once and round-trip"
     }
 }
 
+TEST_CASE("tensor x expert parallelism: each rank's piece of its experts tiles the experts once", "[tensor_parallel]") {
+    ModelConfig c = tp_model();
+    c.num_experts = 4, c.moe_top_k = 2, c.moe_every = 2;  // experts in layer 1
+    using P = GPT2Params;
+    const ParamLayout whole = P::layout(c);
+    std::vector<float> values(whole.num_params);
+    for (size_t i = 0; i < values.size(); i++) values[i] = (float)i;
+    const int tp = 2, ep = 2;
+    const size_t C = c.channels, F = 4 * C;
+    std::vector<int> seen(whole.num_params, 0);
+    std::vector<float> rebuilt(whole.num_params, -1.0f);
+    for (int t = 0; t < tp; t++)
+        for (int e = 0; e < ep; e++) {
+            const ParamLayout piece = P::layout(c, {t, tp}, {}, {e, ep});
+            std::vector<float> mine(piece.num_params);
+            copy_between_layouts(whole, values.data(), piece, mine.data(), true);
+            for (float v : mine) seen[(size_t)v]++;
+            copy_between_layouts(whole, rebuilt.data(), piece, mine.data(), false);
+            // ep rank e holds experts 2e and 2e + 1; of each, tensor rank t holds the fc rows
+            // [t F/2, (t + 1) F/2) and the fc projection's columns [t F/2, (t + 1) F/2)
+            const size_t efcw = whole.offset(P::EFCW, 1), efcprojw = whole.offset(P::EFCPROJW, 1);
+            CHECK(piece.tensor_size(P::EFCW) == 2 * F / 2 * C);
+            CHECK(mine[piece.offset(P::EFCW, 1)] == values[efcw + 2 * e * F * C + t * F / 2 * C]);
+            CHECK(mine[piece.offset(P::EFCW, 1) + F / 2 * C] == values[efcw + (2 * e + 1) * F * C + t * F / 2 * C]);
+            CHECK(mine[piece.offset(P::EFCPROJW, 1) + F / 2] == values[efcprojw + 2 * e * C * F + F + t * F / 2]);
+            CHECK(mine[piece.offset(P::EFCPROJW, 1) + C * F / 2] == values[efcprojw + (2 * e + 1) * C * F + t * F / 2]);
+            CHECK(piece.tensor_size(P::EFCPROJB) == 2 * C);  // a replica over the tensor group
+            CHECK(piece.tensor_size(P::ROUTERW) == whole.tensor_size(P::ROUTERW));
+        }
+    CHECK(rebuilt == values);
+    // cut tensors once per tensor group, replicas on every tensor rank; experts once per expert group
+    const ParamLayout cut = P::layout(c, {0, tp}, {}, {0, ep});
+    for (const ParamLayout::Segment& s : whole.segments())
+        for (size_t i = s.begin; i < s.end; i++)
+            REQUIRE(seen[i] == (cut.is_split(s.tensor) ? 1 : tp) * (cut.is_per_expert(s.tensor) ? 1 : ep));
+}
+
 TEST_CASE("a tensor-parallel piece's checkpoint slices map to the whole tensor", "[tensor_parallel][checkpoint]") {
     const ModelConfig c = tp_model();
     const ParamLayout whole = GPT2Params::layout(c);

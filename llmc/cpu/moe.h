@@ -34,7 +34,7 @@ namespace llmc {
 namespace cpu {
 
 struct MoeShape {
-    int rows = 0, C = 0, F = 0;  // tokens, model width, an expert's hidden width
+    int rows = 0, C = 0, F = 0;  // tokens, model width, an expert's hidden width (its units on this rank)
     int E = 0, K = 0;            // experts, experts per token
     float capacity_factor = 0;   // 0: dropless
     int capacity() const {
@@ -162,6 +162,7 @@ inline void moe_gather(float* rows, const MoeRouting& r, const float* x, const M
 
 // `experts` experts on their batches of a.x: expert e's are rows [begin[e], begin[e + 1]), and w's
 // expert tensors start at the first of them. Fills a.pre, a.h and a.y (sized here; a.x is the caller's).
+// w.fcprojb null: the outputs without their bias (a tensor-parallel rank's partial sums but one).
 inline void moe_experts_forward(MoeActivations& a, const int* begin, int experts, const MoeWeights& w,
                                 const MoeShape& s) {
     const size_t C = s.C, F = s.F, A = begin[experts];
@@ -172,7 +173,8 @@ inline void moe_experts_forward(MoeActivations& a, const int* begin, int experts
         if (m == 0) continue;
         matmul_forward(&a.pre[at * F], &a.x[at * C], w.fcw + e * F * C, w.fcb + e * F, nullptr, m, s.C, s.F);
         gelu_forward(&a.h[at * F], &a.pre[at * F], (size_t)m * F);
-        matmul_forward(&a.y[at * C], &a.h[at * F], w.fcprojw + e * C * F, w.fcprojb + e * C, nullptr, m, s.F, s.C);
+        matmul_forward(&a.y[at * C], &a.h[at * F], w.fcprojw + e * C * F, w.fcprojb ? w.fcprojb + e * C : nullptr,
+                       nullptr, m, s.F, s.C);
     }
 }
 
@@ -231,8 +233,8 @@ inline void moe_gates_backward(float* dy, MoeScratch& scratch, const float* dout
     }
 }
 
-// Backward of the router: dx (rows x C, overwritten) and the router's gradient (accumulated) from
-// the d scores moe_gates_backward left in scratch.scores.
+// Backward of the router: dx (rows x C, overwritten; null: the router's gradient only) and the
+// router's gradient (accumulated) from the d scores moe_gates_backward left in scratch.scores.
 inline void moe_router_backward(float* dx, float* grouter, MoeScratch& scratch, const float* x, const float* router,
                                 const MoeShape& s) {
     matmul_backward(dx, grouter, nullptr, scratch.scores.data(), x, router, s.rows, s.C, s.E);

@@ -228,10 +228,10 @@ inline void bias_backward(float* dbias, const float* dout, int rows, int OC) {
     });
 }
 
-// dinp = dout W (overwritten), dweight += dout^T inp, dbias += column sums of dout (if given).
+// dinp = dout W (overwritten; if given), dweight += dout^T inp, dbias += column sums of dout (if given).
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int rows, int C, int OC) {
-    gemm(rows, C, OC, MatRef{dout, (size_t)OC, false}, MatRef{weight, (size_t)C, false}, dinp, C, false);
+    if (dinp) gemm(rows, C, OC, MatRef{dout, (size_t)OC, false}, MatRef{weight, (size_t)C, false}, dinp, C, false);
     gemm(OC, C, rows, MatRef{dout, (size_t)OC, true}, MatRef{inp, (size_t)C, false}, dweight, C, true);
     if (dbias) bias_backward(dbias, dout, rows, OC);
 }

@@ -372,21 +372,26 @@ public:
             const double local = mem_.sum_squares(grads_shard_, plan_.shard_num_params);
             return llmc::sum_over_ranks(host_comm(), local);
         }
-        std::vector<double> sums = {0.0, 0.0, 0.0};  // cut tensors, replicated tensors, experts
+        // cut tensors, replicated tensors, the experts' cut and replicated tensors (each expert's MLP
+        // is cut over the tensor group as the dense one is)
+        enum { CUT, REPLICATED, CUT_EXPERTS, REPLICATED_EXPERTS, KINDS };
+        std::vector<double> sums(KINDS, 0.0);
         for_each_held_piece([&](const ZeroPlan::Bucket& k, const ParamLayout::Segment& seg, size_t lo, size_t hi) {
             const double squares = mem_.sum_squares(grad_for_update(k, lo), hi - lo);
             // A stage's copy counts once, on the stage that holds the original; but a non-finite
             // value in the copy (which AdamW would apply here alone) still makes the norm non-finite.
             if (layout_.is_stage_copy(seg.tensor) && std::isfinite(squares)) return;
-            sums[layout_.is_split(seg.tensor) ? 0 : k.experts ? 2 : 1] += squares;
+            sums[(layout_.is_split(seg.tensor) ? CUT : REPLICATED) + (k.experts ? CUT_EXPERTS : 0)] += squares;
         });
         if (plan_.shards_optimizer()) {
             const std::vector<double> all = all_gather_doubles(host_comm(), sums);
-            sums = {0.0, 0.0, 0.0};
-            for (size_t i = 0; i < all.size(); i++) sums[i % 3] += all[i];
+            sums.assign(KINDS, 0.0);
+            for (size_t i = 0; i < all.size(); i++) sums[i % KINDS] += all[i];
         }
-        if (experts_apart) sums[2] = llmc::sum_over_ranks(*ep_, sums[2]);
-        const double stage = (split ? llmc::sum_over_ranks(*tp_, sums[0]) : sums[0]) + sums[1] + sums[2];
+        if (experts_apart)
+            for (int kind : {CUT_EXPERTS, REPLICATED_EXPERTS}) sums[kind] = llmc::sum_over_ranks(*ep_, sums[kind]);
+        const double cut = sums[CUT] + sums[CUT_EXPERTS];
+        const double stage = (split ? llmc::sum_over_ranks(*tp_, cut) : cut) + sums[REPLICATED] + sums[REPLICATED_EXPERTS];
         return staged ? llmc::sum_over_ranks(*pp_, stage) : stage;
     }
 

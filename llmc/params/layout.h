@@ -32,7 +32,9 @@
 // bucket of their own, after the layer's other tensors (its expert bucket), because ZeRO reduces
 // and shards them over other ranks than the rest (zero_plan.h); and a layout made for rank r of an
 // expert-parallel group of n (EpShard) holds only the r-th of n equal blocks of the experts, so
-// split_runs() places them as it places a tensor-parallel piece.
+// split_runs() places them as it places a tensor-parallel piece. A per-expert tensor's TensorSplit
+// cuts each expert's slice (its shape without the leading experts) as it would cut a tensor of
+// that shape, so a layout of both kinds of rank holds its tensor piece of each of its experts.
 //
 // Pipeline parallelism: a layout made for a pipeline stage (StageSlice) holds only some layers of
 // the per-layer group (numbered 0.. locally, global_layer() maps them back) and only some of the
@@ -258,28 +260,27 @@ public:
     std::vector<SplitRun> split_runs(int tensor, size_t lo, size_t hi) const {
         std::vector<SplitRun> runs;
         if (lo >= hi) return runs;
-        // this rank's block of the experts (the whole tensor without expert parallelism)
-        if (!is_split(tensor)) {
-            const size_t first = is_per_expert(tensor) ? (size_t)ep_.rank * sizes_[tensor] : 0;
-            return {{lo, first + lo, hi - lo, hi - lo, 1}};
-        }
+        // this rank's block of the experts (the whole tensor without expert parallelism): the rest
+        // places elements within it
+        const size_t first = is_per_expert(tensor) ? (size_t)ep_.rank * (global_sizes_[tensor] / ep_.size) : 0;
+        if (!is_split(tensor)) return {{lo, first + lo, hi - lo, hi - lo, 1}};
         const TensorSplit& split = spec(tensor).split;
-        const std::vector<size_t>& shape = spec(tensor).shape;
-        const size_t cols = shape.size() > 1 ? global_sizes_[tensor] / shape[0] : 1;
         const size_t n = tp_.size, r = tp_.rank;
         if (split.kind == TensorSplit::Rows) {
-            // Each block is rows/parts global rows; this rank holds a contiguous 1/n of each.
-            const size_t block = global_sizes_[tensor] / split.parts, local_block = block / n;
+            // Each block is rows/parts global rows (of each of this rank's experts, for a per-expert
+            // tensor); this rank holds a contiguous 1/n of each.
+            const size_t blocks = (size_t)split.parts * (is_per_expert(tensor) ? spec(tensor).shape[0] / ep_.size : 1);
+            const size_t block = global_sizes_[tensor] / ep_size_of(tensor) / blocks, local_block = block / n;
             for (size_t b = lo / local_block; b * local_block < hi; b++) {
                 const size_t a = std::max(lo, b * local_block), z = std::min(hi, (b + 1) * local_block);
-                const size_t g = b * block + r * local_block + (a - b * local_block);
+                const size_t g = first + b * block + r * local_block + (a - b * local_block);
                 runs.push_back({a, g, z - a, z - a, 1});
             }
             return runs;
         }
         // Cols: local row i is columns [r * lc, (r + 1) * lc) of global row i.
-        const size_t lc = cols / n;
-        auto global_of = [&](size_t local) { return local / lc * cols + r * lc + local % lc; };
+        const size_t cols = spec(tensor).shape.back(), lc = cols / n;
+        auto global_of = [&](size_t local) { return first + local / lc * cols + r * lc + local % lc; };
         size_t at = lo;
         if (at % lc) {  // the partial first row
             const size_t z = std::min(hi, (at / lc + 1) * lc);
@@ -381,6 +382,8 @@ private:
         return tensor;
     }
     int kind_of_local(int layer) const { return table_.kind_of(global_layer(layer)); }
+    // The expert-parallel group's size for a per-expert tensor (it holds 1/that of the experts), else 1.
+    size_t ep_size_of(int tensor) const { return is_per_expert(tensor) ? ep_.size : 1; }
     void check(int tensor, int layer) const {
         const int layers = (int)layers_of(check_tensor(tensor));
         if (layer < 0 || layer >= layers)
@@ -421,18 +424,17 @@ private:
             if (!table_.groups[t.group].per_layer || t.shape.empty() || t.shape[0] % ep_.size != 0)
                 fail(strformat("ParamTable: per-expert tensor %s must be per-layer, its %zu experts divisible by the %d "
                                "expert-parallel ranks", t.name.c_str(), t.shape.empty() ? 0 : t.shape[0], ep_.size));
-            if (ep_.size > 1 && tp_.size > 1 && t.split.kind != TensorSplit::None)
-                fail(strformat("ParamLayout: tensor %s cannot be cut by tensor and expert parallelism at once",
-                               t.name.c_str()));
         }
         if (tp_.size == 1) return;
         for (const TensorSpec& t : table_.tensors) {
             if (t.split.kind == TensorSplit::None) continue;
-            const size_t rows = t.shape.empty() ? 1 : t.shape[0];
-            const size_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+            // the shape the split cuts: a per-expert tensor's is one expert's
+            const std::vector<size_t> shape(t.shape.begin() + (t.per_expert ? 1 : 0), t.shape.end());
+            const size_t rows = shape.empty() ? 1 : shape[0];
+            const size_t cols = shape.size() > 1 ? shape[1] : 1;
             const bool ok = t.split.kind == TensorSplit::Rows
                                 ? t.split.parts >= 1 && rows % ((size_t)t.split.parts * tp_.size) == 0
-                                : t.shape.size() == 2 && cols % tp_.size == 0;
+                                : shape.size() == 2 && cols % tp_.size == 0;
             if (!ok)
                 fail(strformat("ParamTable: tensor %s (%zu x %zu) cannot be cut %s over %d tensor-parallel ranks",
                                t.name.c_str(), rows, cols,

@@ -275,7 +275,7 @@ run "--plan-search without -d" "--plan-search needs the global batch: give -d" -
 run "--failure-rate 0" "--failure-rate must be a positive number of failures per GPU-hour, got 0" --plan 8 --failure-rate 0
 run "--local-recovers above 1" "--local-recovers must be a share between 0 and 1, got 2" --plan 8 --local-recovers 2
 run "--top-k above --experts" "moe_top_k must be in [1, num_experts = 4], got 5" --experts 4 --top-k 5
-run "--experts with --tp" "not yet tensor or context parallelism: drop --tp 2 / --cp 1" --plan 2 --tp 2 --experts 4
+run "--experts with --cp" "not yet context parallelism: drop --cp 2" --plan 2 --cp 2 --experts 4
 run "--ep on a dense model" "--ep 2 splits a mixture-of-experts model's experts, but the model is dense" --plan 2 --ep 2
 run "--ep not dividing the experts" "--ep 2 must divide the model's 3 experts" --plan 2 --ep 2 --experts 3 --top-k 1
 run "--ep not dividing dp" "--ep 3 must be >= 1 and divide the 2 data-parallel rank(s)" --plan 2 --ep 3 --experts 6

@@ -3,11 +3,13 @@
 # drops assignments, both auxiliary losses in the loss), each run against the 1-rank curve of 20
 # steps: data parallelism; expert parallelism (--ep 2 on 2 ranks under ZeRO 0-3, --ep 4 on 4 ranks,
 # dp 4 in expert groups of 2), which also routes exactly as data parallelism does; pipeline
-# parallelism alone and with --ep; a router that sends every token to the same two experts (one
-# rank's), on 2 expert-parallel ranks, with the imbalance in the log; resumes across ep (2 -> 1 and
-# 1 -> 2) and on another rank count, and the local tier at dp 4 x ep 2; the replicas' fingerprints
-# compared every 5 steps (among the ranks that hold the same experts); --plan's expert line; bad
-# meshes refused.
+# parallelism alone and with --ep; tensor parallelism (--tp 2, each expert's MLP cut over the tensor
+# group, sequence parallelism on and off) alone and with --ep 2 on 4 ranks, under ZeRO 0 and 3; a
+# router that sends every token to the same two experts (one rank's), on 2 expert-parallel ranks,
+# with the imbalance in the log; resumes across ep (2 -> 1 and 1 -> 2), from tp 2 x ep 2 to 1 rank,
+# and on another rank count, and the local tier at dp 4 x ep 2; the replicas' fingerprints compared
+# every 5 steps (among the ranks that hold the same experts); --plan's expert line, with --ep and
+# with --tp; bad meshes refused.
 #   test/mpi/run_moe_tests.sh ./train_gpt_cpu
 set -euo pipefail
 trainer=${1:-./train_gpt_cpu}
@@ -81,6 +83,21 @@ mesh=(--moe-every 1 --pp 2 --ep 2 -z 3)
 run pp2_ep2 -np 4
 echo "ok MoE: --pp 2 (a MoE block on each stage), and --pp 2 x --ep 2 under ZeRO-3, reproduce the 1-rank curve"
 
+# Tensor parallelism: every tensor rank routes all the tokens alike (the router a replica), each
+# expert's fc cut by rows and its projection by columns, their outputs summed over the group.
+reference=one
+mesh=(--tp 2 -z 0)
+run tp2_z0 -np 2
+mesh=(--tp 2 --sp 0 -z 3)
+run tp2_sp0_z3 -np 2
+same_routing one tp2_z0 || { echo "FAILED: --tp 2 routes otherwise than 1 rank"; exit 1; }
+echo "ok MoE: --tp 2 (sequence parallel, ZeRO-0; not, ZeRO-3) reproduces the 1-rank curve and routing"
+for z in 0 3; do
+    mesh=(--tp 2 --ep 2 -z "$z")
+    run "tp2_ep2_z$z" -np 4
+done
+echo "ok MoE: --tp 2 x --ep 2 on 4 ranks under ZeRO-0 and ZeRO-3 reproduces the 1-rank curve"
+
 # A router that sends every token to experts 3 and 2 (both on expert-parallel rank 1): the MoE
 # block's LayerNorm bias is 0.1 and its router's rows 3 and 2 are the constants 1.0 and 0.9, so
 # each token's scores for them are 6.4 and 5.8 (its normalised row sums to 0) against ~0.2.
@@ -144,7 +161,10 @@ resumed "$dir/resume_ep2.log" "$dir/first_ep2" "MoE written on 1 rank, resumed a
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" --ep 2 -z 2 -x 10 -n 10 -o "$dir/from_ep2" >/dev/null 2>&1
 "$trainer" "${common[@]}" -n 10 -y 1 -o "$dir/from_ep2" >"$dir/resume_from_ep2.log" 2>&1
 resumed "$dir/resume_from_ep2.log" "$dir/from_ep2" "MoE written at --ep 2 (ZeRO-2), resumed on 1 rank"
-echo "ok MoE: a run resumed at step 10 reproduces the uninterrupted one: on 2 ranks, from 1 rank to --ep 2 and back"
+"${mpirun[@]}" -np 4 "$trainer" "${common[@]}" --tp 2 --ep 2 -z 1 -x 10 -n 10 -o "$dir/from_tp2_ep2" >/dev/null 2>&1
+"$trainer" "${common[@]}" -n 10 -y 1 -o "$dir/from_tp2_ep2" >"$dir/resume_from_tp2_ep2.log" 2>&1
+resumed "$dir/resume_from_tp2_ep2.log" "$dir/from_tp2_ep2" "MoE written at --tp 2 x --ep 2 (ZeRO-1), resumed on 1 rank"
+echo "ok MoE: a run resumed at step 10 reproduces the uninterrupted one: on 2 ranks, from 1 rank to --ep 2 and back, from --tp 2 x --ep 2 to 1 rank"
 
 # The local checkpoint tier at dp 4 x ep 2 under ZeRO-0 (each rank holds all of its layout, and a
 # restore from the rank's own file gathers the rest: the experts' ranges from the rank that holds
@@ -157,6 +177,12 @@ local_tier_kill_resume "dp 4 x ep 2" "$trainer" "${common[@]}" --ep 2 -z 0
 grep -q "^experts: 2 of each MoE block's 4 on this rank (ep 2): .* ZeRO-1 over the 2 rank(s) that hold the same, .* all-to-all: [0-9.]* [KM]iB sent per step" \
     "$dir/plan.txt" || { echo "FAILED: --plan shows no expert line:"; cat "$dir/plan.txt"; exit 1; }
 echo "ok --plan at --ep 2: $(grep '^experts:' "$dir/plan.txt")"
+# ... and at --tp 2 x --ep 2 each of 8 ranks holds half of each of its 2 experts' MLP: of one expert
+# (8 C^2 + 5 C parameters, C = 64) 4 C^2 + 3 C (efcprojb a replica), 2 x 16576 = 0.03M.
+"$trainer" "${common[@]}" --tp 2 --ep 2 -z 1 --plan 8 >"$dir/plan_tp.txt" 2>&1 || { echo "FAILED: --plan at --tp 2 x --ep 2"; cat "$dir/plan_tp.txt"; exit 1; }
+grep -q "^experts: 2 of each MoE block's 4 on this rank (ep 2), 1/2 of each one's MLP (tp 2): 0.03M parameters (129.5 KiB in fp32)" \
+    "$dir/plan_tp.txt" || { echo "FAILED: --plan at --tp 2 shows no tensor-parallel expert line:"; cat "$dir/plan_tp.txt"; exit 1; }
+echo "ok --plan at --tp 2 x --ep 2: $(grep '^experts:' "$dir/plan_tp.txt")"
 
 # Bad meshes: each refused before training, naming the flag and the values.
 expect_failure "--ep 3 on 2 data-parallel ranks" "--ep 3 must be >= 1 and divide the 2 data-parallel rank(s)" \
@@ -165,5 +191,5 @@ expect_failure "--ep 2 with 3 experts" "--ep 2 must divide the model's 3 experts
     -np 2 "$trainer" "${common[@]}" --experts 3 --ep 2
 expect_failure "--ep 2 on a dense model" "--ep 2 splits a mixture-of-experts model's experts, but the model is dense" \
     -np 2 "$trainer" "${common[@]}" --experts 0 --ep 2
-expect_failure "--ep 2 with --tp 2" "not yet tensor or context parallelism: drop --tp 2" \
-    -np 4 "$trainer" "${common[@]}" --ep 2 --tp 2
+expect_failure "--ep 2 with --cp 2" "not yet context parallelism: drop --cp 2" \
+    -np 4 "$trainer" "${common[@]}" --ep 2 --cp 2

@@ -26,7 +26,10 @@
 // with MoeOptions' weights. Expert parallelism over the expert group (ep ranks carved from the data
 // ranks): this rank holds a block of every MoE block's experts (EpShard), routes its own tokens, and
 // runs its experts on the rows every rank of the group sends them (dist/expert_parallel.h); ZeRO
-// reduces the experts over the data ranks that hold the same ones.
+// reduces the experts over the data ranks that hold the same ones. Under tensor parallelism (as
+// Megatron-LM does) the router is a replica and every tensor rank routes all B x T rows (gathered
+// under sequence parallelism) alike, so routing, capacity and losses do not depend on tp; each
+// expert's MLP is cut as GPT-2's is, its outputs summed over the tensor group.
 #pragma once
 
 #include <algorithm>
@@ -223,16 +226,18 @@ public:
                          MemoryKind::Activations, activation_floats(c, max_B, max_T, tp, stage, cp)});
         if (c.num_experts > 0)
             specs.push_back({"expert activations (at most)", MemoryKind::Activations,
-                             moe_activation_floats(c, max_B, max_T, ep) * stage.slots});
+                             moe_activation_floats(c, max_B, max_T, ep, tp.size) * stage.slots});
         return specs;
     }
     // The most the MoE blocks keep per activation slot, dropless: per block its routing (rows x E
     // probabilities, the choices), its assignments' input and output rows, the rows its experts ran
     // on (input, fc, GELU, output; under expert parallelism at most every rank's assignments, when
     // all go to this rank's experts), and its output; once, the scratch of the passes. (The vectors
-    // grow to what the routing needs, never past this.)
-    static size_t moe_activation_floats(const ModelConfig& c, int max_B, int max_T, int ep = 1) {
-        const size_t rows = (size_t)max_B * max_T, A = rows * c.moe_top_k, C = c.channels, F = 4 * C, E = c.num_experts;
+    // grow to what the routing needs, never past this.) Every tensor rank routes all rows; its
+    // experts' hidden activations are its 1/tp of their units.
+    static size_t moe_activation_floats(const ModelConfig& c, int max_B, int max_T, int ep = 1, int tp = 1) {
+        const size_t rows = (size_t)max_B * max_T, A = rows * c.moe_top_k, C = c.channels, F = 4 * C / tp;
+        const size_t E = c.num_experts;
         const size_t R = A * ep;  // rows at this rank's experts
         size_t blocks = 0;
         for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
@@ -754,9 +759,9 @@ private:
         const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
         const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
         const float* residual = a.residual2 + nc;
+        const float* ln2 = gather_rows(a.ln2 + nc, a.full, BT, C);  // all B x T rows
         if (layout_.has(P::FCW, l)) {
-            linear_forward(l, FP8_FC, a.fch + 4 * bc, gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l),
-                           param(P::FCB, l), nullptr, BT, C, 4 * Cl);
+            linear_forward(l, FP8_FC, a.fch + 4 * bc, ln2, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C, 4 * Cl);
             cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
             row_parallel_forward(a, l, FP8_FCPROJ, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
                                  param(P::FCPROJB, l), residual, BT, 4 * Cl, C);
@@ -764,30 +769,35 @@ private:
         }
         if (!is_moe_layer(l)) return;
         MoeBlock& b = moe_block(a.slot, l);
-        moe_forward(b, a.ln2 + nc, l, BT);
+        moe_forward(b, ln2, l, BT);
         count_routing(b, BT);
+        // every tensor rank has the experts' output of all rows: this rank's rows of it
+        const float* moe = b.out.data() + (size_t)(tp_.sequence_parallel ? tp_.rank * n : 0) * C;
         float* out = a.residual3 + nc;
 #pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < (size_t)BT * C; i++) out[i] = residual[i] + b.out[i];
+        for (size_t i = 0; i < (size_t)n * C; i++) out[i] = residual[i] + moe[i];
     }
-    // Backward of block l's MLP: from a.dresidual = d(residual3[l]) to d(ln2[l]) in a.dC.
+    // Backward of block l's MLP: from a.dresidual = d(residual3[l]) to d(ln2[l]) in a.dC (under
+    // tensor parallelism a partial sum over the group, which the LayerNorm's backward reduces).
     void mlp_backward(const ActivationLayout& a, int l, int BT) {
         using P = GPT2Params;
         const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
         const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
         const bool dense = layout_.has(P::FCW, l);
+        // all B x T rows of d(residual3[l]) and of ln2[l]
+        const float* dout = gather_rows(a.dresidual, a.dfull, BT, C);
+        const float* ln2 = gather_rows(a.ln2 + nc, a.full, BT, C);
         if (dense) {  // the fc projection reads fch_gelu
-            linear_backward(l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l),
-                            gather_rows(a.dresidual, a.dfull, BT, C), a.fch_gelu + 4 * bc, param(P::FCPROJW, l), BT,
-                            4 * Cl, C);
+            linear_backward(l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), dout, a.fch_gelu + 4 * bc,
+                            param(P::FCPROJW, l), BT, 4 * Cl, C);
             cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            linear_backward(l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C,
-                            gather_rows(a.ln2 + nc, a.full, BT, C), param(P::FCW, l), BT, C, 4 * Cl);
+            linear_backward(l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, ln2, param(P::FCW, l), BT, C,
+                            4 * Cl);
         }
         if (!is_moe_layer(l)) return;
         moe_dx_.resize((size_t)BT * C);
         float* dx = dense ? moe_dx_.data() : a.dC;
-        moe_backward(dx, moe_block(a.slot, l), a.dresidual, a.ln2 + nc, l, BT);
+        moe_backward(dx, moe_block(a.slot, l), dout, ln2, l, BT);
         if (dense)
             for (size_t i = 0; i < (size_t)BT * C; i++) a.dC[i] += dx[i];
     }
@@ -808,7 +818,10 @@ private:
         return moe_[slot][l];
     }
     // Block l's experts on x (BT x C rows of ln2) into b.out: cpu/moe.h's pieces, with the rows sent to
-    // the ranks of their experts and back between them (a copy without expert parallelism).
+    // the ranks of their experts and back between them (a copy without expert parallelism). Under
+    // tensor parallelism each rank's experts run their 1/tp of the hidden units, so their outputs are
+    // partial sums: the fc projection's bias goes into tensor rank 0's, and the group's sum makes
+    // every rank's outputs whole before they travel back and are weighed by the gates.
     void moe_forward(MoeBlock& b, const float* x, int l, int BT) {
         const cpu::MoeShape s = moe_shape(BT);
         const cpu::MoeWeights w = moe_weights(l);
@@ -818,12 +831,19 @@ private:
         cpu::moe_gather(b.mine.x.data(), b.routing, x, s);
         b.exchange.plan(ep_comm_, b.routing.begin, s.E);
         b.exchange.dispatch(ep_comm_, b.mine.x.data(), b.experts.x, s.C);
-        cpu::moe_experts_forward(b.experts, b.exchange.local_begin().data(), b.exchange.local_experts(), w, s);
+        cpu::MoeWeights partial = w;
+        if (tp_.rank > 0) partial.fcprojb = nullptr;
+        cpu::moe_experts_forward(b.experts, b.exchange.local_begin().data(), b.exchange.local_experts(), partial, s);
+        if (tp_.size > 1)
+            tp_wait(tp_comm_.all_reduce_sum(b.experts.y.data(), b.experts.y.size(), CommDtype::F32));
         b.exchange.give_back(ep_comm_, b.experts.y.data(), b.mine.y.data(), s.C);
         cpu::moe_combine(b.out.data(), b.routing, b.mine.y.data(), s);
     }
     // Its backward: dx (BT x C, overwritten) from dout, the router's and this rank's experts'
-    // gradients accumulated; the outputs' gradients travel to the experts and the inputs' back.
+    // gradients accumulated; the outputs' gradients travel to the experts and the inputs' back. Under
+    // tensor parallelism every rank has the same dout, gates and router gradient, and dx is a partial
+    // sum over the group (each rank's experts' hidden units): the router's part goes in once, on
+    // tensor rank 0.
     void moe_backward(float* dx, MoeBlock& b, const float* dout, const float* x, int l, int BT) {
         using P = GPT2Params;
         const cpu::MoeShape s = moe_shape(BT);
@@ -834,7 +854,8 @@ private:
         moe_scratch_.dy.resize(rows), moe_scratch_.dx.resize(rows);
         cpu::moe_gates_backward(moe_scratch_.dy.data(), moe_scratch_, dout, b.routing, b.mine.y.data(), s,
                                 moe_options_.balance_coef * moe_grad_scale_, moe_options_.z_coef * moe_grad_scale_);
-        cpu::moe_router_backward(dx, g.router, moe_scratch_, x, w.router, s);
+        cpu::moe_router_backward(tp_.rank == 0 ? dx : nullptr, g.router, moe_scratch_, x, w.router, s);
+        if (tp_.rank > 0) std::fill(dx, dx + (size_t)BT * s.C, 0.0f);
         b.exchange.dispatch(ep_comm_, moe_scratch_.dy.data(), moe_expert_dy_, s.C);
         moe_expert_dx_.resize(moe_expert_dy_.size());
         cpu::moe_experts_backward(moe_expert_dx_.data(), g, moe_scratch_, moe_expert_dy_.data(), b.experts,
@@ -848,7 +869,7 @@ private:
                 param(P::EFCPROJB, l)};
     }
     cpu::MoeShape moe_shape(int BT) const {
-        return {BT, config_.channels, 4 * config_.channels, config_.num_experts, config_.moe_top_k,
+        return {BT, config_.channels, 4 * config_.channels / tp_.size, config_.num_experts, config_.moe_top_k,
                 moe_options_.capacity_factor};
     }
     // A training forward's routing of one block into router_stats_.

@@ -13,8 +13,9 @@
 // copies of each MLP tensor (efcw ... efcprojb), initialised like GPT-2's; their dense MLP tensors
 // are kept only with moe_shared (the always-on shared expert). The expert copies are per-expert
 // tensors: the layer's expert bucket, which expert parallelism cuts into blocks of experts (EpShard);
-// the router stays in the layer's bucket, on every rank. Tensor parallelism does not cut them (the
-// config refuses --tp with experts).
+// the router stays in the layer's bucket, on every rank. Tensor parallelism cuts each expert's MLP
+// as it cuts GPT-2's (efcw, efcb by rows, efcprojw by columns, efcprojb a replica) and replicates
+// the router, which every tensor rank runs on the same tokens.
 //
 // Init (GPT-2's): weights ~ N(0, 0.02); the two projections that write into the residual stream
 // (attprojw, fcprojw) ~ N(0, 0.02 / sqrt(2 L)) so the residual's variance does not grow with depth;
@@ -86,11 +87,11 @@ struct GPT2Params {
             for (int k : {FCW, FCB, FCPROJW, FCPROJB}) t.tensors[k].layer_kind = DENSE_LAYER;
         const ParamInit zeros{InitRule::Zeros};
         const ParamInit weights{InitRule::Normal, weight_std}, residual{InitRule::Normal, residual_std};
-        const TensorSplit whole{};
+        const TensorSplit whole{}, rows{TensorSplit::Rows, 1}, cols{TensorSplit::Cols, 1};  // of each expert
         t.tensors.push_back({"routerw", {E, C}, LAYERS, true, weights, whole, MOE_LAYER});
-        t.tensors.push_back({"efcw", {E, 4 * C, C}, LAYERS, true, weights, whole, MOE_LAYER, true});
-        t.tensors.push_back({"efcb", {E, 4 * C}, LAYERS, false, zeros, whole, MOE_LAYER, true});
-        t.tensors.push_back({"efcprojw", {E, C, 4 * C}, LAYERS, true, residual, whole, MOE_LAYER, true});
+        t.tensors.push_back({"efcw", {E, 4 * C, C}, LAYERS, true, weights, rows, MOE_LAYER, true});
+        t.tensors.push_back({"efcb", {E, 4 * C}, LAYERS, false, zeros, rows, MOE_LAYER, true});
+        t.tensors.push_back({"efcprojw", {E, C, 4 * C}, LAYERS, true, residual, cols, MOE_LAYER, true});
         t.tensors.push_back({"efcprojb", {E, C}, LAYERS, false, zeros, whole, MOE_LAYER, true});
     }
     // The whole model's layout, or tensor-parallel rank tp.rank's piece of it, of the part of the
