@@ -9,7 +9,8 @@
 // the step's amax as they write, and the maximum over the data-parallel ranks joins the history).
 // Until the first step has ended there is no history, and delayed scaling scales as current does,
 // as the CPU model's does. The backward casts the saved bf16 input again, with the forward's scale,
-// instead of keeping an FP8 copy: no activation memory, the same codes.
+// instead of keeping an FP8 copy: no activation memory, the same codes. It takes that scale as the
+// forward left it rather than measuring the same values again, and so does a recomputed forward.
 //
 // The weights are cast once a step, not at every use: a weight changes only when the parameters do
 // (AdamW, a load, a resume: ZeroEngine::params_version) and its scale only at a step's end, so its
@@ -75,6 +76,9 @@ public:
     bool enabled() const { return options_.enabled; }
     // Training passes measure amaxes and count clipping; evaluation and recomputation only cast.
     void set_recording(bool recording) { recording_ = recording; }
+    // A whole-block recomputation casts the forward's inputs again (bitwise the same values): with
+    // the scales the forward took, counting nothing.
+    void set_recomputing(bool recomputing) { recomputing_ = recomputing; }
 
     // The scales, histories and counters this allocates (the memory plan's line).
     static size_t device_bytes(int layers, const Fp8Options& o, int dp_ranks) {
@@ -106,8 +110,9 @@ public:
                  const floatX* inp, const floatX* weight, const floatX* bias, const floatX* residual, int BT, int C,
                  int OC) {
         cudaStream_t s = stream_;
-        const Fp8Tensor in = cast(x.input, nullptr, l, p, FP8_INPUT, inp, BT, C, recording_, s);
-        const Fp8Tensor w = cast_weight(l, p, weight, OC, C, false, recording_).first;
+        const CastUse use = recomputing_ ? CastUse::Again : recording_ ? CastUse::Record : CastUse::Measure;
+        const Fp8Tensor in = cast(x.input, nullptr, l, p, FP8_INPUT, inp, BT, C, use, s);
+        const Fp8Tensor w = cast_weight(l, p, weight, OC, C, false, use).first;
         matmul_forward_fp8(ctx, out, pre_gelu, in, w, bias, residual, BT, C, OC, s);
     }
 
@@ -118,11 +123,11 @@ public:
                   const floatX* pre_gelu, int BT, int C, int OC) {
         cudaStream_t s = stream_;
         if (dbias) bias_backward(dbias, scratch, dout, BT, OC, s);
-        cast(x.grad, x.grad_t, l, p, FP8_GRAD, dout, BT, OC, recording_, s);
+        cast(x.grad, x.grad_t, l, p, FP8_GRAD, dout, BT, OC, recording_ ? CastUse::Record : CastUse::Measure, s);
         const Fp8Tensor grad{x.grad, CUDA_R_8F_E5M2, fp8_scale_inv(scale(l, p, FP8_GRAD))};
         const Fp8Tensor grad_t{x.grad_t, CUDA_R_8F_E5M2, grad.scale_inv};
-        const Fp8Tensor weight_t = cast_weight(l, p, weight, OC, C, true, false).second;
-        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, false, s);
+        const Fp8Tensor weight_t = cast_weight(l, p, weight, OC, C, true, CastUse::Again).second;
+        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, CastUse::Again, s);
         const Fp8Tensor input_t{x.input_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_INPUT))};
         matmul_backward_dinp_fp8(ctx, dinp, grad, weight_t, BT, C, OC, s);
         if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s);
@@ -236,47 +241,56 @@ private:
         return ((size_t)l * 12 + before[p]) * C_ * C_;
     }
 
+    // How a cast takes its scale. Measure: current scaling (and delayed before its first step's end)
+    // measures the tensor. Record: so does a training pass, which also joins delayed scaling's step
+    // amax and counts what it clipped. Again: the values the tensor's last cast had (a backward's
+    // input, a recomputed forward's), so that cast's scale, no pass over them, nothing counted.
+    enum class CastUse { Measure, Record, Again };
+
     // Block l's product p's weight (OC x C) in E4M3, and its transpose where cast (`transpose`, or
     // always when cached). Cached: cast at its first use after use_weights or the scales changed,
     // measuring its amax for delayed scaling's step (the weight a training pass would measure: it
-    // does not change within the step), counting what it clipped at every `record`ing use, as a cast
-    // at each use would. Uncached: cast now, as a cast of the product's input is.
+    // does not change within the step), counting what it clipped at every Record use, as a cast at
+    // each use would. Uncached: cast now, as a cast of the product's input is.
     std::pair<Fp8Tensor, Fp8Tensor> cast_weight(int l, Fp8Product p, const floatX* weight, int OC, int C,
-                                                bool transpose, bool record) {
+                                                bool transpose, CastUse use) {
         cudaStream_t s = stream_;
         const size_t i = (size_t)l * FP8_PRODUCTS + p;
         uint8_t *q = weights_.get() + weight_offset(l, p), *qt = weights_t_.get() + weight_offset(l, p);
         if (!cache_weights_) {
             weight_casts_++;
-            const Fp8Tensor w = cast(q, transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, record, s);
+            const Fp8Tensor w = cast(q, transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, use, s);
             return {w, {qt, w.type, w.scale_inv}};
         }
         if (cast_epoch_[i] != epoch_) {
             weight_casts_++;
             cast_epoch_[i] = epoch_;
             CUDA_CHECK(cudaMemsetAsync(weight_clips_.get() + i, 0, sizeof(Fp8Clip), s));
-            cast_into(q, qt, l, p, FP8_WEIGHT, weight, OC, C, weight_clips_.get() + i,
+            cast_into(q, qt, l, p, FP8_WEIGHT, weight, OC, C, weight_clips_.get() + i, true,
                       options_.scaling == Fp8Scaling::Delayed, s);
         }
-        if (record) fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
+        if (use == CastUse::Record) fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
         const Fp8Tensor w{q, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
         return {w, {qt, w.type, w.scale_inv}};
     }
 
-    // x (rows x cols) cast into q (and its transpose into qt, if given) with its tensor's scale:
-    // current scaling (or delayed before its first step's end) measures x first.
+    // x (rows x cols) cast into q (and its transpose into qt, if given) with its tensor's scale, as
+    // `use` says.
     Fp8Tensor cast(uint8_t* q, uint8_t* qt, int l, Fp8Product p, Fp8Operand o, const floatX* x, int rows, int cols,
-                   bool record, cudaStream_t s) {
+                   CastUse use, cudaStream_t s) {
+        const bool record = use == CastUse::Record;
         Fp8Clip* clip = record ? clips_.get() + (int)p * FP8_OPERANDS + o : nullptr;
-        return cast_into(q, qt, l, p, o, x, rows, cols, clip, record && options_.scaling == Fp8Scaling::Delayed, s);
+        return cast_into(q, qt, l, p, o, x, rows, cols, clip, use != CastUse::Again,
+                         record && options_.scaling == Fp8Scaling::Delayed, s);
     }
-    // cast's work, counting into `clip` (optional) and measuring the step's amax where `record_amax`.
+    // cast's work, counting into `clip` (optional), measuring x first where `measure` and current
+    // scaling (or delayed before its first step's end) asks, and the step's amax where `record_amax`.
     Fp8Tensor cast_into(uint8_t* q, uint8_t* qt, int l, Fp8Product p, Fp8Operand o, const floatX* x, int rows, int cols,
-                        Fp8Clip* clip, bool record_amax, cudaStream_t s) {
+                        Fp8Clip* clip, bool measure, bool record_amax, cudaStream_t s) {
         Fp8Scale* sc = scale(l, p, o);
         const fp8::Format f = fp8_format(o);
         const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
-        if (!delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+        if (measure && !delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
         fp8_cast(q, qt, sc, clip, x, rows, cols, f, record_amax, s);
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
     }
@@ -285,7 +299,7 @@ private:
     int tensors_ = 0, C_ = 0;
     bool cache_weights_ = false;
     cudaStream_t stream_ = nullptr;
-    bool recording_ = true;
+    bool recording_ = true, recomputing_ = false;
     bool primed_ = false;  // delayed scaling: every tensor has a scale from its history
     DeviceBuffer<Fp8Scale> scales_;
     DeviceBuffer<float> histories_, largest_, step_amaxes_;

@@ -930,9 +930,9 @@ private:
         case Recompute::None:
             return;
         case Recompute::Block:
-            fp8_.set_recording(false);  // its casts were measured and counted in the forward
+            fp8_.set_recomputing(true);  // its casts were measured and counted in the forward
             layer_forward(a, l, B, T, true);
-            fp8_.set_recording(true);
+            fp8_.set_recomputing(false);
             return;
         case Recompute::GeluLayerNorm: {
             PhaseScope phase(timer_, "layernorm", s);
