@@ -67,14 +67,15 @@ public:
         const size_t weight_bytes = weight_copy_bytes(layers, C, cache_weights);
         weights_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights");
         weights_t_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights transposed");
-        if (cache_weights) weight_clips_ = DeviceBuffer<Fp8Clip>((size_t)layers * FP8_PRODUCTS, "FP8 weights' clipping");
+        if (cache_weights)
+            weight_clips_ = DeviceBuffer<Fp8Clip>((size_t)layers * FP8_PRODUCTS, "FP8 weights' clipping");
         cast_epoch_.assign((size_t)layers * FP8_PRODUCTS, 0);
     }
     Fp8LinearsCUDA(Fp8LinearsCUDA&&) = default;
     Fp8LinearsCUDA& operator=(Fp8LinearsCUDA&&) = default;
 
     bool enabled() const { return options_.enabled; }
-    // Training passes measure amaxes and count clipping; evaluation and recomputation only cast.
+    // Training passes count clipping and measure delayed scaling's step amax; evaluations only cast.
     void set_recording(bool recording) { recording_ = recording; }
     // A whole-block recomputation casts the forward's inputs again (bitwise the same values): with
     // the scales the forward took, counting nothing.
@@ -269,7 +270,8 @@ private:
             cast_into(q, qt, l, p, FP8_WEIGHT, weight, OC, C, weight_clips_.get() + i, true,
                       options_.scaling == Fp8Scaling::Delayed, s);
         }
-        if (use == CastUse::Record) fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
+        if (use == CastUse::Record)
+            fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
         const Fp8Tensor w{q, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
         return {w, {qt, w.type, w.scale_inv}};
     }
