@@ -224,6 +224,7 @@ public:
                     mem_.upload(master_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
             }
         }
+        params_version_++;
         invalidate_gathered();
     }
 
@@ -424,6 +425,7 @@ public:
             for (auto& op : whole_step_ops_) finish(op);
             whole_step_ops_.clear();
         }
+        params_version_++;
         invalidate_gathered();
     }
 
@@ -436,6 +438,10 @@ public:
             s->in_use = false;
         }
     }
+
+    // Advances whenever the parameters change (set, updated, restored, a bit flipped): what a cast
+    // of them (the FP8 weights, fp8_linears.cuh) is kept for.
+    uint64_t params_version() const { return params_version_; }
 
     // Milliseconds the caller spent blocked on collectives since the last call.
     double take_exposed_comm_ms() {
@@ -492,6 +498,7 @@ public:
             if (buffer == 0) mem_.upload_params(static_cast<Param*>(dst), staged.data(), r.size());
             else mem_.upload(static_cast<float*>(dst), staged.data(), r.size());
         }
+        params_version_++;
         invalidate_gathered();
         if constexpr (requires { mem_.release_transient(); }) mem_.release_transient();  // not planned memory
     }
@@ -538,6 +545,7 @@ public:
         if constexpr (Memory::precision.separate_master) {
             if (!plan_.shards_optimizer()) flip(master_full_ + k.padded_begin + offset, sizeof(float), 21);
         }
+        params_version_++;
         invalidate_gathered();
         return strformat("bit %d of parameter %zu (flat index)", bit, k.begin + offset);
     }
@@ -714,6 +722,7 @@ private:
     std::deque<GradSlot*> in_flight_;
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;
     double exposed_ms_ = 0;
+    uint64_t params_version_ = 0;  // see params_version
 };
 
 // A model's view of the engine during a pass: which buckets' parameters it holds (acquire and

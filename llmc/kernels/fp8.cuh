@@ -203,6 +203,14 @@ __global__ void __launch_bounds__(FP8_CAST_THREADS)
     }
 }
 
+// into += from, one thread: a cast made once and used several times counted at every use.
+__global__ void fp8_clip_add_kernel(Fp8Clip* into, const Fp8Clip* from) {
+    into->elements += from->elements, into->overflows += from->overflows, into->underflows += from->underflows;
+}
+inline void fp8_clip_add(Fp8Clip* into, const Fp8Clip* from, cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_clip_add_kernel, 1, 1, 0, stream)(into, from);
+    CUDA_CHECK_LAUNCH();
+}
 
 // Casts x (rows x cols, bf16) to q, and its transpose to qt if qt is given, with s's scale; see
 // fp8_cast_kernel. clip may be null.

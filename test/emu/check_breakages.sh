@@ -23,6 +23,7 @@
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
 # test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
+# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26);
 # the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
 # machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
 # MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
@@ -249,7 +250,7 @@ breakage cp-pp-batch-not-cut llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
     'return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);' \
     'return run_schedule(inputs, targets, micro_batches, B, local.T, grad_scale);'
 
-# 9. FP8 (llmc/kernels/fp8.cuh, matmul.cuh's FP8 products).
+# 9. FP8 (llmc/kernels/fp8.cuh, matmul.cuh's FP8 products, the weights' casts once a step).
 breakage fp8-cast-transpose-barrier llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_cast: the transpose read from the tile before every thread has written its codes" \
     '    if (qt) {
@@ -265,6 +266,28 @@ breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_delayed_update: the history's largest amax taken without its last slot" \
     'for (uint32_t h = 0; h < s.history_count; h++) m = fmaxf(m, ring[h]);' \
     'for (uint32_t h = 0; h + 1 < s.history_count; h++) m = fmaxf(m, ring[h]);'
+breakage fp8-weights-stale-after-adamw llmc/dist/zero.h "gpt2" \
+    "ZeroEngine::adamw_step: the parameter version not advanced, so the FP8 weights cast before the update stay in use" \
+    '        params_version_++;
+        invalidate_gathered();
+    }
+
+    // Drops every gathered' \
+    '        invalidate_gathered();
+    }
+
+    // Drops every gathered'
+breakage fp8-weights-stale-after-set llmc/dist/zero.h "gpt2" \
+    "ZeroEngine::set_params: the parameter version not advanced, so new weights are multiplied as the old ones' FP8 copies" \
+    '        params_version_++;
+        invalidate_gathered();
+    }
+
+    // Writes every master weight' \
+    '        invalidate_gathered();
+    }
+
+    // Writes every master weight'
 
 # 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \

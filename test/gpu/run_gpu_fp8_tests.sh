@@ -6,7 +6,8 @@
 #      quantizes bf16 values, the CPU fp32 ones, and the bf16 runs differ by 3e-5); the step line
 #      shows the clipping;
 #   2. delayed scaling on 2 data-parallel ranks at ZeRO-1 (the step amax the maximum over the
-#      ranks) against 1 rank, within 1e-3;
+#      ranks) against 1 rank, within 1e-3; and at ZeRO-3, where the weights are cast at every use
+#      instead of once a step, with 2 micro-batches a rank;
 #   3. a delayed-scaling run resumed from its step-6 checkpoint (the amax histories in its manifest)
 #      ends bitwise equal to the uninterrupted run, and train_gpt_cpu continues it;
 #   4. --fp8 with --tp is refused.
@@ -35,6 +36,8 @@ echo "ok the step line: $(grep -o 'fp8 sat.*%' "$dir/gpu_delayed.log" | tail -1)
 # 2. delayed scaling over 2 data-parallel ranks
 run two_ranks 2 8 --fp8-scaling delayed -z 1
 compare gpu_delayed two_ranks "$limit" 12
+run zero3 2 4 --fp8-scaling delayed -z 3
+compare gpu_delayed zero3 "$limit" 12
 
 # 3. resume from the step-6 checkpoint, on the GPU and on the CPU
 resume_check 6 12 "$limit" 16 --fp8-scaling delayed

@@ -455,6 +455,37 @@ TEST_CASE("FP8: recomputation 1-3 give bitwise equal gradients, and the memory p
     }
 }
 
+TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parameters change") {
+    const ModelConfig c = test_config();
+    const int B = 2, T = 64;
+    const uint64_t per_step = (uint64_t)c.num_layers * FP8_PRODUCTS;  // each block's four weights
+    const Batch batch = random_batch(c, B, T, 17);
+    // Whole-block recomputation: each weight is used by 2 micro-batches' forward, recomputation and
+    // backward, and by an evaluation; cast at each use it would be 6 times a step.
+    GPT2CUDA gpu(c, B, T, fp8_options(Recompute::Block));
+    gpu.set_master_weights(bf16_exact_init(c, 3).data());
+    for (int step = 1; step <= 2; step++) {
+        gpu.zero_grad();
+        for (int mb = 0; mb < 2; mb++) gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 0.5f, mb == 1);
+        gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T);
+        CHECK(gpu.fp8_weight_casts() == step * per_step);
+        gpu.adamw_step(AdamWConfig{}, step, 1.0f);
+    }
+    gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T);  // casts the updated weights
+    CHECK(gpu.fp8_weight_casts() == 3 * per_step);
+    // New parameters are cast before their first use: the gradients are a fresh model's, bit for bit.
+    const std::vector<float> weights = bf16_exact_init(c, 4);
+    gpu.set_master_weights(weights.data());
+    gpu.zero_grad();
+    gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+    CHECK(gpu.fp8_weight_casts() == 4 * per_step);
+    GPT2CUDA fresh(c, B, T, fp8_options(Recompute::Block));
+    fresh.set_master_weights(weights.data());
+    fresh.zero_grad();
+    fresh.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+    CHECK(grads_of(gpu) == grads_of(fresh));
+}
+
 TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it continues the same way") {
     const ModelConfig c = test_config();
     const std::vector<float> weights = bf16_exact_init(c, 5);

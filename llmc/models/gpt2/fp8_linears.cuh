@@ -8,8 +8,17 @@
 // cast, delayed scaling takes the scale its history set at the last step's end (the casts measure
 // the step's amax as they write, and the maximum over the data-parallel ranks joins the history).
 // Until the first step has ended there is no history, and delayed scaling scales as current does,
-// as the CPU model's does. The backward casts the saved bf16 input and the weight again, with the
-// forward's scales, instead of keeping FP8 copies: no activation memory, the same codes.
+// as the CPU model's does. The backward casts the saved bf16 input again, with the forward's scale,
+// instead of keeping an FP8 copy: no activation memory, the same codes. It takes that scale as the
+// forward left it rather than measuring the same values again, and so does a recomputed forward.
+//
+// The weights are cast once a step, not at every use: a weight changes only when the parameters do
+// (AdamW, a load, a resume: ZeroEngine::params_version) and its scale only at a step's end, so its
+// E4M3 copy and the transpose the backward's dinp product reads are cast at their first use after
+// either changed and reused by every micro-batch's forward, recomputation and backward: the codes a
+// cast at every use would give, at a cost of 2 bytes a weight (the bf16 weights' size). Under ZeRO-3
+// a rank holds a layer's weights only while they are gathered, and a whole copy would undo the
+// sharding: there the weights are cast at every use, into one product's slot.
 #pragma once
 
 #include <cstring>
@@ -26,20 +35,21 @@
 
 namespace llmc {
 
-// The FP8 copies one product needs at once (the activation layout's scratch, sized by
-// fp8_scratch_bytes): its input and weight, their transposes, its output gradient and its transpose.
+// The FP8 copies of activations one product needs at once (the activation layout's scratch): its
+// input, its output gradient, and their transposes. The weights' copies are Fp8LinearsCUDA's own.
 struct Fp8Scratch {
-    uint8_t *input = nullptr, *input_t = nullptr, *weight = nullptr, *weight_t = nullptr, *grad = nullptr,
-            *grad_t = nullptr;
+    uint8_t *input = nullptr, *input_t = nullptr, *grad = nullptr, *grad_t = nullptr;
 };
 
 class Fp8LinearsCUDA : public ReplicatedState {
 public:
     Fp8LinearsCUDA() = default;
+    // `C`: the channels; `cache_weights`: cast the weights once a step (false under ZeRO-3);
     // `dp_ranks`: the data-parallel ranks whose step amaxes delayed scaling takes the maximum of;
     // `stream`: the model's, on which every kernel runs (the host reads the state after it).
-    Fp8LinearsCUDA(int layers, const Fp8Options& options, int dp_ranks, cudaStream_t stream)
-        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), stream_(stream) {
+    Fp8LinearsCUDA(int layers, int C, const Fp8Options& options, bool cache_weights, int dp_ranks, cudaStream_t stream)
+        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), C_(C), cache_weights_(cache_weights),
+          stream_(stream) {
         if (!options.enabled) return;
         if (options.history < 1) fail(strformat("--fp8-history must be >= 1 step, got %d", options.history));
         scales_ = DeviceBuffer<Fp8Scale>(tensors_, "FP8 scales");
@@ -54,13 +64,22 @@ public:
         for (int i = 0; i < tensors_; i++) largest[i] = fp8::info(fp8_format(i % FP8_OPERANDS)).largest;
         CUDA_CHECK(cudaMemcpy(largest_.get(), largest.data(), sizeof(float) * tensors_, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(clips_.get(), 0, sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER));
+        const size_t weight_bytes = weight_copy_bytes(layers, C, cache_weights);
+        weights_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights");
+        weights_t_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights transposed");
+        if (cache_weights)
+            weight_clips_ = DeviceBuffer<Fp8Clip>((size_t)layers * FP8_PRODUCTS, "FP8 weights' clipping");
+        cast_epoch_.assign((size_t)layers * FP8_PRODUCTS, 0);
     }
     Fp8LinearsCUDA(Fp8LinearsCUDA&&) = default;
     Fp8LinearsCUDA& operator=(Fp8LinearsCUDA&&) = default;
 
     bool enabled() const { return options_.enabled; }
-    // Training passes measure amaxes and count clipping; evaluation and recomputation only cast.
+    // Training passes count clipping and measure delayed scaling's step amax; evaluations only cast.
     void set_recording(bool recording) { recording_ = recording; }
+    // A whole-block recomputation casts the forward's inputs again (bitwise the same values): with
+    // the scales the forward took, counting nothing.
+    void set_recomputing(bool recomputing) { recomputing_ = recomputing; }
 
     // The scales, histories and counters this allocates (the memory plan's line).
     static size_t device_bytes(int layers, const Fp8Options& o, int dp_ranks) {
@@ -69,17 +88,32 @@ public:
         return tensors * (sizeof(Fp8Scale) + sizeof(float) * (o.history + 1)) +
                sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER + sizeof(float) * step_amax_floats(tensors, o, dp_ranks);
     }
-    // The FP8 scratch of the largest product of a BT-row micro-batch (C channels): BT x 4C for the
-    // activations and gradients and their transposes, 4C x C for the weight and its transpose.
-    static size_t scratch_bytes(size_t BT, size_t C) { return 4 * BT * 4 * C + 2 * 4 * C * C; }
+    // The weights' FP8 copies and transposes this allocates (the memory plan's other line): every
+    // layer's four weights when cached, else the largest one's slot, 4C x C.
+    static size_t weight_bytes(int layers, int C, const Fp8Options& o, bool cache_weights) {
+        if (!o.enabled) return 0;
+        return 2 * weight_copy_bytes(layers, C, cache_weights) +
+               (cache_weights ? sizeof(Fp8Clip) * layers * FP8_PRODUCTS : 0);
+    }
+
+    // The parameters the weights are cast from, by ZeroEngine::params_version: a new version makes
+    // every cached cast stale. The model calls it before each pass.
+    void use_weights(uint64_t params_version) {
+        if (params_version == params_version_) return;
+        params_version_ = params_version;
+        epoch_++;
+    }
+    // Weight casts so far (one per weight and step when cached), for the tests.
+    uint64_t weight_casts() const { return weight_casts_; }
 
     // out (BT x OC) = inp W^T + bias (+ residual), or GELU into out with pre_gelu, as matmul_forward.
     void forward(MatmulContext& ctx, const Fp8Scratch& x, int l, Fp8Product p, floatX* out, floatX* pre_gelu,
                  const floatX* inp, const floatX* weight, const floatX* bias, const floatX* residual, int BT, int C,
                  int OC) {
         cudaStream_t s = stream_;
-        const Fp8Tensor in = cast(x.input, nullptr, l, p, FP8_INPUT, inp, BT, C, recording_, s);
-        const Fp8Tensor w = cast(x.weight, nullptr, l, p, FP8_WEIGHT, weight, OC, C, recording_, s);
+        const CastUse use = recomputing_ ? CastUse::Again : recording_ ? CastUse::Record : CastUse::Measure;
+        const Fp8Tensor in = cast(x.input, nullptr, l, p, FP8_INPUT, inp, BT, C, use, s);
+        const Fp8Tensor w = cast_weight(l, p, weight, OC, C, false, use).first;
         matmul_forward_fp8(ctx, out, pre_gelu, in, w, bias, residual, BT, C, OC, s);
     }
 
@@ -90,12 +124,11 @@ public:
                   const floatX* pre_gelu, int BT, int C, int OC) {
         cudaStream_t s = stream_;
         if (dbias) bias_backward(dbias, scratch, dout, BT, OC, s);
-        cast(x.grad, x.grad_t, l, p, FP8_GRAD, dout, BT, OC, recording_, s);
+        cast(x.grad, x.grad_t, l, p, FP8_GRAD, dout, BT, OC, recording_ ? CastUse::Record : CastUse::Measure, s);
         const Fp8Tensor grad{x.grad, CUDA_R_8F_E5M2, fp8_scale_inv(scale(l, p, FP8_GRAD))};
         const Fp8Tensor grad_t{x.grad_t, CUDA_R_8F_E5M2, grad.scale_inv};
-        cast(x.weight, x.weight_t, l, p, FP8_WEIGHT, weight, OC, C, false, s);
-        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, false, s);
-        const Fp8Tensor weight_t{x.weight_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
+        const Fp8Tensor weight_t = cast_weight(l, p, weight, OC, C, true, CastUse::Again).second;
+        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, CastUse::Again, s);
         const Fp8Tensor input_t{x.input_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_INPUT))};
         matmul_backward_dinp_fp8(ctx, dinp, grad, weight_t, BT, C, OC, s);
         if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s);
@@ -119,6 +152,7 @@ public:
         }
         fp8_delayed_update(scales_.get(), histories_.get(), largest_.get(), tensors_, options_.history, s);
         primed_ = true;
+        epoch_++;  // new weight scales
     }
 
     // What the casts of training passes clipped since the last call (a copy to the host).
@@ -183,6 +217,7 @@ public:
         CUDA_CHECK(cudaMemcpy(scales_.get(), scales.data(), sizeof(Fp8Scale) * tensors_, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(histories_.get(), rings.data(), sizeof(float) * rings.size(), cudaMemcpyHostToDevice));
         primed_ = all_primed;
+        epoch_++;  // new weight scales
         return true;
     }
 
@@ -196,27 +231,88 @@ private:
         return scales_.get() + ((size_t)l * FP8_PRODUCTS + p) * FP8_OPERANDS + o;
     }
 
-    // x (rows x cols) cast into q (and its transpose into qt, if given) with its tensor's scale:
-    // current scaling (or delayed before its first step's end) measures x first.
+    // A product's weight (OC x C): its FP8 copy's place, product after product, layer after layer
+    // when cached; else one slot every product shares.
+    static size_t weight_copy_bytes(int layers, int C, bool cache_weights) {
+        return (size_t)(cache_weights ? layers * 12 : 4) * C * C;
+    }
+    size_t weight_offset(int l, Fp8Product p) const {
+        if (!cache_weights_) return 0;
+        constexpr int before[FP8_PRODUCTS] = {0, 3, 4, 8};  // in C x C: qkv 3, attproj 1, fc 4, fcproj 4
+        return ((size_t)l * 12 + before[p]) * C_ * C_;
+    }
+
+    // How a cast takes its scale. Measure: current scaling (and delayed before its first step's end)
+    // measures the tensor. Record: so does a training pass, which also joins delayed scaling's step
+    // amax and counts what it clipped. Again: the values the tensor's last cast had (a backward's
+    // input, a recomputed forward's), so that cast's scale, no pass over them, nothing counted.
+    enum class CastUse { Measure, Record, Again };
+
+    // Block l's product p's weight (OC x C) in E4M3, and its transpose where cast (`transpose`, or
+    // always when cached). Cached: cast at its first use after use_weights or the scales changed,
+    // measuring its amax for delayed scaling's step (the weight a training pass would measure: it
+    // does not change within the step), counting what it clipped at every Record use, as a cast at
+    // each use would. Uncached: cast now, as a cast of the product's input is.
+    std::pair<Fp8Tensor, Fp8Tensor> cast_weight(int l, Fp8Product p, const floatX* weight, int OC, int C,
+                                                bool transpose, CastUse use) {
+        cudaStream_t s = stream_;
+        const size_t i = (size_t)l * FP8_PRODUCTS + p;
+        uint8_t *q = weights_.get() + weight_offset(l, p), *qt = weights_t_.get() + weight_offset(l, p);
+        if (!cache_weights_) {
+            weight_casts_++;
+            const Fp8Tensor w = cast(q, transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, use, s);
+            return {w, {qt, w.type, w.scale_inv}};
+        }
+        if (cast_epoch_[i] != epoch_) {
+            weight_casts_++;
+            cast_epoch_[i] = epoch_;
+            CUDA_CHECK(cudaMemsetAsync(weight_clips_.get() + i, 0, sizeof(Fp8Clip), s));
+            cast_into(q, qt, l, p, FP8_WEIGHT, weight, OC, C, weight_clips_.get() + i, true,
+                      options_.scaling == Fp8Scaling::Delayed, s);
+        }
+        if (use == CastUse::Record)
+            fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
+        const Fp8Tensor w{q, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
+        return {w, {qt, w.type, w.scale_inv}};
+    }
+
+    // x (rows x cols) cast into q (and its transpose into qt, if given) with its tensor's scale, as
+    // `use` says.
     Fp8Tensor cast(uint8_t* q, uint8_t* qt, int l, Fp8Product p, Fp8Operand o, const floatX* x, int rows, int cols,
-                   bool record, cudaStream_t s) {
+                   CastUse use, cudaStream_t s) {
+        const bool record = use == CastUse::Record;
+        Fp8Clip* clip = record ? clips_.get() + (int)p * FP8_OPERANDS + o : nullptr;
+        return cast_into(q, qt, l, p, o, x, rows, cols, clip, use != CastUse::Again,
+                         record && options_.scaling == Fp8Scaling::Delayed, s);
+    }
+    // cast's work, counting into `clip` (optional), measuring x first where `measure` and current
+    // scaling (or delayed before its first step's end) asks, and the step's amax where `record_amax`.
+    Fp8Tensor cast_into(uint8_t* q, uint8_t* qt, int l, Fp8Product p, Fp8Operand o, const floatX* x, int rows, int cols,
+                        Fp8Clip* clip, bool measure, bool record_amax, cudaStream_t s) {
         Fp8Scale* sc = scale(l, p, o);
         const fp8::Format f = fp8_format(o);
         const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
-        if (!delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
-        Fp8Clip* clip = record ? clips_.get() + (int)p * FP8_OPERANDS + o : nullptr;
-        fp8_cast(q, qt, sc, clip, x, rows, cols, f, record && options_.scaling == Fp8Scaling::Delayed, s);
+        if (measure && !delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+        fp8_cast(q, qt, sc, clip, x, rows, cols, f, record_amax, s);
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
     }
 
     Fp8Options options_;
-    int tensors_ = 0;
+    int tensors_ = 0, C_ = 0;
+    bool cache_weights_ = false;
     cudaStream_t stream_ = nullptr;
-    bool recording_ = true;
+    bool recording_ = true, recomputing_ = false;
     bool primed_ = false;  // delayed scaling: every tensor has a scale from its history
     DeviceBuffer<Fp8Scale> scales_;
     DeviceBuffer<float> histories_, largest_, step_amaxes_;
     DeviceBuffer<Fp8Clip> clips_;
+    // The weights' FP8 copies and transposes (weight_offset), what each cached cast clipped, and the
+    // epoch each (layer, product) was cast in: stale when it is not epoch_, which a new parameter
+    // version (use_weights) or new scales (end_step, restore) advance.
+    DeviceBuffer<uint8_t> weights_, weights_t_;
+    DeviceBuffer<Fp8Clip> weight_clips_;
+    std::vector<uint64_t> cast_epoch_;
+    uint64_t epoch_ = 1, params_version_ = 0, weight_casts_ = 0;
 };
 
 }  // namespace llmc

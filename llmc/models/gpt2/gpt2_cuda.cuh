@@ -274,8 +274,6 @@ struct CudaActivationLayout {
         take(fp8.input_t, quantized ? BT * 4 * Cl : 0, false);
         take(fp8.grad, quantized ? BT * 4 * Cl : 0, false);
         take(fp8.grad_t, quantized ? BT * 4 * Cl : 0, false);
-        take(fp8.weight, quantized ? 4 * Cl * C : 0, false);
-        take(fp8.weight_t, quantized ? 4 * Cl * C : 0, false);
         total_bytes = stage.slots * slot_bytes + scratch_bytes;
         for (const Take& t : takes)
             t.set(base ? base + (t.per_slot ? slot * slot_bytes : stage.slots * slot_bytes) + t.offset : nullptr);
@@ -435,11 +433,14 @@ public:
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T * (stage_.pipelined ? pipe_.micro_batches : 1),
                                              "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
-        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), options_.fp8, comm_.world_size(), stream_.get());
+        const bool cache_fp8_weights = !engine_.plan().shards_parameters();
+        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), config_.channels, options_.fp8, cache_fp8_weights,
+                              comm_.world_size(), stream_.get());
         engine_.attach_replicated_state(&fp8_);
-        own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
-                                DeviceMemory::scratch_bytes() +
-                                Fp8LinearsCUDA::device_bytes(layout_.num_layers(), options_.fp8, comm_.world_size());
+        own_activation_bytes_ =
+            acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() + DeviceMemory::scratch_bytes() +
+            Fp8LinearsCUDA::device_bytes(layout_.num_layers(), options_.fp8, comm_.world_size()) +
+            Fp8LinearsCUDA::weight_bytes(layout_.num_layers(), config_.channels, options_.fp8, cache_fp8_weights);
         if (config_.num_experts > 0) allocate_experts();
     }
 
@@ -457,11 +458,14 @@ public:
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, std::max(1, rows)), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
-        if (o.fp8.enabled)
+        if (o.fp8.enabled) {
+            const int layers = stage.layers < 0 ? c.num_layers : stage.layers;
+            const bool cached = !plan.shards_parameters();
             specs.push_back({"FP8 scales and amax histories", K::Activations,
-                             Fp8LinearsCUDA::device_bytes(stage.layers < 0 ? c.num_layers : stage.layers, o.fp8,
-                                                          plan.world_size),
-                             1});
+                             Fp8LinearsCUDA::device_bytes(layers, o.fp8, plan.world_size), 1});
+            specs.push_back({cached ? "FP8 weights and transposes (cast once a step)" : "FP8 weight and transpose",
+                             K::Activations, Fp8LinearsCUDA::weight_bytes(layers, c.channels, o.fp8, cached), 1});
+        }
         if (c.num_experts > 0)
             specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o, ep), 1});
         return specs;
@@ -609,6 +613,8 @@ public:
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
+    // The FP8 weight casts so far (fp8_linears.cuh), for the tests.
+    uint64_t fp8_weight_casts() const { return fp8_.weight_casts(); }
 
     RouterStats take_router_stats() override { return router_stats_.take(); }
 
@@ -718,6 +724,7 @@ private:
         last_B_ = B;
         last_T_ = T;
         fp8_.set_recording(pass == Pass::Train);
+        fp8_.use_weights(engine_.params_version());
         moe_training_ = pass == Pass::Train;
         moe_grad_scale_ = grad_scale;  // the auxiliary losses' gradients scale as the loss's
         const PipelineChunk& ch = chunks_[chunk];
@@ -966,9 +973,9 @@ private:
         case Recompute::None:
             return;
         case Recompute::Block:
-            fp8_.set_recording(false);  // its casts were measured and counted in the forward
+            fp8_.set_recomputing(true);  // its casts were measured and counted in the forward
             layer_forward(a, l, B, T, true);
-            fp8_.set_recording(true);
+            fp8_.set_recomputing(false);
             return;
         case Recompute::GeluLayerNorm: {
             PhaseScope phase(timer_, "layernorm", s);
