@@ -139,13 +139,17 @@ struct LayerForward {
 
 // --fp8's casts of one layer on one tensor rank: each product's input (forward) and output gradient
 // (backward) read in bf16 and written in FP8 twice (the row-major copy and its transpose), read once
-// more for its amax under current scaling; the weights likewise, once per micro-batch.
+// more for its amax under current scaling; the weights likewise, once a step under ZeRO 0-2 (the
+// model keeps their FP8 copies, fp8_linears.cuh: a micro-batch pays 1 / grad_accum_steps of it),
+// at every micro-batch under ZeRO-3 (a rank holds a layer's weights only while they are gathered).
 inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig& c) {
     if (!c.fp8) return;
     const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden * (s.swiglu ? 2.0 : 1.0);
     const double per_element = 2 + 2 + (c.fp8_scaling == "current" ? 2 : 0);
     const double qkv_out = C + 2.0 * C * s.kv_heads / s.heads;
-    const double inputs = n * (C + C / tp + C + s.ffn_hidden / tp), weights = s.layer_matmul_params() / tp;
+    const double weight_casts_per_micro_batch = c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps;
+    const double inputs = n * (C + C / tp + C + s.ffn_hidden / tp),
+                 weights = weight_casts_per_micro_batch * s.layer_matmul_params() / tp;
     const double grads = n * (qkv_out / tp + C + F / tp + C);
     f.fp8_forward_casts = {0, per_element * (inputs + weights)};
     f.fp8_backward_casts = {0, per_element * grads};

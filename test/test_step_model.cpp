@@ -321,6 +321,14 @@ TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, an
     const double casts = 6 * elements * L * m / (3350e9 * h100.memory_efficiency);
     CHECK(fp8.compute_s == Approx(bf16.compute_s - halved + casts).epsilon(1e-6));
     CHECK(fp8.compute_s < bf16.compute_s);
+    // The weights are cast once a step (ZeRO 0-2): 4 micro-batches pay them once, ZeRO-3 four times.
+    RunConfig accum = resolved("d48", 16, 1, 1, 16, 1024, 1024);
+    accum.fp8 = 1;
+    REQUIRE(accum.grad_accum_steps == 4);
+    const double weight_cast_s = 6 * s.layer_matmul_params() * L / (3350e9 * h100.memory_efficiency);
+    const StepEstimate z1 = estimate_step(s, accum, h100, fpt);
+    accum.zero_stage = 3;
+    CHECK(estimate_step(s, accum, h100, fpt).compute_s == Approx(z1.compute_s + 3 * weight_cast_s).epsilon(1e-6));
     c.fp8_scaling = "delayed";  // no amax pass: 4 bytes an element
     CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(bf16.compute_s - halved + casts * 4 / 6).epsilon(1e-6));
     // MFU: the products' FLOPs against 1979, the rest against 989.
