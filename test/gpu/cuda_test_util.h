@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/models/cuda_backend.cuh"
@@ -79,6 +81,38 @@ inline GPT2CUDA& make_planned_model(BuiltModel& built, const RunConfig& cfg, con
               strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],
                         memory_kind_name((MemoryKind)k), model->allocated_bytes((MemoryKind)k)));
     return *model;
+}
+
+// The main() of a CUDA multi-rank test: the launch; where there is no GPU, its exit status (0, or 3
+// in a GPU session); else body(comm, argc, argv) with the world's host communicator (300 s
+// timeouts), an exception from it a failure (check), then the launch finalized.
+template <typename Body>
+int run_cuda_test(int argc, char** argv, const char* name, Body body) {
+    launch = bootstrap_launch(&argc, &argv);
+    std::string why;
+    if (!cuda_device_present(&why)) {
+        const int status = no_gpu_exit_status(name, why);
+        finalize_launch(launch);
+        return status;
+    }
+    try {
+        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
+        comm->timeout_s = 300;
+        body(*comm, argc, argv);
+    } catch (const std::exception& e) {
+        check(false, e.what());
+    }
+    finalize_launch(launch);
+    return 0;
+}
+
+// The test's data, `dir`/`name`_train_000000.bin (write_shard's 60000 tokens), written by rank 0
+// for every rank of `comm`; returns its path.
+inline std::string shared_shard(Communicator& comm, const std::string& dir, const char* name) {
+    const std::string shard = dir + "/" + name + "_train_000000.bin";
+    if (launch.rank == 0) write_shard(shard, 60000);
+    comm.barrier().wait();
+    return shard;
 }
 
 // The same bits on every rank of `comm` as on its rank 0.

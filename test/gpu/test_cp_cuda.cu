@@ -181,18 +181,9 @@ void check_recomputation(const std::string& shard, Communicator& world, const Me
 }  // namespace
 
 int main(int argc, char** argv) {
-    launch = bootstrap_launch(&argc, &argv);
-    std::string why;
-    if (!cuda_device_present(&why)) {
-        const int status = no_gpu_exit_status("test_cp_cuda", why);
-        finalize_launch(launch);
-        return status;
-    }
-    try {
+    return run_cuda_test(argc, argv, "test_cp_cuda", [](Communicator& comm, int argc, char** argv) {
         if (argc < 3) fail("usage: test_cp_cuda DIR MESH... (a MESH: cpN with tpN, spN, ppN, joined by dots)");
-        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
-        comm->timeout_s = 300;
-        const int W = comm->world_size();
+        const int W = comm.world_size();
         std::vector<Mesh> meshes;
         for (int i = 2; i < argc; i++) meshes.push_back(parse_mesh(argv[i]));
         const int group = meshes[0].cp * meshes[0].tp * meshes[0].pp;
@@ -201,9 +192,7 @@ int main(int argc, char** argv) {
                 fail(strformat("test_cp_cuda: every MESH must divide the %d ranks into the same data-parallel size "
                                "(%s does not)", W, m.describe(W / (m.cp * m.tp * m.pp)).c_str()));
         const int dp = W / group;
-        const std::string shard = std::string(argv[1]) + "/cp_cuda_train_000000.bin";
-        if (launch.rank == 0) write_shard(shard, 60000);
-        comm->barrier().wait();
+        const std::string shard = shared_shard(comm, argv[1], "cp_cuda");
 
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, Mesh{}, BATCH * dp);
@@ -215,12 +204,8 @@ int main(int argc, char** argv) {
 
         for (const Mesh& mesh : meshes) {
             for (int stage : mesh.with_dp_only() ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 3})
-                check_mesh(shard, *comm, mesh, stage, ref);
-            if (mesh.with_dp_only()) check_recomputation(shard, *comm, mesh, ref);
+                check_mesh(shard, comm, mesh, stage, ref);
+            if (mesh.with_dp_only()) check_recomputation(shard, comm, mesh, ref);
         }
-    } catch (const std::exception& e) {
-        check(false, e.what());
-    }
-    finalize_launch(launch);
-    return 0;
+    });
 }

@@ -58,21 +58,10 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int e
 }  // namespace
 
 int main(int argc, char** argv) {
-    launch = bootstrap_launch(&argc, &argv);
-    std::string why;
-    if (!cuda_device_present(&why)) {
-        const int status = no_gpu_exit_status("test_moe_cuda", why);
-        finalize_launch(launch);
-        return status;
-    }
-    try {
+    return run_cuda_test(argc, argv, "test_moe_cuda", [](Communicator& comm, int argc, char** argv) {
         if (argc != 2) fail("usage: test_moe_cuda DIR");
-        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
-        comm->timeout_s = 300;
-        const int W = comm->world_size();
-        const std::string shard = std::string(argv[1]) + "/moe_cuda_train_000000.bin";
-        if (launch.rank == 0) write_shard(shard, 60000);
-        comm->barrier().wait();
+        const int W = comm.world_size();
+        const std::string shard = shared_shard(comm, argv[1], "moe_cuda");
 
         // The 1-rank references, on every rank: the mesh's batch as 4 micro-batches of BATCH.
         const RunConfig rc = make_config(shard, 0, 1);
@@ -88,7 +77,7 @@ int main(int argc, char** argv) {
         if (W % 2 == 0) meshes.insert(meshes.end(), {{2, 0}, {2, 3}});
         for (const Mesh& mesh : meshes) {
             const RunConfig cfg = make_config(shard, mesh.stage, W, mesh.ep);
-            ProcessGroups groups(*comm, cfg.dims);
+            ProcessGroups groups(comm, cfg.dims);
             const std::string what = strformat("%d ranks%s, ZeRO-%d, 4 experts top 2, capacity 1", W,
                                                mesh.ep > 1 ? strformat(" (ep %d)", mesh.ep).c_str() : "", mesh.stage);
             BuiltModel built;
@@ -101,13 +90,9 @@ int main(int argc, char** argv) {
             const double params_diff = relative_difference(run.params, reference.params);
             check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), params_diff));
-            check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
+            check_same_on_every_rank(run.params, comm, what + ": the gathered whole model");
             say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g), final parameters "
                           "too (%.2g), the same on every rank", what.c_str(), STEPS, worst, params_diff));
         }
-    } catch (const std::exception& e) {
-        check(false, e.what());
-    }
-    finalize_launch(launch);
-    return 0;
+    });
 }

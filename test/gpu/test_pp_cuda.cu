@@ -77,18 +77,9 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int p
 }  // namespace
 
 int main(int argc, char** argv) {
-    launch = bootstrap_launch(&argc, &argv);
-    std::string why;
-    if (!cuda_device_present(&why)) {
-        const int status = no_gpu_exit_status("test_pp_cuda", why);
-        finalize_launch(launch);
-        return status;
-    }
-    try {
+    return run_cuda_test(argc, argv, "test_pp_cuda", [](Communicator& comm, int argc, char** argv) {
         if (argc != 5 && argc != 6) fail("usage: test_pp_cuda DIR PP TP VIRTUAL [LAYERS]");
-        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
-        comm->timeout_s = 300;
-        const int W = comm->world_size(), pp = std::atoi(argv[2]), tp = std::atoi(argv[3]), V = std::atoi(argv[4]);
+        const int W = comm.world_size(), pp = std::atoi(argv[2]), tp = std::atoi(argv[3]), V = std::atoi(argv[4]);
         const std::string layers = argc == 6 ? argv[5] : "";
         if (pp < 2 || tp < 1 || V < 1 || W % (pp * tp) != 0)
             fail(strformat("test_pp_cuda: PP (%d) must be >= 2, TP (%d) and VIRTUAL (%d) >= 1, and PP x TP divide the "
@@ -97,9 +88,7 @@ int main(int argc, char** argv) {
         if (SEQUENCES % (BATCH * dp) != 0)
             fail(strformat("test_pp_cuda: dp %d does not divide the step's %d sequences into micro-batches of %d", dp,
                            SEQUENCES, BATCH));
-        const std::string shard = std::string(argv[1]) + "/pp_cuda_train_000000.bin";
-        if (launch.rank == 0) write_shard(shard, 60000);
-        comm->barrier().wait();
+        const std::string shard = shared_shard(comm, argv[1], "pp_cuda");
 
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, 1, 1, 1, "", BATCH * dp);
@@ -110,7 +99,7 @@ int main(int argc, char** argv) {
 
         for (int stage = 0; stage <= 3; stage++) {
             const RunConfig cfg = make_config(shard, stage, W, pp, tp, V, layers, BATCH);
-            ProcessGroups groups(*comm, cfg.dims);
+            ProcessGroups groups(comm, cfg.dims);
             const std::string what =
                 strformat("dp %d x pp %d x tp %d, %s, layers %s, ZeRO-%d", dp, pp, tp,
                           V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
@@ -131,7 +120,7 @@ int main(int argc, char** argv) {
             const double params_diff = relative_difference(run.params, reference.params);
             check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), params_diff));
-            check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
+            check_same_on_every_rank(run.params, comm, what + ": the gathered whole model");
             say(strformat("%s: planned bytes allocated on every stage; %d losses match 1 CUDA rank (worst %.2g) and "
                           "the CPU (worst %.2g), final parameters too (%.2g), the same on every rank",
                           what.c_str(), STEPS, worst, worst_cpu, params_diff));
@@ -146,7 +135,7 @@ int main(int argc, char** argv) {
             const float loss_one = reference_model.evaluate(inputs.data(), targets.data(), BATCH, SEQ);
             check(std::fabs(loss_pp - loss_one) <= 1e-2 * std::fabs(loss_one),
                   strformat("%s: evaluate() gives %.5f, 1 rank %.5f", what.c_str(), loss_pp, loss_one));
-            check_same_on_every_rank({loss_pp}, *comm, what + ": evaluate()");
+            check_same_on_every_rank({loss_pp}, comm, what + ": evaluate()");
             const int Vp = cfg.model_config.padded_vocab_size;
             std::vector<float> logits_pp(Vp), logits_one(Vp);
             model->next_token_logits(inputs.data(), 7, logits_pp.data());
@@ -154,7 +143,7 @@ int main(int argc, char** argv) {
             const double logits_diff = relative_difference(logits_pp, logits_one);
             check(logits_diff <= 2e-2, strformat("%s: next_token_logits of 7 tokens differ from 1 rank by %.3g "
                                                  "relative (limit 2e-2)", what.c_str(), logits_diff));
-            check_same_on_every_rank(logits_pp, *comm, what + ": next_token_logits");
+            check_same_on_every_rank(logits_pp, comm, what + ": next_token_logits");
             say(strformat("%s: with the same weights, evaluate() (%.5f vs %.5f) and next_token_logits (%.2g) match 1 "
                           "rank, the same on every rank", what.c_str(), loss_pp, loss_one, logits_diff));
         }
@@ -162,7 +151,7 @@ int main(int argc, char** argv) {
         // every micro-batch the schedule keeps in flight.
         {
             const RunConfig cfg = make_config(shard, 1, W, pp, tp, V, layers, BATCH, 3);
-            ProcessGroups groups(*comm, cfg.dims);
+            ProcessGroups groups(comm, cfg.dims);
             const std::string what = strformat("dp %d x pp %d x tp %d, %s, ZeRO-1, -r 3", dp, pp, tp,
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B");
             BuiltModel built;
@@ -174,9 +163,5 @@ int main(int argc, char** argv) {
             say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS,
                           worst));
         }
-    } catch (const std::exception& e) {
-        check(false, e.what());
-    }
-    finalize_launch(launch);
-    return 0;
+    });
 }

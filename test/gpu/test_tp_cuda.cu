@@ -70,23 +70,12 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int t
 }  // namespace
 
 int main(int argc, char** argv) {
-    launch = bootstrap_launch(&argc, &argv);
-    std::string why;
-    if (!cuda_device_present(&why)) {
-        const int status = no_gpu_exit_status("test_tp_cuda", why);
-        finalize_launch(launch);
-        return status;
-    }
-    try {
+    return run_cuda_test(argc, argv, "test_tp_cuda", [](Communicator& comm, int argc, char** argv) {
         if (argc != 3) fail("usage: test_tp_cuda DIR TP");
-        std::unique_ptr<Communicator> comm = make_host_communicator(launch);
-        comm->timeout_s = 300;
-        const int W = comm->world_size(), tp = std::atoi(argv[2]);
+        const int W = comm.world_size(), tp = std::atoi(argv[2]);
         if (tp < 2 || W % tp != 0) fail(strformat("test_tp_cuda: TP (%d) must be >= 2 and divide the %d ranks", tp, W));
         const int dp = W / tp;
-        const std::string shard = std::string(argv[1]) + "/tp_cuda_train_000000.bin";
-        if (launch.rank == 0) write_shard(shard, 60000);
-        comm->barrier().wait();
+        const std::string shard = shared_shard(comm, argv[1], "tp_cuda");
 
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, 1, 0, BATCH * dp);
@@ -99,7 +88,7 @@ int main(int argc, char** argv) {
             std::vector<float> sp_losses;
             for (int sp : {1, 0}) {
                 const RunConfig cfg = make_config(shard, stage, W, tp, sp, BATCH);
-                ProcessGroups groups(*comm, cfg.dims);
+                ProcessGroups groups(comm, cfg.dims);
                 const std::string what =
                     strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
                 BuiltModel built;
@@ -115,7 +104,7 @@ int main(int argc, char** argv) {
                 const double params_diff = relative_difference(run.params, reference.params);
                 check(params_diff <= 2e-2, strformat("%s: final parameters differ from the 1-rank CUDA run by %.3g "
                                                      "relative (limit 2e-2)", what.c_str(), params_diff));
-                check_same_on_every_rank(run.params, *comm, what + ": the gathered whole model");
+                check_same_on_every_rank(run.params, comm, what + ": the gathered whole model");
                 say(strformat("%s: planned bytes allocated; %d losses match 1 CUDA rank (worst %.2g) and the CPU "
                               "(worst %.2g), final parameters too (%.2g), the same on every rank",
                               what.c_str(), STEPS, worst, worst_cpu, params_diff));
@@ -153,7 +142,7 @@ int main(int argc, char** argv) {
         // -r 3 re-runs whole blocks, with their gathers and reductions, inside backward.
         for (int recompute : {2, 3}) {
             const RunConfig cfg = make_config(shard, 1, W, tp, 1, BATCH, recompute);
-            ProcessGroups groups(*comm, cfg.dims);
+            ProcessGroups groups(comm, cfg.dims);
             const std::string what = strformat("dp %d x tp %d, ZeRO-1, sequence parallel on, -r %d", dp, tp, recompute);
             BuiltModel built;
             GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
@@ -163,9 +152,5 @@ int main(int argc, char** argv) {
                                            what.c_str(), worst));
             say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
         }
-    } catch (const std::exception& e) {
-        check(false, e.what());
-    }
-    finalize_launch(launch);
-    return 0;
+    });
 }
