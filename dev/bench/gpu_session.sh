@@ -39,7 +39,8 @@
 #                                       pp 2 x cp 2; dp 2 x cp 2) and the trainer's --cp runs and resumes
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
 #   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_gpt2_cuda's FP8 cases,
-#                                       the trainer's --fp8 runs, d12 with and without FP8, d48 with FP8
+#                                       the trainer's --fp8 runs, d12 and d48 in bf16 and in FP8 (current and
+#                                       delayed scaling), each with its profile
 #   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8, d12 with 8 experts), PyTorch compiled, and
 #                                       .device/peers.sh where the session carries one
 # Several stages may share a call (`train kernels`); they share its budget and run in the order named
@@ -352,10 +353,15 @@ for stage in "${STAGES[@]}"; do
         step check_fp8.log 45 dev/cuda/build/fp8 --check
         step test_gpt2_cuda_fp8.log 120 build/test_gpt2_cuda "FP8*"
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
-        # tokens/s with and without FP8 in the same call (issue 28)
-        step bench_d12.log 90 build/bench_train_step -e d12 -t 1024
-        step bench_d12_fp8.log 90 build/bench_train_step -e d12 -t 1024 --fp8 current --profile
-        step bench_d48_fp8.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --fp8 current
+        # tokens/s with and without FP8 in the same call (issue 28), each with its profile: the casts
+        # ("fp8 amax", "fp8 cast") are timed apart from the products
+        for scaling in off current delayed; do
+            step "bench_d12_fp8_$scaling.log" 90 build/bench_train_step -e d12 -t 1024 --fp8 $scaling --profile
+        done
+        for scaling in off current delayed; do
+            step "bench_d48_fp8_$scaling.log" 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 \
+                --fp8 $scaling --profile
+        done
         ;;
     cp)
         step test_cuda_host.log 30 build/test_cuda_host

@@ -1,9 +1,12 @@
-// dev/cuda/fp8.cu: FP8 quantization and the FP8 products (llmc/kernels/fp8.cuh, matmul.cuh), one
-// version each so far:
+// dev/cuda/fp8.cu: FP8 quantization and the FP8 products (llmc/kernels/fp8.cuh, matmul.cuh):
 //
-//   1  llmc: fp8_cast (32 x 32 shared-memory tiles, the transpose beside the row-major copy, amax
-//      and clipping counted per block), fp8_current_scale, fp8_delayed_update, and the products
-//      matmul_forward_fp8 / matmul_backward_dinp_fp8 / matmul_backward_dweight_fp8 (cuBLASLt, TN)
+//   llmc: fp8_cast (64 x 64 shared-memory tiles, 8 elements a thread: 16-byte loads, 8-byte stores
+//      of the codes and of the transpose beside them, amax and clipping counted per block; the
+//      element-by-element path for ragged shapes), fp8_current_scale (16-byte loads),
+//      fp8_delayed_update, and the products matmul_forward_fp8 / matmul_backward_dinp_fp8 /
+//      matmul_backward_dweight_fp8 (cuBLASLt, TN)
+//   version 1 of the cast, timed beside it: 32 x 32 tiles, one element a thread (the first GPU
+//      session's, 2026-11-26)
 //
 //   ./fp8 [--check] [--seed N]
 //
@@ -14,9 +17,10 @@
 // operands are then the same, so what remains is the accumulation order and the bf16 rounding of
 // the outputs: bf16 outputs within BF16_TOLERANCE, the fp32 weight gradient within
 // FP8_ACCUMULATION_TOLERANCE: Hopper's FP8 tensor cores accumulate with fewer bits than fp32, and
-// an H200 was 6.3e-5 from the exact sum, 6x FP32_TOLERANCE) and repeat their bits. Timed on a GPU: the cast against DRAM bandwidth and, on GPT-2 124M's and
-// 1.5B's fc shapes, the FP8 forward product against the bf16 one (matmul_forward), both against the
-// dense bf16 peak, so FP8's 2x shows as a share above 100%.
+// an H200 was 6.3e-5 from the exact sum, 6x FP32_TOLERANCE) and repeat their bits. Timed on a GPU, on
+// GPT-2 124M's and 1.5B's fc shapes: the three FP8 products against the bf16 ones (matmul_forward,
+// matmul_backward), both against the dense bf16 peak, so FP8's 2x shows as a share above 100%; the
+// amax pass and the casts (both versions) against DRAM bandwidth.
 #include <cstring>
 #include <vector>
 
@@ -74,10 +78,11 @@ void to_device(T* d, const T& value) {
     CUDA_CHECK(cudaMemcpy(d, &value, sizeof(T), cudaMemcpyHostToDevice));
 }
 
-// The cast of a ragged shape (not a multiple of the 32 x 32 tile) with a scale large enough that
-// some elements saturate and small values that flush, in both formats, with and without amax.
-void check_cast(std::mt19937_64& rng) {
-    const int rows = 75, cols = 53;
+// The cast with a scale large enough that some elements saturate and small values that flush, in
+// both formats, with and without amax, on a shape (rows x cols) that is not a multiple of the 64 x
+// 64 tile: 75 x 53 (not of the 8-element vectors either: the element-by-element path) and 200 x 136
+// (the vector path, with tiles cut at the edges).
+void check_cast(std::mt19937_64& rng, int rows, int cols) {
     const size_t n = (size_t)rows * cols;
     std::vector<float> x = bench::random_bf16(n, rng, 4.0f);
     for (size_t i = 0; i < n; i += 7) x[i] = bench::bf16_round(x[i] * 1e-12f);  // some flush to zero
@@ -106,33 +111,40 @@ void check_cast(std::mt19937_64& rng) {
                                 c.underflows == want.underflows && want.overflows > 0 && want.underflows > 0,
                             strformat("elements %llu saturated %llu flushed %llu; host %llu %llu %llu", c.elements,
                                       c.overflows, c.underflows, want.elements, want.overflows, want.underflows));
-        // Without a transpose or an amax the codes are the same and the amax untouched.
+        // Without a transpose or an amax the codes are the same and the amax untouched; the
+        // transpose alone is the same too.
         to_device(scale.get(), state);
         bench::poison(q.get(), n);
         llmc::fp8_cast(q.get(), nullptr, scale.get(), nullptr, d_x.get(), rows, cols, f, false, 0);
         bench::check_same_bits("codes (no transpose, no amax)", bench::device_bytes(q.get(), n), want.q);
         bench::report_check("amax not recorded", from_device(scale.get()).step_amax == 0.0f, "");
+        bench::poison(qt.get(), n);
+        llmc::fp8_cast(nullptr, qt.get(), scale.get(), nullptr, d_x.get(), rows, cols, f, false, 0);
+        bench::check_same_bits("transposed codes alone", bench::device_bytes(qt.get(), n), want.qt);
     }
 }
 
-// fp8_current_scale against fp8::scale_for_amax, for tensors of very different ranges.
+// fp8_current_scale against fp8::scale_for_amax, for tensors of very different ranges, of 5000
+// elements (read 8 at a time) and 4999 (one at a time), the largest one last.
 void check_current_scale(std::mt19937_64& rng) {
     printf(" current scaling: the scale of a tensor's own amax\n");
     DeviceBuffer<Fp8Scale> scale(1, "scale");
-    for (float sigma : {1e-6f, 0.02f, 1.0f, 300.0f})
-        for (fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2}) {
-            const std::vector<float> x = bench::random_bf16(5000, rng, sigma);
-            float amax = 0.0f;
-            for (float v : x) amax = std::max(amax, std::fabs(v));
-            to_device(scale.get(), Fp8Scale{});
-            DeviceBuffer<floatX> d_x = bench::to_device_bf16(x);
-            llmc::fp8_current_scale(scale.get(), d_x.get(), x.size(), f, 0);
-            const Fp8Scale got = from_device(scale.get());
-            const float want = fp8::scale_for_amax(amax, f, 1.0f);
-            bench::report_check(strformat("sigma %g, %s", sigma, fp8::info(f).name).c_str(),
-                                got.scale == want && got.scale_inv * want == 1.0f && got.amax_now == 0.0f,
-                                strformat("scale %g (inverse %g), host %g", got.scale, got.scale_inv, want));
-        }
+    for (size_t n : {5000, 4999})
+        for (float sigma : {1e-6f, 0.02f, 1.0f, 300.0f})
+            for (fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2}) {
+                std::vector<float> x = bench::random_bf16(n, rng, sigma);
+                x.back() = bench::bf16_round(-8 * sigma);
+                float amax = 0.0f;
+                for (float v : x) amax = std::max(amax, std::fabs(v));
+                to_device(scale.get(), Fp8Scale{});
+                DeviceBuffer<floatX> d_x = bench::to_device_bf16(x);
+                llmc::fp8_current_scale(scale.get(), d_x.get(), x.size(), f, 0);
+                const Fp8Scale got = from_device(scale.get());
+                const float want = fp8::scale_for_amax(amax, f, 1.0f);
+                bench::report_check(strformat("%zu elements, sigma %g, %s", n, sigma, fp8::info(f).name).c_str(),
+                                    got.scale == want && got.scale_inv * want == 1.0f && got.amax_now == 0.0f,
+                                    strformat("scale %g (inverse %g), host %g", got.scale, got.scale_inv, want));
+            }
 }
 
 // fp8_delayed_update over steps of amaxes, against the last `history` amaxes' scale.
@@ -244,6 +256,76 @@ void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
                  bench::BF16_TOLERANCE);
 }
 
+// Version 1's cast (the first GPU session's): 32 x 32 tiles, one element per thread (2-byte loads,
+// 1-byte stores), three block-wide reductions for the clipping counts. Kept to time against llmc's.
+// (A named namespace: the emulation build finds kernels by name, which nvcc and g++ give an
+// anonymous namespace differently.)
+}  // namespace
+namespace v1 {
+using llmc::Fp8Clip;
+using llmc::WARP_SIZE;
+using llmc::block_reduce_max;
+using llmc::block_reduce_sum;
+constexpr int V1_TILE = 32;
+constexpr int V1_ROWS_PER_PASS = 8;
+
+constexpr int V1_THREADS = V1_TILE * V1_ROWS_PER_PASS;
+
+__global__ void __launch_bounds__(V1_THREADS)
+    cast_kernel(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const floatX* x, int rows, int cols,
+                __nv_fp8_interpretation_t format, float largest, bool record_amax) {
+    __shared__ uint8_t tile[V1_TILE][V1_TILE + 4];  // +4: the transposed reads fall in other banks
+    __shared__ float shared[WARP_SIZE];
+    const int tx = threadIdx.x % V1_TILE, ty = threadIdx.x / V1_TILE;  // a 1-D block: block_reduce's shape
+    const int row0 = blockIdx.y * V1_TILE, col0 = blockIdx.x * V1_TILE;
+    const float scale = s->scale;
+    float amax = 0.0f;
+    unsigned overflows = 0, underflows = 0, elements = 0;
+    for (int r = ty; r < V1_TILE; r += V1_ROWS_PER_PASS) {
+        const int row = row0 + r, col = col0 + tx;
+        if (row >= rows || col >= cols) continue;
+        const float v = __bfloat162float(x[(size_t)row * cols + col]);
+        const float scaled = v * scale;
+        const uint8_t code = (uint8_t)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, format);
+        amax = fmaxf(amax, fabsf(v));
+        elements++;
+        overflows += fabsf(scaled) > largest;
+        underflows += scaled != 0.0f && (code & 0x7f) == 0;
+        q[(size_t)row * cols + col] = code;
+        tile[r][tx] = code;
+    }
+    if (qt) {
+        __syncthreads();
+        for (int c = ty; c < V1_TILE; c += V1_ROWS_PER_PASS) {
+            const int col = col0 + c, row = row0 + tx;
+            if (row < rows && col < cols) qt[(size_t)col * rows + row] = tile[tx][c];
+        }
+    }
+    // One atomic per block and counter.
+    if (record_amax) {
+        amax = block_reduce_max(amax, shared);
+        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->step_amax), __float_as_uint(amax));
+    }
+    if (clip) {
+        const float counts[3] = {(float)elements, (float)overflows, (float)underflows};
+        unsigned long long* targets[3] = {&clip->elements, &clip->overflows, &clip->underflows};
+        for (int i = 0; i < 3; i++) {
+            const float total = block_reduce_sum(counts[i], shared);  // at most 1024: exact in fp32
+            if (threadIdx.x == 0 && total > 0.0f) atomicAdd(targets[i], (unsigned long long)total);
+        }
+    }
+}
+
+void cast(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const floatX* x, int rows, int cols, fp8::Format f,
+          bool record_amax) {
+    const dim3 grid(llmc::ceil_div(cols, V1_TILE), llmc::ceil_div(rows, V1_TILE));
+    LLMC_LAUNCH(cast_kernel, grid, V1_THREADS, 0, 0)(q, qt, s, clip, x, rows, cols, llmc::fp8_interpretation(f),
+                                                     fp8::info(f).largest, record_amax);
+    CUDA_CHECK_LAUNCH();
+}
+}  // namespace v1
+namespace {
+
 // FP8 against bf16 on the fc products of GPT-2 124M and 1.5B (B 8 x T 1024), and the cast's speed.
 void time_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
     struct Layer {
@@ -271,11 +353,56 @@ void time_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
         bench::report_compute_bound("forward, fp8 product", bench::time_ms([&] {
             llmc::matmul_forward_fp8(ctx, out.get(), nullptr, i, wq, nullptr, nullptr, l.BT, l.C, l.OC, 0);
         }), flops);
-        const float cast_ms = bench::time_ms([&] {
+        // the backward's two products, the gradient as random as the input (only the time counts)
+        DeviceBuffer<floatX> dout = bench::to_device_bf16(bench::random_bf16((size_t)l.BT * l.OC, rng, 1e-3f));
+        DeviceBuffer<floatX> dinp((size_t)l.BT * l.C, "dinp");
+        DeviceBuffer<float> dw((size_t)l.OC * l.C, "dweight");
+        DeviceBuffer<uint8_t> dout8((size_t)l.BT * l.OC, "dout8"), dout8t((size_t)l.BT * l.OC, "dout8t");
+        DeviceBuffer<uint8_t> w8t((size_t)l.OC * l.C, "w8t");
+        llmc::fp8_cast(inp8.get(), inp8t.get(), scales.get(), nullptr, inp.get(), l.BT, l.C, fp8::Format::E4M3, false,
+                       0);
+        llmc::fp8_cast(dout8.get(), dout8t.get(), scales.get(), nullptr, dout.get(), l.BT, l.OC, fp8::Format::E5M2,
+                       false, 0);
+        llmc::fp8_cast(w8.get(), w8t.get(), scales.get() + 1, nullptr, w.get(), l.OC, l.C, fp8::Format::E4M3, false, 0);
+        bench::report_compute_bound("backward dinp, bf16", bench::time_ms([&] {
+            llmc::matmul_backward(ctx, dinp.get(), nullptr, nullptr, nullptr, dout.get(), nullptr, w.get(), nullptr,
+                                  l.BT, l.C, l.OC, 0);
+        }), flops);
+        const llmc::Fp8Tensor d{dout8.get(), CUDA_R_8F_E5M2, llmc::fp8_scale_inv(scales.get())};
+        const llmc::Fp8Tensor dt{dout8t.get(), CUDA_R_8F_E5M2, llmc::fp8_scale_inv(scales.get())};
+        const llmc::Fp8Tensor it{inp8t.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(scales.get())};
+        const llmc::Fp8Tensor wt{w8t.get(), CUDA_R_8F_E4M3, llmc::fp8_scale_inv(scales.get() + 1)};
+        bench::report_compute_bound("backward dinp, fp8 product", bench::time_ms([&] {
+            llmc::matmul_backward_dinp_fp8(ctx, dinp.get(), d, wt, l.BT, l.C, l.OC, 0);
+        }), flops);
+        bench::report_compute_bound("backward dweight (fp32 +=), bf16", bench::time_ms([&] {
+            llmc::matmul_backward(ctx, nullptr, dw.get(), nullptr, nullptr, dout.get(), inp.get(), nullptr, nullptr,
+                                  l.BT, l.C, l.OC, 0);
+        }), flops);
+        bench::report_compute_bound("backward dweight (fp32 +=), fp8 product", bench::time_ms([&] {
+            llmc::matmul_backward_dweight_fp8(ctx, dw.get(), dt, it, l.BT, l.C, l.OC, 0);
+        }), flops);
+        // the casts: current scaling's amax pass, then the cast with and without the transpose
+        const size_t n = (size_t)l.BT * l.C;
+        bench::report_memory_bound("amax of inp (current scaling)", bench::time_ms([&] {
+            llmc::fp8_current_scale(scales.get(), inp.get(), n, fp8::Format::E4M3, 0);
+        }), 2.0 * n);
+        bench::report_memory_bound("cast inp", bench::time_ms([&] {
+            llmc::fp8_cast(inp8.get(), nullptr, scales.get(), nullptr, inp.get(), l.BT, l.C, fp8::Format::E4M3, true, 0);
+        }), 3.0 * n);
+        bench::report_memory_bound("cast inp + transpose, version 1", bench::time_ms([&] {
+            v1::cast(inp8.get(), inp8t.get(), scales.get(), nullptr, inp.get(), l.BT, l.C, fp8::Format::E4M3, true);
+        }), 4.0 * n);
+        bench::report_memory_bound("cast inp + transpose", bench::time_ms([&] {
             llmc::fp8_cast(inp8.get(), inp8t.get(), scales.get(), nullptr, inp.get(), l.BT, l.C, fp8::Format::E4M3,
                            true, 0);
-        });
-        bench::report_memory_bound("cast inp + transpose", cast_ms, 4.0 * l.BT * l.C);
+        }), 4.0 * n);
+        DeviceBuffer<llmc::Fp8Clip> clip(1, "clip");
+        to_device(clip.get(), llmc::Fp8Clip{});
+        bench::report_memory_bound("cast inp + transpose, counting clipping", bench::time_ms([&] {
+            llmc::fp8_cast(inp8.get(), inp8t.get(), scales.get(), clip.get(), inp.get(), l.BT, l.C, fp8::Format::E4M3,
+                           true, 0);
+        }), 4.0 * n);
     }
 }
 
@@ -286,8 +413,9 @@ int main(int argc, char** argv) {
     return bench::run_and_finish(argv[0], [&] {
         std::mt19937_64 rng(opts.seed + 1);
         llmc::MatmulContext ctx;
-        printf("version 1: llmc/kernels/fp8.cuh and the FP8 products of matmul.cuh\n");
-        check_cast(rng);
+        printf("llmc/kernels/fp8.cuh and the FP8 products of matmul.cuh\n");
+        check_cast(rng, 75, 53);
+        check_cast(rng, 200, 136);
         check_current_scale(rng);
         check_delayed_update();
         check_products(rng, ctx);

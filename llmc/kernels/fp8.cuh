@@ -64,15 +64,26 @@ __device__ inline void fp8_set_scale_from_amax(Fp8Scale& s, float amax, float la
 }
 
 // ---------------------------------------------------------------------------------------------
-// amax of a bf16 tensor into s->amax_now (max with what it holds).
+// amax of a bf16 tensor into s->amax_now (max with what it holds): 16-byte loads (8 elements) where
+// n is a multiple of 8 and x 16-byte aligned (`vec`), else one element at a time.
 
 constexpr int FP8_AMAX_THREADS = 512;
 
+template <bool vec>
 __global__ void __launch_bounds__(FP8_AMAX_THREADS) fp8_amax_kernel(Fp8Scale* s, const floatX* x, size_t n) {
     __shared__ float shared[WARP_SIZE];
     float m = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / x128::size; i += stride) {
+            const x128 v = load128cs(x + i * x128::size);
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) m = fmaxf(m, fabsf(__bfloat162float(v[k])));
+        }
+    } else {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+    }
     m = block_reduce_max(m, shared);
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->amax_now), __float_as_uint(m));
 }
@@ -86,8 +97,12 @@ __global__ void fp8_current_scale_kernel(Fp8Scale* s, float largest) {
 // s's scale from x's own amax: two small launches, no host synchronisation.
 inline void fp8_current_scale(Fp8Scale* s, const floatX* x, size_t n, fp8::Format f, cudaStream_t stream) {
     if (!s || !x || n == 0) fail("fp8_current_scale: a null scale or tensor, or an empty tensor");
-    const size_t blocks = std::min<size_t>(ceil_div(n, (size_t)FP8_AMAX_THREADS * 8), 1024);
-    LLMC_LAUNCH(fp8_amax_kernel, (unsigned)blocks, FP8_AMAX_THREADS, 0, stream)(s, x, n);
+    const bool vec = n % x128::size == 0 && (uintptr_t)x % 16 == 0;
+    const size_t blocks = std::min<size_t>(ceil_div(n, (size_t)FP8_AMAX_THREADS * 8 * 4), 1024);
+    if (vec)
+        LLMC_LAUNCH(fp8_amax_kernel<true>, (unsigned)blocks, FP8_AMAX_THREADS, 0, stream)(s, x, n);
+    else
+        LLMC_LAUNCH(fp8_amax_kernel<false>, (unsigned)blocks, FP8_AMAX_THREADS, 0, stream)(s, x, n);
     CUDA_CHECK_LAUNCH();
     LLMC_LAUNCH(fp8_current_scale_kernel, 1, 1, 0, stream)(s, fp8::info(f).largest);
     CUDA_CHECK_LAUNCH();
@@ -148,57 +163,106 @@ inline void fp8_step_amax_max(Fp8Scale* scales, const float* all, int tensors, i
 
 // ---------------------------------------------------------------------------------------------
 // The cast: q (rows x cols) = encode(x * scale), and qt (cols x rows) its transpose when given. A
-// block owns a 32 x 32 tile: its 32 x 8 threads read the tile row by row (coalesced), encode, keep
-// the codes in shared memory, and write the transpose row by row too (a 1-D block of 256 threads:
-// thread t is column t % 32 of rows t / 32, t / 32 + 8, ...). With record_amax the tile's
-// amax joins s->step_amax (delayed scaling measures as it casts); clip (optional) counts.
+// block of 256 threads owns a 64 x 64 tile. Reading, thread t takes 8 neighbouring elements of a
+// row (one 16-byte load; 8 threads a row, 32 rows a pass, 2 passes), encodes them, stores their 8
+// codes in one 8-byte store, and keeps them in shared memory. Writing the transpose, thread t
+// gathers 8 neighbouring codes of a tile column (8 rows) and stores them in one 8-byte store, 8
+// threads covering a 64-byte piece of a row of qt. Every global access is then at least 8 bytes
+// wide and coalesced. Shapes whose columns are not a multiple of 8, or unaligned pointers, take the
+// same path element by element (`vec` false). With record_amax the tile's amax joins
+// s->step_amax (delayed scaling measures as it casts); clip (optional) counts, with one atomic per
+// block and counter.
 
-constexpr int FP8_TILE = 32;
-constexpr int FP8_TILE_ROWS_PER_PASS = 8;
+constexpr int FP8_TILE = 64;
+constexpr int FP8_VEC = 8;                                   // elements a thread moves at once
+constexpr int FP8_CAST_THREADS = 256;
+constexpr int FP8_ROWS_PER_PASS = FP8_CAST_THREADS / (FP8_TILE / FP8_VEC);  // 32
 
-constexpr int FP8_CAST_THREADS = FP8_TILE * FP8_TILE_ROWS_PER_PASS;
+struct Fp8CastArgs {
+    uint8_t *q, *qt;
+    Fp8Scale* s;
+    Fp8Clip* clip;
+    const floatX* x;
+    int rows, cols;
+    __nv_fp8_interpretation_t format;
+    float largest;
+    bool record_amax;
+};
 
-__global__ void __launch_bounds__(FP8_CAST_THREADS)
-    fp8_cast_kernel(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const floatX* x, int rows, int cols,
-                    __nv_fp8_interpretation_t format, float largest, bool record_amax) {
-    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4];  // +4: the transposed reads fall in other banks
+template <bool vec>
+__global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_cast_kernel(Fp8CastArgs a) {
+    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 8];  // +8: a row's start moves by 2 banks
     __shared__ float shared[WARP_SIZE];
-    const int tx = threadIdx.x % FP8_TILE, ty = threadIdx.x / FP8_TILE;  // a 1-D block: block_reduce's shape
-    const int row0 = blockIdx.y * FP8_TILE, col0 = blockIdx.x * FP8_TILE;
-    const float scale = s->scale;
+    const int row0 = blockIdx.x * FP8_TILE, col0 = blockIdx.y * FP8_TILE;
+    const int chunk = threadIdx.x % (FP8_TILE / FP8_VEC), first_row = threadIdx.x / (FP8_TILE / FP8_VEC);
+    const float scale = a.s->scale;
     float amax = 0.0f;
-    unsigned overflows = 0, underflows = 0, elements = 0;
-    for (int r = ty; r < FP8_TILE; r += FP8_TILE_ROWS_PER_PASS) {
-        const int row = row0 + r, col = col0 + tx;
-        if (row >= rows || col >= cols) continue;
-        const float v = __bfloat162float(x[(size_t)row * cols + col]);
-        const float scaled = v * scale;
-        const uint8_t code = (uint8_t)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, format);
-        amax = fmaxf(amax, fabsf(v));
-        elements++;
-        overflows += fabsf(scaled) > largest;
-        underflows += scaled != 0.0f && (code & 0x7f) == 0;
-        q[(size_t)row * cols + col] = code;
-        tile[r][tx] = code;
-    }
-    if (qt) {
-        __syncthreads();
-        for (int c = ty; c < FP8_TILE; c += FP8_TILE_ROWS_PER_PASS) {
-            const int col = col0 + c, row = row0 + tx;
-            if (row < rows && col < cols) qt[(size_t)col * rows + row] = tile[tx][c];
+    unsigned overflows = 0, underflows = 0;
+    for (int r = first_row; r < FP8_TILE; r += FP8_ROWS_PER_PASS) {
+        const int row = row0 + r, col = col0 + chunk * FP8_VEC;
+        if (row >= a.rows || col >= a.cols) continue;
+        const size_t at = (size_t)row * a.cols + col;
+        float v[FP8_VEC];
+        const int n = vec ? FP8_VEC : min(FP8_VEC, a.cols - col);
+        if (vec) {
+            const x128 in = load128cs(a.x + at);
+#pragma unroll
+            for (int i = 0; i < FP8_VEC; i++) v[i] = __bfloat162float(in[i]);
+        } else {
+            for (int i = 0; i < n; i++) v[i] = __bfloat162float(a.x[at + i]);
+        }
+        uint8_t codes[FP8_VEC];
+#pragma unroll
+        for (int i = 0; i < FP8_VEC; i++) {
+            if (!vec && i >= n) break;
+            const float scaled = v[i] * scale;
+            codes[i] = (uint8_t)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, a.format);
+            amax = fmaxf(amax, fabsf(v[i]));
+            overflows += fabsf(scaled) > a.largest;
+            underflows += scaled != 0.0f && (codes[i] & 0x7f) == 0;
+            tile[r][chunk * FP8_VEC + i] = codes[i];
+        }
+        if (!a.q) continue;
+        if (vec) {
+            *reinterpret_cast<uint2*>(a.q + at) = *reinterpret_cast<const uint2*>(codes);
+        } else {
+            for (int i = 0; i < n; i++) a.q[at + i] = codes[i];
         }
     }
-    // One atomic per block and counter.
-    if (record_amax) {
-        amax = block_reduce_max(amax, shared);
-        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->step_amax), __float_as_uint(amax));
+    if (a.qt) {
+        __syncthreads();
+        // thread t: tile column t / 8 (+ 32 in the second pass), rows (t % 8) * 8 .. + 7
+        const int rchunk = threadIdx.x % (FP8_TILE / FP8_VEC);
+        for (int c = threadIdx.x / (FP8_TILE / FP8_VEC); c < FP8_TILE; c += FP8_ROWS_PER_PASS) {
+            const int col = col0 + c, row = row0 + rchunk * FP8_VEC;
+            if (col >= a.cols || row >= a.rows) continue;
+            uint8_t codes[FP8_VEC];
+#pragma unroll
+            for (int i = 0; i < FP8_VEC; i++) codes[i] = tile[rchunk * FP8_VEC + i][c];
+            const size_t at = (size_t)col * a.rows + row;
+            if (vec && row + FP8_VEC <= a.rows) {
+                *reinterpret_cast<uint2*>(a.qt + at) = *reinterpret_cast<const uint2*>(codes);
+            } else {
+                for (int i = 0; i < FP8_VEC && row + i < a.rows; i++) a.qt[at + i] = codes[i];
+            }
+        }
     }
-    if (clip) {
-        const float counts[3] = {(float)elements, (float)overflows, (float)underflows};
-        unsigned long long* targets[3] = {&clip->elements, &clip->overflows, &clip->underflows};
-        for (int i = 0; i < 3; i++) {
-            const float total = block_reduce_sum(counts[i], shared);  // at most 1024: exact in fp32
-            if (threadIdx.x == 0 && total > 0.0f) atomicAdd(targets[i], (unsigned long long)total);
+    if (a.record_amax) {
+        amax = block_reduce_max(amax, shared);
+        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&a.s->step_amax), __float_as_uint(amax));
+    }
+    if (a.clip) {
+        if (threadIdx.x == 0) {
+            const int tile_rows = min(FP8_TILE, a.rows - row0), tile_cols = min(FP8_TILE, a.cols - col0);
+            atomicAdd(&a.clip->elements, (unsigned long long)tile_rows * tile_cols);
+        }
+        if (__syncthreads_or(overflows | underflows)) {  // rare: clipping counted only where it happened
+            const float counts[2] = {(float)overflows, (float)underflows};  // at most 4096 a block: exact
+            unsigned long long* targets[2] = {&a.clip->overflows, &a.clip->underflows};
+            for (int i = 0; i < 2; i++) {
+                const float total = block_reduce_sum(counts[i], shared);
+                if (threadIdx.x == 0 && total > 0.0f) atomicAdd(targets[i], (unsigned long long)total);
+            }
         }
     }
 }
@@ -213,16 +277,20 @@ inline void fp8_clip_add(Fp8Clip* into, const Fp8Clip* from, cudaStream_t stream
 }
 
 // Casts x (rows x cols, bf16) to q, and its transpose to qt if qt is given, with s's scale; see
-// fp8_cast_kernel. clip may be null.
+// fp8_cast_kernel. q may be null where only the transpose is wanted; clip may be null.
 inline void fp8_cast(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const floatX* x, int rows, int cols,
                      fp8::Format f, bool record_amax, cudaStream_t stream) {
-    if (!q || !s || !x) fail("fp8_cast: q, the scale and x must be given");
+    if ((!q && !qt) || !s || !x) fail("fp8_cast: q or qt, the scale and x must be given");
     if (rows < 1 || cols < 1) fail(strformat("fp8_cast: %d x %d is empty", rows, cols));
-    const dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
-    if (grid.y > 65535) fail(strformat("fp8_cast: %d rows is too many (at most %d)", rows, 65535 * FP8_TILE));
-    LLMC_LAUNCH(fp8_cast_kernel, grid, FP8_CAST_THREADS, 0, stream)(q, qt, s, clip, x, rows, cols,
-                                                                   fp8_interpretation(f), fp8::info(f).largest,
-                                                                   record_amax);
+    const dim3 grid(ceil_div(rows, FP8_TILE), ceil_div(cols, FP8_TILE));
+    if (grid.y > 65535) fail(strformat("fp8_cast: %d columns is too many (at most %d)", cols, 65535 * FP8_TILE));
+    const auto aligned = [](const void* p, size_t to) { return p == nullptr || (uintptr_t)p % to == 0; };
+    const bool vec = cols % FP8_VEC == 0 && rows % FP8_VEC == 0 && aligned(x, 16) && aligned(q, 8) && aligned(qt, 8);
+    const Fp8CastArgs a{q, qt, s, clip, x, rows, cols, fp8_interpretation(f), fp8::info(f).largest, record_amax};
+    if (vec)
+        LLMC_LAUNCH(fp8_cast_kernel<true>, grid, FP8_CAST_THREADS, 0, stream)(a);
+    else
+        LLMC_LAUNCH(fp8_cast_kernel<false>, grid, FP8_CAST_THREADS, 0, stream)(a);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -3,7 +3,9 @@
 //
 // Off by default and then free: scope() returns at once. When on, each scope records a CUDA event
 // pair on the stream; the pairs are read only in collect(), after the caller has synchronised, so
-// timing never adds a synchronisation inside the step.
+// timing never adds a synchronisation inside the step. Phases nest, and a phase's time is its own:
+// a phase opened inside another (an FP8 product's casts inside the product) is taken out of the
+// outer one's, so the phases of a step add up to the step.
 #pragma once
 
 #include <map>
@@ -33,7 +35,7 @@ public:
     // Marks the start of a phase on `stream`; end() closes the most recent open phase.
     void begin(const char* phase, cudaStream_t stream) {
         if (!enabled_) return;
-        Record r{phase, event(), event()};
+        Record r{phase, event(), event(), open_.empty() ? NO_PARENT : open_.back()};
         CUDA_CHECK(cudaEventRecord(r.start, stream));
         records_.push_back(r);
         open_.push_back(records_.size() - 1);
@@ -47,13 +49,16 @@ public:
         open_.pop_back();
     }
 
-    // Adds every closed phase's milliseconds into `totals` (by phase name) and forgets them. The
-    // caller synchronises the stream first.
+    // Adds every closed phase's own milliseconds (less those of the phases inside it) into `totals`
+    // (by phase name) and forgets them. The caller synchronises the stream first.
     void collect(std::map<std::string, double>& totals) {
         for (auto& r : records_) {
             float ms = 0;
             CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
             totals[r.phase] += ms;
+            if (r.parent != NO_PARENT) totals[records_[r.parent].phase] -= ms;
+        }
+        for (auto& r : records_) {
             free_events_.push_back(r.start);
             free_events_.push_back(r.stop);
         }
@@ -62,9 +67,11 @@ public:
     }
 
 private:
+    static constexpr size_t NO_PARENT = (size_t)-1;
     struct Record {
         const char* phase;
         cudaEvent_t start, stop;
+        size_t parent;  // the phase open when this one began (its index in records_), or NO_PARENT
     };
     cudaEvent_t event() {
         if (!free_events_.empty()) {

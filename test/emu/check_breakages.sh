@@ -253,12 +253,12 @@ breakage cp-pp-batch-not-cut llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
 # 9. FP8 (llmc/kernels/fp8.cuh, matmul.cuh's FP8 products, the weights' casts once a step).
 breakage fp8-cast-transpose-barrier llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_cast: the transpose read from the tile before every thread has written its codes" \
-    '    if (qt) {
+    '    if (a.qt) {
         __syncthreads();' \
-    '    if (qt) {'
+    '    if (a.qt) {'
 breakage fp8-cast-no-saturation llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_cast: encoded without saturation (beyond the range becomes NaN, not the largest value)" \
-    '__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, format)' '__nv_cvt_float_to_fp8(scaled, __NV_NOSAT, format)'
+    '__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, a.format)' '__nv_cvt_float_to_fp8(scaled, __NV_NOSAT, a.format)'
 breakage fp8-product-wrong-scale llmc/kernels/matmul.cuh "bench fp8" \
     "FP8 products: B multiplied by A's inverse scale" \
     'g.b = b.data, g.b_type = b.type, g.b_scale = b.scale_inv;' 'g.b = b.data, g.b_type = b.type, g.b_scale = a.scale_inv;'

@@ -32,6 +32,7 @@
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/kernels/phase_timer.cuh"
 
 namespace llmc {
 
@@ -75,6 +76,8 @@ public:
     Fp8LinearsCUDA& operator=(Fp8LinearsCUDA&&) = default;
 
     bool enabled() const { return options_.enabled; }
+    // The model's phase timer: the casts' time counts as "fp8 amax" and "fp8 cast", not as their product's.
+    void time_casts_in(PhaseTimer* timer) { timer_ = timer; }
     // Training passes count clipping and measure delayed scaling's step amax; evaluations only cast.
     void set_recording(bool recording) { recording_ = recording; }
     // A whole-block recomputation casts the forward's inputs again (bitwise the same values): with
@@ -128,7 +131,7 @@ public:
         const Fp8Tensor grad{x.grad, CUDA_R_8F_E5M2, fp8_scale_inv(scale(l, p, FP8_GRAD))};
         const Fp8Tensor grad_t{x.grad_t, CUDA_R_8F_E5M2, grad.scale_inv};
         const Fp8Tensor weight_t = cast_weight(l, p, weight, OC, C, true, CastUse::Again).second;
-        cast(x.input, x.input_t, l, p, FP8_INPUT, inp, BT, C, CastUse::Again, s);
+        cast(nullptr, x.input_t, l, p, FP8_INPUT, inp, BT, C, CastUse::Again, s);  // the transpose is all it reads
         const Fp8Tensor input_t{x.input_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_INPUT))};
         matmul_backward_dinp_fp8(ctx, dinp, grad, weight_t, BT, C, OC, s);
         if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s);
@@ -292,15 +295,25 @@ private:
         Fp8Scale* sc = scale(l, p, o);
         const fp8::Format f = fp8_format(o);
         const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
-        if (measure && !delayed) fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+        if (measure && !delayed) {
+            PhaseScope phase(timer(), "fp8 amax", s);
+            fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+        }
+        PhaseScope phase(timer(), "fp8 cast", s);
         fp8_cast(q, qt, sc, clip, x, rows, cols, f, record_amax, s);
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
+    }
+
+    PhaseTimer& timer() {
+        static PhaseTimer off;  // never enabled
+        return timer_ ? *timer_ : off;
     }
 
     Fp8Options options_;
     int tensors_ = 0, C_ = 0;
     bool cache_weights_ = false;
     cudaStream_t stream_ = nullptr;
+    PhaseTimer* timer_ = nullptr;  // none: the casts are not timed
     bool recording_ = true, recomputing_ = false;
     bool primed_ = false;  // delayed scaling: every tensor has a scale from its history
     DeviceBuffer<Fp8Scale> scales_;

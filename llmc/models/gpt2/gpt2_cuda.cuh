@@ -436,6 +436,7 @@ public:
         const bool cache_fp8_weights = !engine_.plan().shards_parameters();
         fp8_ = Fp8LinearsCUDA(layout_.num_layers(), config_.channels, options_.fp8, cache_fp8_weights,
                               comm_.world_size(), stream_.get());
+        fp8_.time_casts_in(&timer_);
         engine_.attach_replicated_state(&fp8_);
         own_activation_bytes_ =
             acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() + DeviceMemory::scratch_bytes() +
