@@ -351,6 +351,7 @@ for stage in "${STAGES[@]}"; do
         ;;
     fp8)
         step check_fp8.log 45 dev/cuda/build/fp8 --check
+        step time_fp8.log 90 dev/cuda/build/fp8  # the products and casts timed (as in `kernels`)
         step test_gpt2_cuda_fp8.log 120 build/test_gpt2_cuda "FP8*"
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
         # tokens/s with and without FP8 in the same call (issue 28), each with its profile: the casts
