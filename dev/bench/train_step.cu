@@ -121,7 +121,8 @@ bool try_make(Run& run, const ModelConfig& c, int B, int T, const GPT2CUDAOption
 
 // One more step, timed phase by phase (so a little slower than the timed steps): each kind of kernel's
 // share, then each matrix product's rate, its FLOPs over its time. A block product of `in` x `out`
-// weights runs 2 rows in out FLOPs per layer forward (twice under -r 3, which redoes the forward)
+// weights runs 2 rows in out FLOPs per layer forward (twice under -r 3, which redoes the forward up
+// to the fc projection)
 // and twice that backward (input and weight gradients); the lm head once forward, once backward.
 void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
     run.model->enable_phase_timing(true);
@@ -151,7 +152,9 @@ void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
             const std::string name = std::string("matmul ") + p.name + (backward ? " backward" : "");
             if (!phases.count(name)) continue;
             const double layers = p.per_layer ? c.num_layers : 1;
-            const double passes = backward ? 2 : (p.per_layer && args.recompute == 3 ? 2 : 1);
+            // -r 3 recomputes every block product but the fc projection (the block's output)
+            const bool recomputed = p.per_layer && args.recompute == 3 && std::string(p.name) != "fcproj";
+            const double passes = backward ? 2 : (recomputed ? 2 : 1);
             const double tflops = 2 * rows * p.in * p.out * layers * passes / (phases[name] * 1e-3) / 1e12;
             printf("| %s | %.2f | %.0f | %.1f%% |\n", name.c_str() + 7, phases[name], tflops,
                    100 * tflops / args.peak_tflops);

@@ -251,6 +251,21 @@ inline bool check_same_bits(const char* what, const std::vector<T>& a, const std
                                                      sizeof(T) == 1 ? "bytes" : "elements"));
 }
 
+// A kernel run with an amax output (`run`, given where to put it): its outputs bitwise those of the
+// run without one (`without`), and the amax their largest |value|.
+template <typename Run>
+inline void check_amax(const char* what, const std::vector<float>& without, Run run) {
+    DeviceBuffer<float> amax(1, "amax");
+    CUDA_CHECK(cudaMemset(amax.get(), 0, sizeof(float)));
+    const std::vector<float> got = run(amax.get());
+    check_same_bits(llmc::strformat("%s with amax: the same outputs", what).c_str(), got, without);
+    float want = 0.0f;
+    for (float v : got) want = std::max(want, std::fabs(v));
+    const float measured = to_host(amax.get(), 1)[0];
+    report_check(llmc::strformat("%s: amax", what).c_str(), measured == want,
+                 llmc::strformat("%g, host %g", measured, want));
+}
+
 // ---- timing and floors ----
 
 // Median milliseconds of `repeats` runs of fn (after warm-ups), timed with CUDA events.

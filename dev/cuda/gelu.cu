@@ -1,13 +1,16 @@
 // dev/cuda/gelu.cu: GELU (tanh form) forward and backward on bf16 tensors, two ways:
 //
 //   1  one element per thread, 2-byte loads and stores
-//   2  llmc/gelu.cuh: eight elements per thread through 16-byte loads and stores, a scalar tail
+//   2  llmc/gelu.cuh: eight elements per thread through 16-byte loads and stores (a grid of at most
+//      4096 blocks, each thread taking a vector a grid apart), a scalar tail; optionally measuring
+//      the output's amax for FP8's current scaling
 //
 //   ./gelu [version] [--check] [--seed N]
 //
 // Checked against cpu::gelu_forward / cpu::gelu_backward (bf16 outputs: BF16_TOLERANCE) on the
 // GPT-2 124M fc activation (BT 8192 x 4C 3072 = 25.2M elements) and an odd length (7403: three
-// elements past the last 8-wide group); version 2 runs twice and must repeat its bits. Inputs are
+// elements past the last 8-wide group, which hold the largest output); version 2 runs twice and must
+// repeat its bits, and with an amax output gives the same bits and their exact amax. Inputs are
 // N(0, 2^2), so both tails of GELU are exercised. Timed on the 124M shape against DRAM bandwidth:
 // the forward reads and writes n bf16 values (4n bytes), the backward reads the gradient and the
 // pre-activation and writes the gradient back (6n bytes). Emulated (dev/emu/), the 124M shape is
@@ -79,8 +82,10 @@ void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
     const size_t n = s.n;
     printf(" %s: n %zu\n", s.name, n);
     if (bench::skip_when_emulated("n", (double)n)) return;
-    const std::vector<float> x = bench::random_bf16(n, rng, 2.0f);
-    const std::vector<float> d = bench::random_bf16(n, rng);
+    std::vector<float> x = bench::random_bf16(n, rng, 2.0f);
+    std::vector<float> d = bench::random_bf16(n, rng);
+    x.back() = 7.5f, d.back() = 9.0f;  // the largest output, forward and backward, in the ragged tail
+    x[0] = -3.0f, d[0] = 12.0f;         // the largest incoming gradient, whose result is small (GELU'(-3) ~ -0.01)
     std::vector<float> ref_out(n), ref_d = d;
     llmc::cpu::gelu_forward(ref_out.data(), x.data(), n);
     llmc::cpu::gelu_backward(ref_d.data(), x.data(), n);
@@ -112,6 +117,17 @@ void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
         // The widened copies compare the bf16 bits: widening keeps every bit.
         bench::check_same_bits("forward, run twice", out, run_forward());
         bench::check_same_bits("backward, run twice", grad, run_backward());
+        // FP8's current scaling: given `amax`, the same outputs, and their largest |value| measured
+        bench::check_amax("forward", out, [&](float* amax) {
+            bench::poison(d_out.get(), n);
+            llmc::gelu_forward(d_out.get(), d_x.get(), n, 0, amax);
+            return bench::to_host(d_out.get(), n);
+        });
+        bench::check_amax("backward", grad, [&](float* amax) {
+            CUDA_CHECK(cudaMemcpy(d_grad.get(), d_incoming.get(), n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+            llmc::gelu_backward_inplace(d_grad.get(), d_x.get(), n, 0, amax);
+            return bench::to_host(d_grad.get(), n);
+        });
     }
 }
 

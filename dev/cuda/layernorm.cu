@@ -212,6 +212,13 @@ void run_forward(int version, const Shape& shape, bool check_only, std::mt19937_
         bench::check_same_bits("forward out, run twice", bench::device_bytes(d_out.get(), NC), out_bits);
         bench::check_same_bits("forward mean, run twice", bench::device_bytes(d_mean.get(), N), mean_bits);
         bench::check_same_bits("forward rstd, run twice", bench::device_bytes(d_rstd.get(), N), rstd_bits);
+        // FP8's current scaling: given `amax`, the same output, and its largest |value| measured
+        bench::check_amax("forward", bench::to_host(d_out.get(), NC), [&](float* amax) {
+            bench::poison(d_out.get(), NC);
+            llmc::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_weight.get(),
+                                    d_bias.get(), N, C, 0, amax);
+            return bench::to_host(d_out.get(), NC);
+        });
     }
     if (check_only || !shape.timed) return;
     // Bytes: read inp, write out, write mean and rstd, read weight and bias.

@@ -154,6 +154,14 @@ __device__ inline float block_reduce_max(float x, float* shared) {
     return block_reduce<warp_reduce_max>(x, shared, -INFINITY);
 }
 
+// A kernel that writes a tensor and measures its largest |value| on the way (the amax FP8's current
+// scaling needs, kernels/fp8.cuh): the block's largest `m` joins *amax, one atomic per block
+// (atomicMax on the bits: non-negative floats order as their bits). Every thread of the block calls it.
+__device__ inline void block_amax_into(float* amax, float m, float* shared) {
+    m = block_reduce_max(m, shared);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stochastic rounding fp32 -> bf16: rounds up with probability equal to the discarded fraction, so
 // the bf16 weights are unbiased copies of the fp32 master weights. The random bits come from a hash

@@ -94,6 +94,12 @@ __global__ void fp8_current_scale_kernel(Fp8Scale* s, float largest) {
     s->amax_now = 0.0f;
 }
 
+// s's scale from the amax a kernel that wrote the tensor measured into s->amax_now (fused).
+inline void fp8_scale_from_amax(Fp8Scale* s, fp8::Format f, cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_current_scale_kernel, 1, 1, 0, stream)(s, fp8::info(f).largest);
+    CUDA_CHECK_LAUNCH();
+}
+
 // s's scale from x's own amax: two small launches, no host synchronisation.
 inline void fp8_current_scale(Fp8Scale* s, const floatX* x, size_t n, fp8::Format f, cudaStream_t stream) {
     if (!s || !x || n == 0) fail("fp8_current_scale: a null scale or tensor, or an empty tensor");
@@ -104,8 +110,7 @@ inline void fp8_current_scale(Fp8Scale* s, const floatX* x, size_t n, fp8::Forma
     else
         LLMC_LAUNCH(fp8_amax_kernel<false>, (unsigned)blocks, FP8_AMAX_THREADS, 0, stream)(s, x, n);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(fp8_current_scale_kernel, 1, 1, 0, stream)(s, fp8::info(f).largest);
-    CUDA_CHECK_LAUNCH();
+    fp8_scale_from_amax(s, f, stream);
 }
 
 // Delayed scaling at the end of a step, one thread per tensor (cpu::Fp8Linears::end_step): a

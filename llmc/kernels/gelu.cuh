@@ -9,6 +9,7 @@
 // unfused path and the definition the fused one is checked against.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -40,60 +41,83 @@ inline void gelu_check_arguments(const char* what, const void* a, const void* b)
 }
 
 constexpr int GELU_BLOCK_SIZE = 256;
+constexpr unsigned GELU_MAX_BLOCKS = 4096;  // enough to fill any GPU; each thread then takes several vectors
 
-// Thread i owns elements [8i, 8i + 8); the thread holding the ragged end (n % 8 != 0) goes
-// element by element.
-__global__ void __launch_bounds__(GELU_BLOCK_SIZE) gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
-    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) return;
-    if (i + x128::size <= n) {
-        const x128 x = load128cs(inp + i);  // read once; `out` feeds the next matmul, so it stays cached
-        x128 y;
+// Thread t owns elements [8t, 8t + 8) and every grid's worth after them; the thread holding the
+// ragged end (n % 8 != 0) goes element by element. Where `amax` is given (FP8's current scaling
+// measures the output for the product that reads it), the largest |output| joins *amax.
+__global__ void __launch_bounds__(GELU_BLOCK_SIZE)
+    gelu_forward_kernel(floatX* out, const floatX* inp, size_t n, float* amax) {
+    __shared__ float shared[WARP_SIZE];
+    float m = 0.0f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < n; i += stride) {
+        if (i + x128::size <= n) {
+            const x128 x = load128cs(inp + i);  // read once; `out` feeds the next matmul, so it stays cached
+            x128 y;
 #pragma unroll
-        for (int k = 0; k < x128::size; k++) y[k] = __float2bfloat16_rn(gelu_value(__bfloat162float(x[k])));
-        store128(out + i, y);
-    } else {
-        for (size_t j = i; j < n; j++) out[j] = __float2bfloat16_rn(gelu_value(__bfloat162float(inp[j])));
+            for (int k = 0; k < x128::size; k++) {
+                y[k] = __float2bfloat16_rn(gelu_value(__bfloat162float(x[k])));
+                m = fmaxf(m, fabsf(__bfloat162float(y[k])));
+            }
+            store128(out + i, y);
+        } else {
+            for (size_t j = i; j < n; j++) {
+                out[j] = __float2bfloat16_rn(gelu_value(__bfloat162float(inp[j])));
+                m = fmaxf(m, fabsf(__bfloat162float(out[j])));
+            }
+        }
     }
+    if (amax) block_amax_into(amax, m, shared);
 }
 
-// out = GELU(inp), n elements. out may equal inp (each element is read before it is written by the
-// same thread) but must not otherwise overlap it.
-inline void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+inline unsigned gelu_blocks(size_t n) {
+    return (unsigned)std::min<size_t>(ceil_div(n, (size_t)GELU_BLOCK_SIZE * x128::size), GELU_MAX_BLOCKS);
+}
+
+// out = GELU(inp), n elements; with `amax`, its largest |value| joins *amax. out may equal inp (each
+// element is read before it is written by the same thread) but must not otherwise overlap it.
+inline void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream, float* amax = nullptr) {
     if (n == 0) return;
     gelu_check_arguments("gelu_forward", out, inp);
-    const size_t blocks = ceil_div(n, (size_t)GELU_BLOCK_SIZE * x128::size);
-    if (blocks > 0x7fffffffu) fail(strformat("gelu_forward: n = %zu elements is too many for one launch", n));
-    LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)(out, inp, n);
+    LLMC_LAUNCH(gelu_forward_kernel, gelu_blocks(n), GELU_BLOCK_SIZE, 0, stream)(out, inp, n, amax);
     CUDA_CHECK_LAUNCH();
 }
 
 __global__ void __launch_bounds__(GELU_BLOCK_SIZE)
-    gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* pre_gelu, size_t n) {
-    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) return;
-    if (i + x128::size <= n) {
-        const x128 x = load128cs(pre_gelu + i);
-        x128 d = load128(d_in_out + i);
+    gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* pre_gelu, size_t n, float* amax) {
+    __shared__ float shared[WARP_SIZE];
+    float m = 0.0f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < n; i += stride) {
+        if (i + x128::size <= n) {
+            const x128 x = load128cs(pre_gelu + i);
+            x128 d = load128(d_in_out + i);
 #pragma unroll
-        for (int k = 0; k < x128::size; k++)
-            d[k] = __float2bfloat16_rn(__bfloat162float(d[k]) * gelu_derivative(__bfloat162float(x[k])));
-        store128(d_in_out + i, d);
-    } else {
-        for (size_t j = i; j < n; j++) {
-            const float d = __bfloat162float(d_in_out[j]);
-            d_in_out[j] = __float2bfloat16_rn(d * gelu_derivative(__bfloat162float(pre_gelu[j])));
+            for (int k = 0; k < x128::size; k++) {
+                d[k] = __float2bfloat16_rn(__bfloat162float(d[k]) * gelu_derivative(__bfloat162float(x[k])));
+                m = fmaxf(m, fabsf(__bfloat162float(d[k])));
+            }
+            store128(d_in_out + i, d);
+        } else {
+            for (size_t j = i; j < n; j++) {
+                const float d = __bfloat162float(d_in_out[j]);
+                d_in_out[j] = __float2bfloat16_rn(d * gelu_derivative(__bfloat162float(pre_gelu[j])));
+                m = fmaxf(m, fabsf(__bfloat162float(d_in_out[j])));
+            }
         }
     }
+    if (amax) block_amax_into(amax, m, shared);
 }
 
-// d_in_out *= GELU'(pre_gelu), n elements: the gradient of GELU's output in, of its input out.
-inline void gelu_backward_inplace(floatX* d_in_out, const floatX* pre_gelu, size_t n, cudaStream_t stream) {
+// d_in_out *= GELU'(pre_gelu), n elements: the gradient of GELU's output in, of its input out; with
+// `amax`, the result's largest |value| joins *amax.
+inline void gelu_backward_inplace(floatX* d_in_out, const floatX* pre_gelu, size_t n, cudaStream_t stream,
+                                  float* amax = nullptr) {
     if (n == 0) return;
     gelu_check_arguments("gelu_backward_inplace", d_in_out, pre_gelu);
-    const size_t blocks = ceil_div(n, (size_t)GELU_BLOCK_SIZE * x128::size);
-    if (blocks > 0x7fffffffu) fail(strformat("gelu_backward_inplace: n = %zu elements is too many for one launch", n));
-    LLMC_LAUNCH(gelu_backward_inplace_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)(d_in_out, pre_gelu, n);
+    LLMC_LAUNCH(gelu_backward_inplace_kernel, gelu_blocks(n), GELU_BLOCK_SIZE, 0,
+                stream)(d_in_out, pre_gelu, n, amax);
     CUDA_CHECK_LAUNCH();
 }
 

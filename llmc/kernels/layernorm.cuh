@@ -35,16 +35,15 @@ __device__ inline float layernorm_affine(float x, float mean, float rstd, float 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: out = (x - mean) * rstd * weight + bias, with mean and rstd saved per row.
+// Forward: out = (x - mean) * rstd * weight + bias, with mean and rstd saved per row. Where `amax`
+// is given (FP8's current scaling measures the output for the product that reads it), the block's
+// largest |output| joins *amax, one atomic per block of 8 rows.
 
 // The row's vectors held by one lane are chunks lane, lane + 32, ..., so a warp's loads are contiguous.
 template <int CHUNKS_PER_LANE>
-__global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
-    layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
-                             const floatX* bias, int N, int C) {
+__device__ inline float layernorm_forward_row(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                              const floatX* weight, const floatX* bias, int row, int C) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const int row = blockIdx.x * LAYERNORM_FORWARD_WARPS + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;  // the whole warp leaves together; nothing below synchronises the block
     const int chunks = C / x128::size;
     const floatX* x = inp + (size_t)row * C;
 
@@ -76,6 +75,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
     const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPS);
 
     floatX* o = out + (size_t)row * C;
+    float largest = 0.0f;
 #pragma unroll
     for (int k = 0; k < CHUNKS_PER_LANE; k++) {
         const int chunk = lane + k * WARP_SIZE;
@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
             for (int i = 0; i < x128::size; i++) {
                 result[i] = __float2bfloat16_rn(
                     layernorm_affine(__bfloat162float(xs[k][i]), m, s, __bfloat162float(w[i]), __bfloat162float(b[i])));
+                largest = fmaxf(largest, fabsf(__bfloat162float(result[i])));
             }
             store128(o + chunk * x128::size, result);
         }
@@ -95,15 +96,13 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
         mean[row] = m;
         rstd[row] = s;
     }
+    return largest;
 }
 
 // Rows wider than the registers hold: the same three passes, each reading the row again.
-__global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
-    layernorm_forward_streaming_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
-                                       const floatX* weight, const floatX* bias, int N, int C) {
+__device__ inline float layernorm_forward_streaming_row(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                                        const floatX* weight, const floatX* bias, int row, int C) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const int row = blockIdx.x * LAYERNORM_FORWARD_WARPS + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;
     const int chunks = C / x128::size;
     const floatX* x = inp + (size_t)row * C;
 
@@ -127,6 +126,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
     const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + LAYERNORM_EPS);
 
     floatX* o = out + (size_t)row * C;
+    float largest = 0.0f;
     for (int chunk = lane; chunk < chunks; chunk += WARP_SIZE) {
         const x128 xv = load128(x + chunk * x128::size);
         const x128 w = load128(weight + chunk * x128::size);
@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
         for (int i = 0; i < x128::size; i++) {
             result[i] = __float2bfloat16_rn(
                 layernorm_affine(__bfloat162float(xv[i]), m, s, __bfloat162float(w[i]), __bfloat162float(b[i])));
+            largest = fmaxf(largest, fabsf(__bfloat162float(result[i])));
         }
         store128(o + chunk * x128::size, result);
     }
@@ -143,18 +144,38 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
         mean[row] = m;
         rstd[row] = s;
     }
+    return largest;
 }
 
+// One warp per row (CHUNKS_PER_LANE 0: the streaming rows); rows past N take part only in the
+// block's amax.
+template <int CHUNKS_PER_LANE>
+__global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE)
+    layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                             const floatX* bias, int N, int C, float* amax) {
+    __shared__ float shared[WARP_SIZE];
+    const int row = blockIdx.x * LAYERNORM_FORWARD_WARPS + threadIdx.x / WARP_SIZE;
+    float largest = 0.0f;
+    if (row < N) {
+        if constexpr (CHUNKS_PER_LANE > 0)
+            largest = layernorm_forward_row<CHUNKS_PER_LANE>(out, mean, rstd, inp, weight, bias, row, C);
+        else
+            largest = layernorm_forward_streaming_row(out, mean, rstd, inp, weight, bias, row, C);
+    }
+    if (amax) block_amax_into(amax, largest, shared);
+}
+
+// With `amax`, the output's largest |value| joins *amax (FP8's current scaling).
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
-                              const floatX* bias, int N, int C, cudaStream_t stream) {
+                              const floatX* bias, int N, int C, cudaStream_t stream, float* amax = nullptr) {
     layernorm_check_shape(N, C, "layernorm_forward");
     const int blocks = ceil_div(N, LAYERNORM_FORWARD_WARPS);
     const int threads = LAYERNORM_FORWARD_WARPS * WARP_SIZE;
     auto launch = [&](auto kernel) {
-        LLMC_LAUNCH(kernel, blocks, threads, 0, stream)(out, mean, rstd, inp, weight, bias, N, C);
+        LLMC_LAUNCH(kernel, blocks, threads, 0, stream)(out, mean, rstd, inp, weight, bias, N, C, amax);
         CUDA_CHECK_LAUNCH();
     };
-    switch (ceil_div(C / x128::size, WARP_SIZE)) {
+    switch (ceil_div(C / x128::size, WARP_SIZE)) {  // 0: the streaming rows
         case 1: launch(layernorm_forward_kernel<1>); break;
         case 2: launch(layernorm_forward_kernel<2>); break;
         case 3: launch(layernorm_forward_kernel<3>); break;
@@ -163,7 +184,7 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
         case 6: launch(layernorm_forward_kernel<6>); break;
         case 7: launch(layernorm_forward_kernel<7>); break;
         case 8: launch(layernorm_forward_kernel<8>); break;
-        default: launch(layernorm_forward_streaming_kernel); break;
+        default: launch(layernorm_forward_kernel<0>); break;
     }
     static_assert(LAYERNORM_MAX_CHUNKS_PER_LANE == 8, "the switch above instantiates 1..8");
 }

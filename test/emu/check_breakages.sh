@@ -289,6 +289,18 @@ breakage fp8-weights-stale-after-set llmc/dist/zero.h "gpt2" \
 
     // Writes every master weight'
 
+breakage fp8-fused-amax-gelu-backward llmc/kernels/gelu.cuh "bench gelu" \
+    "gelu_backward_inplace: the fc gradient's amax measured from the incoming gradient, not the result the cast reads" \
+    '                m = fmaxf(m, fabsf(__bfloat162float(d[k])));
+            }
+            store128(d_in_out + i, d);' \
+    '            }
+            for (int k = 0; k < x128::size; k++) m = fmaxf(m, fabsf(__bfloat162float(load128(d_in_out + i)[k])));
+            store128(d_in_out + i, d);'
+breakage fp8-fused-amax-layernorm-missing llmc/kernels/layernorm.cuh "bench layernorm" \
+    "layernorm_forward: the amax asked for never measured" \
+    '    if (amax) block_amax_into(amax, largest, shared);' ''
+
 # 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
     "moe_route_kernel: ties in the top-K go to the higher expert index, not the lower" \

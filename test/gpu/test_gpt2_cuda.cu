@@ -461,6 +461,35 @@ TEST_CASE("FP8: recomputation 1-3 give bitwise equal gradients, and the memory p
     }
 }
 
+TEST_CASE("FP8: amax measured by the kernels that write the operands gives the step its own passes give") {
+    // LayerNorm (the qkv and fc inputs), GELU (the fc projection's input, -r 1-3) and GELU's
+    // backward (the fc product's output gradient) measure as they write: the same scales, so the
+    // same codes and bitwise the same gradients, with 4 passes a layer fewer of the 12 current
+    // scaling makes in a step (4 inputs, 4 gradients, 4 weights); 3 at -r 0, where GELU is
+    // cuBLASLt's epilogue, which cannot measure.
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 5);
+    const int B = 2, T = 32;
+    const Batch batch = random_batch(c, B, T, 3);
+    for (Recompute r : {Recompute::None, Recompute::Gelu, Recompute::Block}) {
+        std::vector<float> grads[2];
+        uint64_t passes[2];
+        for (bool fused : {false, true}) {
+            GPT2CUDA gpu(c, B, T, fp8_options(r));
+            gpu.set_fp8_fused_amax(fused);
+            gpu.set_master_weights(weights.data());
+            gpu.zero_grad();
+            gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+            grads[fused] = grads_of(gpu);
+            passes[fused] = gpu.fp8_amax_passes();
+        }
+        INFO("recompute " << (int)r);
+        CHECK(grads[1] == grads[0]);
+        CHECK(passes[0] == (uint64_t)12 * c.num_layers);
+        CHECK(passes[1] == (uint64_t)(r == Recompute::None ? 9 : 8) * c.num_layers);
+    }
+}
+
 TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parameters change") {
     const ModelConfig c = test_config();
     const int B = 2, T = 64;

@@ -108,6 +108,22 @@ public:
     }
     // Weight casts so far (one per weight and step when cached), for the tests.
     uint64_t weight_casts() const { return weight_casts_; }
+    // For the tests: amax passes of their own so far, and fused_amax turned off (every cast that
+    // measures then makes a pass).
+    uint64_t amax_passes() const { return amax_passes_; }
+    void set_fused_amax(bool on) { fuse_amax_ = on; }
+
+    // Where the kernel that writes product p's operand o of layer l (LayerNorm, GELU, GELU's
+    // backward) measures the operand's amax as it writes it, so that its cast needs no pass of its
+    // own: a pointer for that kernel where the cast will measure (current scaling, delayed before its
+    // first step's end; not a recomputation, whose casts keep the forward's scales), else null. A
+    // kernel given the pointer must run, and the cast must follow, before the next one is asked for.
+    float* fused_amax(int l, Fp8Product p, Fp8Operand o) {
+        if (!enabled() || !fuse_amax_ || recomputing_ || (options_.scaling == Fp8Scaling::Delayed && primed_))
+            return nullptr;
+        premeasured_ = scale(l, p, o);
+        return &premeasured_->amax_now;
+    }
 
     // out (BT x OC) = inp W^T + bias (+ residual), or GELU into out with pre_gelu, as matmul_forward.
     void forward(MatmulContext& ctx, const Fp8Scratch& x, int l, Fp8Product p, floatX* out, floatX* pre_gelu,
@@ -134,7 +150,8 @@ public:
         cast(nullptr, x.input_t, l, p, FP8_INPUT, inp, BT, C, CastUse::Again, s);  // the transpose is all it reads
         const Fp8Tensor input_t{x.input_t, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_INPUT))};
         matmul_backward_dinp_fp8(ctx, dinp, grad, weight_t, BT, C, OC, s);
-        if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s);
+        if (pre_gelu)  // dinp is then the gradient of the fc product's output, which its backward casts next
+            gelu_backward_inplace(dinp, pre_gelu, (size_t)BT * C, s, fused_amax(l, FP8_FC, FP8_GRAD));
         matmul_backward_dweight_fp8(ctx, dweight, grad_t, input_t, BT, C, OC, s);
     }
 
@@ -297,8 +314,14 @@ private:
         const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
         if (measure && !delayed) {
             PhaseScope phase(timer(), "fp8 amax", s);
-            fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+            if (premeasured_ == sc) {
+                fp8_scale_from_amax(sc, f, s);  // its producer measured it (fused_amax)
+            } else {
+                fp8_current_scale(sc, x, (size_t)rows * cols, f, s);
+                amax_passes_++;
+            }
         }
+        if (premeasured_ == sc) premeasured_ = nullptr;
         PhaseScope phase(timer(), "fp8 cast", s);
         fp8_cast(q, qt, sc, clip, x, rows, cols, f, record_amax, s);
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
@@ -316,6 +339,8 @@ private:
     PhaseTimer* timer_ = nullptr;  // none: the casts are not timed
     bool recording_ = true, recomputing_ = false;
     bool primed_ = false;  // delayed scaling: every tensor has a scale from its history
+    bool fuse_amax_ = true;
+    Fp8Scale* premeasured_ = nullptr;  // the scale whose amax a producing kernel measured (fused_amax)
     DeviceBuffer<Fp8Scale> scales_;
     DeviceBuffer<float> histories_, largest_, step_amaxes_;
     DeviceBuffer<Fp8Clip> clips_;
@@ -325,7 +350,7 @@ private:
     DeviceBuffer<uint8_t> weights_, weights_t_;
     DeviceBuffer<Fp8Clip> weight_clips_;
     std::vector<uint64_t> cast_epoch_;
-    uint64_t epoch_ = 1, params_version_ = 0, weight_casts_ = 0;
+    uint64_t epoch_ = 1, params_version_ = 0, weight_casts_ = 0, amax_passes_ = 0;
 };
 
 }  // namespace llmc

@@ -616,6 +616,8 @@ public:
     Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
     // The FP8 weight casts so far (fp8_linears.cuh), for the tests.
     uint64_t fp8_weight_casts() const { return fp8_.weight_casts(); }
+    uint64_t fp8_amax_passes() const { return fp8_.amax_passes(); }
+    void set_fp8_fused_amax(bool on) { fp8_.set_fused_amax(on); }
 
     RouterStats take_router_stats() override { return router_stats_.take(); }
 
@@ -832,7 +834,7 @@ private:
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_forward(a.ln1.at(l), a.ln1_mean.at(l), a.ln1_rstd.at(l), residual, param(P::LN1W, l),
-                              param(P::LN1B, l), n, C, s);
+                              param(P::LN1B, l), n, C, s, fp8_fused_amax(l, FP8_QKV, FP8_INPUT));
         }
         const floatX* ln1 = gather_rows(a.ln1.at(l), a.full, BT, C);
         {
@@ -845,8 +847,9 @@ private:
                              param(P::ATTPROJB, l), residual, BT, Cl, C);
         {
             PhaseScope phase(timer_, "layernorm", s);
+            float* amax = layout_.has(P::FCW, l) ? fp8_fused_amax(l, FP8_FC, FP8_INPUT) : nullptr;
             layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
-                              param(P::LN2B, l), n, C, s);
+                              param(P::LN2B, l), n, C, s, amax);
         }
         mlp_forward(a, l, BT, for_backward);
     }
@@ -873,7 +876,8 @@ private:
                                BT, C, 4 * Cl);
             }
             PhaseScope phase(timer_, "gelu", s);
-            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
+            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s,
+                         for_backward ? nullptr : fp8_fused_amax(l, FP8_FCPROJ, FP8_INPUT));
         }
         if (for_backward) return;
         if (dense)
@@ -941,6 +945,12 @@ private:
             {"matmul qkv", "matmul attproj", "matmul fc", "matmul fcproj"},
             {"matmul qkv backward", "matmul attproj backward", "matmul fc backward", "matmul fcproj backward"}};
         return names[backward][product];
+    }
+
+    // Where the kernel writing block l's product's operand measures its amax for the FP8 cast that
+    // follows (Fp8LinearsCUDA::fused_amax), else null (bf16, or a product cut over tensor ranks).
+    float* fp8_fused_amax(int l, Fp8Product product, Fp8Operand operand) {
+        return tp_.size == 1 ? fp8_.fused_amax(l, product, operand) : nullptr;
     }
 
     // Block l's product `product` (matmul_forward's arguments): in bf16, or in FP8 (--fp8).
