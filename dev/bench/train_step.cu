@@ -122,8 +122,8 @@ bool try_make(Run& run, const ModelConfig& c, int B, int T, const GPT2CUDAOption
 // One more step, timed phase by phase (so a little slower than the timed steps): each kind of kernel's
 // share, then each matrix product's rate, its FLOPs over its time. A block product of `in` x `out`
 // weights runs 2 rows in out FLOPs per layer forward (twice under -r 3, which redoes the forward up
-// to the fc projection)
-// and twice that backward (input and weight gradients); the lm head once forward, once backward.
+// to the fc projection) and twice that backward (input and weight gradients); the lm head once
+// forward, once backward.
 void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
     run.model->enable_phase_timing(true);
     one_step(run, B, args.T, 2 + args.warmup + args.steps);
