@@ -134,25 +134,33 @@ inline double fp8_peak_tflops(const RunConfig& c, const Topology& t) { return c.
 // kernels (2 LayerNorms and 2 residual adds on the rank's rows, the MLP activation on its columns).
 struct LayerForward {
     Kernel matmul, attention, elementwise, gelu, layernorm;
-    Kernel fp8_forward_casts, fp8_backward_casts;  // --fp8 only (kernels/fp8.cuh)
+    Kernel fp8_forward_casts, fp8_backward_casts, fp8_recompute_casts;  // --fp8 only (kernels/fp8.cuh)
 };
 
-// --fp8's casts of one layer on one tensor rank: each product's input (forward) and output gradient
-// (backward) read in bf16 and written in FP8 twice (the row-major copy and its transpose), read once
-// more for its amax under current scaling; the weights likewise, once a step under ZeRO 0-2 (the
-// model keeps their FP8 copies, fp8_linears.cuh: a micro-batch pays 1 / grad_accum_steps of it),
-// at every micro-batch under ZeRO-3 (a rank holds a layer's weights only while they are gathered).
+// --fp8's casts of one layer on one tensor rank, in bytes moved, as fp8_linears.cuh makes them: a cast
+// reads bf16 (2 bytes an element) and writes FP8 (1) once, or twice with the transpose a backward
+// product reads; current scaling reads the tensor once more for its amax, except where the kernel
+// writing it measures it (one rank: LayerNorm for the qkv and fc inputs, GELU at -r 1-3 for the fc
+// projection's, GELU's backward for the fc gradient). The forward casts each product's input; the
+// backward casts it again with the forward's scale (the transpose only) and the output gradient
+// (both copies); -r 3's recomputation casts the inputs up to the fc projection again (one copy, the
+// forward's scales). The weights (both copies) are cast once a step under ZeRO 0-2 (a micro-batch
+// pays 1 / grad_accum_steps of it), at every micro-batch under ZeRO-3 (a rank holds a layer's
+// weights only while they are gathered).
 inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig& c) {
     if (!c.fp8) return;
     const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden * (s.swiglu ? 2.0 : 1.0);
-    const double per_element = 2 + 2 + (c.fp8_scaling == "current" ? 2 : 0);
-    const double qkv_out = C + 2.0 * C * s.kv_heads / s.heads;
+    const double amax = c.fp8_scaling == "current" ? 2 : 0;
+    const bool fused = tp == 1 && !s.swiglu;
+    const double qkv_out = C + 2.0 * C * s.kv_heads / s.heads, fcproj_in = n * s.ffn_hidden / tp;
+    const double inputs = n * (C + C / tp + C) + fcproj_in;  // qkv, attention projection, fc, fc projection
+    const double inputs_measured = fused ? n * C / tp + (c.recompute == 0 ? fcproj_in : 0) : inputs;
+    const double grads = n * (qkv_out / tp + C + F / tp + C), grads_measured = fused ? grads - n * F / tp : grads;
     const double weight_casts_per_micro_batch = c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps;
-    const double inputs = n * (C + C / tp + C + s.ffn_hidden / tp),
-                 weights = weight_casts_per_micro_batch * s.layer_matmul_params() / tp;
-    const double grads = n * (qkv_out / tp + C + F / tp + C);
-    f.fp8_forward_casts = {0, per_element * (inputs + weights)};
-    f.fp8_backward_casts = {0, per_element * grads};
+    const double weights = weight_casts_per_micro_batch * s.layer_matmul_params() / tp;
+    f.fp8_forward_casts = {0, 3 * inputs + amax * inputs_measured + (4 + amax) * weights};
+    f.fp8_backward_casts = {0, 3 * inputs + 4 * grads + amax * grads_measured};
+    f.fp8_recompute_casts = {0, 3 * (inputs - fcproj_in)};
 }
 // A layer's forward; `moe`: one with experts, whose MLP runs (top_k + shared) rows per token and
 // reads the weights of the experts the rank holds (experts / ep, and the shared one), plus the router.
@@ -224,6 +232,7 @@ inline MicroBatchWork layer_work(const ModelShape& s, const RunConfig& c, const 
     const bool fp8 = detail::fp8_peak_tflops(c, t) > 0;
     const double casts_fwd = fp8 ? kernel_s(f.fp8_forward_casts, 1, t) : 0;
     const double casts_bwd = fp8 ? kernel_s(f.fp8_backward_casts, 1, t) : 0;
+    const double casts_recompute = fp8 ? kernel_s(f.fp8_recompute_casts, 1, t) : 0;
     const double layer_fwd = matmul + attn + elementwise + gelu + ln + casts_fwd;
     const detail::LayerTp tp = detail::layer_tp(s, c, tp_link(c, t));
     MicroBatchWork w;
@@ -233,7 +242,7 @@ inline MicroBatchWork layer_work(const ModelShape& s, const RunConfig& c, const 
     w.tp_exposed_s = tp.forward_s + tp.backward_exposed_s + std::max(0.0, tp.backward_overlapped_s - matmul);
     w.cp_exposed_s = detail::layer_cp_exposed_s(c, attn, cp_link(c, t));
     w.ep_exposed_s = moe ? detail::layer_ep_s(s, c, t) : 0;
-    const double recompute[] = {0, gelu, gelu + ln, layer_fwd + tp.forward_s};
+    const double recompute[] = {0, gelu, gelu + ln, layer_fwd - casts_fwd + casts_recompute + tp.forward_s};
     w.recompute_s = recompute[c.recompute];
     w.recompute_flops = c.recompute == 3 ? w.forward_flops : 0;
     return w;

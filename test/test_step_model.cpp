@@ -312,25 +312,38 @@ TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, an
     const StepEstimate bf16 = estimate_step(s, c, h100, fpt);
     c.fp8 = 1;
     const StepEstimate fp8 = estimate_step(s, c, h100, fpt);
-    // The products take half the time (1979 against 989 TFLOP/s); the casts (6 bytes an element under current scaling) give
-    // part of it back.
+    // The products take half the time (1979 against 989 TFLOP/s); the casts give part of it back. In
+    // bytes, each a read of 2 bytes and writes of 1 or 2: the inputs (3C + F an element of a row)
+    // forward, row-major, and backward, transposed: 3 + 3; the gradients (3C + C + F + C) both
+    // copies: 4; the weights both copies once a step: 4; current scaling's amax, 2, except where
+    // LayerNorm (2C) and GELU's backward (F) measure (-r 0: GELU is cuBLASLt's epilogue).
     const double rows = 16.0 * 1024, C = 1600, F = 6400, L = 48, m = c.grad_accum_steps;
     const double product_flops = 3 * 2 * rows * s.layer_matmul_params() * L * m;  // forward + 2 backward
     const double halved = product_flops / (989e12 * h100.matmul_efficiency) - product_flops / (1979e12 * h100.matmul_efficiency);
-    const double elements = rows * (3 * C + F) + s.layer_matmul_params() + rows * (3 * C + C + F + C);
-    const double casts = 6 * elements * L * m / (3350e9 * h100.memory_efficiency);
+    const double inputs = rows * (3 * C + F), grads = rows * (3 * C + C + F + C), weights = s.layer_matmul_params() / m;
+    const double measured = rows * (C + F) + rows * (3 * C + C + C) + weights;
+    auto cast_s = [&](double bytes) { return bytes * L * m / (3350e9 * h100.memory_efficiency); };
+    const double casts = cast_s(6 * inputs + 4 * grads + 4 * weights + 2 * measured);
     CHECK(fp8.compute_s == Approx(bf16.compute_s - halved + casts).epsilon(1e-6));
     CHECK(fp8.compute_s < bf16.compute_s);
     // The weights are cast once a step (ZeRO 0-2): 4 micro-batches pay them once, ZeRO-3 four times.
     RunConfig accum = resolved("d48", 16, 1, 1, 16, 1024, 1024);
     accum.fp8 = 1;
     REQUIRE(accum.grad_accum_steps == 4);
-    const double weight_cast_s = 6 * s.layer_matmul_params() * L / (3350e9 * h100.memory_efficiency);
+    const double weight_cast_s = 6 * s.layer_matmul_params() * L / (3350e9 * h100.memory_efficiency);  // with its amax
     const StepEstimate z1 = estimate_step(s, accum, h100, fpt);
     accum.zero_stage = 3;
     CHECK(estimate_step(s, accum, h100, fpt).compute_s == Approx(z1.compute_s + 3 * weight_cast_s).epsilon(1e-6));
-    c.fp8_scaling = "delayed";  // no amax pass: 4 bytes an element
-    CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(bf16.compute_s - halved + casts * 4 / 6).epsilon(1e-6));
+    c.fp8_scaling = "delayed";  // no amax pass
+    const double delayed_casts = cast_s(6 * inputs + 4 * grads + 4 * weights);
+    CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(bf16.compute_s - halved + delayed_casts).epsilon(1e-6));
+    // At -r 1 GELU is a kernel of its own, which measures the fc projection's input: F less of the amax
+    c.recompute = 1;
+    const StepEstimate r1 = estimate_step(s, c, h100, fpt);
+    c.fp8_scaling = "current";
+    const double gelu_measures = cast_s(2 * rows * F);
+    CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(r1.compute_s + casts - delayed_casts - gelu_measures).epsilon(1e-6));
+    c.recompute = 0;
     // MFU: the products' FLOPs against 1979, the rest against 989.
     const double fp8_fpt = 6 * s.layer_matmul_params() * L;
     CHECK(fp8.mfu == Approx(fp8.tokens_per_s_per_gpu * ((fpt - fp8_fpt) / 989e12 + fp8_fpt / 1979e12)));
