@@ -352,6 +352,9 @@ for stage in "${STAGES[@]}"; do
     fp8)
         step check_fp8.log 45 dev/cuda/build/fp8 --check
         step time_fp8.log 90 dev/cuda/build/fp8  # the products and casts timed (as in `kernels`)
+        for b in gelu layernorm; do  # the kernels that measure their outputs' amax for the casts
+            step "check_$b.log" 45 "dev/cuda/build/$b" --check
+        done
         step test_gpt2_cuda_fp8.log 120 build/test_gpt2_cuda "FP8*"
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
         # tokens/s with and without FP8 in the same call (issue 28), each with its profile: the casts
