@@ -16,6 +16,7 @@
 #endif
 #include "llmc/dist/process_groups.h"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/models/cpu_backend.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
@@ -102,6 +103,9 @@ int run_cuda_test(int argc, char** argv, const char* name, Body body) {
         finalize_launch(launch);
         return status;
     }
+    // The CPU references share the node's cores out among the ranks, as train_gpt_cpu's do: a thread
+    // per core in each of 4 ranks (spinning, by default) slowed test_cp_cuda's CPU runs past its budget.
+    set_threads_per_rank(launch);
     try {
         std::unique_ptr<Communicator> comm = make_host_communicator(launch);
         const char* timeout = getenv("LLMC_TEST_COMM_TIMEOUT_S");
