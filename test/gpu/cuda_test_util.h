@@ -4,14 +4,19 @@
 // trains for itself, and the same-on-every-rank check.
 #pragma once
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "llmc/dist/bootstrap.h"
+#ifndef LLMC_NO_MPI
+#include "llmc/dist/heartbeat.h"
+#endif
 #include "llmc/dist/process_groups.h"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/models/cpu_backend.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
@@ -84,8 +89,11 @@ inline GPT2CUDA& make_planned_model(BuiltModel& built, const RunConfig& cfg, con
 }
 
 // The main() of a CUDA multi-rank test: the launch; where there is no GPU, its exit status (0, or 3
-// in a GPU session); else body(comm, argc, argv) with the world's host communicator (300 s
-// timeouts), an exception from it a failure (check), then the launch finalized.
+// in a GPU session); else body(comm, argc, argv) with the world's host communicator, an exception
+// from it a failure (check), then the launch finalized. Its collectives time out after
+// LLMC_TEST_COMM_TIMEOUT_S (300 s by default; a GPU session's step budget may be shorter), and, as
+// in train_gpt, a heartbeat lets a timeout name the ranks missing and a SIGTERM (timeout, mpirun)
+// print each rank's last operations (flight_recorder.h), so a hang says where it is.
 template <typename Body>
 int run_cuda_test(int argc, char** argv, const char* name, Body body) {
     launch = bootstrap_launch(&argc, &argv);
@@ -95,9 +103,20 @@ int run_cuda_test(int argc, char** argv, const char* name, Body body) {
         finalize_launch(launch);
         return status;
     }
+    // The CPU references share the node's cores out among the ranks, as train_gpt_cpu's do: a thread
+    // per core in each of 4 ranks (spinning, by default) slowed test_cp_cuda's CPU runs past its budget.
+    set_threads_per_rank(launch);
     try {
         std::unique_ptr<Communicator> comm = make_host_communicator(launch);
-        comm->timeout_s = 300;
+        const char* timeout = getenv("LLMC_TEST_COMM_TIMEOUT_S");
+        comm->timeout_s = timeout ? std::atof(timeout) : 300;
+#ifndef LLMC_NO_MPI
+        std::unique_ptr<Heartbeat> heartbeat;
+        if (launch.world_size > 1) {
+            heartbeat = std::make_unique<Heartbeat>(0.5, 5);
+            install_termination_report();
+        }
+#endif
         body(*comm, argc, argv);
     } catch (const std::exception& e) {
         check(false, e.what());

@@ -29,6 +29,7 @@ gpu_checks() {
         echo "$name: no mpirun: skipped"; exit 0
     fi
     if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+    export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # a spinning idle OpenMP thread takes a rank's core
     dir=$(mktemp -d)
     trap 'rm -rf "$dir"' EXIT
 }
