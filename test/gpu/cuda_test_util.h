@@ -110,6 +110,8 @@ int run_cuda_test(int argc, char** argv, const char* name, Body body) {
         std::unique_ptr<Communicator> comm = make_host_communicator(launch);
         const char* timeout = getenv("LLMC_TEST_COMM_TIMEOUT_S");
         comm->timeout_s = timeout ? std::atof(timeout) : 300;
+        if (!(comm->timeout_s > 0))
+            fail(strformat("LLMC_TEST_COMM_TIMEOUT_S=%s: expected a positive number of seconds", timeout));
 #ifndef LLMC_NO_MPI
         std::unique_ptr<Heartbeat> heartbeat;
         if (launch.world_size > 1) {
