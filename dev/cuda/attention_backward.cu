@@ -258,6 +258,14 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             CUDA_CHECK(cudaDeviceSynchronize());
             // The widened copies compare the bf16 bits: widening keeps every bit.
             bench::check_same_bits("dqkv, run twice", bench::to_host(dqkv2_d.get(), qkv_n), dqkv);
+            // FP8's current scaling: given `amax`, the same dqkv, and its largest |value| measured
+            // (dq by one kernel, dk and dv by the other)
+            bench::check_amax("dqkv", dqkv, [&](float* amax) {
+                bench::poison(dqkv2_d.get(), qkv_n);
+                llmc::attention_backward(dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(),
+                                         lse_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
+                return bench::to_host(dqkv2_d.get(), qkv_n);
+            });
             check_pair_path(dqkv, dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s);
         }
         if (!opt.check_only) {

@@ -193,6 +193,12 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             CUDA_CHECK(cudaDeviceSynchronize());
             bench::check_same_bits("out, as one causal pair", bench::to_host(out2_d.get(), out_n), out);
             bench::check_same_bits("lse, as one causal pair", bench::to_host(lse2_d.get(), lse_n), lse);
+            // FP8's current scaling: given `amax`, the same out, and its largest |value| measured
+            bench::check_amax("out", out, [&](float* amax) {
+                bench::poison(out2_d.get(), out_n);
+                llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
+                return bench::to_host(out2_d.get(), out_n);
+            });
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms(

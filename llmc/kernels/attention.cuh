@@ -237,8 +237,9 @@ __device__ inline void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N /
 // call, or a ring pair's forward output); an fp32 dst is added to (a ring pair's gradients, summed
 // over the pairs in fp32: each element belongs to one thread, so the sum is in launch order).
 template <int HS, typename OutT>
-__device__ inline void write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0, int T,
-                                  int lane) {
+__device__ inline float write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0, int T,
+                                   int lane) {
+    float largest = 0.0f;  // of the bf16 values stored (FP8's amax of the attention output)
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int row = row0 + lane / 4 + 8 * half;
@@ -253,10 +254,13 @@ __device__ inline void write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 
                 sum.y += hi;
             } else {
                 static_assert(std::is_same_v<OutT, floatX>, "bf16 or fp32 rows");
-                *reinterpret_cast<__nv_bfloat162*>(p + n * 8) = __floats2bfloat162_rn(lo, hi);
+                const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+                *reinterpret_cast<__nv_bfloat162*>(p + n * 8) = v;
+                largest = fmaxf(largest, fmaxf(fabsf(__low2float(v)), fabsf(__high2float(v))));
             }
         }
     }
+    return largest;
 }
 
 // Starts copying rows row0..row0+ROWS-1 of one head's (T, HS) slice (row stride ld elements) into a
@@ -304,7 +308,7 @@ constexpr size_t forward_smem_bytes() {
 template <int HS, int WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
     attention_forward_kernel(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, AttentionRows rows,
-                             int NH, float scale_log2) {
+                             int NH, float scale_log2, float* amax) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* k_s = q_s + BM * STRIDE;                          // [2][BN][STRIDE]
@@ -412,7 +416,8 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
     for (int n = 0; n < HS / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
-    write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
+    const float largest = write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
+    if (amax) warp_amax_into(amax, largest);  // FP8's current scaling: the attention projection's input
 }
 
 // ---- backward ----
@@ -457,7 +462,7 @@ template <int HS, int WARPS, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
     attention_backward_dq_kernel(GradT* grad_q, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
                                  const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
-                                 float scale_log2, float scale) {
+                                 float scale_log2, float scale, float* amax) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* do_s = q_s + BM * STRIDE;                         // [BM][STRIDE]
@@ -539,7 +544,10 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
     }
 
     if (!warp_active) return;
-    write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
+    const float largest =
+        write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
+    if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
+        if (amax) warp_amax_into(amax, largest);
 }
 
 // dK, dV: grid (B*NH, key tiles); each warp owns 16 keys (K and V rows as A operands in registers)
@@ -563,7 +571,7 @@ template <int HS, int WARPS, int BQ, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_backward_dkv_kernel(GradT* grad_k, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
                                   const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
-                                  float scale_log2, float scale) {
+                                  float scale_log2, float scale, float* amax) {
     constexpr int BN = 16 * WARPS, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* k_s = dynamic_shared_memory<floatX>();  // [BN][STRIDE]
     floatX* v_s = k_s + BN * STRIDE;                          // [BN][STRIDE]
@@ -662,8 +670,10 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
     if (!warp_active) return;
     GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
-    write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane);
-    write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane);
+    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
+                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
+    if constexpr (std::is_same_v<GradT, floatX>)  // as in the dq kernel
+        if (amax) warp_amax_into(amax, largest);
 }
 
 // ---- ring pairs: merging the forward's partial results ----
@@ -751,14 +761,14 @@ inline void set_smem_limit(Kernel kernel, size_t bytes, const char* who, int HS)
 
 template <int HS, bool CAUSAL>
 inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
-                                     const AttentionRows& rows, int NH, cudaStream_t stream) {
+                                     const AttentionRows& rows, int NH, cudaStream_t stream, float* amax = nullptr) {
     constexpr int WARPS = forward_warps<HS>();
     constexpr size_t smem = forward_smem_bytes<HS>();
     auto kernel = attention_forward_kernel<HS, WARPS, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward", HS);
     const dim3 grid(B * NH, ceil_div(rows.T, 16 * WARPS));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2);
+    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -776,7 +786,8 @@ inline void attention_rowdot_launch(float* D, const floatX* dout, const floatX* 
 template <int HS, bool CAUSAL, typename GradT>
 inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
                                       const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv, const float* lse,
-                                      const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream) {
+                                      const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream,
+                                      float* amax = nullptr) {
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
 
     constexpr int BQ = dkv_query_tile<HS>();
@@ -784,14 +795,14 @@ inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_
     auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ, CAUSAL, GradT>;
     set_smem_limit(dkv_kernel, dkv_smem, "attention_backward", HS);
     const dim3 dkv_grid(B * NH, ceil_div(rows.T, 16 * DKV_WARPS));
-    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale);
+    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
     CUDA_CHECK_LAUNCH();
 
     constexpr size_t dq_smem = dq_smem_bytes<HS>();
     auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS, CAUSAL, GradT>;
     set_smem_limit(dq_kernel, dq_smem, "attention_backward", HS);
     const dim3 dq_grid(B * NH, ceil_div(rows.T, 16 * DQ_WARPS));
-    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale);
+    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -812,12 +823,15 @@ inline unsigned blocks_for(size_t n, int threads) { return (unsigned)ceil_div(n,
 // qkv (B, T, 3C) rows [q | k | v], C = NH*HS: head h's q at column h*HS, k at C + h*HS, v at 2C + h*HS.
 // out (B, T, C): head h at columns h*HS... lse (B, NH, T) fp32: the natural-log log-sum-exp of the
 // scaled scores (scale 1/sqrt(HS)) of each query row over its causal keys 0..t. HS is 32, 64 or 128.
+// With `amax`, out's largest |value| joins *amax (FP8's current scaling).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, float* amax = nullptr) {
     using namespace attention_detail;
     check_attention_shape("attention_forward", B, T, NH, HS);
     const AttentionRows rows{T, T, T};
-    with_head_size(HS, [&]<int H>() { attention_forward_launch<H, true>(out, lse, qkv, qkv, B, rows, NH, stream); });
+    with_head_size(HS, [&]<int H>() {
+        attention_forward_launch<H, true>(out, lse, qkv, qkv, B, rows, NH, stream, amax);
+    });
 }
 
 // Floats of device scratch attention_backward needs: D = rowsum(dout * out), one per (b, h, t).
@@ -833,10 +847,11 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
 }
 
 // dqkv (B, T, 3C) is fully overwritten (dq, dk, dv of every head). out and lse are the forward's.
-// scratch: attention_backward_scratch_floats(B, T, NH) floats. Deterministic: no atomics.
+// scratch: attention_backward_scratch_floats(B, T, NH) floats. Deterministic: no atomics in the
+// gradients. With `amax`, dqkv's largest |value| joins *amax (FP8's current scaling).
 inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                const floatX* out, const float* lse, int B, int T, int NH, int HS,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, float* amax = nullptr) {
     using namespace attention_detail;
     check_attention_shape("attention_backward", B, T, NH, HS);
     const AttentionRows rows{T, T, T};
@@ -844,7 +859,7 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
     with_head_size(HS, [&]<int H>() {
         attention_rowdot_launch<H>(scratch, dout, out, B, T, NH, stream);
         attention_backward_launch<H, true>(dqkv, dqkv + NH * H, ld, ld, dout, qkv, qkv, lse, scratch, B, rows, NH,
-                                           stream);
+                                           stream, amax);
     });
 }
 

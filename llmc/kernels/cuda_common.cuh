@@ -161,6 +161,11 @@ __device__ inline void block_amax_into(float* amax, float m, float* shared) {
     m = block_reduce_max(m, shared);
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
 }
+// The same for one warp (all its lanes call it), where a block cannot synchronise.
+__device__ inline void warp_amax_into(float* amax, float m) {
+    m = warp_reduce_max(m);
+    if (threadIdx.x % WARP_SIZE == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Stochastic rounding fp32 -> bf16: rounds up with probability equal to the discarded fraction, so

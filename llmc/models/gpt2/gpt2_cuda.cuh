@@ -1362,15 +1362,18 @@ private:
     // Layer l's attention over this rank's NH heads: the plain kernel, or the ring over the context group.
     void attention_layer_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
-        if (cp_.size == 1) attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, stream_.get());
-        else ring_attention_forward(a, l, B, T, NH, HS);
+        if (cp_.size == 1)
+            attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, stream_.get(),
+                              fp8_fused_amax(l, FP8_ATTPROJ, FP8_INPUT));
+        else
+            ring_attention_forward(a, l, B, T, NH, HS);
     }
     // Its backward, into a.d3C from the output's gradient in a.dC.
     void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
         if (cp_.size == 1)
             attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS,
-                               stream_.get());
+                               stream_.get(), fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
         else
             ring_attention_backward(a, l, B, T, NH, HS);
     }
