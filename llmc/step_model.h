@@ -140,9 +140,8 @@ struct LayerForward {
 // --fp8's casts of one layer on one tensor rank, in bytes moved, as fp8_linears.cuh makes them: a cast
 // reads bf16 (2 bytes an element) and writes FP8 (1) once, or twice with the transpose a backward
 // product reads; current scaling reads the tensor once more for its amax, except where the kernel
-// writing it measures it (one rank: LayerNorm for the qkv and fc inputs, attention for the
-// attention projection's input and the qkv gradient, GELU at -r 1-3 for the fc projection's input,
-// GELU's backward for the fc gradient; the residual gradients are measured by a pass). The forward casts each product's input; the
+// writing it measures it (one rank: LayerNorm, attention, GELU and their backward measure every
+// input and gradient but, at -r 0, the fc projection's input, which cuBLASLt's GELU epilogue writes). The forward casts each product's input; the
 // backward casts it again with the forward's scale (the transpose only) and the output gradient
 // (both copies); -r 3's recomputation casts the inputs up to the fc projection again (one copy, the
 // forward's scales). The weights (both copies) are cast once a step under ZeRO 0-2 (a micro-batch
@@ -156,7 +155,7 @@ inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig&
     const double qkv_out = C + 2.0 * C * s.kv_heads / s.heads, fcproj_in = n * s.ffn_hidden / tp;
     const double inputs = n * (C + C / tp + C) + fcproj_in;  // qkv, attention projection, fc, fc projection
     const double inputs_measured = fused ? (c.recompute == 0 ? fcproj_in : 0) : inputs;
-    const double grads = n * (qkv_out / tp + C + F / tp + C), grads_measured = fused ? n * 2 * C : grads;
+    const double grads = n * (qkv_out / tp + C + F / tp + C), grads_measured = fused ? 0 : grads;
     const double weight_casts_per_micro_batch = c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps;
     const double weights = weight_casts_per_micro_batch * s.layer_matmul_params() / tp;
     f.fp8_forward_casts = {0, 3 * inputs + amax * inputs_measured + (4 + amax) * weights};

@@ -315,14 +315,14 @@ TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, an
     // The products take half the time (1979 against 989 TFLOP/s); the casts give part of it back. In
     // bytes, each a read of 2 bytes and writes of 1 or 2: the inputs (3C + F an element of a row)
     // forward, row-major, and backward, transposed: 3 + 3; the gradients (3C + C + F + C) both
-    // copies: 4; the weights both copies once a step: 4; current scaling's amax, 2, except where
-    // LayerNorm (2C), attention (C forward, 3C backward) and GELU's backward (F) measure (-r 0:
-    // GELU is cuBLASLt's epilogue, so the fc projection's input F is measured by a pass).
+    // copies: 4; the weights both copies once a step: 4; current scaling's amax, 2, for the weights
+    // and, at -r 0, the fc projection's input F (cuBLASLt's GELU epilogue writes it): the kernels
+    // that write every other input and gradient measure it.
     const double rows = 16.0 * 1024, C = 1600, F = 6400, L = 48, m = c.grad_accum_steps;
     const double product_flops = 3 * 2 * rows * s.layer_matmul_params() * L * m;  // forward + 2 backward
     const double halved = product_flops / (989e12 * h100.matmul_efficiency) - product_flops / (1979e12 * h100.matmul_efficiency);
     const double inputs = rows * (3 * C + F), grads = rows * (3 * C + C + F + C), weights = s.layer_matmul_params() / m;
-    const double measured = rows * F + rows * (C + C) + weights;
+    const double measured = rows * F + weights;
     auto cast_s = [&](double bytes) { return bytes * L * m / (3350e9 * h100.memory_efficiency); };
     const double casts = cast_s(6 * inputs + 4 * grads + 4 * weights + 2 * measured);
     CHECK(fp8.compute_s == Approx(bf16.compute_s - halved + casts).epsilon(1e-6));

@@ -289,6 +289,13 @@ void run_backward(int version, const Shape& shape, bool check_only, std::mt19937
         bench::check_same_bits("backward dinp, run twice", bench::device_bytes(d_dinp.get(), NC), dinp_bits);
         bench::check_same_bits("backward dweight, run twice", bench::device_bytes(d_dweight.get(), C), dweight_bits);
         bench::check_same_bits("backward dbias, run twice", bench::device_bytes(d_dbias.get(), C), dbias_bits);
+        // FP8's current scaling: given `amax`, the same dinp, and its largest |value| measured
+        bench::check_amax("backward dinp", bench::to_host(d_dinp.get(), NC), [&](float* amax) {
+            reset();
+            llmc::layernorm_backward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_scratch.get(), d_dout.get(),
+                                     d_inp.get(), d_weight.get(), d_mean.get(), d_rstd.get(), N, C, 0, amax);
+            return bench::to_host(d_dinp.get(), NC);
+        });
     }
     if (check_only || !shape.timed) return;
     // Bytes: read dout, inp and dinp, write dinp, read mean, rstd and weight, read and write dweight and

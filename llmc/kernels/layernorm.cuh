@@ -283,8 +283,9 @@ __device__ inline void layernorm_backward_row_sums(const x128& d, const x128& x,
     }
 }
 
-// Pass 2 for one vector of a row: dinp += ..., and dout * norm, dout into the warp's slice.
-__device__ inline void layernorm_backward_vector(floatX* dinp_row, float* warp_slice, int chunk, int chunks, int C,
+// Pass 2 for one vector of a row: dinp += ..., and dout * norm, dout into the warp's slice. Returns
+// the largest |dinp| it wrote (FP8's amax of the residual gradient).
+__device__ inline float layernorm_backward_vector(floatX* dinp_row, float* warp_slice, int chunk, int chunks, int C,
                                                  const x128& d, const x128& x, const x128& w, const x128& dx,
                                                  float m, float s, float dnorm_mean, float dnorm_norm_mean) {
     float* dweight_lo = warp_slice + chunk * 4;
@@ -294,12 +295,14 @@ __device__ inline void layernorm_backward_vector(floatX* dinp_row, float* warp_s
     f128 dweight_sums[2] = {load128(dweight_lo), load128(dweight_hi)};
     f128 dbias_sums[2] = {load128(dbias_lo), load128(dbias_hi)};
     x128 dx_new;
+    float largest = 0.0f;
 #pragma unroll
     for (int i = 0; i < x128::size; i++) {
         const float dout_i = __bfloat162float(d[i]);
         const float norm = (__bfloat162float(x[i]) - m) * s;
         const float dnorm = dout_i * __bfloat162float(w[i]);
         dx_new[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+        largest = fmaxf(largest, fabsf(__bfloat162float(dx_new[i])));
         dweight_sums[i / 4][i % 4] += dout_i * norm;
         dbias_sums[i / 4][i % 4] += dout_i;
     }
@@ -308,6 +311,7 @@ __device__ inline void layernorm_backward_vector(floatX* dinp_row, float* warp_s
     store128(dweight_hi, dweight_sums[1]);
     store128(dbias_lo, dbias_sums[0]);
     store128(dbias_hi, dbias_sums[1]);
+    return largest;
 }
 
 // After the row loop: the block's partial row, its warps' slices added in warp order, channel order
@@ -335,13 +339,14 @@ template <int CHUNKS_PER_LANE>
 __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
     layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                               const floatX* weight, const float* mean, const float* rstd, int N, int C,
-                              int rows_per_block) {
+                              int rows_per_block, float* amax) {
     float* warp_slices = dynamic_shared_memory<float>();  // [warps][2 * C]
     layernorm_backward_zero_slices(warp_slices, C);
     const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int chunks = C / x128::size;
     float* warp_slice = warp_slices + (size_t)warp * 2 * C;
     const int row_begin = blockIdx.x * rows_per_block, row_end = min(row_begin + rows_per_block, N);
+    float largest = 0.0f;
 
     for (int row = row_begin + warp; row < row_end; row += warps) {
         const floatX* d_row = dout + (size_t)row * C;
@@ -368,25 +373,29 @@ __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
             const int chunk = lane + k * WARP_SIZE;
             if (chunk < chunks) {
                 const x128 w = load128(weight + chunk * x128::size);
-                layernorm_backward_vector(dx_row, warp_slice, chunk, chunks, C, ds[k], xs[k], w, dxs[k], m, s,
-                                          dnorm_mean, dnorm_norm_mean);
+                largest = fmaxf(largest, layernorm_backward_vector(dx_row, warp_slice, chunk, chunks, C, ds[k], xs[k],
+                                                                   w, dxs[k], m, s, dnorm_mean, dnorm_norm_mean));
             }
         }
     }
     layernorm_backward_write_partial(partials, warp_slices, C);
+    // the slices are read: their first floats serve the reduction (it synchronises before writing),
+    // so the block asks for no static shared memory beside the plan's dynamic bytes
+    if (amax) block_amax_into(amax, largest, warp_slices);
 }
 
 // Rows wider than the registers hold: both passes read the row from memory.
 __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
     layernorm_backward_streaming_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                         const floatX* weight, const float* mean, const float* rstd, int N, int C,
-                                        int rows_per_block) {
+                                        int rows_per_block, float* amax) {
     float* warp_slices = dynamic_shared_memory<float>();  // [warps][2 * C]
     layernorm_backward_zero_slices(warp_slices, C);
     const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int chunks = C / x128::size;
     float* warp_slice = warp_slices + (size_t)warp * 2 * C;
     const int row_begin = blockIdx.x * rows_per_block, row_end = min(row_begin + rows_per_block, N);
+    float largest = 0.0f;
 
     for (int row = row_begin + warp; row < row_end; row += warps) {
         const floatX* d_row = dout + (size_t)row * C;
@@ -401,12 +410,14 @@ __global__ void __launch_bounds__(LAYERNORM_BACKWARD_MAX_WARPS * WARP_SIZE)
         const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
         const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / C;
         for (int chunk = lane; chunk < chunks; chunk += WARP_SIZE) {
-            layernorm_backward_vector(dx_row, warp_slice, chunk, chunks, C, load128(d_row + chunk * x128::size),
-                                      load128(x_row + chunk * x128::size), load128(weight + chunk * x128::size),
-                                      load128(dx_row + chunk * x128::size), m, s, dnorm_mean, dnorm_norm_mean);
+            largest = fmaxf(largest, layernorm_backward_vector(
+                                         dx_row, warp_slice, chunk, chunks, C, load128(d_row + chunk * x128::size),
+                                         load128(x_row + chunk * x128::size), load128(weight + chunk * x128::size),
+                                         load128(dx_row + chunk * x128::size), m, s, dnorm_mean, dnorm_norm_mean));
         }
     }
     layernorm_backward_write_partial(partials, warp_slices, C);
+    if (amax) block_amax_into(amax, largest, warp_slices);  // as above
 }
 
 // dweight[c] += sum of partials[g][c] over blocks g, dbias likewise from column C + c. Thread row y of a
@@ -435,10 +446,11 @@ __global__ void __launch_bounds__(WARP_SIZE * LAYERNORM_PARTIAL_SUM_SLICES)
 }
 
 // dinp (N x C) += ..., dweight and dbias (C) += ... scratch: layernorm_backward_scratch_floats(M, C) floats for
-// some M >= N.
+// some M >= N. With `amax`, the new dinp's largest |value| joins *amax (FP8's current scaling of the
+// residual gradient a projection's backward reads next).
 inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
-                               int C, cudaStream_t stream) {
+                               int C, cudaStream_t stream, float* amax = nullptr) {
     const LayerNormBackwardPlan plan = layernorm_backward_plan(N, C);
     auto launch = [&](auto kernel) {
         if (plan.shared_bytes > 48 * 1024) {
@@ -454,7 +466,7 @@ inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, float
                                             (int)plan.shared_bytes));
         }
         LLMC_LAUNCH(kernel, plan.blocks, plan.warps_per_block * WARP_SIZE, plan.shared_bytes, stream)(
-            dinp, scratch, dout, inp, weight, mean, rstd, N, C, plan.rows_per_block);
+            dinp, scratch, dout, inp, weight, mean, rstd, N, C, plan.rows_per_block, amax);
         CUDA_CHECK_LAUNCH();
     };
     switch (ceil_div(C / x128::size, WARP_SIZE)) {

@@ -953,6 +953,14 @@ private:
         return tp_.size == 1 ? fp8_.fused_amax(l, product, operand) : nullptr;
     }
 
+    // The same for the residual gradient a LayerNorm's backward leaves in dresidual when it is layer
+    // l's fc projection's output gradient: a layer of the chunk with a dense MLP (its backward casts
+    // it next, on this rank), else null.
+    float* residual_grad_amax(int l, const PipelineChunk& ch) {
+        if (l < ch.begin || l >= ch.end || !layout_.has(GPT2Params::FCPROJW, l)) return nullptr;
+        return fp8_fused_amax(l, FP8_FCPROJ, FP8_GRAD);
+    }
+
     // Block l's product `product` (matmul_forward's arguments): in bf16, or in FP8 (--fp8).
     void linear_forward(const CudaActivationLayout& a, int l, Fp8Product product, floatX* out, floatX* pre_gelu,
                         const floatX* inp, const floatX* weight, const floatX* bias, const floatX* residual, int BT,
@@ -1038,9 +1046,10 @@ private:
             start_layernorm_grads(a);
             {
                 PhaseScope phase(timer_, "layernorm", s);
+                // dresidual becomes the last layer's fc projection's output gradient
                 layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
                                    a.scratch, dlnf, chunk_output(a, ch, BT), param(P::LNFW), a.lnf_mean, a.lnf_rstd, n,
-                                   C, s);
+                                   C, s, residual_grad_amax(ch.end - 1, ch));
             }
             finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
             buckets_.grads_ready(final_norm, last_micro_batch);
@@ -1049,7 +1058,7 @@ private:
             NvtxRange range("backward", l);
             buckets_.enter_layer(l, Walk::Backward, ch.begin, ch.end);
             recompute_layer(a, l, B, T);
-            if (tp_.size == 1) layer_backward(a, l, B, T);
+            if (tp_.size == 1) layer_backward(a, ch, l, B, T);
             else layer_backward_tensor_parallel(a, l, B, T);
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
@@ -1069,8 +1078,8 @@ private:
         release_all();
     }
 
-    // One layer's backward on one rank, from dresidual = d(residual3[l]).
-    void layer_backward(const CudaActivationLayout& a, int l, int B, int T) {
+    // One layer's backward on one rank, from dresidual = d(residual3[l]); l is a layer of chunk ch.
+    void layer_backward(const CudaActivationLayout& a, const PipelineChunk& ch, int l, int B, int T) {
         const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
@@ -1079,7 +1088,8 @@ private:
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
-                               param(P::LN2W, l), a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, C, s);
+                               param(P::LN2W, l), a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, C, s,
+                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_GRAD));
         }
         // dresidual is now d(residual2[l]); the attention projection read atty
         {
@@ -1094,7 +1104,8 @@ private:
         {
             PhaseScope phase(timer_, "layernorm", s);
             layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
-                               param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s);
+                               param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s,
+                               residual_grad_amax(l - 1, ch));  // dresidual becomes d(residual3[l - 1])
         }
     }
 
