@@ -300,6 +300,10 @@ breakage fp8-fused-amax-gelu-backward llmc/kernels/gelu.cuh "bench gelu" \
 breakage fp8-fused-amax-layernorm-missing llmc/kernels/layernorm.cuh "bench layernorm" \
     "layernorm_forward: the amax asked for never measured" \
     '    if (amax) block_amax_into(amax, largest, shared);' ''
+breakage fp8-fused-amax-layernorm-backward-input llmc/kernels/layernorm.cuh "bench layernorm" \
+    "layernorm_backward: the residual gradient's amax taken from the incoming gradient, not the sum it writes" \
+    '        largest = fmaxf(largest, fabsf(__bfloat162float(dx_new[i])));' \
+    '        largest = fmaxf(largest, fabsf(__bfloat162float(dx[i])));'
 
 # 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
