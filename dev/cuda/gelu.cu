@@ -1,19 +1,19 @@
 // dev/cuda/gelu.cu: GELU (tanh form) forward and backward on bf16 tensors, two ways:
 //
 //   1  one element per thread, 2-byte loads and stores
-//   2  llmc/gelu.cuh: eight elements per thread through 16-byte loads and stores (a grid of at most
-//      4096 blocks, each thread taking a vector a grid apart), a scalar tail; optionally measuring
-//      the output's amax for FP8's current scaling
+//   2  llmc/gelu.cuh: eight elements per thread through 16-byte loads and stores, a scalar tail;
+//      optionally measuring the output's amax for FP8's current scaling (then a grid of at most 16384
+//      blocks, each thread taking a vector a grid apart: timed both ways)
 //
 //   ./gelu [version] [--check] [--seed N]
 //
 // Checked against cpu::gelu_forward / cpu::gelu_backward (bf16 outputs: BF16_TOLERANCE) on the
-// GPT-2 124M fc activation (BT 8192 x 4C 3072 = 25.2M elements) and an odd length (7403: three
-// elements past the last 8-wide group, which hold the largest output); version 2 runs twice and must
-// repeat its bits, and with an amax output gives the same bits and their exact amax. Inputs are
-// N(0, 2^2), so both tails of GELU are exercised. Timed on the 124M shape against DRAM bandwidth:
+// GPT-2 124M and 1.5B fc activations (BT 8192 x 4C: 25.2M and 52.4M elements) and an odd length
+// (7403: three elements past the last 8-wide group, which hold the largest output); version 2 runs
+// twice and must repeat its bits, and with an amax output gives the same bits and their exact amax.
+// Inputs are N(0, 2^2), so both tails of GELU are exercised. Timed on the 124M shape against DRAM bandwidth:
 // the forward reads and writes n bf16 values (4n bytes), the backward reads the gradient and the
-// pre-activation and writes the gradient back (6n bytes). Emulated (dev/emu/), the 124M shape is
+// pre-activation and writes the gradient back (6n bytes). Emulated (dev/emu/), the fc shapes are
 // skipped (bench::skip_when_emulated).
 #include <algorithm>
 #include <vector>
@@ -75,7 +75,10 @@ struct Shape {
     const char* name;
     size_t n;
 };
-const Shape CHECK_SHAPES[] = {{"odd", 7403}, {"124M fc", (size_t)8 * 1024 * 4 * 768}};
+// 1.5B's fc is the one past 16384 blocks of 2048 elements, where measuring an amax makes each thread
+// take several vectors (not emulated: too large)
+const Shape CHECK_SHAPES[] = {
+    {"odd", 7403}, {"124M fc", (size_t)8 * 1024 * 4 * 768}, {"1.5B fc", (size_t)8 * 1024 * 4 * 1600}};
 constexpr size_t TIMING_N = (size_t)8 * 1024 * 4 * 768;
 
 void check_shape(int version, const Shape& s, std::mt19937_64& rng) {
@@ -142,6 +145,15 @@ void time_version(int version, std::mt19937_64& rng) {
     // Repeated in place, the gradient shrinks or grows by GELU' each run; the timing does not care.
     const float backward_ms = bench::time_ms([&] { backward(version, grad.get(), x.get(), n); });
     bench::report_memory_bound("backward (in place)", backward_ms, 6.0 * n);
+    if (version != NUM_VERSIONS) return;
+    // FP8's current scaling: the same with the output's amax measured (a grid of at most 16384 blocks)
+    DeviceBuffer<float> amax(1, "amax");
+    bench::report_memory_bound("forward, measuring amax", bench::time_ms([&] {
+        llmc::gelu_forward(out.get(), x.get(), n, 0, amax.get());
+    }), 4.0 * n);
+    bench::report_memory_bound("backward (in place), measuring amax", bench::time_ms([&] {
+        llmc::gelu_backward_inplace(grad.get(), x.get(), n, 0, amax.get());
+    }), 6.0 * n);
 }
 
 int main(int argc, char** argv) {
