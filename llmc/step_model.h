@@ -141,9 +141,9 @@ struct LayerForward {
 // reads bf16 (2 bytes an element) and writes FP8 (1) once, or twice with the transpose a backward
 // product reads; current scaling reads the tensor once more for its amax, except where the kernel
 // writing it measures it (one rank: LayerNorm, attention, GELU and their backward measure every
-// input and gradient but, at -r 0, the fc projection's input, which cuBLASLt's GELU epilogue writes). The forward casts each product's input; the
-// backward casts it again with the forward's scale (the transpose only) and the output gradient
-// (both copies); -r 3's recomputation casts the inputs up to the fc projection again (one copy, the
+// input and gradient but, at -r 0, the fc projection's input, which cuBLASLt's GELU epilogue
+// writes). The forward casts each product's input; the backward casts it again with the forward's
+// scale (the transpose only) and the output gradient (both copies); -r 3's recomputation casts the inputs up to the fc projection again (one copy, the
 // forward's scales). The weights (both copies) are cast once a step under ZeRO 0-2 (a micro-batch
 // pays 1 / grad_accum_steps of it), at every micro-batch under ZeRO-3 (a rank holds a layer's
 // weights only while they are gathered).

@@ -239,7 +239,7 @@ __device__ inline void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N /
 template <int HS, typename OutT>
 __device__ inline float write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0, int T,
                                    int lane) {
-    float largest = 0.0f;  // of the bf16 values stored (FP8's amax of the attention output)
+    float largest = 0.0f;  // of the bf16 values stored (the amax FP8's current scaling measures)
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int row = row0 + lane / 4 + 8 * half;

@@ -84,8 +84,7 @@ __global__ void __launch_bounds__(FP8_AMAX_THREADS) fp8_amax_kernel(Fp8Scale* s,
         for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
             m = fmaxf(m, fabsf(__bfloat162float(x[i])));
     }
-    m = block_reduce_max(m, shared);
-    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&s->amax_now), __float_as_uint(m));
+    block_amax_into(&s->amax_now, m, shared);
 }
 
 // Current scaling: the scale from the amax just measured, which is then reset for the next cast.
@@ -252,10 +251,7 @@ __global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_cast_kernel(Fp8CastArgs 
             }
         }
     }
-    if (a.record_amax) {
-        amax = block_reduce_max(amax, shared);
-        if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(&a.s->step_amax), __float_as_uint(amax));
-    }
+    if (a.record_amax) block_amax_into(&a.s->step_amax, amax, shared);
     if (a.clip) {
         if (threadIdx.x == 0) {
             const int tile_rows = min(FP8_TILE, a.rows - row0), tile_cols = min(FP8_TILE, a.cols - col0);

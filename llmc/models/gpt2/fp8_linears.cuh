@@ -113,14 +113,14 @@ public:
     uint64_t amax_passes() const { return amax_passes_; }
     void set_fused_amax(bool on) { fuse_amax_ = on; }
 
-    // Where the kernel that writes product p's operand o of layer l (LayerNorm, GELU, GELU's
-    // backward) measures the operand's amax as it writes it, so that its cast needs no pass of its
-    // own: a pointer for that kernel where the cast will measure (current scaling, delayed before its
-    // first step's end; not a recomputation, whose casts keep the forward's scales), else null. A
-    // kernel given the pointer must run, and the cast must follow, before the next one is asked for.
+    // Where the kernel that writes product p's operand o of layer l (LayerNorm, attention, GELU,
+    // forward or backward) measures the operand's amax as it writes it, so that its cast needs no
+    // pass of its own: a pointer for that kernel where the cast will measure (current scaling, delayed
+    // before its first step's end; not a recomputation, whose casts keep the forward's scales), else
+    // null. A kernel given the pointer must run, and the cast must follow, before the next one is
+    // asked for.
     float* fused_amax(int l, Fp8Product p, Fp8Operand o) {
-        if (!enabled() || !fuse_amax_ || recomputing_ || (options_.scaling == Fp8Scaling::Delayed && primed_))
-            return nullptr;
+        if (!enabled() || !fuse_amax_ || recomputing_ || scales_from_history()) return nullptr;
         premeasured_ = scale(l, p, o);
         return &premeasured_->amax_now;
     }
@@ -311,8 +311,7 @@ private:
                         Fp8Clip* clip, bool measure, bool record_amax, cudaStream_t s) {
         Fp8Scale* sc = scale(l, p, o);
         const fp8::Format f = fp8_format(o);
-        const bool delayed = options_.scaling == Fp8Scaling::Delayed && primed_;
-        if (measure && !delayed) {
+        if (measure && !scales_from_history()) {
             PhaseScope phase(timer(), "fp8 amax", s);
             if (premeasured_ == sc) {
                 fp8_scale_from_amax(sc, f, s);  // its producer measured it (fused_amax)
@@ -326,6 +325,9 @@ private:
         fp8_cast(q, qt, sc, clip, x, rows, cols, f, record_amax, s);
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
     }
+
+    // Delayed scaling once every tensor has a history: the scales are set, no cast measures.
+    bool scales_from_history() const { return options_.scaling == Fp8Scaling::Delayed && primed_; }
 
     PhaseTimer& timer() {
         static PhaseTimer off;  // never enabled
