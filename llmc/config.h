@@ -52,6 +52,7 @@ struct RunConfig {
     int fp8 = 0;
     std::string fp8_scaling = "current";
     int fp8_history = 16;
+    int fp8_gather = 1;  // ZeRO-3: the weights' all-gather carries their FP8 codes (models/gpt2/fp8_gather.cuh)
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T
@@ -176,6 +177,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "fp8", &RunConfig::fp8, "1: each block's four linear layers multiply in FP8 (E4M3 inputs and weights, E5M2 gradients, fp32 accumulation; the CPU model simulates it exactly)"},
         {"", "fp8_scaling", &RunConfig::fp8_scaling, "with --fp8 1: current (each tensor's own amax) or delayed (the largest amax of its last --fp8-history steps)"},
         {"", "fp8_history", &RunConfig::fp8_history, "with --fp8-scaling delayed: steps of amax each tensor's scale comes from"},
+        {"", "fp8_gather", &RunConfig::fp8_gather, "with --fp8 1 -z 3 (CUDA model): 1 all-gathers the four weights as their FP8 codes (half the bytes), 0 as bf16, cast at each use"},
         {"-b", "batch_size", &RunConfig::batch_size, "micro-batch size B (sequences per rank per forward)"},
         {"-t", "seq_len", &RunConfig::seq_len, "sequence length T"},
         {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},
@@ -678,6 +680,7 @@ inline void check_training_options(const RunConfig& cfg, int world_size) {
     require(cfg.fp8_scaling == "current" || cfg.fp8_scaling == "delayed",
             strformat("--fp8-scaling must be current or delayed, got '%s'", cfg.fp8_scaling.c_str()));
     require(cfg.fp8_history >= 1, strformat("--fp8-history must be >= 1 step, got %d", cfg.fp8_history));
+    require(cfg.fp8_gather == 0 || cfg.fp8_gather == 1, strformat("--fp8-gather must be 0 or 1, got %d", cfg.fp8_gather));
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));
@@ -781,9 +784,10 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
     return j;
 }
 
-// --fp8, --fp8-scaling, --fp8-history as both models take them.
+// --fp8, --fp8-scaling, --fp8-history, --fp8-gather as both models take them.
 inline Fp8Options fp8_options(const RunConfig& cfg) {
-    return {cfg.fp8 == 1, cfg.fp8_scaling == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, cfg.fp8_history};
+    return {cfg.fp8 == 1, cfg.fp8_scaling == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, cfg.fp8_history,
+            cfg.fp8_gather == 1};
 }
 
 }  // namespace llmc

@@ -139,12 +139,14 @@ inline float quantize(float* x, int64_t n, float scale, Format f, Clipping* clip
 namespace llmc {
 
 // --fp8, --fp8-scaling, --fp8-history: which products run in FP8 and how their scales are chosen
-// (cpu/fp8_linear.h says what each means).
+// (cpu/fp8_linear.h says what each means); --fp8-gather: how ZeRO-3 gathers the CUDA model's
+// weights (models/gpt2/fp8_gather.cuh; the same values either way, so the CPU model ignores it).
 enum class Fp8Scaling { Current, Delayed };
 struct Fp8Options {
     bool enabled = false;
     Fp8Scaling scaling = Fp8Scaling::Current;
-    int history = 16;  // delayed scaling: steps of amax kept
+    int history = 16;    // delayed scaling: steps of amax kept
+    bool gather = true;  // ZeRO-3: the weights travel as their E4M3 codes
 };
 
 // The quantized operands of one product: input and weight in E4M3, output gradient in E5M2.

@@ -145,8 +145,13 @@ struct LayerForward {
 // writes). The forward casts each product's input; the backward casts it again with the forward's
 // scale (the transpose only) and the output gradient (both copies); -r 3's recomputation casts the inputs up to the fc projection again (one copy, the
 // forward's scales). The weights (both copies) are cast once a step under ZeRO 0-2 (a micro-batch
-// pays 1 / grad_accum_steps of it), at every micro-batch under ZeRO-3 (a rank holds a layer's
-// weights only while they are gathered).
+// pays 1 / grad_accum_steps of it), at every micro-batch under ZeRO-3 with --fp8-gather 0 (a rank
+// holds a layer's weights only while they are gathered); with --fp8-gather 1 each rank casts its
+// slice once a step, and every gather's codes are unpacked (read and written once), the backward's
+// also transposed (fp8_gather.cuh).
+inline bool fp8_weights_gathered(const RunConfig& c) {
+    return c.fp8 && c.fp8_gather && c.zero_stage >= 3 && c.dims.dp * c.dims.cp > 1;
+}
 inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig& c) {
     if (!c.fp8) return;
     const double n = rank_rows(c), tp = c.dims.tp, C = s.hidden, F = s.ffn_hidden * (s.swiglu ? 2.0 : 1.0);
@@ -156,10 +161,16 @@ inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig&
     const double inputs = n * (C + C / tp + C) + fcproj_in;  // qkv, attention projection, fc, fc projection
     const double inputs_measured = fused ? (c.recompute == 0 ? fcproj_in : 0) : inputs;
     const double grads = n * (qkv_out / tp + C + F / tp + C), grads_measured = fused ? 0 : grads;
-    const double weight_casts_per_micro_batch = c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps;
-    const double weights = weight_casts_per_micro_batch * s.layer_matmul_params() / tp;
-    f.fp8_forward_casts = {0, 3 * inputs + amax * inputs_measured + (4 + amax) * weights};
-    f.fp8_backward_casts = {0, 3 * inputs + 4 * grads + amax * grads_measured};
+    const double w = s.layer_matmul_params() / tp, dp = c.dims.dp * c.dims.cp;
+    double weights_forward = 0, weights_backward = 0;
+    if (fp8_weights_gathered(c)) {
+        weights_forward = (3 + amax) * w / dp / c.grad_accum_steps + 2 * w;  // the slice's cast, the unpacking
+        weights_backward = 4 * w;                                            // the unpacking, the transpose
+    } else {
+        weights_forward = (4 + amax) * w * (c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps);
+    }
+    f.fp8_forward_casts = {0, 3 * inputs + amax * inputs_measured + weights_forward};
+    f.fp8_backward_casts = {0, 3 * inputs + 4 * grads + amax * grads_measured + weights_backward};
     f.fp8_recompute_casts = {0, 3 * (inputs - fcproj_in)};
 }
 // A layer's forward; `moe`: one with experts, whose MLP runs (top_k + shared) rows per token and
@@ -278,13 +289,15 @@ inline MicroBatchWork micro_batch_work(const ModelShape& s, const RunConfig& c, 
 // Data-parallel communication per step that no compute hides, over the dp x cp ranks that hold the
 // same parameters. `rank_params`: the parameters of one rank of the busiest stage (its tp piece);
 // `window_s`: one micro-batch's backward, under which gradient reduction runs; `layers`: buckets
-// in flight one after another.
+// in flight one after another; `coded_params`: those of them ZeRO-3 gathers as FP8 codes (a byte
+// each, fp8_gather.cuh).
 inline double dp_exposed_s(const RunConfig& c, const Topology& t, double rank_params, double window_s,
-                           double forward_s, int layers) {
+                           double forward_s, int layers, double coded_params = 0) {
     const int dp = c.dims.dp * c.dims.cp, m = c.grad_accum_steps;
     if (dp <= 1) return 0;
     const Link l = dp_cp_link(c, t);
-    const double grads = 4 * rank_params, params = 2 * rank_params;  // fp32 gradients, bf16 parameters
+    const double grads = 4 * rank_params;  // fp32 gradients
+    const double params = 2 * rank_params - (c.zero_stage >= 3 ? coded_params : 0);  // bf16, or codes
     const double bucket = 1.0 / std::max(1, layers);
     auto hidden_under = [&](double comm_s, double compute_s) {
         return std::max(0.0, comm_s - compute_s) + comm_s * bucket;  // the last bucket waits anyway
@@ -337,7 +350,8 @@ inline StepEstimate estimate_step(const ModelShape& s, const RunConfig& c, const
         experts += (double)s.experts / c.dims.ep * s.mlp_params() + (double)s.hidden * s.experts;
     }
     const double rank_params = (dense + experts) / c.dims.tp;
-    e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers);
+    const double coded = detail::fp8_weights_gathered(c) ? (double)stage_layers.size() * s.layer_matmul_params() / c.dims.tp : 0;
+    e.dp_exposed_s = dp_exposed_s(c, t, rank_params, w.backward_s, w.forward_s, layers, coded);
     const double owners = c.zero_stage >= 1 ? c.dims.dp * c.dims.cp : 1;  // ranks sharing a dense optimizer slice
     const double shard = (dense / owners + experts / std::max(1.0, owners / c.dims.ep)) / c.dims.tp;
     e.optimizer_s = shard * 30 / (t.hbm_gbps * 1e9 * t.memory_efficiency);  // AdamW: ~30 bytes per parameter

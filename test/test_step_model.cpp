@@ -334,7 +334,23 @@ TEST_CASE("--fp8 runs the blocks' products at the FP8 peak, pays their casts, an
     const double weight_cast_s = 6 * s.layer_matmul_params() * L / (3350e9 * h100.memory_efficiency);  // with its amax
     const StepEstimate z1 = estimate_step(s, accum, h100, fpt);
     accum.zero_stage = 3;
+    accum.fp8_gather = 0;  // gathered in bf16, cast at every micro-batch
     CHECK(estimate_step(s, accum, h100, fpt).compute_s == Approx(z1.compute_s + 3 * weight_cast_s).epsilon(1e-6));
+    // Gathered as codes: each rank casts its slice once a step (with its amax), and every micro-batch
+    // unpacks each layer's codes twice (2 bytes a weight each) and transposes them once (2 more).
+    accum.fp8_gather = 1;
+    const double dp = accum.dims.dp * accum.dims.cp, w_s = s.layer_matmul_params() * L / (3350e9 * h100.memory_efficiency);
+    REQUIRE(dp > 1);
+    const StepEstimate gathered = estimate_step(s, accum, h100, fpt);
+    CHECK(gathered.compute_s == Approx(z1.compute_s - weight_cast_s + (5 / dp + 4 * 6) * w_s).epsilon(1e-6));
+    // ... and its gathers move a byte a weight instead of two.
+    const double P = 1e9, coded = 0.9e9;
+    const Link link = dp_cp_link(accum, h100);
+    const double saved = ring_all_gather_s(2 * P, (int)dp, link) - ring_all_gather_s(2 * P - coded, (int)dp, link);
+    CHECK(dp_exposed_s(accum, h100, P, 0, 0, 48, 0) - dp_exposed_s(accum, h100, P, 0, 0, 48, coded) ==
+          Approx(accum.grad_accum_steps * 2 * saved * (1 + 1.0 / 48)).epsilon(1e-9));
+    CHECK(gathered.dp_exposed_s < [&] { RunConfig bf16_gather = accum; bf16_gather.fp8_gather = 0;
+                                        return estimate_step(s, bf16_gather, h100, fpt).dp_exposed_s; }());
     c.fp8_scaling = "delayed";  // no amax pass
     const double delayed_casts = cast_s(6 * inputs + 4 * grads + 4 * weights);
     CHECK(estimate_step(s, c, h100, fpt).compute_s == Approx(bf16.compute_s - halved + delayed_casts).epsilon(1e-6));

@@ -4,7 +4,9 @@
 //      of the codes and of the transpose beside them, amax and clipping counted per block; the
 //      element-by-element path for ragged shapes), fp8_current_scale (16-byte loads),
 //      fp8_delayed_update, and the products matmul_forward_fp8 / matmul_backward_dinp_fp8 /
-//      matmul_backward_dweight_fp8 (cuBLASLt, TN)
+//      matmul_backward_dweight_fp8 (cuBLASLt, TN); ZeRO-3's weights gathered as codes
+//      (models/gpt2/fp8_gather.cuh: fp8_pieces_amax, fp8_pack, fp8_unpack, fp8_scales_from_ranks,
+//      fp8_clip_sum) and the byte transpose the backward makes of them (fp8_transpose)
 //   version 1 of the cast, timed beside it: 32 x 32 tiles, one element a thread (the first GPU
 //      session's, 2026-11-26)
 //
@@ -17,7 +19,10 @@
 // operands are then the same, so what remains is the accumulation order and the bf16 rounding of
 // the outputs: bf16 outputs within BF16_TOLERANCE, the fp32 weight gradient within
 // FP8_ACCUMULATION_TOLERANCE: Hopper's FP8 tensor cores accumulate with fewer bits than fp32, and
-// an H200 was 6.3e-5 from the exact sum, 6x FP32_TOLERANCE) and repeat their bits. Timed on a GPU, on
+// an H200 was 6.3e-5 from the exact sum, 6x FP32_TOLERANCE) and repeat their bits. The gather: every
+// rank of a simulated group packs its slices, and the unpacked codes of each whole weight are the
+// host's encode of it with the scale of its whole amax, the other parameters their bf16 bits, the
+// amaxes and clipping the host's; the byte transpose equals the host's. Timed on a GPU, on
 // GPT-2 124M's and 1.5B's fc shapes: the three FP8 products against the bf16 ones (matmul_forward,
 // matmul_backward), both against the dense bf16 peak, so FP8's 2x shows as a share above 100%; the
 // amax pass and the casts (both versions) against DRAM bandwidth.
@@ -28,6 +33,7 @@
 #include "llmc/cpu/fp8_linear.h"
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/kernels/matmul.cuh"
+#include "llmc/models/gpt2/fp8_gather.cuh"
 
 using bench::DeviceBuffer;
 using llmc::floatX;
@@ -256,6 +262,130 @@ void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
                  bench::BF16_TOLERANCE);
 }
 
+// The byte transpose of codes, on a ragged shape (byte by byte) and a multiple of 8 (8 bytes at a time).
+void check_transpose(std::mt19937_64& rng) {
+    for (auto [rows, cols] : {std::pair{75, 53}, std::pair{200, 136}}) {
+        std::vector<uint8_t> q((size_t)rows * cols), want(q.size());
+        for (size_t i = 0; i < q.size(); i++) q[i] = (uint8_t)rng();
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) want[(size_t)c * rows + r] = q[(size_t)r * cols + c];
+        DeviceBuffer<uint8_t> d_q(q.size(), "q"), d_qt(q.size(), "qt");
+        bench::upload(d_q.get(), q);
+        bench::poison(d_qt.get(), q.size());
+        llmc::fp8_transpose(d_qt.get(), d_q.get(), rows, cols, 0);
+        bench::check_same_bits(strformat("byte transpose %d x %d", rows, cols).c_str(),
+                               bench::device_bytes(d_qt.get(), q.size()), want);
+    }
+}
+
+// ZeRO-3's gather of a layer with its weights as codes, for every rank of a group of `world`,
+// run one after another on this device: each measures and packs its slices of every layer (its own
+// Fp8WeightGather, as rank r's model makes it), the chunks are laid side by side as an all-gather
+// would, and rank 0 unpacks them. Against the host: the scale of each weight from the amax of all of
+// it, each code fp8.h's encode, the bf16 parameters' bits, the clipping counts and delayed scaling's
+// step amax (the largest of the ranks').
+void check_gather(std::mt19937_64& rng, int channels, int world, size_t align) {
+    llmc::ModelConfig c = llmc::model_preset("d4", 64, 250);
+    c.channels = channels, c.num_heads = channels % 2 ? 5 : 2, c.num_layers = 2;
+    const llmc::ParamLayout layout = llmc::GPT2Params::layout(c);
+    printf(" gather: C %d, %d ranks, slices aligned to %zu\n", channels, world, align);
+    const int tensors = c.num_layers * llmc::FP8_PRODUCTS;
+    std::vector<float> params = bench::random_bf16(layout.num_params, rng, 0.05f);
+    for (size_t i = 0; i < params.size(); i += 11) params[i] = bench::bf16_round(params[i] * 1e-9f);  // some flush
+    params[layout.offset(llmc::GPT2Params::FCW, 1) + 5] = 30.0f;  // fc's amax of layer 1: the others saturate
+    // The host: each weight's scale from its amax, its codes and what it clips.
+    std::vector<float> amax(tensors, 0.0f), scale(tensors);
+    std::vector<llmc::Fp8Clip> want_clips(tensors);
+    std::vector<std::vector<uint8_t>> want_codes(tensors);
+    for (int l = 0; l < c.num_layers; l++)
+        for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
+            const int t = l * llmc::FP8_PRODUCTS + p, w = llmc::Fp8WeightGather::WEIGHTS[p];
+            const float* x = params.data() + layout.offset(w, l);
+            for (size_t i = 0; i < layout.tensor_size(w); i++) amax[t] = std::max(amax[t], std::fabs(x[i]));
+            scale[t] = fp8::scale_for_amax(amax[t], fp8::Format::E4M3, 1.0f) * (t == 6 ? 64.0f : 1.0f);
+            for (size_t i = 0; i < layout.tensor_size(w); i++) {
+                const float scaled = x[i] * scale[t];
+                const uint8_t code = fp8::encode(scaled, fp8::Format::E4M3);
+                want_codes[t].push_back(code);
+                want_clips[t].elements++;
+                want_clips[t].overflows += std::fabs(scaled) > 448.0f;
+                want_clips[t].underflows += scaled != 0.0f && (code & 0x7f) == 0;
+            }
+        }
+    // Every rank measures its slices; the scales follow from the largest (fc of layer 1 then scaled
+    // up 64x, so that it saturates and the counts have something to count).
+    DeviceBuffer<float> rank_amax((size_t)world * tensors, "every rank's amaxes");
+    DeviceBuffer<Fp8Scale> scales((size_t)tensors * 3, "scales");  // a weight's at t * 3 + 1, as the model's
+    bench::upload(scales.get(), std::vector<Fp8Scale>(tensors * 3));
+    std::vector<llmc::ZeroPlan> plans;
+    std::vector<llmc::Fp8WeightGather> gathers;
+    std::vector<DeviceBuffer<floatX>> shards;
+    for (int r = 0; r < world; r++) {
+        plans.emplace_back(layout, 3, r, world, align);
+        gathers.emplace_back(layout, plans[r], (cudaStream_t)0);
+        std::vector<float> shard(plans[r].shard_num_params, 0.0f);
+        for (const llmc::ZeroPlan::Bucket& k : plans[r].buckets)
+            for (size_t i = k.owned_begin; i < k.owned_end; i++) shard[k.shard_offset + i - k.owned_begin] = params[k.begin + i];
+        shards.push_back(bench::to_device_bf16(shard));
+        gathers[r].measure(shards[r].get(), rank_amax.get() + (size_t)r * tensors);
+    }
+    llmc::fp8_scales_from_ranks(scales.get() + 1, 3, rank_amax.get(), tensors, world, 0);
+    std::vector<Fp8Scale> s(tensors * 3);
+    CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * s.size(), cudaMemcpyDeviceToHost));
+    bool scales_ok = true;
+    for (int t = 0; t < tensors; t++) {
+        scales_ok = scales_ok && s[t * 3 + 1].scale * (t == 6 ? 64.0f : 1.0f) == scale[t];
+        if (t == 6) s[t * 3 + 1].scale = scale[t], s[t * 3 + 1].scale_inv = 1.0f / scale[t];
+    }
+    bench::report_check("scales from the ranks' amaxes", scales_ok, "");
+    bench::upload(scales.get(), s);
+    // Every rank packs (recording the step amax, counting clipping); the chunks are gathered and summed.
+    DeviceBuffer<llmc::Fp8Clip> rank_clips((size_t)world * tensors, "every rank's clipping"), clips(tensors, "clips");
+    for (int r = 0; r < world; r++)
+        gathers[r].pack(shards[r].get(), scales.get() + 1, 3, rank_clips.get() + (size_t)r * tensors, true);
+    llmc::fp8_clip_sum(clips.get(), rank_clips.get(), tensors, world, 0);
+    std::vector<llmc::Fp8Clip> got_clips(tensors);
+    CUDA_CHECK(cudaMemcpy(got_clips.data(), clips.get(), sizeof(llmc::Fp8Clip) * tensors, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * s.size(), cudaMemcpyDeviceToHost));
+    bool clips_ok = true, step_ok = true;
+    for (int t = 0; t < tensors; t++) {
+        clips_ok = clips_ok && got_clips[t].elements == want_clips[t].elements &&
+                   got_clips[t].overflows == want_clips[t].overflows && got_clips[t].underflows == want_clips[t].underflows;
+        step_ok = step_ok && s[t * 3 + 1].step_amax == amax[t];
+    }
+    bench::report_check("clipping counts summed over the ranks", clips_ok && want_clips[6].overflows > 0 &&
+                                                                     want_clips[0].underflows > 0, "");
+    bench::report_check("step amax: the largest of the ranks' slices", step_ok, "");
+    for (int l = 0; l < c.num_layers; l++) {
+        const int b = layout.layer_bucket(l);
+        const size_t chunk = gathers[0].chunk_bytes(b);
+        uint8_t* landing = gathers[0].landing(l % 2);
+        for (int r = 0; r < world; r++)
+            CUDA_CHECK(cudaMemcpy(landing + r * chunk, gathers[r].packed(b), chunk, cudaMemcpyDeviceToDevice));
+        const llmc::ZeroPlan::Bucket& k = plans[0].buckets[b];
+        DeviceBuffer<floatX> whole(k.padded_extent, "the layer's bf16 buffer");
+        bench::poison(whole.get(), k.padded_extent);
+        gathers[0].unpack(b, l % 2, whole.get());
+        for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
+            const int t = l * llmc::FP8_PRODUCTS + p;
+            bench::check_same_bits(strformat("layer %d %s weight's codes", l, llmc::fp8_product_name(p)).c_str(),
+                                   bench::device_bytes(gathers[0].codes(l, (llmc::Fp8Product)p), want_codes[t].size()),
+                                   want_codes[t]);
+        }
+        const std::vector<float> got = bench::to_host(whole.get(), k.size);
+        bool plain_ok = true;
+        for (int t = 0; t < layout.num_tensors(); t++) {
+            if (!layout.is_per_layer(t) || std::count(std::begin(llmc::Fp8WeightGather::WEIGHTS),
+                                                      std::end(llmc::Fp8WeightGather::WEIGHTS), t))
+                continue;
+            const size_t at = layout.offset_in_bucket(t, l);
+            for (size_t i = 0; i < layout.tensor_size(t); i++)
+                plain_ok = plain_ok && got[at + i] == params[k.begin + at + i];
+        }
+        bench::report_check(strformat("layer %d's other parameters, bf16", l).c_str(), plain_ok, "");
+    }
+}
+
 // Version 1's cast (the first GPU session's): 32 x 32 tiles, one element per thread (2-byte loads,
 // 1-byte stores), three block-wide reductions for the clipping counts. Kept to time against llmc's.
 // (A named namespace: the emulation build finds kernels by name, which nvcc and g++ give an
@@ -419,6 +549,10 @@ int main(int argc, char** argv) {
         check_current_scale(rng);
         check_delayed_update();
         check_products(rng, ctx);
+        check_transpose(rng);
+        check_gather(rng, 35, 3, 1);
+        check_gather(rng, 64, 2, 8);
+        check_gather(rng, 64, 5, 8);
         if (!opts.check_only && !bench::EMULATED) time_products(rng, ctx);
     });
 }

@@ -34,11 +34,20 @@
 namespace llmc {
 
 // Element type of a collective. BF16 travels as raw 16-bit words; sums add in float and round to
-// nearest even, as the GPU's bf16 gradients will need.
-enum class CommDtype { F32, BF16 };
+// nearest even, as the GPU's bf16 gradients will need. U8: bytes (packed FP8 weights), gathered, never
+// summed.
+enum class CommDtype { F32, BF16, U8 };
 
-inline size_t comm_dtype_bytes(CommDtype dtype) { return dtype == CommDtype::F32 ? 4 : 2; }
-inline const char* comm_dtype_name(CommDtype dtype) { return dtype == CommDtype::F32 ? "f32" : "bf16"; }
+inline size_t comm_dtype_bytes(CommDtype dtype) {
+    return dtype == CommDtype::F32 ? 4 : dtype == CommDtype::BF16 ? 2 : 1;
+}
+inline const char* comm_dtype_name(CommDtype dtype) {
+    return dtype == CommDtype::F32 ? "f32" : dtype == CommDtype::BF16 ? "bf16" : "u8";
+}
+// Every backend's sums call this first: bytes have no sum.
+inline void check_summable(const char* collective, CommDtype dtype) {
+    if (dtype == CommDtype::U8) fail(strformat("%s of u8: bytes are gathered, not summed", collective));
+}
 
 // The backend's side of one asynchronous collective. Shared by the handle and the backend, so either
 // may go first; wait_ms accumulates here so copies of a handle report the same total.
@@ -217,9 +226,13 @@ public:
     int world_size() const override { return 1; }
     const char* backend() const override { return "local"; }
 
-    CommHandle all_reduce_sum(void*, size_t, CommDtype) override { return {}; }
+    CommHandle all_reduce_sum(void*, size_t, CommDtype dtype) override {
+        check_summable("all_reduce", dtype);
+        return {};
+    }
     // With one rank the world-sized buffer is the rank's block, so both collectives are a copy.
     CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        check_summable("reduce_scatter", dtype);
         size_t bytes = recv_count * comm_dtype_bytes(dtype);
         if (!is_in_place("reduce_scatter", send, recv, bytes) && bytes) memcpy(recv, send, bytes);
         return {};

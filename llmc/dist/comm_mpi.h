@@ -104,6 +104,7 @@ public:
     const char* backend() const override { return "mpi"; }
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
+        check_summable("all_reduce", dtype);
         int n = mpi_count("all_reduce", count, comm_dtype_name(dtype));
         return issue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), count * comm_dtype_bytes(dtype),
                      [=, this](MPI_Request* request) {
@@ -111,6 +112,7 @@ public:
         });
     }
     CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        check_summable("reduce_scatter", dtype);
         int n = mpi_count("reduce_scatter", recv_count, comm_dtype_name(dtype));
         size_t block_bytes = recv_count * comm_dtype_bytes(dtype);
         const void* mpi_send = send;
@@ -290,7 +292,9 @@ private:
             fail(strformat("%s of %zu %s exceeds MPI's per-call limit of %d; split it", operation, count, unit, INT_MAX));
         return (int)count;
     }
-    static MPI_Datatype mpi_type(CommDtype dtype) { return dtype == CommDtype::F32 ? MPI_FLOAT : MPI_UINT16_T; }
+    static MPI_Datatype mpi_type(CommDtype dtype) {
+        return dtype == CommDtype::F32 ? MPI_FLOAT : dtype == CommDtype::BF16 ? MPI_UINT16_T : MPI_UINT8_T;
+    }
     MPI_Op sum_op(CommDtype dtype) const { return dtype == CommDtype::F32 ? MPI_SUM : bf16_sum_; }
 
     CommHandle issue(std::string what, size_t bytes, std::function<void(MPI_Request*)> start, After after = {}) {

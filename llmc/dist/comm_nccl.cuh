@@ -109,6 +109,7 @@ public:
     }
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
+        check_summable("all_reduce", dtype);
         return enqueue(strformat("all_reduce of %zu %s", count, comm_dtype_name(dtype)), [&](ncclComm_t comm, cudaStream_t s) {
             return NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm, s));
         });
@@ -116,6 +117,7 @@ public:
     // NCCL's in-place forms are exactly ours (the rank's block of the world-sized buffer), so
     // is_in_place only rejects overlaps that are not.
     CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        check_summable("reduce_scatter", dtype);
         is_in_place("reduce_scatter", send, recv, recv_count * comm_dtype_bytes(dtype));
         return enqueue(strformat("reduce_scatter of %zu %s per rank", recv_count, comm_dtype_name(dtype)),
                        [&](ncclComm_t comm, cudaStream_t s) {
@@ -211,7 +213,9 @@ private:
         state_->register_in_flight_recorder();
     }
 
-    static ncclDataType_t nccl_type(CommDtype dtype) { return dtype == CommDtype::F32 ? ncclFloat32 : ncclBfloat16; }
+    static ncclDataType_t nccl_type(CommDtype dtype) {
+        return dtype == CommDtype::F32 ? ncclFloat32 : dtype == CommDtype::BF16 ? ncclBfloat16 : ncclUint8;
+    }
 
     // The communicator's resources, shared with the handles so that either may outlive the other.
     struct State {

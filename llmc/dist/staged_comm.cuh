@@ -41,6 +41,7 @@ public:
     }
 
     CommHandle all_reduce_sum(void* buf, size_t count, CommDtype dtype) override {
+        check_summable("all_reduce", dtype);
         if (world_size() == 1 || count == 0) return {};
         NvtxRange range(strformat("all_reduce of %zu %s (staged)", count, comm_dtype_name(dtype)));
         const auto start = Clock::now();
@@ -52,6 +53,7 @@ public:
         return ran_since(start);
     }
     CommHandle reduce_scatter_sum(const void* send, void* recv, size_t recv_count, CommDtype dtype) override {
+        check_summable("reduce_scatter", dtype);
         const size_t block = recv_count * comm_dtype_bytes(dtype);
         if (block == 0) return {};
         if (world_size() == 1) {

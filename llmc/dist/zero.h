@@ -23,6 +23,10 @@
 // (the ranks that hold the same experts; zero_plan.h), every other bucket over the engine's
 // data-parallel communicator; set_expert_parallel gives the engine that group.
 //
+// A bucket may travel packed in stage 3's gathers (GatherCodec: the CUDA model's FP8 weights as one
+// byte an element, models/gpt2/fp8_gather.cuh): each rank packs its slice, the packed chunks are
+// gathered, and the codec unpacks them once the gather has landed.
+//
 // One engine serves both models. Where its buffers live and how data moves in them is a Memory
 // policy: HostMemory (host_memory.h: fp32 parameters that are their own master copy, for the CPU
 // model), and DeviceMemory (device_memory.cuh: bf16 parameters with separate fp32 master weights,
@@ -128,6 +132,27 @@ inline size_t checkpoint_snapshot_bytes(const ZeroPlan& plan, ParamPrecision pre
     for (const StateBuffer& b : checkpoint_buffers(precision)) bytes += owned * state_dtype_bytes(b.dtype);
     return bytes;
 }
+
+// How a bucket's parameters travel in stage 3's all-gather when not as they are stored. The engine
+// asks for this rank's slice packed (a chunk of chunk_bytes, the same on every rank), gathers every
+// rank's chunk into the codec's landing buffer for the rotating gather buffer it uses (0 or 1), and,
+// once the gather has landed, has the codec unpack them: into that gather buffer (`whole`, what the
+// model reads through BucketView) and wherever else the codec keeps what it packed. Only rotating
+// (non-resident) buckets may be packed. The codec runs its kernels on the memory's stream.
+template <class Param>
+class GatherCodec {
+public:
+    virtual ~GatherCodec() = default;
+    virtual bool packs(int bucket) const = 0;
+    virtual size_t chunk_bytes(int bucket) const = 0;
+    // This rank's slice of the bucket packed, from `shard` (the rank's whole parameter shard, every
+    // bucket's slice at its shard_offset); valid until the parameters change.
+    virtual const void* pack(int bucket, const Param* shard) = 0;
+    virtual void* landing(int buffer) = 0;
+    virtual void unpack(int bucket, int buffer, Param* whole) = 0;
+    // The engine dropped every gathered buffer (invalidate_gathered).
+    virtual void forget_gathered() = 0;
+};
 
 template <class Memory>
 class ZeroEngine : public ShardedState {
@@ -255,6 +280,10 @@ public:
         }
         if (!slot) fail(strformat("ZeroEngine: no free parameter buffer for bucket %d (release one first)", bucket));
         finish(slot->pending);
+        if (slot->packed) {
+            codec_->unpack(bucket, rotating_index(slot), slot->data);
+            slot->packed = false;
+        }
         slot->in_use = true;
         return slot->data;
     }
@@ -266,11 +295,30 @@ public:
         const auto& k = plan_.buckets[bucket];
         slot->bucket = bucket;
         slot->in_use = false;
+        slot->packed = codec_ && codec_->packs(bucket);
+        if (slot->packed) {
+            const void* chunk = codec_->pack(bucket, params_shard_);
+            mem_.before_collective(comm_of(k));
+            slot->pending = std::make_unique<CommHandle>(comm_of(k).all_gather(
+                chunk, codec_->landing(rotating_index(slot)), codec_->chunk_bytes(bucket), CommDtype::U8));
+            return;
+        }
         Param* own = slot->data + (size_t)k.rank * k.shard_size;
         mem_.copy(own, params_shard_ + k.shard_offset, k.shard_size * sizeof(Param));
         mem_.before_collective(comm_of(k));
         slot->pending =
             std::make_unique<CommHandle>(comm_of(k).all_gather(own, slot->data, k.shard_size, Memory::param_dtype));
+    }
+    // Stage 3: bucket gathers go through `codec` where it packs them (null: none do). The codec must
+    // outlive the engine's use of it.
+    void set_gather_codec(GatherCodec<Param>* codec) {
+        if (codec)
+            for (int b = 0; b < (int)plan_.buckets.size(); b++)
+                if (codec->packs(b) && (plan_.buckets[b].resident || !plan_.shards_parameters()))
+                    fail(strformat("ZeroEngine: bucket %d ('%s') cannot travel packed: only stage 3's rotating "
+                                   "buckets are gathered so", b, plan_.buckets[b].name.c_str()));
+        invalidate_gathered();
+        codec_ = codec;
     }
     // The caller is done with the bucket's parameters for now (its buffer may be reused).
     void release_params(int bucket) {
@@ -436,7 +484,9 @@ public:
             finish(s->pending);
             s->bucket = -1;
             s->in_use = false;
+            s->packed = false;
         }
+        if (codec_) codec_->forget_gathered();
     }
 
     // Advances whenever the parameters change (set, updated, restored, a bit flipped): what a cast
@@ -569,8 +619,14 @@ private:
         Param* data = nullptr;
         int bucket = -1;
         bool in_use = false;
+        bool packed = false;  // its gather is of packed chunks (GatherCodec), not yet unpacked
         std::unique_ptr<CommHandle> pending;
     };
+    int rotating_index(const ParamSlot* slot) const {
+        if (slot != &rotating_params_[0] && slot != &rotating_params_[1])
+            fail("ZeroEngine: a packed gather into a resident bucket's buffer");
+        return slot == &rotating_params_[0] ? 0 : 1;
+    }
     struct GradSlot {
         float* data = nullptr;
         float* landing = nullptr;  // this rank's reduced slice arrives here, then is added to the shard
@@ -723,6 +779,7 @@ private:
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;
     double exposed_ms_ = 0;
     uint64_t params_version_ = 0;  // see params_version
+    GatherCodec<Param>* codec_ = nullptr;  // stage 3's packed gathers (set_gather_codec), or none
 };
 
 // A model's view of the engine during a pass: which buckets' parameters it holds (acquire and

@@ -295,4 +295,218 @@ inline void fp8_cast(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const 
     CUDA_CHECK_LAUNCH();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The byte transpose: qt (cols x rows) of q (rows x cols), codes already cast (a weight gathered in
+// FP8 under ZeRO-3, whose backward product reads it transposed). The cast kernel's tiles, without
+// the cast: a block of 256 threads moves a 64 x 64 tile through shared memory, 8 bytes a thread and
+// access where the shape is a multiple of 8 and the pointers 8-byte aligned (`vec`), else byte by byte.
+template <bool vec>
+__global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_transpose_kernel(uint8_t* qt, const uint8_t* q, int rows,
+                                                                          int cols) {
+    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 8];
+    const int row0 = blockIdx.x * FP8_TILE, col0 = blockIdx.y * FP8_TILE;
+    const int chunk = threadIdx.x % (FP8_TILE / FP8_VEC), first = threadIdx.x / (FP8_TILE / FP8_VEC);
+    for (int r = first; r < FP8_TILE; r += FP8_ROWS_PER_PASS) {
+        const int row = row0 + r, col = col0 + chunk * FP8_VEC;
+        if (row >= rows || col >= cols) continue;
+        const size_t at = (size_t)row * cols + col;
+        uint8_t codes[FP8_VEC];
+        if (vec) *reinterpret_cast<uint2*>(codes) = *reinterpret_cast<const uint2*>(q + at);
+        else
+            for (int i = 0; i < FP8_VEC && col + i < cols; i++) codes[i] = q[at + i];
+        for (int i = 0; i < FP8_VEC && col + i < cols; i++) tile[r][chunk * FP8_VEC + i] = codes[i];
+    }
+    __syncthreads();
+    for (int c = first; c < FP8_TILE; c += FP8_ROWS_PER_PASS) {
+        const int col = col0 + c, row = row0 + chunk * FP8_VEC;
+        if (col >= cols || row >= rows) continue;
+        uint8_t codes[FP8_VEC];
+        for (int i = 0; i < FP8_VEC; i++) codes[i] = tile[chunk * FP8_VEC + i][c];
+        const size_t at = (size_t)col * rows + row;
+        if (vec) *reinterpret_cast<uint2*>(qt + at) = *reinterpret_cast<const uint2*>(codes);
+        else
+            for (int i = 0; i < FP8_VEC && row + i < rows; i++) qt[at + i] = codes[i];
+    }
+}
+
+inline void fp8_transpose(uint8_t* qt, const uint8_t* q, int rows, int cols, cudaStream_t stream) {
+    if (!qt || !q || rows < 1 || cols < 1) fail(strformat("fp8_transpose: null codes or an empty %d x %d", rows, cols));
+    const dim3 grid(ceil_div(rows, FP8_TILE), ceil_div(cols, FP8_TILE));
+    if (grid.y > 65535) fail(strformat("fp8_transpose: %d columns is too many (at most %d)", cols, 65535 * FP8_TILE));
+    const bool vec = rows % FP8_VEC == 0 && cols % FP8_VEC == 0 && (uintptr_t)q % 8 == 0 && (uintptr_t)qt % 8 == 0;
+    if (vec) LLMC_LAUNCH(fp8_transpose_kernel<true>, grid, FP8_CAST_THREADS, 0, stream)(qt, q, rows, cols);
+    else LLMC_LAUNCH(fp8_transpose_kernel<false>, grid, FP8_CAST_THREADS, 0, stream)(qt, q, rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-3's weights gathered in FP8 (models/gpt2/fp8_gather.cuh; the layout is dist/packed_gather.h's).
+// A rank packs its slice of each layer: the weights' elements as E4M3 codes, with the weight's scale,
+// and the other parameters as bf16; the ranks' packed chunks are all-gathered and unpacked into the
+// weights' codes and the layer's bf16 buffer. Each kernel walks a table of pieces, a block row
+// (blockIdx.y) a piece: a run of one weight's elements (`tensor`, the weight's index among the
+// scaled weights, layer by layer) or of bf16 ones (tensor -1).
+struct Fp8Piece {
+    // Packing and measuring: src counts bf16 elements of the shard, dst bytes of the packed chunks.
+    // Unpacking: src counts bytes of the gathered chunks; dst bytes of the codes (a weight's piece)
+    // or bf16 elements of the layer's buffer.
+    uint64_t src = 0, dst = 0, count = 0;
+    int32_t tensor = -1, unused = 0;
+};
+
+constexpr int FP8_PIECE_THREADS = 256;
+
+// Blocks a row of pieces takes: enough for the largest piece at 8 elements a thread, at most 1024.
+inline unsigned fp8_piece_blocks(size_t largest_piece) {
+    return (unsigned)std::clamp<size_t>(ceil_div(largest_piece, (size_t)FP8_PIECE_THREADS * FP8_VEC * 4), 1, 1024);
+}
+
+// Every weight piece's amax joins amax[tensor] (zeroed by the caller).
+__global__ void __launch_bounds__(FP8_PIECE_THREADS) fp8_pieces_amax_kernel(const Fp8Piece* pieces,
+                                                                             const floatX* shard, float* amax) {
+    __shared__ float shared[WARP_SIZE];
+    const Fp8Piece p = pieces[blockIdx.y];
+    if (p.tensor < 0) return;  // the whole block: the piece is the block's
+    float m = 0.0f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.count; i += stride)
+        m = fmaxf(m, fabsf(__bfloat162float(shard[p.src + i])));
+    block_amax_into(&amax[p.tensor], m, shared);
+}
+
+// Packs: a weight piece encoded with scales[tensor * stride]'s scale (its amax joining step_amax with
+// record_amax, what it clipped counted in clips[tensor]); a bf16 piece copied. 8 elements a thread
+// where the piece's ends allow 16-byte loads and 8-byte stores.
+struct Fp8PackArgs {
+    const Fp8Piece* pieces;
+    const floatX* shard;
+    uint8_t* packed;
+    Fp8Scale* scales;
+    int stride;
+    Fp8Clip* clips;
+    bool record_amax;
+};
+
+__global__ void __launch_bounds__(FP8_PIECE_THREADS) fp8_pack_kernel(Fp8PackArgs a) {
+    __shared__ float shared[WARP_SIZE];
+    const Fp8Piece p = a.pieces[blockIdx.y];
+    const floatX* x = a.shard + p.src;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    if (p.tensor < 0) {
+        floatX* out = reinterpret_cast<floatX*>(a.packed + p.dst);  // 2-byte aligned: packed_gather.h
+        for (size_t i = first; i < p.count; i += stride) out[i] = x[i];
+        return;
+    }
+    Fp8Scale* s = a.scales + (size_t)p.tensor * a.stride;
+    const float scale = s->scale;
+    uint8_t* out = a.packed + p.dst;
+    float amax = 0.0f;
+    unsigned overflows = 0, underflows = 0;
+    auto encode = [&](float v) {
+        const float scaled = v * scale;
+        const uint8_t code = (uint8_t)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE, __NV_E4M3);
+        amax = fmaxf(amax, fabsf(v));
+        overflows += fabsf(scaled) > 448.0f;
+        underflows += scaled != 0.0f && (code & 0x7f) == 0;
+        return code;
+    };
+    const bool vec = p.src % FP8_VEC == 0 && p.dst % FP8_VEC == 0;
+    const size_t groups = vec ? p.count / FP8_VEC : 0;
+    for (size_t g = first; g < groups; g += stride) {
+        const x128 in = load128cs(x + g * FP8_VEC);
+        uint8_t codes[FP8_VEC];
+#pragma unroll
+        for (int i = 0; i < FP8_VEC; i++) codes[i] = encode(__bfloat162float(in[i]));
+        *reinterpret_cast<uint2*>(out + g * FP8_VEC) = *reinterpret_cast<const uint2*>(codes);
+    }
+    for (size_t i = groups * FP8_VEC + first; i < p.count; i += stride) out[i] = encode(__bfloat162float(x[i]));
+    if (a.record_amax) block_amax_into(&s->step_amax, amax, shared);
+    Fp8Clip* clip = a.clips + p.tensor;
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&clip->elements, (unsigned long long)p.count);
+    if (__syncthreads_or(overflows | underflows)) {
+        const float counts[2] = {(float)overflows, (float)underflows};  // a few thousand a thread at most: exact
+        unsigned long long* targets[2] = {&clip->overflows, &clip->underflows};
+        for (int i = 0; i < 2; i++) {
+            const float total = block_reduce_sum(counts[i], shared);
+            if (threadIdx.x == 0 && total > 0.0f) atomicAdd(targets[i], (unsigned long long)total);
+        }
+    }
+}
+
+// Unpacks every rank's pieces from the gathered chunks: a weight's codes into `codes`, 16 bytes at a
+// time where both ends are 16-byte aligned, bf16 elements into the layer's buffer `whole`.
+__global__ void __launch_bounds__(FP8_PIECE_THREADS) fp8_unpack_kernel(const Fp8Piece* pieces,
+                                                                       const uint8_t* gathered, uint8_t* codes,
+                                                                       floatX* whole) {
+    const Fp8Piece p = pieces[blockIdx.y];
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    if (p.tensor < 0) {
+        const floatX* in = reinterpret_cast<const floatX*>(gathered + p.src);
+        for (size_t i = first; i < p.count; i += stride) whole[p.dst + i] = in[i];
+        return;
+    }
+    const uint8_t* in = gathered + p.src;
+    uint8_t* out = codes + p.dst;
+    const size_t wide = (p.src | p.dst) % 16 == 0 ? p.count / 16 : 0;
+    for (size_t i = first; i < wide; i += stride)
+        reinterpret_cast<uint4*>(out)[i] = reinterpret_cast<const uint4*>(in)[i];
+    for (size_t i = wide * 16 + first; i < p.count; i += stride) out[i] = in[i];
+}
+
+// The weights' scales from their amaxes over `ranks` ranks' slices (all: ranks x tensors):
+// scales[i * stride] from the largest, as current scaling sets a scale.
+__global__ void fp8_scales_from_ranks_kernel(Fp8Scale* scales, int stride, const float* all, int tensors, int ranks) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tensors) return;
+    float m = 0.0f;
+    for (int r = 0; r < ranks; r++) m = fmaxf(m, all[(size_t)r * tensors + i]);
+    fp8_set_scale_from_amax(scales[(size_t)i * stride], m, fp8::info(fp8::Format::E4M3).largest);
+}
+// What the ranks' slices of each weight clipped, summed: out[i] from all (ranks x tensors).
+__global__ void fp8_clip_sum_kernel(Fp8Clip* out, const Fp8Clip* all, int tensors, int ranks) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tensors) return;
+    Fp8Clip sum;
+    for (int r = 0; r < ranks; r++) {
+        const Fp8Clip& c = all[(size_t)r * tensors + i];
+        sum.elements += c.elements, sum.overflows += c.overflows, sum.underflows += c.underflows;
+    }
+    out[i] = sum;
+}
+
+// A launch's grid: a row of blocks per piece (at most 65535 rows).
+inline dim3 fp8_pieces_grid(int count, size_t largest) {
+    if (count > 65535) fail(strformat("FP8 gather: %d pieces in one launch, at most 65535", count));
+    return dim3(fp8_piece_blocks(largest), count);
+}
+inline void fp8_pieces_amax(const Fp8Piece* pieces, int count, size_t largest, const floatX* shard, float* amax,
+                            cudaStream_t stream) {
+    if (count == 0) return;
+    LLMC_LAUNCH(fp8_pieces_amax_kernel, fp8_pieces_grid(count, largest), FP8_PIECE_THREADS, 0, stream)(
+        pieces, shard, amax);
+    CUDA_CHECK_LAUNCH();
+}
+inline void fp8_pack(const Fp8PackArgs& a, int count, size_t largest, cudaStream_t stream) {
+    if (count == 0) return;
+    LLMC_LAUNCH(fp8_pack_kernel, fp8_pieces_grid(count, largest), FP8_PIECE_THREADS, 0, stream)(a);
+    CUDA_CHECK_LAUNCH();
+}
+inline void fp8_unpack(const Fp8Piece* pieces, int count, size_t largest, const uint8_t* gathered, uint8_t* codes,
+                       floatX* whole, cudaStream_t stream) {
+    if (count == 0) return;
+    LLMC_LAUNCH(fp8_unpack_kernel, fp8_pieces_grid(count, largest), FP8_PIECE_THREADS, 0, stream)(
+        pieces, gathered, codes, whole);
+    CUDA_CHECK_LAUNCH();
+}
+inline void fp8_scales_from_ranks(Fp8Scale* scales, int stride, const float* all, int tensors, int ranks,
+                                  cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_scales_from_ranks_kernel, ceil_div(tensors, 128), 128, 0, stream)(scales, stride, all, tensors,
+                                                                                      ranks);
+    CUDA_CHECK_LAUNCH();
+}
+inline void fp8_clip_sum(Fp8Clip* out, const Fp8Clip* all, int tensors, int ranks, cudaStream_t stream) {
+    LLMC_LAUNCH(fp8_clip_sum_kernel, ceil_div(tensors, 128), 128, 0, stream)(out, all, tensors, ranks);
+    CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace llmc

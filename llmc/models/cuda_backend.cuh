@@ -78,6 +78,8 @@ struct CudaBackend {
         }
         built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp,
                                                  pp, cp, ep);
+        const std::string gather = fp8_gather_line(cfg);
+        if (world.rank() == 0 && !gather.empty()) printf("fp8: %s\n", gather.c_str());
         return built;
     }
 
@@ -95,6 +97,8 @@ struct CudaBackend {
             for (int s = 0; s < cfg.dims.pp; s++) stages.push_back(memory_plan(cfg, 0, 0, s));
             out += pipeline_plan_report(cfg, pipeline_split(cfg), stages);
         }
+        const std::string gather = fp8_gather_line(cfg);
+        if (!gather.empty()) out += gather + "\n";
         out += "activations by recomputation setting (-r)";
         if (cfg.dims.pp > 1) out += " on pipeline rank 0";
         out += ":";
@@ -108,6 +112,12 @@ struct CudaBackend {
             out += strformat(" %d: %s%s", r, format_bytes((double)bytes).c_str(), r < 3 ? "," : "\n");
         }
         return out;
+    }
+
+    // --fp8 1 -z 3: what rank 0's gathers of a layer send (GPT2CUDA::fp8_gather_summary), or empty.
+    static std::string fp8_gather_line(const RunConfig& cfg) {
+        return GPT2CUDA::fp8_gather_summary(cfg.model_config, zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0),
+                                            options(cfg).fp8);
     }
 
     // What rank `zero_rank` of the data x context group (ProcessGroups::dp_cp; the data-parallel rank

@@ -7,7 +7,11 @@
 #      shows the clipping;
 #   2. delayed scaling on 2 data-parallel ranks at ZeRO-1 (the step amax the maximum over the
 #      ranks) against 1 rank, within 1e-3; and at ZeRO-3, where the weights are cast at every use
-#      instead of once a step, with 2 micro-batches a rank;
+#      each rank's slices of the weights are cast once a step and gathered as their codes, with 2
+#      micro-batches a rank; and at ZeRO-3 the codes' gather (--fp8-gather 1, the default) gives
+#      bitwise the run of gathering bf16 and casting at every use (--fp8-gather 0), its clipping
+#      counts too, on 2 ranks (delayed scaling) and 3 (current; slices cut the weights unevenly),
+#      and resumed from a checkpoint ends bitwise as the uninterrupted run;
 #   3. a delayed-scaling run resumed from its step-6 checkpoint (the amax histories in its manifest)
 #      ends bitwise equal to the uninterrupted run, and train_gpt_cpu continues it;
 #   4. --fp8 with --tp is refused.
@@ -38,6 +42,31 @@ run two_ranks 2 8 --fp8-scaling delayed -z 1
 compare gpu_delayed two_ranks "$limit" 12
 run zero3 2 4 --fp8-scaling delayed -z 3
 compare gpu_delayed zero3 "$limit" 12
+
+# 2b. ZeRO-3's weights gathered as FP8 codes against gathered in bf16 and cast at every use: the same bits
+fp8_counts() { grep -o '"fp8":{[^}]*}[^}]*}[^}]*}[^}]*}' "$dir/$1/metrics.jsonl"; }
+same_run() {  # same_run A B: model.bin and every step's clipping counts equal
+    cmp "$dir/$1/model.bin" "$dir/$2/model.bin" || { echo "FAIL $2: model.bin differs from $1's"; exit 1; }
+    diff <(fp8_counts "$1") <(fp8_counts "$2") > /dev/null || { echo "FAIL $2: clipping counts differ from $1's"; exit 1; }
+    [ "$(fp8_counts "$1" | wc -l)" -eq 12 ] || { echo "FAIL $1: no clipping counts"; exit 1; }
+    echo "ok $2 is bitwise $1 (model.bin, 12 steps' clipping counts)"
+}
+run zero3_bf16_gather 2 4 --fp8-scaling delayed -z 3 --fp8-gather 0
+same_run zero3 zero3_bf16_gather
+grep -q "^fp8: ZeRO-3 gathers each layer's weights as FP8 codes" "$dir/zero3.log" || { echo "FAIL: no gather line"; exit 1; }
+! grep -q "^fp8: ZeRO-3 gathers" "$dir/zero3_bf16_gather.log" || { echo "FAIL: --fp8-gather 0 gathered codes"; exit 1; }
+echo "ok $(grep "^fp8: ZeRO-3" "$dir/zero3.log")"
+run zero3_three 3 2 --fp8-scaling current -z 3 -d $((12 * test_T))
+run zero3_three_bf16_gather 3 2 --fp8-scaling current -z 3 -d $((12 * test_T)) --fp8-gather 0
+same_run zero3_three zero3_three_bf16_gather
+# ... and resumed from its step-6 checkpoint, it ends as the uninterrupted run did
+run zero3_saving 2 4 --fp8-scaling delayed -z 3 -n 6 -nk 0
+mkdir -p "$dir/zero3_resumed"
+cp -r "$dir/zero3_saving/ckpt_00000006" "$dir/zero3_resumed/"
+run zero3_resumed 2 4 --fp8-scaling delayed -z 3 -n 6 -nk 0 -y 1
+grep -q "resumed from $dir/zero3_resumed/ckpt_00000006" "$dir/zero3_resumed.log" || { echo "FAIL: no resume"; exit 1; }
+cmp "$dir/zero3/model.bin" "$dir/zero3_resumed/model.bin" || { echo "FAIL: ZeRO-3 resumed differs"; exit 1; }
+echo "ok ZeRO-3 with gathered codes, resumed at step 6, ends bitwise equal to the uninterrupted run"
 
 # 3. resume from the step-6 checkpoint, on the GPU and on the CPU
 resume_check 6 12 "$limit" 16 --fp8-scaling delayed

@@ -174,7 +174,8 @@ struct Suite {
     static void fill(CommDtype dtype, uint64_t seed, int r, size_t begin, size_t count, void* out) {
         for (size_t i = 0; i < count; i++) {
             if (dtype == CommDtype::F32) ((float*)out)[i] = f32_at(seed, r, begin + i);
-            else ((uint16_t*)out)[i] = bf16_exact_at(seed, r, begin + i);
+            else if (dtype == CommDtype::BF16) ((uint16_t*)out)[i] = bf16_exact_at(seed, r, begin + i);
+            else ((uint8_t*)out)[i] = (uint8_t)bf16_exact_at(seed, r, begin + i);
         }
     }
     static double value_at(CommDtype dtype, uint64_t seed, int r, size_t i) {
@@ -215,7 +216,7 @@ struct Suite {
     }
 
     void all_gather() {
-        for (CommDtype dtype : {CommDtype::F32, CommDtype::BF16}) {
+        for (CommDtype dtype : {CommDtype::F32, CommDtype::BF16, CommDtype::U8}) {
             size_t size = comm_dtype_bytes(dtype);
             for (bool in_place : {false, true}) {
                 for (size_t count : kCounts) {
@@ -232,7 +233,7 @@ struct Suite {
                 }
             }
         }
-        ok("all_gather f32 and bf16, separate and in place, gives every rank every block");
+        ok("all_gather f32, bf16 and u8, separate and in place, gives every rank every block");
     }
 
     void broadcast() {
@@ -340,7 +341,10 @@ struct Suite {
                      [&] { comm.reduce_scatter_sum(buf.data(), buf.data() + rank * 4 + 1, 4, CommDtype::F32); });
         expect_error("misaligned in-place all_gather", "in place",
                      [&] { comm.all_gather(buf.data() + rank * 4 + 1, buf.data(), 4, CommDtype::F32); });
-        ok("bad roots and misaligned in-place buffers fail at issue with a clear message");
+        expect_error("an all_reduce of bytes", "not summed", [&] { comm.all_reduce_sum(buf.data(), 4, CommDtype::U8); });
+        expect_error("a reduce_scatter of bytes", "not summed",
+                     [&] { comm.reduce_scatter_sum(buf.data(), buf.data() + rank, 1, CommDtype::U8); });
+        ok("bad roots, misaligned in-place buffers and sums of bytes fail at issue with a clear message");
     }
 
     // Rank r's message: bytes derived from (seed, r), so the receiver knows what must arrive from whom.

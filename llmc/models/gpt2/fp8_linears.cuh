@@ -18,7 +18,9 @@
 // either changed and reused by every micro-batch's forward, recomputation and backward: the codes a
 // cast at every use would give, at a cost of 2 bytes a weight (the bf16 weights' size). Under ZeRO-3
 // a rank holds a layer's weights only while they are gathered, and a whole copy would undo the
-// sharding: there the weights are cast at every use, into one product's slot.
+// sharding: there the gather itself carries the codes (fp8_gather.cuh: each rank casts its slice
+// once a step, and this class is the engine's GatherCodec), or, with --fp8-gather 0, the weights
+// are gathered in bf16 and cast at every use into one product's slot.
 #pragma once
 
 #include <cstring>
@@ -33,8 +35,17 @@
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/phase_timer.cuh"
+#include "llmc/models/gpt2/fp8_gather.cuh"
 
 namespace llmc {
+
+// Where a product's FP8 weight comes from: a copy cast once a step (ZeRO 0-2), a cast of the
+// gathered bf16 weight at every use (ZeRO-3, --fp8-gather 0), or the gathered codes (ZeRO-3).
+enum class Fp8WeightCopies { Cached, AtEachUse, Gathered };
+inline Fp8WeightCopies fp8_weight_copies(const Fp8Options& o, const ZeroPlan& plan) {
+    if (!plan.shards_parameters()) return Fp8WeightCopies::Cached;
+    return o.gather ? Fp8WeightCopies::Gathered : Fp8WeightCopies::AtEachUse;
+}
 
 // The FP8 copies of activations one product needs at once (the activation layout's scratch): its
 // input, its output gradient, and their transposes. The weights' copies are Fp8LinearsCUDA's own.
@@ -42,15 +53,15 @@ struct Fp8Scratch {
     uint8_t *input = nullptr, *input_t = nullptr, *grad = nullptr, *grad_t = nullptr;
 };
 
-class Fp8LinearsCUDA : public ReplicatedState {
+class Fp8LinearsCUDA : public ReplicatedState, public GatherCodec<floatX> {
 public:
     Fp8LinearsCUDA() = default;
-    // `C`: the channels; `cache_weights`: cast the weights once a step (false under ZeRO-3);
+    // `C`: the channels; `copies`: where the weights' codes come from (Gathered: then gather_weights);
     // `dp_ranks`: the data-parallel ranks whose step amaxes delayed scaling takes the maximum of;
     // `stream`: the model's, on which every kernel runs (the host reads the state after it).
-    Fp8LinearsCUDA(int layers, int C, const Fp8Options& options, bool cache_weights, int dp_ranks, cudaStream_t stream)
-        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), C_(C), cache_weights_(cache_weights),
-          stream_(stream) {
+    Fp8LinearsCUDA(int layers, int C, const Fp8Options& options, Fp8WeightCopies copies, int dp_ranks,
+                   cudaStream_t stream)
+        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), C_(C), copies_(copies), stream_(stream) {
         if (!options.enabled) return;
         if (options.history < 1) fail(strformat("--fp8-history must be >= 1 step, got %d", options.history));
         scales_ = DeviceBuffer<Fp8Scale>(tensors_, "FP8 scales");
@@ -65,10 +76,10 @@ public:
         for (int i = 0; i < tensors_; i++) largest[i] = fp8::info(fp8_format(i % FP8_OPERANDS)).largest;
         CUDA_CHECK(cudaMemcpy(largest_.get(), largest.data(), sizeof(float) * tensors_, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(clips_.get(), 0, sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER));
-        const size_t weight_bytes = weight_copy_bytes(layers, C, cache_weights);
-        weights_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights");
+        const size_t weight_bytes = weight_copy_bytes(layers, C, copies);
+        if (copies != Fp8WeightCopies::Gathered) weights_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights");
         weights_t_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights transposed");
-        if (cache_weights)
+        if (copies != Fp8WeightCopies::AtEachUse)
             weight_clips_ = DeviceBuffer<Fp8Clip>((size_t)layers * FP8_PRODUCTS, "FP8 weights' clipping");
         cast_epoch_.assign((size_t)layers * FP8_PRODUCTS, 0);
     }
@@ -92,12 +103,46 @@ public:
                sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER + sizeof(float) * step_amax_floats(tensors, o, dp_ranks);
     }
     // The weights' FP8 copies and transposes this allocates (the memory plan's other line): every
-    // layer's four weights when cached, else the largest one's slot, 4C x C.
-    static size_t weight_bytes(int layers, int C, const Fp8Options& o, bool cache_weights) {
+    // layer's four weights when cached, else the largest one's slot, 4C x C (gathered: the transpose's
+    // only, the codes being the gather's, Fp8WeightGather::device_bytes).
+    static size_t weight_bytes(int layers, int C, const Fp8Options& o, Fp8WeightCopies copies, int dp_ranks) {
         if (!o.enabled) return 0;
-        return 2 * weight_copy_bytes(layers, C, cache_weights) +
-               (cache_weights ? sizeof(Fp8Clip) * layers * FP8_PRODUCTS : 0);
+        const size_t clips = sizeof(Fp8Clip) * layers * FP8_PRODUCTS;
+        switch (copies) {
+        case Fp8WeightCopies::Cached: return 2 * weight_copy_bytes(layers, C, copies) + clips;
+        case Fp8WeightCopies::AtEachUse: return 2 * weight_copy_bytes(layers, C, copies);
+        case Fp8WeightCopies::Gathered:  // + every rank's amaxes and clipping counts (gather_weights)
+            return weight_copy_bytes(layers, C, copies) + clips +
+                   (sizeof(float) + sizeof(Fp8Clip)) * layers * FP8_PRODUCTS * dp_ranks;
+        }
+        return 0;
     }
+
+    // ZeRO-3 (Fp8WeightCopies::Gathered): the weights travel in `plan`'s gathers as their codes, the
+    // amaxes and clipping counts of every rank's slices exchanged over `dp` (the engine's
+    // communicator). The engine then takes this as its GatherCodec.
+    void gather_weights(const ParamLayout& layout, const ZeroPlan& plan, Communicator& dp) {
+        if (!enabled()) return;
+        if (copies_ != Fp8WeightCopies::Gathered || dp.world_size() != plan.world_size)
+            fail("Fp8LinearsCUDA::gather_weights: made for other weight copies, or for another communicator");
+        const size_t n = (size_t)layout.num_layers() * FP8_PRODUCTS * dp.world_size();
+        gather_ = Fp8WeightGather(layout, plan, stream_);
+        dp_ = &dp;
+        rank_amaxes_ = DeviceBuffer<float>(n, "FP8 gather's weight amaxes");
+        rank_clips_ = DeviceBuffer<Fp8Clip>(n, "FP8 gather's clipping counts");
+    }
+
+    // GatherCodec: a layer's parameters packed with its weights' codes (fp8_gather.cuh). The first
+    // pack after the parameters or the scales changed packs every layer's slice.
+    bool packs(int bucket) const override { return gather_.packs(bucket); }
+    size_t chunk_bytes(int bucket) const override { return gather_.chunk_bytes(bucket); }
+    const void* pack(int bucket, const floatX* shard) override {
+        if (packed_epoch_ != epoch_) pack_weights(shard);
+        return gather_.packed(bucket);
+    }
+    void* landing(int buffer) override { return gather_.landing(buffer); }
+    void unpack(int bucket, int buffer, floatX* whole) override { gather_.unpack(bucket, buffer, whole); }
+    void forget_gathered() override { gather_.forget(); }
 
     // The parameters the weights are cast from, by ZeroEngine::params_version: a new version makes
     // every cached cast stale. The model calls it before each pass.
@@ -253,11 +298,11 @@ private:
 
     // A product's weight (OC x C): its FP8 copy's place, product after product, layer after layer
     // when cached; else one slot every product shares.
-    static size_t weight_copy_bytes(int layers, int C, bool cache_weights) {
-        return (size_t)(cache_weights ? layers * 12 : 4) * C * C;
+    static size_t weight_copy_bytes(int layers, int C, Fp8WeightCopies copies) {
+        return (size_t)(copies == Fp8WeightCopies::Cached ? layers * 12 : 4) * C * C;
     }
     size_t weight_offset(int l, Fp8Product p) const {
-        if (!cache_weights_) return 0;
+        if (copies_ != Fp8WeightCopies::Cached) return 0;
         constexpr int before[FP8_PRODUCTS] = {0, 3, 4, 8};  // in C x C: qkv 3, attproj 1, fc 4, fcproj 4
         return ((size_t)l * 12 + before[p]) * C_ * C_;
     }
@@ -272,18 +317,24 @@ private:
     // always when cached). Cached: cast at its first use after use_weights or the scales changed,
     // measuring its amax for delayed scaling's step (the weight a training pass would measure: it
     // does not change within the step), counting what it clipped at every Record use, as a cast at
-    // each use would. Uncached: cast now, as a cast of the product's input is.
+    // each use would. Gathered: the codes the gather brought, counted as cached ones, the transpose
+    // made from them. At each use: cast now, as a cast of the product's input is.
     std::pair<Fp8Tensor, Fp8Tensor> cast_weight(int l, Fp8Product p, const floatX* weight, int OC, int C,
                                                 bool transpose, CastUse use) {
         cudaStream_t s = stream_;
         const size_t i = (size_t)l * FP8_PRODUCTS + p;
-        uint8_t *q = weights_.get() + weight_offset(l, p), *qt = weights_t_.get() + weight_offset(l, p);
-        if (!cache_weights_) {
+        uint8_t* qt = weights_t_.get() + weight_offset(l, p);
+        uint8_t* q = copies_ == Fp8WeightCopies::Gathered ? gather_.codes(l, p) : weights_.get() + weight_offset(l, p);
+        if (copies_ == Fp8WeightCopies::AtEachUse) {
             weight_casts_++;
             const Fp8Tensor w = cast(q, transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, use, s);
             return {w, {qt, w.type, w.scale_inv}};
         }
-        if (cast_epoch_[i] != epoch_) {
+        if (copies_ == Fp8WeightCopies::Gathered && transpose) {
+            PhaseScope phase(timer(), "fp8 cast", s);
+            fp8_transpose(qt, q, OC, C, s);
+        }
+        if (copies_ == Fp8WeightCopies::Cached && cast_epoch_[i] != epoch_) {
             weight_casts_++;
             cast_epoch_[i] = epoch_;
             CUDA_CHECK(cudaMemsetAsync(weight_clips_.get() + i, 0, sizeof(Fp8Clip), s));
@@ -326,6 +377,33 @@ private:
         return {q, f == fp8::Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, fp8_scale_inv(sc)};
     }
 
+    // Packs this rank's slice of every layer for the gathers (the GatherCodec's pack), from `shard`,
+    // with each weight's scale: from the largest amax of every rank's slices where the scale is
+    // measured, else from its history (the slices' amax then joining the step's). What each
+    // weight's slices clipped, summed over the ranks, is what a cast of the whole weight counts.
+    void pack_weights(const floatX* shard) {
+        cudaStream_t s = stream_;
+        const int n = gather_.tensors(), ranks = dp_->world_size();
+        float* my_amaxes = rank_amaxes_.get() + (size_t)n * dp_->rank();
+        Fp8Clip* my_clips = rank_clips_.get() + (size_t)n * dp_->rank();
+        Fp8Scale* weight_scales = scale(0, FP8_QKV, FP8_WEIGHT);  // (l, p)'s at (l * 4 + p) * FP8_OPERANDS
+        if (!scales_from_history()) {
+            PhaseScope phase(timer(), "fp8 amax", s);
+            gather_.measure(shard, my_amaxes);
+            CUDA_CHECK(cudaStreamSynchronize(s));  // a float a weight, once a step: the collective reads them next
+            dp_->all_gather(my_amaxes, rank_amaxes_.get(), n, CommDtype::F32).wait();
+            fp8_scales_from_ranks(weight_scales, FP8_OPERANDS, rank_amaxes_.get(), n, ranks, s);
+            amax_passes_ += n;
+        }
+        PhaseScope phase(timer(), "fp8 cast", s);
+        gather_.pack(shard, weight_scales, FP8_OPERANDS, my_clips, options_.scaling == Fp8Scaling::Delayed);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        dp_->all_gather(my_clips, rank_clips_.get(), n * sizeof(Fp8Clip), CommDtype::U8).wait();
+        fp8_clip_sum(weight_clips_.get(), rank_clips_.get(), n, ranks, s);
+        weight_casts_ += n;
+        packed_epoch_ = epoch_;
+    }
+
     // Delayed scaling once every tensor has a history: the scales are set, no cast measures.
     bool scales_from_history() const { return options_.scaling == Fp8Scaling::Delayed && primed_; }
 
@@ -336,7 +414,7 @@ private:
 
     Fp8Options options_;
     int tensors_ = 0, C_ = 0;
-    bool cache_weights_ = false;
+    Fp8WeightCopies copies_ = Fp8WeightCopies::Cached;
     cudaStream_t stream_ = nullptr;
     PhaseTimer* timer_ = nullptr;  // none: the casts are not timed
     bool recording_ = true, recomputing_ = false;
@@ -353,6 +431,13 @@ private:
     DeviceBuffer<Fp8Clip> weight_clips_;
     std::vector<uint64_t> cast_epoch_;
     uint64_t epoch_ = 1, params_version_ = 0, weight_casts_ = 0, amax_passes_ = 0;
+    // ZeRO-3's gathered codes (gather_weights): the packing, the epoch it packed in, the engine's
+    // communicator, and every rank's amaxes and clipping counts of its slices (ranks x layers x 4).
+    Fp8WeightGather gather_;
+    uint64_t packed_epoch_ = 0;
+    Communicator* dp_ = nullptr;
+    DeviceBuffer<float> rank_amaxes_;
+    DeviceBuffer<Fp8Clip> rank_clips_;
 };
 
 }  // namespace llmc

@@ -433,16 +433,38 @@ public:
         pinned_losses_ = PinnedBuffer<float>((size_t)max_B * max_T * (stage_.pipelined ? pipe_.micro_batches : 1),
                                              "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
-        const bool cache_fp8_weights = !engine_.plan().shards_parameters();
-        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), config_.channels, options_.fp8, cache_fp8_weights,
-                              comm_.world_size(), stream_.get());
+        const Fp8WeightCopies fp8_copies = fp8_weight_copies(options_.fp8, engine_.plan());
+        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), config_.channels, options_.fp8, fp8_copies, comm_.world_size(),
+                              stream_.get());
         fp8_.time_casts_in(&timer_);
         engine_.attach_replicated_state(&fp8_);
-        own_activation_bytes_ =
-            acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() + DeviceMemory::scratch_bytes() +
-            Fp8LinearsCUDA::device_bytes(layout_.num_layers(), options_.fp8, comm_.world_size()) +
-            Fp8LinearsCUDA::weight_bytes(layout_.num_layers(), config_.channels, options_.fp8, cache_fp8_weights);
+        if (options_.fp8.enabled && fp8_copies == Fp8WeightCopies::Gathered) {
+            fp8_.gather_weights(layout_, engine_.plan(), comm_);
+            engine_.set_gather_codec(&fp8_);
+        }
+        own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
+                                DeviceMemory::scratch_bytes() + fp8_bytes(layout_, engine_.plan(), options_.fp8);
         if (config_.num_experts > 0) allocate_experts();
+    }
+
+    // What ZeRO-3's gather of a layer sends from each rank with its weights as FP8 codes, against
+    // bf16 (--fp8 1 -z 3 --fp8-gather 1; else empty), for the startup line and --plan.
+    static std::string fp8_gather_summary(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
+        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return "";
+        const auto [packed, bf16] = Fp8WeightGather::chunk_bytes(GPT2Params::layout(c), plan);
+        return strformat("ZeRO-3 gathers each layer's weights as FP8 codes: %s a rank and layer (bf16: %s, %.2fx)",
+                         format_bytes((double)packed).c_str(), format_bytes((double)bf16).c_str(),
+                         (double)packed / (double)bf16);
+    }
+
+    // The FP8 products' device bytes (memory_specs' FP8 lines) for this layout and plan.
+    static size_t fp8_bytes(const ParamLayout& layout, const ZeroPlan& plan, const Fp8Options& o) {
+        if (!o.enabled) return 0;
+        const Fp8WeightCopies copies = fp8_weight_copies(o, plan);
+        const int layers = layout.num_layers(), C = (int)layout.tensor_size(GPT2Params::LN1W);
+        return Fp8LinearsCUDA::device_bytes(layers, o, plan.world_size) +
+               Fp8LinearsCUDA::weight_bytes(layers, C, o, copies, plan.world_size) +
+               (copies == Fp8WeightCopies::Gathered ? Fp8WeightGather::device_bytes(layout, plan) : 0);
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -461,11 +483,16 @@ public:
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
         if (o.fp8.enabled) {
             const int layers = stage.layers < 0 ? c.num_layers : stage.layers;
-            const bool cached = !plan.shards_parameters();
+            const Fp8WeightCopies copies = fp8_weight_copies(o.fp8, plan);
+            static const char* what[] = {"FP8 weights and transposes (cast once a step)", "FP8 weight and transpose",
+                                         "FP8 weight transpose, gathered weights' amaxes and clipping"};
             specs.push_back({"FP8 scales and amax histories", K::Activations,
                              Fp8LinearsCUDA::device_bytes(layers, o.fp8, plan.world_size), 1});
-            specs.push_back({cached ? "FP8 weights and transposes (cast once a step)" : "FP8 weight and transpose",
-                             K::Activations, Fp8LinearsCUDA::weight_bytes(layers, c.channels, o.fp8, cached), 1});
+            specs.push_back({what[(int)copies], K::Activations,
+                             Fp8LinearsCUDA::weight_bytes(layers, c.channels, o.fp8, copies, plan.world_size), 1});
+            if (copies == Fp8WeightCopies::Gathered)
+                specs.push_back({"FP8 gather (packed slices, landing, codes)", K::Activations,
+                                 Fp8WeightGather::device_bytes(GPT2Params::layout(c), plan), 1});
         }
         if (c.num_experts > 0)
             specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o, ep), 1});
