@@ -209,6 +209,10 @@ $(BUILD)/test_cp: test/mpi/test_cp.cpp test/mpi/mpi_test_util.h $(HEADERS) | dep
 $(BUILD)/pp_bench: dev/bench/pp_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
+# ZeRO-3's layer gather, bf16 against FP8 codes (dev/bench/gather_bench.sh): under mpirun, not part of make test.
+$(BUILD)/gather_bench: dev/bench/gather_bench.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_INC) $< -o $@ $(LDFLAGS) $(MPI_LIBS)
 # The checkpoint benchmark (dev/bench/ckpt_bench.sh): host only, single process, not part of make test.
 $(BUILD)/ckpt_bench: dev/bench/ckpt_bench.cpp $(HEADERS) | deps
 	@mkdir -p $(dir $@)

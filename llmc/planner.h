@@ -106,9 +106,11 @@ inline double expert_parallel_comm_bytes(const RunConfig& cfg, int pp_rank, size
 
 // buffers: everything the model allocates per rank (its own size function's list); precision: how
 // its parameters travel in the all-gathers (gradients are reduced in fp32 by both models); pp_rank:
-// the rank's pipeline stage.
+// the rank's pipeline stage; packed_gather_saving: the bytes one rank's ZeRO-3 gathers of every
+// bucket send less than `precision` says (the CUDA model's FP8 weight codes, fp8_gather.cuh).
 inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::vector<BufferSpec> buffers,
-                              ParamPrecision precision = FP32_PARAMETERS, int pp_rank = 0) {
+                              ParamPrecision precision = FP32_PARAMETERS, int pp_rank = 0,
+                              double packed_gather_saving = 0) {
     MemoryPlan plan;
     plan.buffers = std::move(buffers);
     for (const BufferSpec& b : plan.buffers) plan.bytes[(int)b.kind] += b.bytes();
@@ -125,7 +127,7 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 0: plan.comm_bytes_per_rank = 2 * grads; break;                      // all-reduce
     case 1: plan.comm_bytes_per_rank = grads + params; break;                 // reduce-scatter + all-gather
     case 2: plan.comm_bytes_per_rank = accum * grads + params; break;         // a reduce-scatter per micro-batch
-    case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * params); break;   // + 2 gathers per micro-batch
+    case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * (params - packed_gather_saving)); break;  // + 2 gathers
     }
     // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
     plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes) * accum;

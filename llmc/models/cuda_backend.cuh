@@ -114,10 +114,14 @@ struct CudaBackend {
         return out;
     }
 
-    // --fp8 1 -z 3: what rank 0's gathers of a layer send (GPT2CUDA::fp8_gather_summary), or empty.
+    // --fp8 1 -z 3: what rank 0's gathers of a layer send with the weights as codes, or empty.
     static std::string fp8_gather_line(const RunConfig& cfg) {
-        return GPT2CUDA::fp8_gather_summary(cfg.model_config, zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0),
-                                            options(cfg).fp8);
+        const auto [packed, bf16] = GPT2CUDA::fp8_gather_chunk_bytes(
+            cfg.model_config, zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0), options(cfg).fp8);
+        if (packed == 0) return "";
+        return strformat("ZeRO-3 gathers each layer's weights as FP8 codes: %s a rank and layer (bf16: %s, %.2fx)",
+                         format_bytes((double)packed).c_str(), format_bytes((double)bf16).c_str(),
+                         (double)packed / (double)bf16);
     }
 
     // What rank `zero_rank` of the data x context group (ProcessGroups::dp_cp; the data-parallel rank
@@ -130,7 +134,8 @@ struct CudaBackend {
                            GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
                                                   tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp,
                                                   cfg.dims.ep),
-                           DeviceMemory::precision, pp_rank);
+                           DeviceMemory::precision, pp_rank,
+                           GPT2CUDA::fp8_gather_bytes_saved(cfg.model_config, zero, options(cfg).fp8));
     }
     // ZeRO's plan for data-parallel rank zero_rank (its place in the expert group and in the expert
     // data group follow from it: ep consecutive data-parallel ranks form an expert group).

@@ -301,6 +301,51 @@ private:
 };
 }  // namespace
 
+TEST_CASE("FP8 at ZeRO-3: the weights' codes are gathered, the memory plan is what the model allocates, and the "
+          "plan's bytes sent fall by the codes' saving") {
+    ModelConfig c = model_preset("d4");  // 4 layers of C 256
+    c.vocab_size = 512, c.padded_vocab_size = 512;
+    ShapeOnlyComm three(3);
+    DataParallel dp;
+    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
+    for (bool gather : {true, false}) {
+        INFO("--fp8-gather " << gather);
+        GPT2CUDAOptions o;
+        o.fp8 = {true, Fp8Scaling::Current, 4, gather};
+        const ZeroPlan plan = GPT2CUDA::zero_plan(c, 3, 0, 3);
+        size_t planned[(int)MemoryKind::Count] = {};
+        bool gather_line = false;
+        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, plan)) {
+            planned[(int)s.kind] += s.bytes();
+            gather_line = gather_line || s.name.find("FP8 gather") != std::string::npos;
+        }
+        CHECK(gather_line == gather);
+        const GPT2CUDA gpu(c, 2, 64, o, dp);  // nothing is gathered until a pass
+        for (int k = 0; k < (int)MemoryKind::Count; k++) {
+            INFO(memory_kind_name((MemoryKind)k));
+            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+        }
+        const double saved = GPT2CUDA::fp8_gather_bytes_saved(c, plan, o.fp8);
+        const auto [packed, bf16] = GPT2CUDA::fp8_gather_chunk_bytes(c, plan, o.fp8);
+        if (!gather) {
+            CHECK(saved == 0);
+            CHECK(packed == 0);
+            continue;
+        }
+        // a byte a weight element instead of two, over 2 of 3 ranks' chunks, 4 layers
+        const double weights = 4.0 * 12 * 256 * 256;
+        CHECK(saved > 2.0 / 3 * weights * 0.98);
+        CHECK(saved < 2.0 / 3 * weights);
+        CHECK((double)packed / (double)bf16 < 0.51);  // a layer's chunk: about half
+        CHECK(saved == Approx(2.0 * 4 * ((double)bf16 - (double)packed)));
+        RunConfig cfg;
+        cfg.grad_accum_steps = 2;
+        const MemoryPlan with = plan_memory(cfg, plan, {}, DeviceMemory::precision, 0, saved);
+        const MemoryPlan without = plan_memory(cfg, plan, {}, DeviceMemory::precision, 0, 0);
+        CHECK(without.comm_bytes_per_rank - with.comm_bytes_per_rank == Approx(2 * 2 * saved));  // 2 gathers a micro-batch
+    }
+}
+
 TEST_CASE("the CUDA model refuses a --tp its heads or its vocabulary slices cannot take, before touching the GPU") {
     ModelConfig c = model_preset("d4");  // 4 heads of 64
     ShapeOnlyComm three(3), two(2);

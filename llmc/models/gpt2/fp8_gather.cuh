@@ -95,6 +95,19 @@ public:
         }
         return packed + 2 * (landing + codes) + pieces * sizeof(Fp8Piece);
     }
+    // What one rank's gathers of every layer send less than bf16 would: (ranks - 1) chunks' worth
+    // each, as a ring all-gather sends them (the planner's bytes).
+    static double bytes_saved(const ParamLayout& layout, const ZeroPlan& plan) {
+        std::vector<Bucket> buckets;
+        plan_buckets(layout, plan, &buckets);
+        double saved = 0;
+        for (int b = 0; b < (int)buckets.size(); b++)
+            if (buckets[b].layer >= 0) {
+                const ZeroPlan::Bucket& k = plan.buckets[b];
+                saved += (k.world_size - 1.0) * ((double)k.shard_size * sizeof(floatX) - (double)buckets[b].plan.chunk_bytes);
+            }
+        return saved;
+    }
     // Bytes one rank sends in a layer's gather, packed and as bf16 (the largest layer's; for the logs).
     static std::pair<size_t, size_t> chunk_bytes(const ParamLayout& layout, const ZeroPlan& plan) {
         std::vector<Bucket> buckets;

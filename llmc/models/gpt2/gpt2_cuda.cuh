@@ -447,14 +447,17 @@ public:
         if (config_.num_experts > 0) allocate_experts();
     }
 
-    // What ZeRO-3's gather of a layer sends from each rank with its weights as FP8 codes, against
-    // bf16 (--fp8 1 -z 3 --fp8-gather 1; else empty), for the startup line and --plan.
-    static std::string fp8_gather_summary(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
-        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return "";
-        const auto [packed, bf16] = Fp8WeightGather::chunk_bytes(GPT2Params::layout(c), plan);
-        return strformat("ZeRO-3 gathers each layer's weights as FP8 codes: %s a rank and layer (bf16: %s, %.2fx)",
-                         format_bytes((double)packed).c_str(), format_bytes((double)bf16).c_str(),
-                         (double)packed / (double)bf16);
+    // What ZeRO-3's gather of a layer sends from each rank with its weights as FP8 codes, and as
+    // bf16 (--fp8 1 -z 3 --fp8-gather 1; else zeros), for the startup line and --plan.
+    static std::pair<size_t, size_t> fp8_gather_chunk_bytes(const ModelConfig& c, const ZeroPlan& plan,
+                                                            const Fp8Options& o) {
+        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return {0, 0};
+        return Fp8WeightGather::chunk_bytes(GPT2Params::layout(c), plan);
+    }
+    // What one rank's ZeRO-3 gathers send less with the weights as codes (the planner's bytes), or 0.
+    static double fp8_gather_bytes_saved(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
+        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return 0;
+        return Fp8WeightGather::bytes_saved(GPT2Params::layout(c), plan);
     }
 
     // The FP8 products' device bytes (memory_specs' FP8 lines) for this layout and plan.
