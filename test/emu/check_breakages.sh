@@ -23,7 +23,8 @@
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
 # test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
-# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26);
+# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26), the four FP8
+# gather ones about 4 (train_gpt_emu rebuilt once);
 # the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
 # machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
 # MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
@@ -304,6 +305,18 @@ breakage fp8-fused-amax-layernorm-backward-input llmc/kernels/layernorm.cuh "ben
     "layernorm_backward: the residual gradient's amax taken from the incoming gradient, not the sum it writes" \
     '        largest = fmaxf(largest, fabsf(__bfloat162float(dx_new[i])));' \
     '        largest = fmaxf(largest, fabsf(__bfloat162float(dx[i])));'
+breakage fp8-gather-unpack-offset llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_unpack: a weight piece's codes landed a byte past their place (but the first piece's)" \
+    '    uint8_t* out = codes + p.dst;' '    uint8_t* out = codes + p.dst + (p.dst > 0);'
+breakage fp8-gather-scale-stride llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_pack: a weight's scale looked up without the scales' stride (another tensor's scale)" \
+    'Fp8Scale* s = a.scales + (size_t)p.tensor * a.stride;' 'Fp8Scale* s = a.scales + (size_t)p.tensor;'
+breakage fp8-gather-clips-one-rank llmc/kernels/fp8.cuh "bench fp8" \
+    "fp8_clip_sum: rank 0's clipping counts taken for every rank's" \
+    'const Fp8Clip& c = all[(size_t)r * tensors + i];' 'const Fp8Clip& c = all[i];'
+breakage fp8-gather-packed-once llmc/models/gpt2/fp8_linears.cuh "fp8-gather" \
+    "Fp8LinearsCUDA::pack: the slices packed once, never again after the weights or their scales change" \
+    'if (packed_epoch_ != epoch_) pack_weights(shard);' 'if (packed_epoch_ == 0) pack_weights(shard);'
 
 # 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
@@ -357,7 +370,7 @@ targets_of() {
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
         cp-mesh) echo "$emu/test_cp_cuda" ;;
-        dp-nccl | tp-nccl | ckpt) echo "train_gpt_emu" ;;
+        dp-nccl | tp-nccl | ckpt | fp8-gather) echo "train_gpt_emu" ;;
         *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
     esac
 }
@@ -371,6 +384,7 @@ describe() {
         dp-nccl) echo "the 2-rank --gpu-comm nccl run against 1 rank (test/mpi/run_gpu_dp_tests.sh)" ;;
         tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
         ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
+        fp8-gather) echo "ZeRO-3 on 2 ranks, the weights gathered as FP8 codes against bf16 (test/gpu/run_gpu_fp8_tests.sh)" ;;
     esac
 }
 # run_test TEST: in the copy, output to stdout; the exit status is the test's. (Every step checks its
@@ -425,6 +439,17 @@ run_test() {
                 ck() { sed -nE 's/.*"step":([0-9]+),.*"train_loss":([-0-9.e+]+).*/\1 \2/p' "$1/metrics.jsonl" | tail -8; }
                 diff <(ck "$dir/ref") <(ck "$dir/resumed") || { echo "FAIL losses differ after resume"; exit 1; }
                 echo "ok resumed CUDA run is bitwise the uninterrupted one"
+            ) ;;
+        fp8-gather)  # run_gpu_fp8_tests.sh's 2b: the codes' gather gives the bf16 gather's run bit for bit
+            (
+                # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
+                source test/gpu/lib.sh
+                dir=$d trainer=./timed_train_gpt_emu
+                common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 12 -v 0 -s 0 -l 1e-3 --gpu-comm mpi --fp8 1)
+                run codes 2 4 --fp8-scaling delayed -z 3 || { tail -n 20 "$dir/codes.log"; exit 1; }
+                run bf16 2 4 --fp8-scaling delayed -z 3 --fp8-gather 0 || { tail -n 20 "$dir/bf16.log"; exit 1; }
+                cmp "$dir/codes/model.bin" "$dir/bf16/model.bin" || { echo "FAIL model.bin: the codes' gather differs from bf16's"; exit 1; }
+                echo "ok the codes' gather gives the bf16 gather's run"
             ) ;;
     esac
 }
