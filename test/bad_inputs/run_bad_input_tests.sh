@@ -282,6 +282,7 @@ run "--ep not dividing dp" "--ep 3 must be >= 1 and divide the 2 data-parallel r
 run "--capacity-factor below 0" "--capacity-factor must be 0 (dropless) or positive, got -1" --experts 4 --capacity-factor -1
 run "--fp8 other than 0/1" "--fp8 must be 0 or 1, got 2" --fp8 2
 run "--fp8-history below 1" "--fp8-history must be >= 1 step, got 0" --fp8 1 --fp8-history 0
+run "--fp8-gather not 0 or 1" "--fp8-gather must be 0 or 1, got 2" --fp8 1 --fp8-gather 2
 run "--fp8 with experts" "--fp8 1 runs a dense model with data parallelism" --fp8 1 --experts 4
 
 # ---- errors during training: exit 5, the earlier metrics kept ----
