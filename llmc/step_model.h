@@ -167,7 +167,8 @@ inline void add_fp8_casts(LayerForward& f, const ModelShape& s, const RunConfig&
         weights_forward = (3 + amax) * w / dp / c.grad_accum_steps + 2 * w;  // the slice's cast, the unpacking
         weights_backward = 4 * w;                                            // the unpacking, the transpose
     } else {
-        weights_forward = (4 + amax) * w * (c.zero_stage >= 3 ? 1.0 : 1.0 / c.grad_accum_steps);
+        const bool sharded = c.zero_stage >= 3 && dp > 1;  // one rank runs ZeRO-0 (and caches)
+        weights_forward = (4 + amax) * w * (sharded ? 1.0 : 1.0 / c.grad_accum_steps);
     }
     f.fp8_forward_casts = {0, 3 * inputs + amax * inputs_measured + weights_forward};
     f.fp8_backward_casts = {0, 3 * inputs + 4 * grads + amax * grads_measured + weights_backward};

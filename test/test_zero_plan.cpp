@@ -221,7 +221,7 @@ TEST_CASE("a packed ZeRO-3 gather carries every element of a layer once: its wei
                 CAPTURE(channels, align, world);
                 const int b = layout.layer_bucket(1);
                 std::vector<ElementRange> coded;
-                for (int t : {GPT2Params::QKVW, GPT2Params::ATTPROJW, GPT2Params::FCW, GPT2Params::FCPROJW})
+                for (int t : GPT2Params::LINEAR_WEIGHTS)
                     coded.push_back({layout.offset_in_bucket(t, 1), layout.tensor_size(t)});
                 const ZeroPlan plan(layout, 3, 0, world, align);
                 const ZeroPlan::Bucket& k = plan.buckets[b];

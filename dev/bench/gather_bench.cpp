@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
             const ZeroPlan plan(layout, 3, world->rank(), N, 8);  // the CUDA model's shard alignment
             const int b = layout.layer_bucket(0);
             std::vector<ElementRange> weights;
-            for (int t : {GPT2Params::QKVW, GPT2Params::ATTPROJW, GPT2Params::FCW, GPT2Params::FCPROJW})
+            for (int t : GPT2Params::LINEAR_WEIGHTS)
                 weights.push_back({layout.offset_in_bucket(t, 0), layout.tensor_size(t)});
             const size_t bf16 = plan.buckets[b].shard_size * 2;
             const size_t packed = plan_packed_bucket(plan.buckets[b], weights, 2).chunk_bytes;

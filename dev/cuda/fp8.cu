@@ -299,7 +299,7 @@ void check_gather(std::mt19937_64& rng, int channels, int world, size_t align) {
     std::vector<std::vector<uint8_t>> want_codes(tensors);
     for (int l = 0; l < c.num_layers; l++)
         for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
-            const int t = l * llmc::FP8_PRODUCTS + p, w = llmc::Fp8WeightGather::WEIGHTS[p];
+            const int t = l * llmc::FP8_PRODUCTS + p, w = llmc::GPT2Params::LINEAR_WEIGHTS[p];
             const float* x = params.data() + layout.offset(w, l);
             for (size_t i = 0; i < layout.tensor_size(w); i++) amax[t] = std::max(amax[t], std::fabs(x[i]));
             scale[t] = fp8::scale_for_amax(amax[t], fp8::Format::E4M3, 1.0f) * (t == 6 ? 64.0f : 1.0f);
@@ -375,8 +375,8 @@ void check_gather(std::mt19937_64& rng, int channels, int world, size_t align) {
         const std::vector<float> got = bench::to_host(whole.get(), k.size);
         bool plain_ok = true;
         for (int t = 0; t < layout.num_tensors(); t++) {
-            if (!layout.is_per_layer(t) || std::count(std::begin(llmc::Fp8WeightGather::WEIGHTS),
-                                                      std::end(llmc::Fp8WeightGather::WEIGHTS), t))
+            if (!layout.is_per_layer(t) || std::count(std::begin(llmc::GPT2Params::LINEAR_WEIGHTS),
+                                                      std::end(llmc::GPT2Params::LINEAR_WEIGHTS), t))
                 continue;
             const size_t at = layout.offset_in_bucket(t, l);
             for (size_t i = 0; i < layout.tensor_size(t); i++)

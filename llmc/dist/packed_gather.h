@@ -12,8 +12,8 @@
 // A piece is a run of one slice's elements in one tensor kind (coded tensor t, or the others).
 // Packing walks this rank's pieces (shard -> chunk); unpacking the gathered chunks walks every
 // rank's: a coded piece lands in the codes buffer (the coded tensors' codes back to back, in bucket
-// order), any other in the bucket's gathered buffer at its own offset. Each coded piece starts
-// 16 bytes into its chunk, so a kernel moves it with wide accesses where its other end allows.
+// order), any other in the bucket's gathered buffer at its own offset. Each coded piece starts at
+// a 16-byte boundary of its chunk, so a kernel moves it with wide accesses where its other end allows.
 #pragma once
 
 #include <algorithm>

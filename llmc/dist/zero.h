@@ -136,9 +136,10 @@ inline size_t checkpoint_snapshot_bytes(const ZeroPlan& plan, ParamPrecision pre
 // How a bucket's parameters travel in stage 3's all-gather when not as they are stored. The engine
 // asks for this rank's slice packed (a chunk of chunk_bytes, the same on every rank), gathers every
 // rank's chunk into the codec's landing buffer for the rotating gather buffer it uses (0 or 1), and,
-// once the gather has landed, has the codec unpack them: into that gather buffer (`whole`, what the
-// model reads through BucketView) and wherever else the codec keeps what it packed. Only rotating
-// (non-resident) buckets may be packed. The codec runs its kernels on the memory's stream.
+// once the gather has landed, has the codec unpack them: what travelled as stored into that gather
+// buffer (`whole`, where the model reads it through BucketView), the rest (the FP8 weights' codes)
+// where the codec keeps it; `whole` holds nothing of the latter. Only rotating (non-resident)
+// buckets may be packed. The codec runs its kernels on the memory's stream.
 template <class Param>
 class GatherCodec {
 public:
@@ -146,8 +147,9 @@ public:
     virtual bool packs(int bucket) const = 0;
     virtual size_t chunk_bytes(int bucket) const = 0;
     // This rank's slice of the bucket packed, from `shard` (the rank's whole parameter shard, every
-    // bucket's slice at its shard_offset); valid until the parameters change.
-    virtual const void* pack(int bucket, const Param* shard) = 0;
+    // bucket's slice at its shard_offset) as of `version` (shared_params_version: packing may
+    // exchange data between the ranks, so what decides it must be the same on every rank).
+    virtual const void* pack(int bucket, const Param* shard, uint64_t version) = 0;
     virtual void* landing(int buffer) = 0;
     virtual void unpack(int bucket, int buffer, Param* whole) = 0;
     // The engine dropped every gathered buffer (invalidate_gathered).
@@ -249,7 +251,7 @@ public:
                     mem_.upload(master_shard_ + k.shard_offset, full + k.begin + k.owned_begin, owned);
             }
         }
-        params_version_++;
+        params_version_++, shared_params_version_++;
         invalidate_gathered();
     }
 
@@ -297,7 +299,7 @@ public:
         slot->in_use = false;
         slot->packed = codec_ && codec_->packs(bucket);
         if (slot->packed) {
-            const void* chunk = codec_->pack(bucket, params_shard_);
+            const void* chunk = codec_->pack(bucket, params_shard_, shared_params_version_);
             mem_.before_collective(comm_of(k));
             slot->pending = std::make_unique<CommHandle>(comm_of(k).all_gather(
                 chunk, codec_->landing(rotating_index(slot)), codec_->chunk_bytes(bucket), CommDtype::U8));
@@ -473,7 +475,7 @@ public:
             for (auto& op : whole_step_ops_) finish(op);
             whole_step_ops_.clear();
         }
-        params_version_++;
+        params_version_++, shared_params_version_++;
         invalidate_gathered();
     }
 
@@ -492,6 +494,9 @@ public:
     // Advances whenever the parameters change (set, updated, restored, a bit flipped): what a cast
     // of them (the FP8 weights, fp8_linears.cuh) is kept for.
     uint64_t params_version() const { return params_version_; }
+    // Advances only with the changes every rank makes together (set, updated, restored; not a flipped
+    // bit, which is one rank's): what a packed gather decides on (GatherCodec::pack).
+    uint64_t shared_params_version() const { return shared_params_version_; }
 
     // Milliseconds the caller spent blocked on collectives since the last call.
     double take_exposed_comm_ms() {
@@ -548,7 +553,7 @@ public:
             if (buffer == 0) mem_.upload_params(static_cast<Param*>(dst), staged.data(), r.size());
             else mem_.upload(static_cast<float*>(dst), staged.data(), r.size());
         }
-        params_version_++;
+        params_version_++, shared_params_version_++;
         invalidate_gathered();
         if constexpr (requires { mem_.release_transient(); }) mem_.release_transient();  // not planned memory
     }
@@ -778,7 +783,7 @@ private:
     std::deque<GradSlot*> in_flight_;
     std::vector<std::unique_ptr<CommHandle>> whole_step_ops_;
     double exposed_ms_ = 0;
-    uint64_t params_version_ = 0;  // see params_version
+    uint64_t params_version_ = 0, shared_params_version_ = 0;  // see params_version, shared_params_version
     GatherCodec<Param>* codec_ = nullptr;  // stage 3's packed gathers (set_gather_codec), or none
 };
 

@@ -269,23 +269,25 @@ breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
     'for (uint32_t h = 0; h + 1 < s.history_count; h++) m = fmaxf(m, ring[h]);'
 breakage fp8-weights-stale-after-adamw llmc/dist/zero.h "gpt2" \
     "ZeroEngine::adamw_step: the parameter version not advanced, so the FP8 weights cast before the update stay in use" \
-    '        params_version_++;
+    '        params_version_++, shared_params_version_++;
         invalidate_gathered();
     }
 
     // Drops every gathered' \
-    '        invalidate_gathered();
+    '        shared_params_version_++;
+        invalidate_gathered();
     }
 
     // Drops every gathered'
 breakage fp8-weights-stale-after-set llmc/dist/zero.h "gpt2" \
     "ZeroEngine::set_params: the parameter version not advanced, so new weights are multiplied as the old ones' FP8 copies" \
-    '        params_version_++;
+    '        params_version_++, shared_params_version_++;
         invalidate_gathered();
     }
 
     // Writes every master weight' \
-    '        invalidate_gathered();
+    '        shared_params_version_++;
+        invalidate_gathered();
     }
 
     // Writes every master weight'
@@ -317,6 +319,9 @@ breakage fp8-gather-clips-one-rank llmc/kernels/fp8.cuh "bench fp8" \
 breakage fp8-gather-packed-once llmc/models/gpt2/fp8_linears.cuh "fp8-gather" \
     "Fp8LinearsCUDA::pack: the slices packed once, never again after the weights or their scales change" \
     'if (packed_epoch_ != epoch_) pack_weights(shard);' 'if (packed_epoch_ == 0) pack_weights(shard);'
+breakage fp8-gather-local-version llmc/dist/zero.h "fp8-gather-fault" \
+    "ZeroEngine::prefetch_params: the packing decided on the rank's own parameter version (a flipped bit makes one rank pack, and exchange, alone)" \
+    'codec_->pack(bucket, params_shard_, shared_params_version_)' 'codec_->pack(bucket, params_shard_, params_version_)'
 
 # 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
@@ -370,7 +375,7 @@ targets_of() {
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
         cp-mesh) echo "$emu/test_cp_cuda" ;;
-        dp-nccl | tp-nccl | ckpt | fp8-gather) echo "train_gpt_emu" ;;
+        dp-nccl | tp-nccl | ckpt | fp8-gather | fp8-gather-fault) echo "train_gpt_emu" ;;
         *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
     esac
 }
@@ -385,6 +390,7 @@ describe() {
         tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
         ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
         fp8-gather) echo "ZeRO-3 on 2 ranks, the weights gathered as FP8 codes against bf16 (test/gpu/run_gpu_fp8_tests.sh)" ;;
+        fp8-gather-fault) echo "ZeRO-3 FP8 on 2 ranks, a bit flipped on rank 1 after a skipped step (test/gpu/run_gpu_fp8_tests.sh)" ;;
     esac
 }
 # run_test TEST: in the copy, output to stdout; the exit status is the test's. (Every step checks its
@@ -450,6 +456,16 @@ run_test() {
                 run bf16 2 4 --fp8-scaling delayed -z 3 --fp8-gather 0 || { tail -n 20 "$dir/bf16.log"; exit 1; }
                 cmp "$dir/codes/model.bin" "$dir/bf16/model.bin" || { echo "FAIL model.bin: the codes' gather differs from bf16's"; exit 1; }
                 echo "ok the codes' gather gives the bf16 gather's run"
+            ) ;;
+        fp8-gather-fault)  # run_gpu_fp8_tests.sh's zero3_flip: the run must go on
+            (
+                # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh
+                source test/gpu/lib.sh
+                dir=$d trainer=./timed_train_gpt_emu
+                common=("${test_model[@]}" -t "$test_T" -d $((16 * test_T)) -x 12 -v 0 -s 0 -l 1e-3 --gpu-comm mpi --fp8 1)
+                run flip 2 4 --fp8-scaling current -z 3 --faults nan_grad@3,flip_bit@3:1 --comm-timeout-s 30 ||
+                    { tail -n 5 "$dir/flip.log"; echo "FAIL the run with a bit flipped on one rank stopped"; exit 1; }
+                echo "ok the run goes on"
             ) ;;
     esac
 }

@@ -11,7 +11,8 @@
 #      micro-batches a rank; and at ZeRO-3 the codes' gather (--fp8-gather 1, the default) gives
 #      bitwise the run of gathering bf16 and casting at every use (--fp8-gather 0), its clipping
 #      counts too, on 2 ranks (delayed scaling) and 3 (current; slices cut the weights unevenly),
-#      and resumed from a checkpoint ends bitwise as the uninterrupted run;
+#      over NCCL as well (emulated: a GPU per rank), with a bit flipped on one rank after a skipped
+#      step (no rank packs alone), and resumed from a checkpoint ends bitwise as the uninterrupted run;
 #   3. a delayed-scaling run resumed from its step-6 checkpoint (the amax histories in its manifest)
 #      ends bitwise equal to the uninterrupted run, and train_gpt_cpu continues it;
 #   4. --fp8 with --tp is refused.
@@ -59,6 +60,22 @@ echo "ok $(grep "^fp8: ZeRO-3" "$dir/zero3.log")"
 run zero3_three 3 2 --fp8-scaling current -z 3 -d $((12 * test_T))
 run zero3_three_bf16_gather 3 2 --fp8-scaling current -z 3 -d $((12 * test_T)) --fp8-gather 0
 same_run zero3_three zero3_three_bf16_gather
+# ... over NCCL too (its collectives on their own stream: the packing, the gathers and the unpacking
+# ordered by events), where the node has a GPU per rank (the emulator's: NCCL refuses two ranks a GPU)
+if [ "$(gpus_on_node)" -ge 2 ]; then
+    for g in 1 0; do
+        echo "== nccl_$g: 2 ranks, --gpu-comm nccl, -z 3 --fp8-gather $g"
+        timeout 300 mpirun --oversubscribe -np 2 "$trainer" "${common[@]/mpi/nccl}" -b 4 --fp8-scaling delayed -z 3 \
+            --fp8-gather "$g" -o "$dir/nccl_$g" > "$dir/nccl_$g.log"
+        grep -q "collectives over NCCL" "$dir/nccl_$g.log" || { echo "FAIL nccl_$g did not use NCCL"; exit 1; }
+    done
+    same_run nccl_1 nccl_0
+fi
+# ... with a bit flipped on one rank after a step every rank skipped (its parameters alone changed):
+# a packing exchanges amaxes between the ranks, so no rank may pack alone
+run zero3_flip 2 4 --fp8-scaling current -z 3 --faults nan_grad@3,flip_bit@3:1 --comm-timeout-s 60
+grep -q "update SKIPPED" "$dir/zero3_flip.log" || { echo "FAIL zero3_flip: step 3 not skipped"; exit 1; }
+echo "ok a bit flipped on rank 1 after a skipped step: the run goes on"
 # ... and resumed from its step-6 checkpoint, it ends as the uninterrupted run did
 run zero3_saving 2 4 --fp8-scaling delayed -z 3 -n 6 -nk 0
 mkdir -p "$dir/zero3_resumed"

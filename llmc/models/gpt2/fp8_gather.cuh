@@ -33,14 +33,10 @@ namespace llmc {
 
 class Fp8WeightGather {
 public:
-    // The weight tensor of each product, in the order Fp8Product numbers them (which is bucket order).
-    static constexpr int WEIGHTS[FP8_PRODUCTS] = {GPT2Params::QKVW, GPT2Params::ATTPROJW, GPT2Params::FCW,
-                                                  GPT2Params::FCPROJW};
-
     Fp8WeightGather() = default;
     // Every layer bucket of `plan` (over `layout`, a whole dense model's), on the model's stream.
     Fp8WeightGather(const ParamLayout& layout, const ZeroPlan& plan, cudaStream_t stream)
-        : layers_(layout.num_layers()), ranks_(plan.world_size), stream_(stream) {
+        : layers_(layout.num_layers()), stream_(stream) {
         plan_buckets(layout, plan, &buckets_);
         std::vector<Fp8Piece> pack, unpack;
         size_t packed_bytes = 0, landing_bytes = 0, codes_bytes = 0;
@@ -119,11 +115,20 @@ public:
         return most;
     }
 
+    size_t allocated_bytes() const {
+        return pieces_.bytes() + packed_.bytes() + landing_[0].bytes() + landing_[1].bytes() + codes_[0].bytes() +
+               codes_[1].bytes();
+    }
+
     bool packs(int bucket) const { return bucket >= 0 && bucket < (int)buckets_.size() && buckets_[bucket].layer >= 0; }
     size_t chunk_bytes(int bucket) const { return at(bucket).plan.chunk_bytes; }
     // This rank's packed slice of the bucket (as pack() last left it).
     const uint8_t* packed(int bucket) const { return packed_.get() + at(bucket).packed_at; }
-    uint8_t* landing(int buffer) { return landing_[check_buffer(buffer)].get(); }
+    // Where the next gather into buffer `buffer` lands: the layer its codes held is no longer there.
+    uint8_t* landing(int buffer) {
+        unpacked_[check_buffer(buffer)] = -1;
+        return landing_[buffer].get();
+    }
     int tensors() const { return layers_ * FP8_PRODUCTS; }
 
     // amax[l * 4 + p] (layers x products, zeroed here): the largest |element| of this rank's slices
@@ -137,8 +142,9 @@ public:
     // `record_amax`, what it clipped counted into clips[l * 4 + p] (zeroed here).
     void pack(const floatX* shard, Fp8Scale* scales, int stride, Fp8Clip* clips, bool record_amax) {
         CUDA_CHECK(cudaMemsetAsync(clips, 0, sizeof(Fp8Clip) * tensors(), stream_));
-        fp8_pack({pieces_.get(), shard, packed_.get(), scales, stride, clips, record_amax}, pack_count_, largest_pack_,
-                 stream_);
+        const float largest = fp8::info(fp8::Format::E4M3).largest;
+        fp8_pack({pieces_.get(), shard, packed_.get(), scales, stride, clips, largest, record_amax}, pack_count_,
+                 largest_pack_, stream_);
     }
     // The bucket's gathered chunks (in landing buffer `buffer`) unpacked: its weights' codes into
     // that buffer's code buffer, its other parameters into `whole` (its bf16 gather buffer).
@@ -148,6 +154,7 @@ public:
         fp8_unpack(pieces_.get() + pack_count_ + bk.unpack_at, bk.unpack_count, bk.largest_unpack,
                    landing_[buffer].get(), codes_[buffer].get(), whole, stream_);
         unpacked_[buffer] = bucket;
+        if (unpacked_[1 - buffer] == bucket) unpacked_[1 - buffer] = -1;  // an older copy: never the one to read
     }
     // Layer l's weight p as E4M3 codes (OC x C, row-major), from its last unpacking; the layer must be
     // the one its buffer holds (the engine keeps it while the model holds the layer).
@@ -174,7 +181,8 @@ private:
         for (int l = 0; l < layout.num_layers(); l++) {
             const int b = layout.layer_bucket(l);
             std::vector<ElementRange> weights;
-            for (int t : WEIGHTS) weights.push_back({layout.offset_in_bucket(t, l), layout.tensor_size(t)});
+            for (int t : GPT2Params::LINEAR_WEIGHTS)
+                weights.push_back({layout.offset_in_bucket(t, l), layout.tensor_size(t)});
             (*out)[b].layer = l;
             (*out)[b].plan = plan_packed_bucket(plan.buckets[b], weights, sizeof(floatX));
         }
@@ -188,7 +196,7 @@ private:
         return buffer;
     }
 
-    int layers_ = 0, ranks_ = 1;
+    int layers_ = 0;
     cudaStream_t stream_ = nullptr;
     std::vector<Bucket> buckets_;
     DeviceBuffer<Fp8Piece> pieces_;  // this rank's packing pieces (pack_count_ of them), then every bucket's unpacking

@@ -47,6 +47,15 @@ inline Fp8WeightCopies fp8_weight_copies(const Fp8Options& o, const ZeroPlan& pl
     if (!plan.shards_parameters()) return Fp8WeightCopies::Cached;
     return o.gather ? Fp8WeightCopies::Gathered : Fp8WeightCopies::AtEachUse;
 }
+// What the memory plan calls their buffers.
+inline const char* fp8_weight_copies_name(Fp8WeightCopies copies) {
+    switch (copies) {
+    case Fp8WeightCopies::Cached: return "FP8 weights and transposes (cast once a step)";
+    case Fp8WeightCopies::AtEachUse: return "FP8 weight and transpose";
+    case Fp8WeightCopies::Gathered: return "FP8 weight transpose, gathered weights' amaxes and clipping";
+    }
+    return "";
+}
 
 // The FP8 copies of activations one product needs at once (the activation layout's scratch): its
 // input, its output gradient, and their transposes. The weights' copies are Fp8LinearsCUDA's own.
@@ -119,6 +128,13 @@ public:
         return 0;
     }
 
+    // Device bytes allocated (what the memory plan's FP8 lines must add up to).
+    size_t allocated_bytes() const {
+        return scales_.bytes() + histories_.bytes() + largest_.bytes() + step_amaxes_.bytes() + clips_.bytes() +
+               weights_.bytes() + weights_t_.bytes() + weight_clips_.bytes() + rank_amaxes_.bytes() +
+               rank_clips_.bytes() + gather_.allocated_bytes();
+    }
+
     // ZeRO-3 (Fp8WeightCopies::Gathered): the weights travel in `plan`'s gathers as their codes, the
     // amaxes and clipping counts of every rank's slices exchanged over `dp` (the engine's
     // communicator). The engine then takes this as its GatherCodec.
@@ -137,8 +153,8 @@ public:
     // pack after the parameters or the scales changed packs every layer's slice.
     bool packs(int bucket) const override { return gather_.packs(bucket); }
     size_t chunk_bytes(int bucket) const override { return gather_.chunk_bytes(bucket); }
-    const void* pack(int bucket, const floatX* shard) override {
-        if (packed_epoch_ != epoch_) pack_weights(shard);
+    const void* pack(int bucket, const floatX* shard, uint64_t version) override {
+        if (version != packed_version_ || scales_epoch_ != packed_scales_epoch_) pack_weights(shard, version);
         return gather_.packed(bucket);
     }
     void* landing(int buffer) override { return gather_.landing(buffer); }
@@ -152,6 +168,9 @@ public:
         params_version_ = params_version;
         epoch_++;
     }
+    // Milliseconds blocked on pack_weights' collectives since the last call (the step's exposed
+    // communication, with the engine's).
+    double take_exposed_comm_ms() { return std::exchange(exposed_comm_ms_, 0.0); }
     // Weight casts so far (one per weight and step when cached), for the tests.
     uint64_t weight_casts() const { return weight_casts_; }
     // For the tests: amax passes of their own so far, and fused_amax turned off (every cast that
@@ -218,7 +237,7 @@ public:
         }
         fp8_delayed_update(scales_.get(), histories_.get(), largest_.get(), tensors_, options_.history, s);
         primed_ = true;
-        epoch_++;  // new weight scales
+        epoch_++, scales_epoch_++;  // new weight scales
     }
 
     // What the casts of training passes clipped since the last call (a copy to the host).
@@ -283,7 +302,7 @@ public:
         CUDA_CHECK(cudaMemcpy(scales_.get(), scales.data(), sizeof(Fp8Scale) * tensors_, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(histories_.get(), rings.data(), sizeof(float) * rings.size(), cudaMemcpyHostToDevice));
         primed_ = all_primed;
-        epoch_++;  // new weight scales
+        epoch_++, scales_epoch_++;  // new weight scales
         return true;
     }
 
@@ -315,35 +334,51 @@ private:
     enum class CastUse { Measure, Record, Again };
 
     // Block l's product p's weight (OC x C) in E4M3, and its transpose where cast (`transpose`, or
-    // always when cached). Cached: cast at its first use after use_weights or the scales changed,
-    // measuring its amax for delayed scaling's step (the weight a training pass would measure: it
-    // does not change within the step), counting what it clipped at every Record use, as a cast at
-    // each use would. Gathered: the codes the gather brought, counted as cached ones, the transpose
-    // made from them. At each use: cast now, as a cast of the product's input is.
+    // always when cached), as `copies_` makes them: each way below. `weight`: the bf16 weight (not
+    // read where gathered: the gather brought only its codes).
     std::pair<Fp8Tensor, Fp8Tensor> cast_weight(int l, Fp8Product p, const floatX* weight, int OC, int C,
                                                 bool transpose, CastUse use) {
-        cudaStream_t s = stream_;
+        switch (copies_) {
+        case Fp8WeightCopies::Cached: return cached_weight(l, p, weight, OC, C, use);
+        case Fp8WeightCopies::Gathered: return gathered_weight(l, p, OC, C, transpose, use);
+        case Fp8WeightCopies::AtEachUse: break;
+        }
+        weight_casts_++;  // cast now, as a cast of the product's input is
+        uint8_t* qt = weights_t_.get();
+        const Fp8Tensor w = cast(weights_.get(), transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, use, stream_);
+        return {w, {qt, w.type, w.scale_inv}};
+    }
+    // Cached: cast at its first use after use_weights or the scales changed, measuring its amax for
+    // delayed scaling's step (the weight a training pass would measure: it does not change within
+    // the step), counting what it clipped at every Record use, as a cast at each use would.
+    std::pair<Fp8Tensor, Fp8Tensor> cached_weight(int l, Fp8Product p, const floatX* weight, int OC, int C,
+                                                  CastUse use) {
         const size_t i = (size_t)l * FP8_PRODUCTS + p;
-        uint8_t* qt = weights_t_.get() + weight_offset(l, p);
-        uint8_t* q = copies_ == Fp8WeightCopies::Gathered ? gather_.codes(l, p) : weights_.get() + weight_offset(l, p);
-        if (copies_ == Fp8WeightCopies::AtEachUse) {
-            weight_casts_++;
-            const Fp8Tensor w = cast(q, transpose ? qt : nullptr, l, p, FP8_WEIGHT, weight, OC, C, use, s);
-            return {w, {qt, w.type, w.scale_inv}};
-        }
-        if (copies_ == Fp8WeightCopies::Gathered && transpose) {
-            PhaseScope phase(timer(), "fp8 cast", s);
-            fp8_transpose(qt, q, OC, C, s);
-        }
-        if (copies_ == Fp8WeightCopies::Cached && cast_epoch_[i] != epoch_) {
+        uint8_t *q = weights_.get() + weight_offset(l, p), *qt = weights_t_.get() + weight_offset(l, p);
+        if (cast_epoch_[i] != epoch_) {
             weight_casts_++;
             cast_epoch_[i] = epoch_;
-            CUDA_CHECK(cudaMemsetAsync(weight_clips_.get() + i, 0, sizeof(Fp8Clip), s));
+            CUDA_CHECK(cudaMemsetAsync(weight_clips_.get() + i, 0, sizeof(Fp8Clip), stream_));
             cast_into(q, qt, l, p, FP8_WEIGHT, weight, OC, C, weight_clips_.get() + i, true,
-                      options_.scaling == Fp8Scaling::Delayed, s);
+                      options_.scaling == Fp8Scaling::Delayed, stream_);
         }
+        return weight_tensors(l, p, q, qt, use);
+    }
+    // Gathered: the codes the gather brought (pack_weights cast them), counted as cached ones, with
+    // the transpose made from them where asked for.
+    std::pair<Fp8Tensor, Fp8Tensor> gathered_weight(int l, Fp8Product p, int OC, int C, bool transpose, CastUse use) {
+        uint8_t *q = gather_.codes(l, p), *qt = weights_t_.get();
+        if (transpose) {
+            PhaseScope phase(timer(), "fp8 cast", stream_);
+            fp8_transpose(qt, q, OC, C, stream_);
+        }
+        return weight_tensors(l, p, q, qt, use);
+    }
+    // A cast made once and used several times: its clipping counted at every Record use.
+    std::pair<Fp8Tensor, Fp8Tensor> weight_tensors(int l, Fp8Product p, uint8_t* q, uint8_t* qt, CastUse use) {
         if (use == CastUse::Record)
-            fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT, weight_clips_.get() + i, s);
+            fp8_clip_add(clips_.get() + (int)p * FP8_OPERANDS + FP8_WEIGHT,
+                         weight_clips_.get() + (size_t)l * FP8_PRODUCTS + p, stream_);
         const Fp8Tensor w{q, CUDA_R_8F_E4M3, fp8_scale_inv(scale(l, p, FP8_WEIGHT))};
         return {w, {qt, w.type, w.scale_inv}};
     }
@@ -382,7 +417,7 @@ private:
     // with each weight's scale: from the largest amax of every rank's slices where the scale is
     // measured, else from its history (the slices' amax then joining the step's). What each
     // weight's slices clipped, summed over the ranks, is what a cast of the whole weight counts.
-    void pack_weights(const floatX* shard) {
+    void pack_weights(const floatX* shard, uint64_t version) {
         cudaStream_t s = stream_;
         const int n = gather_.tensors(), ranks = dp_->world_size();
         float* my_amaxes = rank_amaxes_.get() + (size_t)n * dp_->rank();
@@ -392,17 +427,21 @@ private:
             PhaseScope phase(timer(), "fp8 amax", s);
             gather_.measure(shard, my_amaxes);
             CUDA_CHECK(cudaStreamSynchronize(s));  // a float a weight, once a step: the collective reads them next
-            dp_->all_gather(my_amaxes, rank_amaxes_.get(), n, CommDtype::F32).wait();
+            wait_counted(dp_->all_gather(my_amaxes, rank_amaxes_.get(), n, CommDtype::F32));
             fp8_scales_from_ranks(weight_scales, FP8_OPERANDS, rank_amaxes_.get(), n, ranks, s);
             amax_passes_ += n;
         }
         PhaseScope phase(timer(), "fp8 cast", s);
         gather_.pack(shard, weight_scales, FP8_OPERANDS, my_clips, options_.scaling == Fp8Scaling::Delayed);
         CUDA_CHECK(cudaStreamSynchronize(s));
-        dp_->all_gather(my_clips, rank_clips_.get(), n * sizeof(Fp8Clip), CommDtype::U8).wait();
+        wait_counted(dp_->all_gather(my_clips, rank_clips_.get(), n * sizeof(Fp8Clip), CommDtype::U8));
         fp8_clip_sum(weight_clips_.get(), rank_clips_.get(), n, ranks, s);
         weight_casts_ += n;
-        packed_epoch_ = epoch_;
+        packed_version_ = version, packed_scales_epoch_ = scales_epoch_;
+    }
+    void wait_counted(CommHandle h) {
+        h.wait();
+        exposed_comm_ms_ += h.wait_ms();
     }
 
     // Delayed scaling once every tensor has a history: the scales are set, no cast measures.
@@ -435,7 +474,9 @@ private:
     // ZeRO-3's gathered codes (gather_weights): the packing, the epoch it packed in, the engine's
     // communicator, and every rank's amaxes and clipping counts of its slices (ranks x layers x 4).
     Fp8WeightGather gather_;
-    uint64_t packed_epoch_ = 0;
+    uint64_t scales_epoch_ = 1;  // advanced when the weights' scales change (end_step, restore)
+    uint64_t packed_version_ = 0, packed_scales_epoch_ = 0;  // what the packed slices were cast from
+    double exposed_comm_ms_ = 0;  // pack_weights' waits on its collectives (take_exposed_comm_ms)
     Communicator* dp_ = nullptr;
     DeviceBuffer<float> rank_amaxes_;
     DeviceBuffer<Fp8Clip> rank_clips_;

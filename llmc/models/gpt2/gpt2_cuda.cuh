@@ -443,7 +443,7 @@ public:
             engine_.set_gather_codec(&fp8_);
         }
         own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
-                                DeviceMemory::scratch_bytes() + fp8_bytes(layout_, engine_.plan(), options_.fp8);
+                                DeviceMemory::scratch_bytes() + fp8_.allocated_bytes();
         if (config_.num_experts > 0) allocate_experts();
     }
 
@@ -458,16 +458,6 @@ public:
     static double fp8_gather_bytes_saved(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
         if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return 0;
         return Fp8WeightGather::bytes_saved(GPT2Params::layout(c), plan);
-    }
-
-    // The FP8 products' device bytes (memory_specs' FP8 lines) for this layout and plan.
-    static size_t fp8_bytes(const ParamLayout& layout, const ZeroPlan& plan, const Fp8Options& o) {
-        if (!o.enabled) return 0;
-        const Fp8WeightCopies copies = fp8_weight_copies(o, plan);
-        const int layers = layout.num_layers(), C = (int)layout.tensor_size(GPT2Params::LN1W);
-        return Fp8LinearsCUDA::device_bytes(layers, o, plan.world_size) +
-               Fp8LinearsCUDA::weight_bytes(layers, C, o, copies, plan.world_size) +
-               (copies == Fp8WeightCopies::Gathered ? Fp8WeightGather::device_bytes(layout, plan) : 0);
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -487,11 +477,9 @@ public:
         if (o.fp8.enabled) {
             const int layers = stage.layers < 0 ? c.num_layers : stage.layers;
             const Fp8WeightCopies copies = fp8_weight_copies(o.fp8, plan);
-            static const char* what[] = {"FP8 weights and transposes (cast once a step)", "FP8 weight and transpose",
-                                         "FP8 weight transpose, gathered weights' amaxes and clipping"};
             specs.push_back({"FP8 scales and amax histories", K::Activations,
                              Fp8LinearsCUDA::device_bytes(layers, o.fp8, plan.world_size), 1});
-            specs.push_back({what[(int)copies], K::Activations,
+            specs.push_back({fp8_weight_copies_name(copies), K::Activations,
                              Fp8LinearsCUDA::weight_bytes(layers, c.channels, o.fp8, copies, plan.world_size), 1});
             if (copies == Fp8WeightCopies::Gathered)
                 specs.push_back({"FP8 gather (packed slices, landing, codes)", K::Activations,
@@ -654,7 +642,7 @@ public:
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
         tp_exposed_ms_ = 0;
-        return engine_.take_exposed_comm_ms() + tp_ms;
+        return engine_.take_exposed_comm_ms() + fp8_.take_exposed_comm_ms() + tp_ms;
     }
     ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {

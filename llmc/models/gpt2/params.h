@@ -38,6 +38,9 @@ struct GPT2Params {
     enum Tensor { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,
                   LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB, NUM_GPT2_TENSORS,
                   ROUTERW = NUM_GPT2_TENSORS, EFCW, EFCB, EFCPROJW, EFCPROJB, NUM_TENSORS };
+    // A dense block's four linear layers' weights, in bucket order: qkv, attention projection, fc,
+    // fc projection (FP8's products, fp8.h's Fp8Product, in the same order).
+    static constexpr int LINEAR_WEIGHTS[4] = {QKVW, ATTPROJW, FCW, FCPROJW};
     enum LayerKind { DENSE_LAYER, MOE_LAYER };
     enum Group { EMBEDDINGS, LAYERS, FINAL_NORM };
     static constexpr int EMBEDDING_BUCKET = 0;
