@@ -23,8 +23,8 @@
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
 # test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
-# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26), the four FP8
-# gather ones about 4 (train_gpt_emu rebuilt once);
+# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26), the five FP8
+# gather ones about 5 (train_gpt_emu rebuilt twice);
 # the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
 # machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
 # MAKE_JOBS (default 1) is make's -j. Needs data/ (make default-data: the trainer tests read it); the
