@@ -244,7 +244,7 @@ include make/emu.mk
 
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 # The GPU tests have their own main (it skips without a GPU); they link Catch2's implementation.
-$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
+$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # The emulator's PTX test on the real instructions: a GPU session checks the emulated bodies against
@@ -257,7 +257,7 @@ $(BUILD)/test_ptx: dev/emu/test_ptx.cu $(HEADERS) $(BUILD)/test/catch_impl.o | d
 $(BUILD)/test_cuda_host: CUDA_ARCH := -gencode arch=compute_80,code=compute_80
 # It plans the CUDA backend's memory (--plan) too, which needs neither MPI nor NCCL.
 $(BUILD)/test_cuda_host: NVCCFLAGS += -DLLMC_NO_MPI -DLLMC_NO_NCCL
-$(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o | deps
+$(BUILD)/test_cuda_host: test/gpu/test_cuda_host.cu test/gpu/shape_only_comm.h $(HEADERS) $(BUILD)/test/catch_impl.o $(BUILD)/test/test_main.o | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # Tensor parallelism of the CUDA model: a standalone MPI program (run by test/gpu/run_gpu_tp_tests.sh),

@@ -50,11 +50,11 @@ $(EMU_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
 train_gpt_emu: train_gpt.cu $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) $(call emu_kernels,train_gpt) | deps
 	$(EMU_LINK)
 
-$(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o \
+$(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) $(BUILD)/test/catch_impl.o \
                            $(BUILD)/test/test_main.o $(EMU_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
-$(EMU_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(EMU_HEADERS) \
+$(EMU_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
                            $(BUILD)/test/catch_impl.o $(EMU_OBJS) $(call emu_kernels,test_gpt2_cuda) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
@@ -110,7 +110,7 @@ EMU_SAN_LINK   = $(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -x c++ $< -x
 $(EMU_SAN_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -c $< -o $@
-$(EMU_SAN_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h $(HEADERS) $(EMU_HEADERS) \
+$(EMU_SAN_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
                                $(BUILD)/test/catch_impl.o $(EMU_SAN_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_SAN_LINK)

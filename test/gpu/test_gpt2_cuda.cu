@@ -17,6 +17,7 @@
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "test/catch_session.h"
+#include "test/gpu/shape_only_comm.h"
 #include "test/rel_error.h"
 
 using namespace llmc;
@@ -521,6 +522,27 @@ TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parame
     fresh.zero_grad();
     fresh.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
     CHECK(grads_of(gpu) == grads_of(fresh));
+}
+
+TEST_CASE("FP8 at ZeRO-3: the memory plan of rank 0 of 3 equals what it allocates, its weights' codes gathered or not") {
+    ModelConfig c = model_preset("d4");  // 4 layers of C 256
+    c.vocab_size = 512, c.padded_vocab_size = 512;
+    ShapeOnlyComm three(3);  // the model issues no collective before its first pass
+    DataParallel dp;
+    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
+    for (bool gather : {true, false}) {
+        INFO("--fp8-gather " << gather);
+        GPT2CUDAOptions o;
+        o.fp8 = {true, Fp8Scaling::Current, 4, gather};
+        size_t planned[(int)MemoryKind::Count] = {};
+        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, GPT2CUDA::zero_plan(c, 3, 0, 3)))
+            planned[(int)s.kind] += s.bytes();
+        const GPT2CUDA gpu(c, 2, 64, o, dp);
+        for (int k = 0; k < (int)MemoryKind::Count; k++) {
+            INFO(memory_kind_name((MemoryKind)k));
+            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+        }
+    }
 }
 
 TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it continues the same way") {
