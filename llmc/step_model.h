@@ -298,7 +298,7 @@ inline double dp_exposed_s(const RunConfig& c, const Topology& t, double rank_pa
     if (dp <= 1) return 0;
     const Link l = dp_cp_link(c, t);
     const double grads = 4 * rank_params;  // fp32 gradients
-    const double params = 2 * rank_params - (c.zero_stage >= 3 ? coded_params : 0);  // bf16, or codes
+    const double params = 2 * rank_params - coded_params;  // bf16, and codes where ZeRO-3 gathers them
     const double bucket = 1.0 / std::max(1, layers);
     auto hidden_under = [&](double comm_s, double compute_s) {
         return std::max(0.0, comm_s - compute_s) + comm_s * bucket;  // the last bucket waits anyway

@@ -149,12 +149,15 @@ __global__ void fp8_step_amax_out_kernel(float* out, const Fp8Scale* scales, int
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < tensors) out[i] = scales[i].step_amax;
 }
-__global__ void fp8_step_amax_max_kernel(Fp8Scale* scales, const float* all, int tensors, int ranks) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= tensors) return;
+// Tensor i's largest amax over `ranks` ranks' arrays (all: ranks x tensors).
+__device__ inline float fp8_max_over_ranks(const float* all, int tensors, int ranks, int i) {
     float m = 0.0f;
     for (int r = 0; r < ranks; r++) m = fmaxf(m, all[(size_t)r * tensors + i]);
-    scales[i].step_amax = m;
+    return m;
+}
+__global__ void fp8_step_amax_max_kernel(Fp8Scale* scales, const float* all, int tensors, int ranks) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < tensors) scales[i].step_amax = fp8_max_over_ranks(all, tensors, ranks, i);
 }
 inline void fp8_step_amax_out(float* out, const Fp8Scale* scales, int tensors, cudaStream_t stream) {
     LLMC_LAUNCH(fp8_step_amax_out_kernel, ceil_div(tensors, 128), 128, 0, stream)(out, scales, tensors);
@@ -193,9 +196,41 @@ struct Fp8CastArgs {
     bool record_amax;
 };
 
+using Fp8Tile = uint8_t[FP8_TILE][FP8_TILE + 8];  // +8: a row's start moves by 2 banks
+
+// The block's tile (rows row0.., columns col0.. of a rows x cols matrix, in shared memory) written
+// transposed into qt (cols x rows): thread t takes tile column t / 8 (+ 32 in the second pass), rows
+// (t % 8) * 8 .. + 7, and stores them in one 8-byte store (`vec`: rows a multiple of 8, qt aligned),
+// 8 threads covering a 64-byte piece of a row of qt.
+template <bool vec>
+__device__ inline void fp8_store_tile_transposed(const Fp8Tile& tile, uint8_t* qt, int row0, int col0, int rows,
+                                                 int cols) {
+    const int rchunk = threadIdx.x % (FP8_TILE / FP8_VEC);
+    for (int c = threadIdx.x / (FP8_TILE / FP8_VEC); c < FP8_TILE; c += FP8_ROWS_PER_PASS) {
+        const int col = col0 + c, row = row0 + rchunk * FP8_VEC;
+        if (col >= cols || row >= rows) continue;
+        uint8_t codes[FP8_VEC];
+#pragma unroll
+        for (int i = 0; i < FP8_VEC; i++) codes[i] = tile[rchunk * FP8_VEC + i][c];
+        const size_t at = (size_t)col * rows + row;
+        if (vec && row + FP8_VEC <= rows) {
+            *reinterpret_cast<uint2*>(qt + at) = *reinterpret_cast<const uint2*>(codes);
+        } else {
+            for (int i = 0; i < FP8_VEC && row + i < rows; i++) qt[at + i] = codes[i];
+        }
+    }
+}
+
+// The grid of 64 x 64 tiles over a rows x cols matrix (`what`: the caller, for the error).
+inline dim3 fp8_tile_grid(const char* what, int rows, int cols) {
+    const dim3 grid(ceil_div(rows, FP8_TILE), ceil_div(cols, FP8_TILE));
+    if (grid.y > 65535) fail(strformat("%s: %d columns is too many (at most %d)", what, cols, 65535 * FP8_TILE));
+    return grid;
+}
+
 template <bool vec>
 __global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_cast_kernel(Fp8CastArgs a) {
-    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 8];  // +8: a row's start moves by 2 banks
+    __shared__ Fp8Tile tile;
     __shared__ float shared[WARP_SIZE];
     const int row0 = blockIdx.x * FP8_TILE, col0 = blockIdx.y * FP8_TILE;
     const int chunk = threadIdx.x % (FP8_TILE / FP8_VEC), first_row = threadIdx.x / (FP8_TILE / FP8_VEC);
@@ -235,21 +270,7 @@ __global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_cast_kernel(Fp8CastArgs 
     }
     if (a.qt) {
         __syncthreads();
-        // thread t: tile column t / 8 (+ 32 in the second pass), rows (t % 8) * 8 .. + 7
-        const int rchunk = threadIdx.x % (FP8_TILE / FP8_VEC);
-        for (int c = threadIdx.x / (FP8_TILE / FP8_VEC); c < FP8_TILE; c += FP8_ROWS_PER_PASS) {
-            const int col = col0 + c, row = row0 + rchunk * FP8_VEC;
-            if (col >= a.cols || row >= a.rows) continue;
-            uint8_t codes[FP8_VEC];
-#pragma unroll
-            for (int i = 0; i < FP8_VEC; i++) codes[i] = tile[rchunk * FP8_VEC + i][c];
-            const size_t at = (size_t)col * a.rows + row;
-            if (vec && row + FP8_VEC <= a.rows) {
-                *reinterpret_cast<uint2*>(a.qt + at) = *reinterpret_cast<const uint2*>(codes);
-            } else {
-                for (int i = 0; i < FP8_VEC && row + i < a.rows; i++) a.qt[at + i] = codes[i];
-            }
-        }
+        fp8_store_tile_transposed<vec>(tile, a.qt, row0, col0, a.rows, a.cols);
     }
     if (a.record_amax) block_amax_into(&a.s->step_amax, amax, shared);
     if (a.clip) {
@@ -283,8 +304,7 @@ inline void fp8_cast(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const 
                      fp8::Format f, bool record_amax, cudaStream_t stream) {
     if ((!q && !qt) || !s || !x) fail("fp8_cast: q or qt, the scale and x must be given");
     if (rows < 1 || cols < 1) fail(strformat("fp8_cast: %d x %d is empty", rows, cols));
-    const dim3 grid(ceil_div(rows, FP8_TILE), ceil_div(cols, FP8_TILE));
-    if (grid.y > 65535) fail(strformat("fp8_cast: %d columns is too many (at most %d)", cols, 65535 * FP8_TILE));
+    const dim3 grid = fp8_tile_grid("fp8_cast", rows, cols);
     const auto aligned = [](const void* p, size_t to) { return p == nullptr || (uintptr_t)p % to == 0; };
     const bool vec = cols % FP8_VEC == 0 && rows % FP8_VEC == 0 && aligned(x, 16) && aligned(q, 8) && aligned(qt, 8);
     const Fp8CastArgs a{q, qt, s, clip, x, rows, cols, fp8_interpretation(f), fp8::info(f).largest, record_amax};
@@ -303,7 +323,7 @@ inline void fp8_cast(uint8_t* q, uint8_t* qt, Fp8Scale* s, Fp8Clip* clip, const 
 template <bool vec>
 __global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_transpose_kernel(uint8_t* qt, const uint8_t* q, int rows,
                                                                           int cols) {
-    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 8];
+    __shared__ Fp8Tile tile;
     const int row0 = blockIdx.x * FP8_TILE, col0 = blockIdx.y * FP8_TILE;
     const int chunk = threadIdx.x % (FP8_TILE / FP8_VEC), first = threadIdx.x / (FP8_TILE / FP8_VEC);
     for (int r = first; r < FP8_TILE; r += FP8_ROWS_PER_PASS) {
@@ -317,22 +337,12 @@ __global__ void __launch_bounds__(FP8_CAST_THREADS) fp8_transpose_kernel(uint8_t
         for (int i = 0; i < FP8_VEC && col + i < cols; i++) tile[r][chunk * FP8_VEC + i] = codes[i];
     }
     __syncthreads();
-    for (int c = first; c < FP8_TILE; c += FP8_ROWS_PER_PASS) {
-        const int col = col0 + c, row = row0 + chunk * FP8_VEC;
-        if (col >= cols || row >= rows) continue;
-        uint8_t codes[FP8_VEC];
-        for (int i = 0; i < FP8_VEC; i++) codes[i] = tile[chunk * FP8_VEC + i][c];
-        const size_t at = (size_t)col * rows + row;
-        if (vec) *reinterpret_cast<uint2*>(qt + at) = *reinterpret_cast<const uint2*>(codes);
-        else
-            for (int i = 0; i < FP8_VEC && row + i < rows; i++) qt[at + i] = codes[i];
-    }
+    fp8_store_tile_transposed<vec>(tile, qt, row0, col0, rows, cols);
 }
 
 inline void fp8_transpose(uint8_t* qt, const uint8_t* q, int rows, int cols, cudaStream_t stream) {
     if (!qt || !q || rows < 1 || cols < 1) fail(strformat("fp8_transpose: null codes or an empty %d x %d", rows, cols));
-    const dim3 grid(ceil_div(rows, FP8_TILE), ceil_div(cols, FP8_TILE));
-    if (grid.y > 65535) fail(strformat("fp8_transpose: %d columns is too many (at most %d)", cols, 65535 * FP8_TILE));
+    const dim3 grid = fp8_tile_grid("fp8_transpose", rows, cols);
     const bool vec = rows % FP8_VEC == 0 && cols % FP8_VEC == 0 && (uintptr_t)q % 8 == 0 && (uintptr_t)qt % 8 == 0;
     if (vec) LLMC_LAUNCH(fp8_transpose_kernel<true>, grid, FP8_CAST_THREADS, 0, stream)(qt, q, rows, cols);
     else LLMC_LAUNCH(fp8_transpose_kernel<false>, grid, FP8_CAST_THREADS, 0, stream)(qt, q, rows, cols);
@@ -459,9 +469,8 @@ __global__ void __launch_bounds__(FP8_PIECE_THREADS) fp8_unpack_kernel(const Fp8
 __global__ void fp8_scales_from_ranks_kernel(Fp8Scale* scales, int stride, const float* all, int tensors, int ranks) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= tensors) return;
-    float m = 0.0f;
-    for (int r = 0; r < ranks; r++) m = fmaxf(m, all[(size_t)r * tensors + i]);
-    fp8_set_scale_from_amax(scales[(size_t)i * stride], m, fp8::info(fp8::Format::E4M3).largest);
+    fp8_set_scale_from_amax(scales[(size_t)i * stride], fp8_max_over_ranks(all, tensors, ranks, i),
+                            fp8::info(fp8::Format::E4M3).largest);
 }
 // What the ranks' slices of each weight clipped, summed: out[i] from all (ranks x tensors).
 __global__ void fp8_clip_sum_kernel(Fp8Clip* out, const Fp8Clip* all, int tensors, int ranks) {

@@ -39,12 +39,10 @@ public:
         : layers_(layout.num_layers()), stream_(stream) {
         plan_buckets(layout, plan, &buckets_);
         std::vector<Fp8Piece> pack, unpack;
-        size_t packed_bytes = 0, landing_bytes = 0, codes_bytes = 0;
         for (int b = 0; b < (int)buckets_.size(); b++) {
             Bucket& bk = buckets_[b];
             if (bk.layer < 0) continue;
             const ZeroPlan::Bucket& k = plan.buckets[b];
-            bk.packed_at = packed_bytes;
             bk.unpack_at = (int)unpack.size();
             for (int r = 0; r < k.world_size; r++)
                 for (const PackedPiece& p : bk.plan.ranks[r]) {
@@ -54,22 +52,20 @@ public:
                     bk.largest_unpack = std::max(bk.largest_unpack, p.count);
                     if (r != k.rank) continue;
                     const size_t in_shard = k.shard_offset + (p.begin - (size_t)k.rank * k.shard_size);
-                    pack.push_back({in_shard, packed_bytes + p.packed, p.count, tensor});
+                    pack.push_back({in_shard, bk.packed_at + p.packed, p.count, tensor});
                     largest_pack_ = std::max(largest_pack_, p.count);
                 }
             bk.unpack_count = (int)unpack.size() - bk.unpack_at;
-            packed_bytes += bk.plan.chunk_bytes;
-            landing_bytes = std::max(landing_bytes, bk.plan.chunk_bytes * k.world_size);
-            codes_bytes = std::max(codes_bytes, bk.plan.codes_total);
         }
+        const Sizes sizes = sizes_of(buckets_, plan);
         pack_count_ = (int)pack.size();
-        pieces_ = DeviceBuffer<Fp8Piece>(pack.size() + unpack.size(), "FP8 gather's pieces");
+        pieces_ = DeviceBuffer<Fp8Piece>(pack.size() + unpack.size(), "FP8 gather's pieces");  // sizes.pieces
         pack.insert(pack.end(), unpack.begin(), unpack.end());
         CUDA_CHECK(cudaMemcpy(pieces_.get(), pack.data(), sizeof(Fp8Piece) * pack.size(), cudaMemcpyHostToDevice));
-        packed_ = DeviceBuffer<uint8_t>(packed_bytes, "FP8 gather's packed slices");
+        packed_ = DeviceBuffer<uint8_t>(sizes.packed, "FP8 gather's packed slices");
         for (int i = 0; i < 2; i++) {
-            landing_[i] = DeviceBuffer<uint8_t>(landing_bytes, "FP8 gather's landing buffer");
-            codes_[i] = DeviceBuffer<uint8_t>(codes_bytes, "FP8 gathered weights");
+            landing_[i] = DeviceBuffer<uint8_t>(sizes.landing, "FP8 gather's landing buffer");
+            codes_[i] = DeviceBuffer<uint8_t>(sizes.codes, "FP8 gathered weights");
         }
     }
     Fp8WeightGather(Fp8WeightGather&&) = default;
@@ -79,17 +75,8 @@ public:
     static size_t device_bytes(const ParamLayout& layout, const ZeroPlan& plan) {
         std::vector<Bucket> buckets;
         plan_buckets(layout, plan, &buckets);
-        size_t packed = 0, landing = 0, codes = 0, pieces = 0;
-        for (int b = 0; b < (int)buckets.size(); b++) {
-            const Bucket& bk = buckets[b];
-            if (bk.layer < 0) continue;
-            packed += bk.plan.chunk_bytes;
-            landing = std::max(landing, bk.plan.chunk_bytes * plan.buckets[b].world_size);
-            codes = std::max(codes, bk.plan.codes_total);
-            for (size_t r = 0; r < bk.plan.ranks.size(); r++)
-                pieces += bk.plan.ranks[r].size() * (r == (size_t)plan.buckets[b].rank ? 2 : 1);
-        }
-        return packed + 2 * (landing + codes) + pieces * sizeof(Fp8Piece);
+        const Sizes s = sizes_of(buckets, plan);
+        return s.packed + 2 * (s.landing + s.codes) + s.pieces * sizeof(Fp8Piece);
     }
     // What one rank's gathers of every layer send less than bf16 would: (ranks - 1) chunks' worth
     // each, as a ring all-gather sends them (the planner's bytes).
@@ -175,17 +162,40 @@ private:
         int unpack_at = 0, unpack_count = 0;  // its pieces in the unpacking table
     };
 
-    // Each bucket of the plan: a layer's packed, with its four weights coded; the others not.
+    // Each bucket of the plan: a layer's packed, with its four weights coded, its packed slice after
+    // the layer before's; the others not.
     static void plan_buckets(const ParamLayout& layout, const ZeroPlan& plan, std::vector<Bucket>* out) {
         out->assign(plan.buckets.size(), {});
+        size_t packed_at = 0;
         for (int l = 0; l < layout.num_layers(); l++) {
-            const int b = layout.layer_bucket(l);
+            Bucket& bk = (*out)[layout.layer_bucket(l)];
             std::vector<ElementRange> weights;
             for (int t : GPT2Params::LINEAR_WEIGHTS)
                 weights.push_back({layout.offset_in_bucket(t, l), layout.tensor_size(t)});
-            (*out)[b].layer = l;
-            (*out)[b].plan = plan_packed_bucket(plan.buckets[b], weights, sizeof(floatX));
+            bk.layer = l;
+            bk.plan = plan_packed_bucket(plan.buckets[layout.layer_bucket(l)], weights, sizeof(floatX));
+            bk.packed_at = packed_at;
+            packed_at += bk.plan.chunk_bytes;
         }
+    }
+    // What the constructor allocates: every layer's packed slice, the largest layer's gathered
+    // chunks and codes (one landing and one code buffer of each), and the pieces (this rank's
+    // packing ones, every rank's unpacking ones).
+    struct Sizes {
+        size_t packed = 0, landing = 0, codes = 0, pieces = 0;
+    };
+    static Sizes sizes_of(const std::vector<Bucket>& buckets, const ZeroPlan& plan) {
+        Sizes s;
+        for (int b = 0; b < (int)buckets.size(); b++) {
+            const Bucket& bk = buckets[b];
+            if (bk.layer < 0) continue;
+            s.packed += bk.plan.chunk_bytes;
+            s.landing = std::max(s.landing, bk.plan.chunk_bytes * plan.buckets[b].world_size);
+            s.codes = std::max(s.codes, bk.plan.codes_total);
+            for (size_t r = 0; r < bk.plan.ranks.size(); r++)
+                s.pieces += bk.plan.ranks[r].size() * (r == (size_t)plan.buckets[b].rank ? 2 : 1);
+        }
+        return s;
     }
     const Bucket& at(int bucket) const {
         if (!packs(bucket)) fail(strformat("Fp8WeightGather: bucket %d is not a layer's", bucket));

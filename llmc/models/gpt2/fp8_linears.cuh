@@ -47,6 +47,10 @@ inline Fp8WeightCopies fp8_weight_copies(const Fp8Options& o, const ZeroPlan& pl
     if (!plan.shards_parameters()) return Fp8WeightCopies::Cached;
     return o.gather ? Fp8WeightCopies::Gathered : Fp8WeightCopies::AtEachUse;
 }
+// --fp8 1 whose ZeRO-3 gathers carry the weights' codes (fp8_gather.cuh).
+inline bool fp8_gathers_codes(const Fp8Options& o, const ZeroPlan& plan) {
+    return o.enabled && fp8_weight_copies(o, plan) == Fp8WeightCopies::Gathered;
+}
 // What the memory plan calls their buffers.
 inline const char* fp8_weight_copies_name(Fp8WeightCopies copies) {
     switch (copies) {
@@ -316,13 +320,12 @@ private:
         return scales_.get() + ((size_t)l * FP8_PRODUCTS + p) * FP8_OPERANDS + o;
     }
 
-    // A product's weight (OC x C): its FP8 copy's place, product after product, layer after layer
-    // when cached; else one slot every product shares.
+    // A product's weight (OC x C): its FP8 copy's place when cached, product after product, layer
+    // after layer (else one slot every product shares, at 0).
     static size_t weight_copy_bytes(int layers, int C, Fp8WeightCopies copies) {
         return (size_t)(copies == Fp8WeightCopies::Cached ? layers * 12 : 4) * C * C;
     }
     size_t weight_offset(int l, Fp8Product p) const {
-        if (copies_ != Fp8WeightCopies::Cached) return 0;
         constexpr int before[FP8_PRODUCTS] = {0, 3, 4, 8};  // in C x C: qkv 3, attproj 1, fc 4, fcproj 4
         return ((size_t)l * 12 + before[p]) * C_ * C_;
     }

@@ -438,7 +438,7 @@ public:
                               stream_.get());
         fp8_.time_casts_in(&timer_);
         engine_.attach_replicated_state(&fp8_);
-        if (options_.fp8.enabled && fp8_copies == Fp8WeightCopies::Gathered) {
+        if (fp8_gathers_codes(options_.fp8, engine_.plan())) {
             fp8_.gather_weights(layout_, engine_.plan(), comm_);
             engine_.set_gather_codec(&fp8_);
         }
@@ -451,12 +451,12 @@ public:
     // bf16 (--fp8 1 -z 3 --fp8-gather 1; else zeros), for the startup line and --plan.
     static std::pair<size_t, size_t> fp8_gather_chunk_bytes(const ModelConfig& c, const ZeroPlan& plan,
                                                             const Fp8Options& o) {
-        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return {0, 0};
+        if (!fp8_gathers_codes(o, plan)) return {0, 0};
         return Fp8WeightGather::chunk_bytes(GPT2Params::layout(c), plan);
     }
     // What one rank's ZeRO-3 gathers send less with the weights as codes (the planner's bytes), or 0.
     static double fp8_gather_bytes_saved(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
-        if (!o.enabled || fp8_weight_copies(o, plan) != Fp8WeightCopies::Gathered) return 0;
+        if (!fp8_gathers_codes(o, plan)) return 0;
         return Fp8WeightGather::bytes_saved(GPT2Params::layout(c), plan);
     }
 
