@@ -278,112 +278,126 @@ void check_transpose(std::mt19937_64& rng) {
     }
 }
 
-// ZeRO-3's gather of a layer with its weights as codes, for every rank of a group of `world`,
-// run one after another on this device: each measures and packs its slices of every layer (its own
-// Fp8WeightGather, as rank r's model makes it), the chunks are laid side by side as an all-gather
-// would, and rank 0 unpacks them. Against the host: the scale of each weight from the amax of all of
-// it, each code fp8.h's encode, the bf16 parameters' bits, the clipping counts and delayed scaling's
-// step amax (the largest of the ranks').
-void check_gather(std::mt19937_64& rng, int channels, int world, size_t align) {
-    llmc::ModelConfig c = llmc::model_preset("d4", 64, 250);
-    c.channels = channels, c.num_heads = channels % 2 ? 5 : 2, c.num_layers = 2;
-    const llmc::ParamLayout layout = llmc::GPT2Params::layout(c);
-    printf(" gather: C %d, %d ranks, slices aligned to %zu\n", channels, world, align);
-    const int tensors = c.num_layers * llmc::FP8_PRODUCTS;
-    std::vector<float> params = bench::random_bf16(layout.num_params, rng, 0.05f);
-    for (size_t i = 0; i < params.size(); i += 11) params[i] = bench::bf16_round(params[i] * 1e-9f);  // some flush
-    params[layout.offset(llmc::GPT2Params::FCW, 1) + 5] = 30.0f;  // fc's amax of layer 1: the others saturate
-    // The host: each weight's scale from its amax, its codes and what it clips.
-    std::vector<float> amax(tensors, 0.0f), scale(tensors);
-    std::vector<llmc::Fp8Clip> want_clips(tensors);
-    std::vector<std::vector<uint8_t>> want_codes(tensors);
-    for (int l = 0; l < c.num_layers; l++)
-        for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
-            const int t = l * llmc::FP8_PRODUCTS + p, w = llmc::GPT2Params::LINEAR_WEIGHTS[p];
-            const float* x = params.data() + layout.offset(w, l);
-            for (size_t i = 0; i < layout.tensor_size(w); i++) amax[t] = std::max(amax[t], std::fabs(x[i]));
-            scale[t] = fp8::scale_for_amax(amax[t], fp8::Format::E4M3, 1.0f) * (t == 6 ? 64.0f : 1.0f);
-            for (size_t i = 0; i < layout.tensor_size(w); i++) {
-                const float scaled = x[i] * scale[t];
-                const uint8_t code = fp8::encode(scaled, fp8::Format::E4M3);
-                want_codes[t].push_back(code);
-                want_clips[t].elements++;
-                want_clips[t].overflows += std::fabs(scaled) > 448.0f;
-                want_clips[t].underflows += scaled != 0.0f && (code & 0x7f) == 0;
-            }
-        }
-    // Every rank measures its slices; the scales follow from the largest (fc of layer 1 then scaled
-    // up 64x, so that it saturates and the counts have something to count).
-    DeviceBuffer<float> rank_amax((size_t)world * tensors, "every rank's amaxes");
-    DeviceBuffer<Fp8Scale> scales((size_t)tensors * 3, "scales");  // a weight's at t * 3 + 1, as the model's
-    bench::upload(scales.get(), std::vector<Fp8Scale>(tensors * 3));
+// ZeRO-3's gather of a layer with its weights as codes (models/gpt2/fp8_gather.cuh) for every rank
+// of a group, run one after another on this device: each rank measures and packs its slices of every
+// layer (its own Fp8WeightGather, as rank r's model makes it), the chunks are laid side by side as an
+// all-gather would, and rank 0 unpacks them. Against the host: the scale of each weight from the amax
+// of all of it, each code fp8.h's encode, the bf16 parameters' bits, the clipping counts and delayed
+// scaling's step amax (the largest of the ranks').
+struct GatherGroup {
+    llmc::ModelConfig c;
+    llmc::ParamLayout layout;
+    std::vector<float> params;
     std::vector<llmc::ZeroPlan> plans;
-    std::vector<llmc::Fp8WeightGather> gathers;
-    std::vector<DeviceBuffer<floatX>> shards;
-    for (int r = 0; r < world; r++) {
-        plans.emplace_back(layout, 3, r, world, align);
-        gathers.emplace_back(layout, plans[r], (cudaStream_t)0);
-        std::vector<float> shard(plans[r].shard_num_params, 0.0f);
-        for (const llmc::ZeroPlan::Bucket& k : plans[r].buckets)
-            for (size_t i = k.owned_begin; i < k.owned_end; i++) shard[k.shard_offset + i - k.owned_begin] = params[k.begin + i];
-        shards.push_back(bench::to_device_bf16(shard));
-        gathers[r].measure(shards[r].get(), rank_amax.get() + (size_t)r * tensors);
+    std::vector<llmc::Fp8WeightGather> gathers;  // rank r's
+    std::vector<DeviceBuffer<floatX>> shards;    // rank r's parameter shard
+    int tensors() const { return c.num_layers * llmc::FP8_PRODUCTS; }
+
+    // A 2-layer model of `channels`, its parameters random (some to flush, layer 1's fc weight with
+    // one large value, which its scale (64x the amax's) saturates), sharded over `world` ranks.
+    GatherGroup(std::mt19937_64& rng, int channels, int world, size_t align)
+        : c(model(channels)), layout(llmc::GPT2Params::layout(c)), params(bench::random_bf16(layout.num_params, rng, 0.05f)) {
+        for (size_t i = 0; i < params.size(); i += 11) params[i] = bench::bf16_round(params[i] * 1e-9f);
+        params[layout.offset(llmc::GPT2Params::FCW, 1) + 5] = 30.0f;
+        for (int r = 0; r < world; r++) {
+            plans.emplace_back(layout, 3, r, world, align);
+            gathers.emplace_back(layout, plans[r], (cudaStream_t)0);
+            std::vector<float> shard(plans[r].shard_num_params, 0.0f);
+            for (const llmc::ZeroPlan::Bucket& k : plans[r].buckets)
+                for (size_t i = k.owned_begin; i < k.owned_end; i++)
+                    shard[k.shard_offset + i - k.owned_begin] = params[k.begin + i];
+            shards.push_back(bench::to_device_bf16(shard));
+        }
     }
-    llmc::fp8_scales_from_ranks(scales.get() + 1, 3, rank_amax.get(), tensors, world, 0);
-    std::vector<Fp8Scale> s(tensors * 3);
+    static llmc::ModelConfig model(int channels) {
+        llmc::ModelConfig m = llmc::model_preset("d4", 64, 250);
+        m.channels = channels, m.num_heads = channels % 2 ? 5 : 2, m.num_layers = 2;
+        return m;
+    }
+    // Weight t (layer t / 4, product t % 4) on the host, cast with `scale` (host_cast).
+    HostCast host_weight(int t, float scale) const {
+        const int w = llmc::GPT2Params::LINEAR_WEIGHTS[t % llmc::FP8_PRODUCTS];
+        const float* x = params.data() + layout.offset(w, t / llmc::FP8_PRODUCTS);
+        return host_cast(std::vector<float>(x, x + layout.tensor_size(w)), 1, (int)layout.tensor_size(w), scale,
+                         fp8::Format::E4M3);
+    }
+};
+
+// The scale each weight's whole amax gives, and layer 1's fc (t 6) 64x that, so that it saturates.
+float gather_scale(int t, float amax) { return fp8::scale_for_amax(amax, fp8::Format::E4M3, 1.0f) * (t == 6 ? 64.0f : 1.0f); }
+
+// Every rank measures and packs; the scales, the summed clipping and the step amaxes against the host.
+void check_gather_pack(GatherGroup& g, DeviceBuffer<Fp8Scale>& scales, const std::vector<HostCast>& want) {
+    const int n = g.tensors(), world = (int)g.gathers.size();
+    DeviceBuffer<float> rank_amax((size_t)world * n, "every rank's amaxes");
+    for (int r = 0; r < world; r++) g.gathers[r].measure(g.shards[r].get(), rank_amax.get() + (size_t)r * n);
+    llmc::fp8_scales_from_ranks(scales.get() + 1, 3, rank_amax.get(), n, world, 0);
+    std::vector<Fp8Scale> s(n * 3);
     CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * s.size(), cudaMemcpyDeviceToHost));
     bool scales_ok = true;
-    for (int t = 0; t < tensors; t++) {
-        scales_ok = scales_ok && s[t * 3 + 1].scale * (t == 6 ? 64.0f : 1.0f) == scale[t];
-        if (t == 6) s[t * 3 + 1].scale = scale[t], s[t * 3 + 1].scale_inv = 1.0f / scale[t];
+    for (int t = 0; t < n; t++) {
+        scales_ok = scales_ok && s[t * 3 + 1].scale * (t == 6 ? 64.0f : 1.0f) == gather_scale(t, want[t].amax);
+        if (t == 6) s[t * 3 + 1].scale = gather_scale(t, want[t].amax), s[t * 3 + 1].scale_inv = 1.0f / s[t * 3 + 1].scale;
     }
     bench::report_check("scales from the ranks' amaxes", scales_ok, "");
     bench::upload(scales.get(), s);
-    // Every rank packs (recording the step amax, counting clipping); the chunks are gathered and summed.
-    DeviceBuffer<llmc::Fp8Clip> rank_clips((size_t)world * tensors, "every rank's clipping"), clips(tensors, "clips");
+    DeviceBuffer<llmc::Fp8Clip> rank_clips((size_t)world * n, "every rank's clipping"), clips(n, "clips");
     for (int r = 0; r < world; r++)
-        gathers[r].pack(shards[r].get(), scales.get() + 1, 3, rank_clips.get() + (size_t)r * tensors, true);
-    llmc::fp8_clip_sum(clips.get(), rank_clips.get(), tensors, world, 0);
-    std::vector<llmc::Fp8Clip> got_clips(tensors);
-    CUDA_CHECK(cudaMemcpy(got_clips.data(), clips.get(), sizeof(llmc::Fp8Clip) * tensors, cudaMemcpyDeviceToHost));
+        g.gathers[r].pack(g.shards[r].get(), scales.get() + 1, 3, rank_clips.get() + (size_t)r * n, true);
+    llmc::fp8_clip_sum(clips.get(), rank_clips.get(), n, world, 0);
+    std::vector<llmc::Fp8Clip> got(n);
+    CUDA_CHECK(cudaMemcpy(got.data(), clips.get(), sizeof(llmc::Fp8Clip) * n, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(s.data(), scales.get(), sizeof(Fp8Scale) * s.size(), cudaMemcpyDeviceToHost));
     bool clips_ok = true, step_ok = true;
-    for (int t = 0; t < tensors; t++) {
-        clips_ok = clips_ok && got_clips[t].elements == want_clips[t].elements &&
-                   got_clips[t].overflows == want_clips[t].overflows && got_clips[t].underflows == want_clips[t].underflows;
-        step_ok = step_ok && s[t * 3 + 1].step_amax == amax[t];
+    for (int t = 0; t < n; t++) {
+        clips_ok = clips_ok && got[t].elements == want[t].elements && got[t].overflows == want[t].overflows &&
+                   got[t].underflows == want[t].underflows;
+        step_ok = step_ok && s[t * 3 + 1].step_amax == want[t].amax;
     }
-    bench::report_check("clipping counts summed over the ranks", clips_ok && want_clips[6].overflows > 0 &&
-                                                                     want_clips[0].underflows > 0, "");
+    bench::report_check("clipping counts summed over the ranks",
+                        clips_ok && want[6].overflows > 0 && want[0].underflows > 0, "");
     bench::report_check("step amax: the largest of the ranks' slices", step_ok, "");
-    for (int l = 0; l < c.num_layers; l++) {
-        const int b = layout.layer_bucket(l);
-        const size_t chunk = gathers[0].chunk_bytes(b);
-        uint8_t* landing = gathers[0].landing(l % 2);
-        for (int r = 0; r < world; r++)
-            CUDA_CHECK(cudaMemcpy(landing + r * chunk, gathers[r].packed(b), chunk, cudaMemcpyDeviceToDevice));
-        const llmc::ZeroPlan::Bucket& k = plans[0].buckets[b];
-        DeviceBuffer<floatX> whole(k.padded_extent, "the layer's bf16 buffer");
-        bench::poison(whole.get(), k.padded_extent);
-        gathers[0].unpack(b, l % 2, whole.get());
-        for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
-            const int t = l * llmc::FP8_PRODUCTS + p;
-            bench::check_same_bits(strformat("layer %d %s weight's codes", l, llmc::fp8_product_name(p)).c_str(),
-                                   bench::device_bytes(gathers[0].codes(l, (llmc::Fp8Product)p), want_codes[t].size()),
-                                   want_codes[t]);
-        }
-        const std::vector<float> got = bench::to_host(whole.get(), k.size);
-        bool plain_ok = true;
-        for (int t = 0; t < layout.num_tensors(); t++) {
-            if (!layout.is_per_layer(t) || std::count(std::begin(llmc::GPT2Params::LINEAR_WEIGHTS),
-                                                      std::end(llmc::GPT2Params::LINEAR_WEIGHTS), t))
-                continue;
-            const size_t at = layout.offset_in_bucket(t, l);
-            for (size_t i = 0; i < layout.tensor_size(t); i++)
-                plain_ok = plain_ok && got[at + i] == params[k.begin + at + i];
-        }
-        bench::report_check(strformat("layer %d's other parameters, bf16", l).c_str(), plain_ok, "");
+}
+
+// Layer l's chunks, packed by every rank, unpacked by rank 0: its codes and its bf16 parameters.
+void check_gather_unpack(GatherGroup& g, int l, const std::vector<HostCast>& want) {
+    const int b = g.layout.layer_bucket(l);
+    const size_t chunk = g.gathers[0].chunk_bytes(b);
+    uint8_t* landing = g.gathers[0].landing(l % 2);
+    for (size_t r = 0; r < g.gathers.size(); r++)
+        CUDA_CHECK(cudaMemcpy(landing + r * chunk, g.gathers[r].packed(b), chunk, cudaMemcpyDeviceToDevice));
+    const llmc::ZeroPlan::Bucket& k = g.plans[0].buckets[b];
+    DeviceBuffer<floatX> whole(k.padded_extent, "the layer's bf16 buffer");
+    bench::poison(whole.get(), k.padded_extent);
+    g.gathers[0].unpack(b, l % 2, whole.get());
+    for (int p = 0; p < llmc::FP8_PRODUCTS; p++) {
+        const std::vector<uint8_t>& codes = want[l * llmc::FP8_PRODUCTS + p].q;
+        bench::check_same_bits(strformat("layer %d %s weight's codes", l, llmc::fp8_product_name(p)).c_str(),
+                               bench::device_bytes(g.gathers[0].codes(l, (llmc::Fp8Product)p), codes.size()), codes);
     }
+    const std::vector<float> got = bench::to_host(whole.get(), k.size);
+    const auto& weights = llmc::GPT2Params::LINEAR_WEIGHTS;
+    bool plain_ok = true;
+    for (int t = 0; t < g.layout.num_tensors(); t++) {
+        if (!g.layout.is_per_layer(t) || std::count(std::begin(weights), std::end(weights), t)) continue;
+        const size_t at = g.layout.offset_in_bucket(t, l);
+        for (size_t i = 0; i < g.layout.tensor_size(t); i++) plain_ok = plain_ok && got[at + i] == g.params[k.begin + at + i];
+    }
+    bench::report_check(strformat("layer %d's other parameters, bf16", l).c_str(), plain_ok, "");
+}
+
+void check_gather(std::mt19937_64& rng, int channels, int world, size_t align) {
+    printf(" gather: C %d, %d ranks, slices aligned to %zu\n", channels, world, align);
+    GatherGroup g(rng, channels, world, align);
+    std::vector<HostCast> want;
+    for (int t = 0; t < g.tensors(); t++) {
+        const float amax = g.host_weight(t, 1.0f).amax;
+        want.push_back(g.host_weight(t, gather_scale(t, amax)));
+    }
+    DeviceBuffer<Fp8Scale> scales((size_t)g.tensors() * 3, "scales");  // a weight's at t * 3 + 1, as the model's
+    bench::upload(scales.get(), std::vector<Fp8Scale>(g.tensors() * 3));
+    check_gather_pack(g, scales, want);
+    for (int l = 0; l < g.c.num_layers; l++) check_gather_unpack(g, l, want);
 }
 
 // Version 1's cast (the first GPU session's): 32 x 32 tiles, one element per thread (2-byte loads,
