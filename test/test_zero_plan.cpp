@@ -205,16 +205,62 @@ TEST_CASE("expert parallelism: a MoE layer's experts are a bucket of their own, 
     CHECK_THROWS_WITH(GPT2Params::layout(c, {}, {}, {0, 3}), Contains("divisible by the 3 expert-parallel ranks"));
 }
 
+namespace {
+// A stand-in for the kernels (fp8_pack, fp8_unpack): element i of a bucket stores stored(i) and codes to code(i).
+uint16_t stored(size_t i) { return (uint16_t)(i * 7 + 1); }
+uint8_t code(size_t i) { return (uint8_t)(i * 31 + 7); }
+
+// Every rank packs its slice of bucket k into its chunk (p's layout), the chunks back to back as an
+// all-gather leaves them; each rank's pieces must cover its slice's real elements in order, no byte
+// packed twice, the codes 16-byte aligned.
+std::vector<uint8_t> pack_and_gather(const ZeroPlan::Bucket& k, const PackedBucket& p) {
+    std::vector<uint8_t> gathered(k.world_size * p.chunk_bytes, 0xEE);
+    for (int r = 0; r < k.world_size; r++) {
+        std::vector<int> used(p.chunk_bytes, 0);
+        size_t next = (size_t)r * k.shard_size;
+        for (const PackedPiece& piece : p.ranks[r]) {
+            CHECK(piece.begin == next);
+            next = piece.begin + piece.count;
+            const size_t width = piece.coded < 0 ? 2 : 1;
+            REQUIRE(piece.packed + piece.count * width <= p.chunk_bytes);
+            if (piece.coded >= 0) CHECK(piece.packed % PackedBucket::CODE_ALIGN == 0);
+            for (size_t j = 0; j < piece.count; j++) {
+                uint8_t* at = &gathered[r * p.chunk_bytes + piece.packed + j * width];
+                const uint16_t value = stored(piece.begin + j);
+                if (piece.coded >= 0) *at = code(piece.begin + j);
+                else memcpy(at, &value, 2);
+                for (size_t w = 0; w < width; w++) used[piece.packed + j * width + w]++;
+            }
+        }
+        CHECK(next == std::min(k.size, (size_t)(r + 1) * k.shard_size));
+        CHECK(*std::max_element(used.begin(), used.end()) <= 1);
+    }
+    return gathered;
+}
+
+// Every rank's pieces unpacked from the gathered chunks: the codes into `codes`, the rest in place
+// in `whole`; every real element of the bucket written exactly once.
+void unpack_all(const ZeroPlan::Bucket& k, const PackedBucket& p, const std::vector<uint8_t>& gathered,
+                std::vector<uint8_t>& codes, std::vector<uint16_t>& whole) {
+    std::vector<int> written(k.size, 0);
+    for (int r = 0; r < k.world_size; r++)
+        for (const PackedPiece& piece : p.ranks[r])
+            for (size_t j = 0; j < piece.count; j++) {
+                const uint8_t* from = &gathered[r * p.chunk_bytes + piece.packed + j * (piece.coded < 0 ? 2 : 1)];
+                if (piece.coded >= 0) codes.at(piece.unpacked + j) = *from;
+                else memcpy(&whole.at(piece.unpacked + j), from, 2);
+                written[piece.begin + j]++;
+            }
+    CHECK(std::count(written.begin(), written.end(), 1) == (long)k.size);
+}
+}  // namespace
+
 TEST_CASE("a packed ZeRO-3 gather carries every element of a layer once: its weights as codes, the rest as stored",
           "[zero]") {
-    // A stand-in for the kernels (fp8_pack, fp8_unpack): element i of a bucket stores stored(i) and codes to code(i).
-    auto stored = [](size_t i) { return (uint16_t)(i * 7 + 1); };
-    auto code = [](size_t i) { return (uint8_t)(i * 31 + 7); };
     for (int channels : {35, 64}) {
         ModelConfig c = model_preset("d4", 64, 250);
         c.channels = channels;
-        c.num_heads = 5;
-        if (channels == 64) c.num_heads = 2;
+        c.num_heads = channels == 64 ? 2 : 5;
         const ParamLayout layout = GPT2Params::layout(c);
         for (size_t align : {1, 8})
             for (int world = 1; world <= 5; world++) {
@@ -228,42 +274,9 @@ TEST_CASE("a packed ZeRO-3 gather carries every element of a layer once: its wei
                 const PackedBucket p = plan_packed_bucket(k, coded, 2);
                 REQUIRE(p.ranks.size() == (size_t)world);
                 CHECK(p.chunk_bytes % PackedBucket::CODE_ALIGN == 0);
-                // every rank packs its slice into a chunk; the chunks are gathered back to back
-                std::vector<uint8_t> gathered(world * p.chunk_bytes, 0xEE);
-                for (int r = 0; r < world; r++) {
-                    std::vector<int> used(p.chunk_bytes, 0);
-                    size_t next = (size_t)r * k.shard_size;  // the pieces cover the slice in order
-                    for (const PackedPiece& piece : p.ranks[r]) {
-                        CHECK(piece.begin == next);
-                        next = piece.begin + piece.count;
-                        const size_t width = piece.coded < 0 ? 2 : 1;
-                        REQUIRE(piece.packed + piece.count * width <= p.chunk_bytes);
-                        if (piece.coded >= 0) CHECK(piece.packed % PackedBucket::CODE_ALIGN == 0);
-                        for (size_t j = 0; j < piece.count; j++) {
-                            uint8_t* at = &gathered[r * p.chunk_bytes + piece.packed + j * width];
-                            const size_t i = piece.begin + j;
-                            const uint16_t value = stored(i);
-                            if (piece.coded >= 0) *at = code(i);
-                            else memcpy(at, &value, 2);
-                            for (size_t w = 0; w < width; w++) used[piece.packed + j * width + w]++;
-                        }
-                    }
-                    CHECK(next == std::min(k.size, (size_t)(r + 1) * k.shard_size));  // the slice's real elements
-                    CHECK(*std::max_element(used.begin(), used.end()) <= 1);          // no byte packed twice
-                }
-                // every rank unpacks every rank's pieces: the codes into their tensors, the rest in place
                 std::vector<uint8_t> codes(p.codes_total, 0);
                 std::vector<uint16_t> whole(k.padded_extent, 0);
-                std::vector<int> written(k.size, 0);
-                for (int r = 0; r < world; r++)
-                    for (const PackedPiece& piece : p.ranks[r])
-                        for (size_t j = 0; j < piece.count; j++) {
-                            const uint8_t* from = &gathered[r * p.chunk_bytes + piece.packed + j * (piece.coded < 0 ? 2 : 1)];
-                            if (piece.coded >= 0) codes.at(piece.unpacked + j) = *from;
-                            else memcpy(&whole.at(piece.unpacked + j), from, 2);
-                            written[piece.begin + j]++;
-                        }
-                CHECK(std::count(written.begin(), written.end(), 1) == (long)k.size);
+                unpack_all(k, p, pack_and_gather(k, p), codes, whole);
                 for (size_t t = 0; t < coded.size(); t++)
                     for (size_t j = 0; j < coded[t].count; j++)
                         if (codes[p.codes_at[t] + j] != code(coded[t].begin + j)) FAIL("weight " << t << " code " << j);
