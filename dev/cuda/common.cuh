@@ -48,24 +48,27 @@ struct Options {
     int version = 0;     // 0: every version
     bool check_only = false;
     uint64_t seed = 0;
+    std::string tune_path;  // --tune FILE: sweep the tunable launches, write their table to FILE
 
     // Whether version v is to run: every one, or the one asked for.
     bool runs(int v) const { return version == 0 || version == v; }
 };
 
-inline Options parse_options(int argc, char** argv, int num_versions) {
+// `tunable`: the workbench has a --tune sweep (others refuse the flag).
+inline Options parse_options(int argc, char** argv, int num_versions, bool tunable = false) {
     Options o;
     o.seed = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (a == "--check") o.check_only = true;
         else if (a == "--seed" && i + 1 < argc) o.seed = std::strtoull(argv[++i], nullptr, 10);
+        else if (a == "--tune" && tunable && i + 1 < argc) o.tune_path = argv[++i];
         else {
             char* end = nullptr;
             long v = std::strtol(a.c_str(), &end, 10);
             if (*end != '\0' || v < 1 || v > num_versions) {
-                fprintf(stderr, "usage: %s [version 1..%d] [--check] [--seed N]; got '%s'\n", argv[0], num_versions,
-                        a.c_str());
+                fprintf(stderr, "usage: %s [version 1..%d] [--check] [--seed N]%s; got '%s'\n", argv[0], num_versions,
+                        tunable ? " [--tune FILE]" : "", a.c_str());
                 exit(2);
             }
             o.version = (int)v;
@@ -83,8 +86,8 @@ inline void require_gpu_or_skip(const char* program) {
 
 // The standard start of a workbench main(): the options, the skip where there is no GPU, and the
 // seed line (what --seed takes to repeat this run's inputs).
-inline Options start(int argc, char** argv, int num_versions) {
-    const Options o = parse_options(argc, argv, num_versions);
+inline Options start(int argc, char** argv, int num_versions, bool tunable = false) {
+    const Options o = parse_options(argc, argv, num_versions, tunable);
     require_gpu_or_skip(argv[0]);
     printf("seed %llu\n", (unsigned long long)o.seed);
     return o;

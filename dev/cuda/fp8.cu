@@ -248,6 +248,13 @@ void check_products(std::mt19937_64& rng, llmc::MatmulContext& ctx) {
     bench::check("dweight (fp32)", got[2], want_dw, FP8_ACCUMULATION_TOLERANCE);
     const auto again = run();
     for (int t = 0; t < 3; t++) bench::check_same_bits("run twice", got[t], again[t]);
+    // The weight gradient with k cut into 4 slices of 16 rows (split_k.h): the codes' operands advanced
+    // along their rows of k, the partials added in order.
+    ctx.force_split_k(4);
+    const auto split = run(), split_again = run();
+    ctx.force_split_k(0);
+    bench::check("dweight (fp32), k in 4 slices", split[2], want_dw, FP8_ACCUMULATION_TOLERANCE);
+    bench::check_same_bits("dweight, k in 4 slices, run twice", split[2], split_again[2]);
     // The GELU epilogue on the same FP8 operands (the scales and copies of the last run).
     DeviceBuffer<floatX> pre((size_t)BT * OC, "pre_gelu");
     bench::poison(pre.get(), (size_t)BT * OC);

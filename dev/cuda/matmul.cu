@@ -5,14 +5,23 @@
 //      and a one-thread-per-column bias gradient: slow, obviously correct, the GPU reference
 //   2  cuBLASLt plain products (the llmc launchers with no bias, residual or GELU), then separate
 //      passes: bias + residual add, gelu.cuh's GELU kernels, llmc's two-stage bias gradient
-//   3  llmc/matmul.cuh as the model calls it: bias, GELU and residual in cuBLASLt's epilogues
-//      (BIAS, GELU_AUX_BIAS, beta = 1), GELU backward in the DGELU epilogue
+//   3  llmc/matmul.cuh's fused epilogues: bias, GELU and residual in cuBLASLt's epilogues
+//      (BIAS, GELU_AUX_BIAS, beta = 1), GELU backward in the DGELU epilogue; every weight gradient
+//      one product over the whole of k
+//   4  llmc/matmul.cuh as the model calls it: version 3 with the weight gradients' k cut into
+//      slices where the output is small (split_k.h), the slices' fp32 partials added in order
 //
 //   ./matmul [version] [--check] [--seed N]
+//   ./matmul --tune FILE    time every split of the presets' weight gradients, write the fastest
+//                           per shape for this card as llmc/kernels/split_k_table.h to FILE
+//
+// Version 4's checks cut every weight gradient into CHECKED_SLICES (ragged: the last slice
+// shorter), then check the split each shape gets by itself and several others on GPT-2 124M's
+// attention projection (SPLIT_SHAPES), each against the CPU and run twice for the same bits.
 //
 // Checked against cpu::matmul_forward / matmul_backward / gelu_forward / gelu_backward on an odd
 // small shape (BT 37, C 64, OC 200) and the GPT-2 124M fc shape (BT 8192, C 768, OC 3072), every
-// epilogue combination forward and backward; version 3 runs each twice and must repeat its bits.
+// epilogue combination forward and backward; versions 3 and 4 run each twice and must repeat their bits.
 // Emulated (dev/emu/), the 124M shape is skipped (bench::skip_when_emulated) and BT 203, C 40,
 // OC 264 checked instead (several partly filled blocks of the bias gradient and of version 1).
 // Then pre-activations in [-4.5, -2.5] (W = 0, so pre_gelu = bias exactly), where the tanh and erf
@@ -40,10 +49,13 @@ using llmc::ceil_div;
 using llmc::floatX;
 using llmc::strformat;
 
-constexpr int NUM_VERSIONS = 3;
+constexpr int NUM_VERSIONS = 4;
 const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
     "", "tiled shared-memory kernel (GPU reference)", "cuBLASLt plain products + separate bias/GELU kernels",
-    "llmc/matmul.cuh: cuBLASLt with fused epilogues"};
+    "llmc/matmul.cuh: cuBLASLt with fused epilogues, weight gradients whole",
+    "llmc/matmul.cuh: fused epilogues, weight gradients split along k where the output is small"};
+// Version 4's checks cut every weight gradient into this many slices.
+constexpr int CHECKED_SLICES = 3;
 
 // One forward call's arguments, as matmul_forward takes them.
 struct Forward {
@@ -222,6 +234,7 @@ void backward_v3(llmc::MatmulContext& ctx, const Backward& b) {
                           b.OC, 0);
 }
 
+// Versions 3 and 4 call the same launchers; the context's split of k tells them apart (main).
 void forward(int version, llmc::MatmulContext& ctx, const Forward& f) {
     if (version == 1) forward_v1(f);
     else if (version == 2) forward_v2(ctx, f);
@@ -233,6 +246,10 @@ void backward(int version, llmc::MatmulContext& ctx, const Backward& b) {
     else if (version == 2) backward_v2(ctx, b);
     else backward_v3(ctx, b);
 }
+
+// How versions split the weight gradients' k: 2 and 3 never; 4 into CHECKED_SLICES for its checks
+// and by shape (0) for its timings.
+int forced_slices(int version, bool checking) { return version < 4 ? 1 : checking ? CHECKED_SLICES : 0; }
 
 void bias_gradient(int version, float* dbias, float* scratch, const floatX* dout, int BT, int OC) {
     if (version == 1) column_sum(dbias, dout, BT, OC);
@@ -339,7 +356,7 @@ void check_shape(llmc::MatmulContext& ctx, int version, const Shape& s, std::mt1
             run(out, pre);
             bench::check((label + " out").c_str(), out, ref_out, bench::BF16_TOLERANCE);
             if (fc.gelu) bench::check((label + " pre_gelu").c_str(), pre, ref_pre, bench::BF16_TOLERANCE);
-            if (version == NUM_VERSIONS) {
+            if (version >= 3) {
                 std::vector<float> out2, pre2;
                 run(out2, pre2);
                 // The widened copies compare the bf16 bits: widening keeps every bit.
@@ -388,7 +405,7 @@ void check_shape(llmc::MatmulContext& ctx, int version, const Shape& s, std::mt1
                              bench::BF16_TOLERANCE);
             bench::check((label + " dweight").c_str(), dweight, ref_dweight, dweight_tolerance(BT));
             if (bc.dbias) bench::check((label + " dbias").c_str(), dbias, ref_dbias, bench::FP32_TOLERANCE);
-            if (version == NUM_VERSIONS) {
+            if (version >= 3) {
                 std::vector<float> dinp2, dweight2, dbias2;
                 run(dinp2, dweight2, dbias2);
                 if (bc.dinp) bench::check_same_bits((label + " dinp, run twice").c_str(), dinp, dinp2);
@@ -504,18 +521,177 @@ void time_layer(llmc::MatmulContext& ctx, int version, const TimedLayer& l, std:
         });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The split of k (version 4): a weight gradient alone, split several ways, against the CPU.
+
+// Splits checked (0: the one the shape gets by itself) on shapes where the wave model splits: GPT-2
+// 124M's attention projection on a GPU (7 slices of 1216 rows, the last 896), a small output over a
+// short k emulated (16 slices asked for: 13 of 16 rows, the last 11).
+const int SPLITS_CHECKED[] = {0, 2, 7, 16};
+const Shape SPLIT_SHAPES[] = {{"124M attproj", 8 * 1024, 768, 768}};
+const Shape EMULATED_SPLIT_SHAPES[] = {{"small output", 203, 64, 48}};
+
+void check_splits(llmc::MatmulContext& ctx, const Shape& s, std::mt19937_64& rng) {
+    const int BT = s.BT, C = s.C, OC = s.OC;
+    printf(" split k: %s, BT %d, C %d, OC %d\n", s.name, BT, C, OC);
+    if (bench::skip_when_emulated("BT C OC", (double)BT * C * OC)) return;
+    const size_t n_weight = (size_t)OC * C;
+    const std::vector<float> inp = bench::random_bf16((size_t)BT * C, rng), dout = bench::random_bf16((size_t)BT * OC, rng);
+    const std::vector<float> dweight_init = bench::random_f32(n_weight, rng);
+    std::vector<float> ref = dweight_init;
+    llmc::cpu::matmul_backward(nullptr, ref.data(), nullptr, dout.data(), inp.data(), nullptr, BT, C, OC);
+    DeviceBuffer<floatX> d_inp = bench::to_device_bf16(inp), d_dout = bench::to_device_bf16(dout);
+    DeviceBuffer<float> d_dweight(n_weight, "dweight");
+    for (int slices : SPLITS_CHECKED) {
+        ctx.force_split_k(slices);
+        const llmc::SplitK split = ctx.split_k(C, OC, BT);
+        const std::string label = strformat("dW, %s: %d slices of %d rows, the last %d", slices ? "asked" : "by shape",
+                                            split.slices, split.slice_k, split.last_k(BT));
+        guarded(label, [&] {
+            auto run = [&] {
+                bench::upload(d_dweight.get(), dweight_init);
+                llmc::matmul_backward(ctx, nullptr, d_dweight.get(), nullptr, nullptr, d_dout.get(), d_inp.get(),
+                                      nullptr, nullptr, BT, C, OC, 0);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                return bench::to_host(d_dweight.get(), n_weight);
+            };
+            const std::vector<float> dweight = run();
+            bench::check(label.c_str(), dweight, ref, dweight_tolerance(BT));
+            bench::check_same_bits((label + ", run twice").c_str(), dweight, run());
+        });
+    }
+    ctx.force_split_k(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// --tune: every split of the presets' weight gradients timed on this card; the fastest per shape
+// written as llmc/kernels/split_k_table.h.
+
+// The weight gradients of d12 to d48 (C = 768, 1024, 1280, 1600) whose outputs have fewer than two
+// waves of 128 x 128 tiles on this card, at B = 8 to 128 sequences of 1024.
+struct TunedWeight {
+    const char* name;
+    int C, OC;
+};
+const TunedWeight TUNED_WEIGHTS[] = {
+    {"d12 qkv", 768, 2304},     {"d12 attproj", 768, 768},    {"d12 fc", 768, 3072},      {"d12 fcproj", 3072, 768},
+    {"d24 qkv", 1024, 3072},    {"d24 attproj", 1024, 1024},  {"d24 fc", 1024, 4096},     {"d24 fcproj", 4096, 1024},
+    {"d36 qkv", 1280, 3840},    {"d36 attproj", 1280, 1280},  {"d36 fc", 1280, 5120},     {"d36 fcproj", 5120, 1280},
+    {"d48 qkv", 1600, 4800},    {"d48 attproj", 1600, 1600},  {"d48 fc", 1600, 6400},     {"d48 fcproj", 6400, 1600},
+};
+const int TUNED_BT[] = {8 * 1024, 16 * 1024, 32 * 1024, 64 * 1024, 128 * 1024};
+const int TUNED_SLICES[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16};
+
+const char* const TABLE_HEAD = R"(// split_k_table.h: the weight gradients' split of k measured fastest, per card and shape
+// (split_k.h reads it; a shape not listed gets the wave model's split).
+//
+// Written by the matmul workbench on the card itself, in one run:
+//   dev/cuda/build/matmul --tune llmc/kernels/split_k_table.h
+// (dev/bench/gpu_session.sh's `kernels` stage runs it and brings the file back.) It times every
+// split from 1 to 16 of each weight gradient of GPT-2's presets at the batch sizes the benchmarks
+// run, after checking each split against the product over the whole of k (itself checked against
+// the CPU reference by the workbench's checks). m, n, k are cuBLASLt's: m = C (the product's input
+// channels), n = OC (its output channels), k = B x T.
+#pragma once
+
+namespace llmc {
+
+struct SplitKTuned {
+    const char* device;  // cudaDeviceProp::name
+    int m, n, k;
+    int slices;          // 1: no split
+};
+
+)";
+
+void tune(llmc::MatmulContext& ctx, const std::string& path, std::mt19937_64& rng) {
+    const bench::DeviceCeilings card = bench::device_ceilings();
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::string rows;
+    for (const TunedWeight& w : TUNED_WEIGHTS) {
+        const long tiles = (long)ceil_div(w.C, 128) * ceil_div(w.OC, 128);
+        if (tiles >= 2L * sms) continue;
+        for (int BT : TUNED_BT) {
+            if (bench::skip_when_emulated("BT C OC", (double)BT * w.C * w.OC)) continue;
+            const size_t n_weight = (size_t)w.OC * w.C;
+            DeviceBuffer<floatX> inp = random_device((size_t)BT * w.C, 1.0f, rng);
+            DeviceBuffer<floatX> dout = random_device((size_t)BT * w.OC, 1.0f, rng);
+            DeviceBuffer<float> dweight(n_weight, "dweight");
+            auto product = [&] {
+                llmc::matmul_backward(ctx, nullptr, dweight.get(), nullptr, nullptr, dout.get(), inp.get(), nullptr,
+                                      nullptr, BT, w.C, w.OC, 0);
+            };
+            auto result = [&] {
+                CUDA_CHECK(cudaMemset(dweight.get(), 0, dweight.bytes()));
+                product();
+                CUDA_CHECK(cudaDeviceSynchronize());
+                return bench::to_host(dweight.get(), n_weight);
+            };
+            const double flops = 2.0 * BT * w.C * w.OC;
+            printf(" %s: BT %d (%ld tiles on %d SMs)\n", w.name, BT, tiles, sms);
+            std::vector<float> whole;
+            int best = 1, last = 0;
+            float best_ms = 0, whole_ms = 0;
+            for (int asked : TUNED_SLICES) {
+                ctx.force_split_k(asked);
+                const int slices = ctx.split_k(w.C, w.OC, BT).slices;
+                if (slices == last) continue;  // k or the partials allow no more
+                last = slices;
+                const std::vector<float> got = result();
+                if (slices == 1) whole = got;
+                else if (!bench::check(strformat("%d slices against 1", slices).c_str(), got, whole,
+                                       dweight_tolerance(BT)))
+                    continue;
+                const float ms = bench::time_ms(product, 10);
+                bench::report_compute_bound(strformat("dW, %d slices", slices).c_str(), ms, flops);
+                if (slices == 1) whole_ms = ms;
+                if (slices == 1 || ms < best_ms) best = slices, best_ms = ms;
+            }
+            rows += strformat("    {\"%s\", %d, %d, %d, %d},  // %s: %.3f ms whole, %.3f ms split\n", card.name, w.C,
+                              w.OC, BT, best, w.name, whole_ms, best_ms);
+        }
+    }
+    ctx.force_split_k(0);
+    const std::string table = std::string(TABLE_HEAD) + "inline constexpr SplitKTuned SPLIT_K_TUNED[] = {\n" +
+                              (rows.empty() ? "    {\"\", 0, 0, 0, 1},  // (no shape was tuned)\n" : rows) +
+                              "};\n\n}  // namespace llmc\n";
+    // Whole or absent: written beside the target, then renamed over it.
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (!f) llmc::fail(strformat("--tune: cannot write %s", tmp.c_str()));
+    const bool written = fwrite(table.data(), 1, table.size(), f) == table.size();
+    if (fclose(f) != 0 || !written || rename(tmp.c_str(), path.c_str()) != 0) {
+        remove(tmp.c_str());
+        llmc::fail(strformat("--tune: writing %s failed", path.c_str()));
+    }
+    printf("tuned table written to %s\n", path.c_str());
+}
+
 int main(int argc, char** argv) {
-    const bench::Options opts = bench::start(argc, argv, NUM_VERSIONS);
+    const bench::Options opts = bench::start(argc, argv, NUM_VERSIONS, /*tunable=*/true);
     return bench::run_and_finish(argv[0], [&] {
         llmc::MatmulContext ctx;
+        if (!opts.tune_path.empty()) {
+            std::mt19937_64 rng(opts.seed);
+            tune(ctx, opts.tune_path, rng);
+            return;
+        }
         for (int version = 1; version <= NUM_VERSIONS; version++) {
             if (!opts.runs(version)) continue;
             std::mt19937_64 rng(opts.seed + version);  // `./matmul 3 --seed N` repeats version 3 of a full run
             printf("version %d: %s\n", version, VERSION_NAMES[version]);
+            ctx.force_split_k(forced_slices(version, true));
             for (const Shape& s : CHECK_SHAPES) check_shape(ctx, version, s, rng);
             if (bench::EMULATED)
                 for (const Shape& s : EMULATED_CHECK_SHAPES) check_shape(ctx, version, s, rng);
             check_gelu_form(ctx, version, rng);
+            if (version == 4) {
+                for (const Shape& s : SPLIT_SHAPES) check_splits(ctx, s, rng);
+                if (bench::EMULATED)
+                    for (const Shape& s : EMULATED_SPLIT_SHAPES) check_splits(ctx, s, rng);
+            }
+            ctx.force_split_k(forced_slices(version, false));
             if (!opts.check_only)
                 for (const TimedLayer& l : TIMED_LAYERS) time_layer(ctx, version, l, rng);
         }

@@ -19,6 +19,11 @@
 // a separate kernel) is very likely deterministic too, but nothing documents it, so it stays
 // excluded; OUTPUT_TYPE would round a bf16 product's partials to bf16, and INPLACE reduces through
 // the output buffer with counters.
+//
+// Split-K of our own, for the weight gradients (small outputs, k = B x T): their k is cut into
+// slices (split_k.h says how many, per shape and card), each slice one batch of a batched product
+// into fp32 partials, which split_k_sum_kernel adds to the gradient in slice order. Every part of
+// that is fixed by the shape: the same bits every run.
 #pragma once
 
 #include <compare>
@@ -29,14 +34,17 @@
 #include <string>
 
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/split_k.h"
 
 namespace llmc {
 
 namespace matmul_detail {
 
 // One cuBLASLt product in its column-major terms: D (m x n) = op(A) (m x k) op(B) (k x n) + beta C,
-// then the epilogue. Every matrix is tight (leading dimension = its stored row count); C and D
-// share one layout, and the GELU input `aux` has D's shape with leading dimension m.
+// then the epilogue. A matrix is tight (leading dimension = its stored row count) unless lda/ldb
+// say otherwise; C and D share one tight layout, and the GELU input `aux` has D's shape with leading
+// dimension m. With batch > 1, `batch` such products whose A, B and D start stride_a, stride_b and
+// stride_d elements apart (the split-K slices of one product; no bias, aux or C then).
 struct Gemm {
     const char* op = "";  // the launcher and its PyTorch-level shape, for error messages only
     int BT = 0, C = 0, OC = 0;
@@ -45,6 +53,9 @@ struct Gemm {
     bool transpose_a = false, transpose_b = false;
     const void* a = nullptr;  // stored (k x m) when transposed, else (m x k)
     const void* b = nullptr;  // stored (n x k) when transposed, else (k x n)
+    int64_t lda = 0, ldb = 0;  // 0: tight
+    int batch = 1;
+    int64_t stride_a = 0, stride_b = 0, stride_d = 0;
     cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF;  // or fp8 (E4M3, E5M2)
     const float* a_scale = nullptr;  // fp8: the device scalars that multiply the product (Fp8Scale::scale_inv)
     const float* b_scale = nullptr;
@@ -70,6 +81,8 @@ inline int pointer_alignment(const void* p) {
 
 struct GemmKey {
     int m, n, k;
+    int64_t lda, ldb;
+    int batch;
     bool transpose_a, transpose_b;
     int a_type, b_type, cd_type, epilogue;
     int bias_alignment, aux_alignment;
@@ -99,10 +112,10 @@ inline const char* type_name(cudaDataType_t t) {
 
 inline std::string describe(const Gemm& g) {
     return strformat("%s (BT %d, C %d, OC %d; cuBLASLt m %d n %d k %d, op(A) %c, op(B) %c, %s A, %s B, %s C/D, "
-                     "beta %g, epilogue %s)",
+                     "beta %g, epilogue %s%s)",
                      g.op, g.BT, g.C, g.OC, g.m, g.n, g.k, g.transpose_a ? 'T' : 'N', g.transpose_b ? 'T' : 'N',
                      type_name(g.a_type), type_name(g.b_type), type_name(g.cd_type), (double)g.beta,
-                     epilogue_name(g.epilogue));
+                     epilogue_name(g.epilogue), g.batch > 1 ? strformat(", %d batches", g.batch).c_str() : "");
 }
 
 // Owning wrappers for the descriptors of one call. Their destroy functions only free host memory;
@@ -125,9 +138,14 @@ private:
 
 class LtLayout {
 public:
-    // A column-major rows x cols matrix with leading dimension ld (elements).
-    LtLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+    // A column-major rows x cols matrix with leading dimension ld (elements); `batch` of them,
+    // `stride` elements apart.
+    LtLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch = 1, int64_t stride = 0) {
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, (uint64_t)rows, (uint64_t)cols, ld));
+        if (batch > 1) {
+            set(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, (int32_t)batch);
+            set(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
+        }
     }
     ~LtLayout() { (void)cublasLtMatrixLayoutDestroy(layout_); }
     LtLayout(const LtLayout&) = delete;
@@ -135,6 +153,10 @@ public:
     cublasLtMatrixLayout_t get() const { return layout_; }
 
 private:
+    template <typename T>
+    void set(cublasLtMatrixLayoutAttribute_t attribute, const T& value) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout_, attribute, &value, sizeof(value)));
+    }
     cublasLtMatrixLayout_t layout_ = nullptr;
 };
 
@@ -154,21 +176,69 @@ private:
     cublasLtMatmulPreference_t preference_ = nullptr;
 };
 
+inline size_t element_bytes(cudaDataType_t t) {
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 1;  // fp32, bf16, or an FP8 format
+}
+inline const void* advance(const void* p, cudaDataType_t t, int64_t elements) {
+    return static_cast<const uint8_t*>(p) + elements * (int64_t)element_bytes(t);
+}
+
 }  // namespace matmul_detail
 
-// The cuBLASLt handle, its workspace and the algorithm chosen for each product shape. Not
-// thread-safe, and the workspace is shared by every call: products that may run concurrently (on
-// different streams) need a context each.
+// The split-K partial sums added to an fp32 output in slice order:
+//   out[i] += ((p_0[i] + p_1[i]) + p_2[i]) + ...,  p_s = partials + s * count.
+// Four elements a thread (count % 4 == 0: the outputs are m x n with m and n multiples of 8).
+__global__ void split_k_sum_kernel(float* out, const float* partials, int slices, size_t count) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= count) return;
+    float4 sum = *reinterpret_cast<const float4*>(partials + i);
+    for (int s = 1; s < slices; s++) {
+        const float4 p = *reinterpret_cast<const float4*>(partials + (size_t)s * count + i);
+        sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+    }
+    float4 o = *reinterpret_cast<const float4*>(out + i);
+    o.x += sum.x, o.y += sum.y, o.z += sum.z, o.w += sum.w;
+    *reinterpret_cast<float4*>(out + i) = o;
+}
+
+// The cuBLASLt handle, its workspace, the weight gradients' split-K partials and the algorithm
+// chosen for each product shape. Not thread-safe, and the buffers are shared by every call: products
+// that may run concurrently (on different streams) need a context each.
 class MatmulContext {
 public:
     static constexpr size_t WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLAS asks for on Hopper
+    // The split-K slices' fp32 partial sums: 14 slices of GPT-2 124M's 768 x 768 attention projection.
+    static constexpr size_t SPLIT_K_PARTIAL_BYTES = size_t(32) << 20;
+    static constexpr size_t DEVICE_BYTES = WORKSPACE_BYTES + SPLIT_K_PARTIAL_BYTES;
 
-    MatmulContext() : workspace_(WORKSPACE_BYTES, "cuBLASLt workspace") { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+    MatmulContext()
+        : workspace_(WORKSPACE_BYTES, "cuBLASLt workspace"),
+          partials_(SPLIT_K_PARTIAL_BYTES / sizeof(float), "split-K partials") {
+        CUBLAS_CHECK(cublasLtCreate(&handle_));
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        device_name_ = prop.name;
+        sms_ = prop.multiProcessorCount;
+    }
     ~MatmulContext() { (void)cublasLtDestroy(handle_); }  // nothing to report to from a destructor
     MatmulContext(const MatmulContext&) = delete;
     MatmulContext& operator=(const MatmulContext&) = delete;
 
     size_t workspace_bytes() const { return workspace_.bytes(); }
+    size_t device_bytes() const { return workspace_.bytes() + partials_.bytes(); }
+
+    // Every weight gradient cut into `slices` parts of k (where k is long enough; tests and the
+    // workbench's sweep); 0 (the default): each shape's own split (split_k.h).
+    void force_split_k(int slices) {
+        if (slices < 0) fail(strformat("force_split_k: %d slices, expected 0 (per shape) or more", slices));
+        forced_split_k_ = slices;
+    }
+    // How a weight gradient with an (m x n) output (cuBLASLt's terms) over k rows is cut.
+    SplitK split_k(int m, int n, int k) const {
+        return choose_split_k(m, n, k, device_name_.c_str(), sms_, partials_.bytes(), forced_split_k_);
+    }
 
     // Runs one product; any failure names the product's shape and epilogue.
     void run(const matmul_detail::Gemm& g, cudaStream_t stream) {
@@ -177,6 +247,47 @@ public:
         } catch (const Error& e) {
             fail(strformat("%s: %s", matmul_detail::describe(g).c_str(), e.what()));
         }
+    }
+
+    // A weight gradient: D (fp32, tight, = C) += op(A) op(B), g with beta 1 and no epilogue. Unsplit,
+    // cuBLASLt adds the product to D itself; split (split_k), the slices' products go to the
+    // partials (one batched call, one more for a shorter last slice) and split_k_sum_kernel adds
+    // them to D in slice order.
+    void run_accumulating(const matmul_detail::Gemm& g, cudaStream_t stream) {
+        using namespace matmul_detail;
+        if (g.beta != 1.0f || g.c != g.d || g.cd_type != CUDA_R_32F || g.epilogue != CUBLASLT_EPILOGUE_DEFAULT ||
+            g.batch != 1)
+            fail(strformat("%s: run_accumulating takes an fp32 D += product with no epilogue", describe(g).c_str()));
+        const SplitK split = split_k(g.m, g.n, g.k);
+        if (split.slices == 1) return run(g, stream);
+
+        Gemm slice = g;
+        slice.c = nullptr;
+        slice.beta = 0.0f;
+        slice.lda = g.lda ? g.lda : (g.transpose_a ? g.k : g.m);  // the slices keep the whole matrix's rows
+        slice.ldb = g.ldb ? g.ldb : (g.transpose_b ? g.n : g.k);
+        // One slice further along k: down the stored (k x m) A, across the stored (m x k) A; likewise B.
+        slice.stride_a = g.transpose_a ? split.slice_k : (int64_t)split.slice_k * slice.lda;
+        slice.stride_b = g.transpose_b ? (int64_t)split.slice_k * slice.ldb : split.slice_k;
+        slice.stride_d = (int64_t)g.m * g.n;
+        auto run_slices = [&](int first, int count, int k) {
+            Gemm p = slice;
+            p.k = k;
+            p.batch = count;
+            p.a = advance(g.a, g.a_type, first * slice.stride_a);
+            p.b = advance(g.b, g.b_type, first * slice.stride_b);
+            p.d = partials_.get() + first * slice.stride_d;
+            run(p, stream);
+        };
+        const int full = split.full_slices(g.k);
+        run_slices(0, full, split.slice_k);
+        if (full < split.slices) run_slices(full, 1, split.last_k(g.k));
+
+        const size_t count = (size_t)g.m * g.n;
+        constexpr int threads = 256;
+        LLMC_LAUNCH(split_k_sum_kernel, (unsigned)ceil_div(count / 4, (size_t)threads), threads, 0, stream)(
+            static_cast<float*>(g.d), partials_.get(), split.slices, count);
+        CUDA_CHECK_LAUNCH();
     }
 
 private:
@@ -203,9 +314,10 @@ private:
             desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
             desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)g.m);
         }
-        const LtLayout a(g.a_type, g.transpose_a ? g.k : g.m, g.transpose_a ? g.m : g.k, g.transpose_a ? g.k : g.m);
-        const LtLayout b(g.b_type, g.transpose_b ? g.n : g.k, g.transpose_b ? g.k : g.n, g.transpose_b ? g.n : g.k);
-        const LtLayout cd(g.cd_type, g.m, g.n, g.m);
+        const int64_t a_rows = g.transpose_a ? g.k : g.m, b_rows = g.transpose_b ? g.n : g.k;
+        const LtLayout a(g.a_type, a_rows, g.transpose_a ? g.m : g.k, g.lda ? g.lda : a_rows, g.batch, g.stride_a);
+        const LtLayout b(g.b_type, b_rows, g.transpose_b ? g.k : g.n, g.ldb ? g.ldb : b_rows, g.batch, g.stride_b);
+        const LtLayout cd(g.cd_type, g.m, g.n, g.m, g.batch, g.stride_d);
 
         const cublasLtMatmulAlgo_t algo = algorithm(g, desc, a, b, cd);
         const float alpha = 1.0f;
@@ -218,7 +330,7 @@ private:
                                    const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
                                    const matmul_detail::LtLayout& cd) {
         using namespace matmul_detail;
-        const GemmKey key{g.m, g.n, g.k, g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type, (int)g.cd_type,
+        const GemmKey key{g.m, g.n, g.k, g.lda, g.ldb, g.batch, g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type, (int)g.cd_type,
                           (int)g.epilogue,
                           pointer_alignment(g.bias), pointer_alignment(g.aux)};
         if (auto it = algorithms_.find(key); it != algorithms_.end()) return it->second;
@@ -262,6 +374,10 @@ private:
     }
 
     DeviceBuffer<uint8_t> workspace_;
+    DeviceBuffer<float> partials_;
+    std::string device_name_;
+    int sms_ = 0;
+    int forced_split_k_ = 0;
     cublasLtHandle_t handle_ = nullptr;
     std::map<matmul_detail::GemmKey, cublasLtMatmulAlgo_t> algorithms_;
 };
@@ -443,7 +559,8 @@ inline void matmul_forward(MatmulContext& ctx, floatX* out, floatX* pre_gelu, co
 //     (BT x C, the input of the GELU whose output was `inp`), dinp is also multiplied elementwise by
 //     GELU'(pre_gelu) in the product's DGELU epilogue: it becomes the pre-activation's gradient.
 //   dweight (OC x C, fp32) += dout^T @ inp: bf16 operands, fp32 C = D with beta = 1, so gradients
-//     accumulate in fp32 across micro-batches; skipped if dweight is null (inp is then unused). A
+//     accumulate in fp32 across micro-batches (or, where k = BT is split, the slices' partials added
+//     in order: MatmulContext::run_accumulating); skipped if dweight is null (inp is then unused). A
 //     tensor-parallel model calls this twice, dinp first and the weight gradient second, so that the
 //     reduction of dinp over the group travels while the weight gradient is computed.
 //   dbias (OC, fp32) += column sums of dout, by bias_backward in `scratch`
@@ -496,7 +613,7 @@ inline void matmul_backward(MatmulContext& ctx, floatX* dinp, float* dweight, fl
     g.d = dweight;  // dweight (OC x C) row-major is dweight^T as a column-major (C x OC)
     g.beta = 1.0f;
     g.cd_type = CUDA_R_32F;
-    ctx.run(g, stream);
+    ctx.run_accumulating(g, stream);  // k = BT cut into slices where the output is small (split_k.h)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -589,7 +706,7 @@ inline void matmul_backward_dweight_fp8(MatmulContext& ctx, float* dweight, cons
     g.d = dweight;
     g.beta = 1.0f;
     g.cd_type = CUDA_R_32F;
-    ctx.run(g, stream);
+    ctx.run_accumulating(g, stream);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -136,6 +136,20 @@ breakage dgelu-epilogue llmc/kernels/matmul.cuh "gpt2" \
     "matmul_backward: the DGELU epilogue dropped (the fc layer's dinp not multiplied by GELU')" \
     '        g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;' \
     '        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;'
+breakage split-k-last-slice llmc/kernels/matmul.cuh "bench matmul" \
+    "run_accumulating: the shorter last slice of a split weight gradient never computed" \
+    '        if (full < split.slices) run_slices(full, 1, split.last_k(g.k));' \
+    '        (void)full;'
+breakage split-k-stride llmc/kernels/matmul.cuh "bench matmul" \
+    "run_accumulating: the slices of an untransposed A advanced one row, not slice_k columns" \
+    '        slice.stride_a = g.transpose_a ? split.slice_k : (int64_t)split.slice_k * slice.lda;' \
+    '        slice.stride_a = split.slice_k;'
+breakage split-k-sum llmc/kernels/matmul.cuh "bench matmul" \
+    "split_k_sum_kernel: the partials summed from the second slice on (the first one lost)" \
+    '    float4 sum = *reinterpret_cast<const float4*>(partials + i);
+    for (int s = 1; s < slices; s++) {' \
+    '    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 1; s < slices; s++) {'
 breakage dweight-transpose llmc/kernels/matmul.cuh "gpt2" \
     "matmul_backward: the weight gradient's dout operand not transposed" \
     '    g.transpose_b = true;
@@ -263,6 +277,10 @@ breakage fp8-cast-no-saturation llmc/kernels/fp8.cuh "bench fp8" \
 breakage fp8-product-wrong-scale llmc/kernels/matmul.cuh "bench fp8" \
     "FP8 products: B multiplied by A's inverse scale" \
     'g.b = b.data, g.b_type = b.type, g.b_scale = b.scale_inv;' 'g.b = b.data, g.b_type = b.type, g.b_scale = a.scale_inv;'
+breakage split-k-transposed-stride llmc/kernels/matmul.cuh "bench fp8" \
+    "run_accumulating: the slices of a transposed A (FP8's codes, stored along k) advanced whole columns" \
+    '        slice.stride_a = g.transpose_a ? split.slice_k : (int64_t)split.slice_k * slice.lda;' \
+    '        slice.stride_a = (int64_t)split.slice_k * slice.lda;'
 breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_delayed_update: the history's largest amax taken without its last slot" \
     'for (uint32_t h = 0; h < s.history_count; h++) m = fmaxf(m, ring[h]);' \

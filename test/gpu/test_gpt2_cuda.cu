@@ -437,6 +437,36 @@ TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than 
     CHECK(to_bf16 > 0.5 * to_fp32);  // the products are quantized, not run in bf16
 }
 
+TEST_CASE("weight gradients split along k: within 1e-5 of whole ones, not their bits, and the same bits every run") {
+    const ModelConfig c = test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 5);
+    const ParamLayout layout = GPT2Params::layout(c);
+    const int B = 4, T = 64;  // k = 256 rows: 3 slices of 96, 96 and 64 (FP8's multiples of 16)
+    const Batch batch = random_batch(c, B, T, 17);
+    for (bool fp8 : {false, true}) {
+        auto step = [&](int split_k) {
+            GPT2CUDAOptions o = fp8 ? fp8_options(Recompute::None) : options(Recompute::None);
+            o.split_k = split_k;
+            GPT2CUDA gpu(c, B, T, o);
+            gpu.set_master_weights(weights.data());
+            gpu.zero_grad();
+            (void)gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+            return grads_of(gpu);
+        };
+        const std::vector<float> whole = step(1), split = step(3);
+        INFO((fp8 ? "FP8" : "bf16") << " products");
+        // Only the order of the fp32 sums differs (each slice's, then the slices'): every tensor within
+        // 1e-5, and the weight gradients' bits differ somewhere (the split ran).
+        for (const ParamLayout::Segment& s : layout.segments()) {
+            const double err = rel_error(split.data() + s.begin, whole.data() + s.begin, s.end - s.begin);
+            INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
+            CHECK(err <= 1e-5);
+        }
+        CHECK(split != whole);
+        CHECK(step(3) == split);
+    }
+}
+
 TEST_CASE("FP8: recomputation 1-3 give bitwise equal gradients, and the memory plan equals the allocation") {
     const ModelConfig c = test_config();
     const std::vector<float> weights = bf16_exact_init(c, 9);

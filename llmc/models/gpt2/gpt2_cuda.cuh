@@ -116,6 +116,7 @@ struct GPT2CUDAOptions {
     int classifier_chunk_rows = 8192;  // logits rows computed at once (8192 x 50304 bf16 = 786 MiB)
     Fp8Options fp8;                    // the blocks' products in FP8 (fp8_linears.cuh)
     MoeOptions moe;                    // a mixture-of-experts model's capacity and auxiliary losses
+    int split_k = 0;                   // 0: each weight gradient's own split of k (split_k.h); N: N slices (tests)
 };
 
 // A per-layer activation: L slices back to back, or, when backward recomputes it, one slice that
@@ -413,6 +414,7 @@ public:
         }
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
+        matmul_.force_split_k(options.split_k);
         engine_.set_tensor_parallel(tp_host_);
         engine_.set_pipeline_parallel(pp_host_);
         if (ep.comm) check_expert_group(ep);
@@ -442,7 +444,7 @@ public:
             fp8_.gather_weights(layout_, engine_.plan(), comm_);
             engine_.set_gather_codec(&fp8_);
         }
-        own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.workspace_bytes() +
+        own_activation_bytes_ = acts_.bytes() + encoder_backward_.device_bytes() + matmul_.device_bytes() +
                                 DeviceMemory::scratch_bytes() + fp8_.allocated_bytes();
         if (config_.num_experts > 0) allocate_experts();
     }
@@ -473,6 +475,7 @@ public:
                          K::Activations, CudaActivationLayout::bytes_for(c, max_B, rows, o, tp, stage, cp), 1});
         specs.push_back({"encoder backward index", K::Activations, EncoderBackward::device_bytes_for(max_B, std::max(1, rows)), 1});
         specs.push_back({"cuBLASLt workspace", K::Activations, MatmulContext::WORKSPACE_BYTES, 1});
+        specs.push_back({"split-K partials", K::Activations, MatmulContext::SPLIT_K_PARTIAL_BYTES, 1});
         specs.push_back({"gradient norm scratch", K::Activations, DeviceMemory::scratch_bytes(), 1});
         if (o.fp8.enabled) {
             const int layers = stage.layers < 0 ? c.num_layers : stage.layers;
@@ -1654,8 +1657,8 @@ private:
     PinnedBuffer<int> pinned_tokens_;
     PinnedBuffer<float> pinned_losses_;
     PinnedBuffer<floatX> pinned_logits_;
-    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace, norm scratch,
-                                       // expert activations
+    size_t own_activation_bytes_ = 0;  // activations, encoder index, cuBLASLt workspace and split-K
+                                       // partials, norm scratch, expert activations
     DeviceBuffer<char> moe_acts_;      // the MoE blocks' routing and expert activations (moe_memory_)
     MoeMemory moe_memory_;
     PinnedBuffer<int> pinned_moe_;     // a routing's summary on its way to the host
