@@ -59,4 +59,16 @@ grep -q '"matmul_tflops": 450.0, "attention_tflops": 250.0, "memory_gbps": 2500.
 "$trainer" -e d12 -b 4 -t 1024 -d 65536 --plan 16 --topology "$logs/measured.json" >"$out" 2>&1 ||
     fail "--plan --topology measured.json exited with $?"
 grep -q "^predicted step on $logs/measured.json" "$out" || fail "--plan did not predict on the measured topology"
-echo "ok dev/bench/measured_topology.sh: fastest version per case, time-weighted rates, --plan takes them"
+# With a step profile (bench_train_step --profile) in the logs, its products and attention count
+# instead of the workbenches': products 100 FLOP-weighted over 1 + 3 ms (700 and 200 TFLOP/s), the
+# phase table above them ignored.
+{ echo "| phase | ms | share |"; echo "| attention | 9.00 | 50.0% |"; echo
+  echo "The matrix products: FLOPs over time, against the dense bf16 peak (989 TFLOP/s)"
+  echo "| product | ms | TFLOP/s | of peak |"; echo "| qkv | 1.00 | 700 | 70.8% |"
+  echo "| attproj backward | 3.00 | 200 | 20.2% |"; echo "| attention (forward and backward) | 2.00 | 150 | 15.2% |"
+} >"$logs/bench_d12.log"
+dev/bench/measured_topology.sh "$logs" >"$logs/measured.json" 2>"$out" || fail "measured_topology.sh exited with $?"
+cp "$logs/measured.json" "$out"
+grep -q '"matmul_tflops": 325.0, "attention_tflops": 150.0, "memory_gbps": 2500.0' "$out" ||
+    fail "measured_topology.sh with a step profile: expected matmul 325 (700 for 1 ms, 200 for 3 ms), attention 150"
+echo "ok dev/bench/measured_topology.sh: fastest version per case, time-weighted rates, a step profile first, --plan takes them"

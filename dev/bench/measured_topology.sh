@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # dev/bench/measured_topology.sh: a --topology file whose kernel rates are the ones a GPU session
-# measured, in place of the efficiencies llmc/cluster.h assumes. Reads the `kernels` stage's
-# workbench timings (time_<workbench>.log, dev/bench/gpu_session.sh) and prints JSON:
-#   matmul_tflops      time_matmul.log's forward and backward products
-#   attention_tflops   time_attention_forward.log and time_attention_backward.log
-#   memory_gbps        the memory-bound kernels: layernorm, gelu, adamw, encoder_backward, global_norm
-# Each case (a shape under a workbench, a line of it) counts at its fastest version; a rate is the
-# cases' FLOPs (or bytes) over their time, so long kernels weigh more.
+# measured, in place of the efficiencies llmc/cluster.h assumes. Prints JSON:
+#   matmul_tflops      the products of a whole training step: the `bench` stage's profile of the
+#                      largest model (bench_d48.log, else bench_d12.log: bench_train_step --profile's
+#                      table of products); without one, the `kernels` stage's time_matmul.log
+#   attention_tflops   the same profile's attention row; else time_attention_forward.log and
+#                      time_attention_backward.log
+#   memory_gbps        the memory-bound workbenches: layernorm, gelu, adamw, encoder_backward, global_norm
+# A profile's rate is its rows' FLOPs over their time. In the workbenches' logs each case (a shape
+# under a workbench, a line of it) counts at its fastest version; a rate is the cases' FLOPs (or
+# bytes) over their time, so long kernels weigh more. Which source each rate came from goes to stderr.
 #   dev/bench/measured_topology.sh LOGDIR [h100|a100] > out/measured_h100.json
 #   ./train_gpt -e d48 -t 1024 -d 1048576 --plan-search 64 --topology out/measured_h100.json
 set -euo pipefail
@@ -42,8 +45,31 @@ rate() {
         }' "${files[@]}"
 }
 
-matmul=$(rate TFLOP/s time_matmul.log)
-attention=$(rate TFLOP/s time_attention_forward.log time_attention_backward.log)
+# profile_rate FILE PATTERN: the TFLOP/s of the rows of FILE's table of products (bench_train_step
+# --profile) whose names match PATTERN, their FLOPs over their time; fails where there are none.
+profile_rate() {
+    awk -F'|' -v pattern="$2" '
+        /^The matrix products/ { in_table = 1; next }
+        in_table && /^\| / {
+            name = $2
+            gsub(/^ +| +$/, "", name)
+            if (name ~ pattern && $3 + 0 > 0) { ms += $3; work += $3 * $4 }
+        }
+        END { if (ms == 0) exit 1; printf "%.1f", work / ms }' "$1"
+}
+profile=
+for f in bench_d48.log bench_d12.log; do
+    if [ -f "$logs/$f" ] && profile_rate "$logs/$f" '^attention' > /dev/null; then profile=$logs/$f; break; fi
+done
+if [ -n "$profile" ]; then
+    matmul=$(profile_rate "$profile" '^(qkv|attproj|fc|fcproj|lm head)')
+    attention=$(profile_rate "$profile" '^attention')
+    echo "measured_topology.sh: products and attention from the step profile in $profile" >&2
+else
+    matmul=$(rate TFLOP/s time_matmul.log)
+    attention=$(rate TFLOP/s time_attention_forward.log time_attention_backward.log)
+    echo "measured_topology.sh: products and attention from the workbenches (no step profile in $logs)" >&2
+fi
 memory=$(rate GB/s time_layernorm.log time_gelu.log time_adamw.log time_encoder_backward.log time_global_norm.log)
 printf '{"base": "%s", "matmul_tflops": %s, "attention_tflops": %s, "memory_gbps": %s}\n' \
     "$base" "$matmul" "$attention" "$memory"

@@ -159,6 +159,16 @@ void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
             printf("| %s | %.2f | %.0f | %.1f%% |\n", name.c_str() + 7, phases[name], tflops,
                    100 * tflops / args.peak_tflops);
         }
+    // Causal attention, forward and backward in one phase: 2 B T^2 C FLOPs a layer forward (QK^T and
+    // PV over the causal half), the backward 2.5 times that (as dev/cuda/attention_backward.cu
+    // counts), the forward twice under -r 3. dev/bench/measured_topology.sh reads this row too.
+    if (phases.count("attention")) {
+        const double forward = 2.0 * B * (double)args.T * args.T * C * c.num_layers;
+        const double flops = forward * ((args.recompute == 3 ? 2 : 1) + 2.5);
+        const double tflops = flops / (phases["attention"] * 1e-3) / 1e12;
+        printf("| attention (forward and backward) | %.2f | %.0f | %.1f%% |\n", phases["attention"], tflops,
+               100 * tflops / args.peak_tflops);
+    }
 }
 
 }  // namespace
