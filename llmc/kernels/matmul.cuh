@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <climits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "llmc/kernels/cuda_common.cuh"
@@ -270,18 +271,24 @@ public:
         slice.stride_a = g.transpose_a ? split.slice_k : (int64_t)split.slice_k * slice.lda;
         slice.stride_b = g.transpose_b ? (int64_t)split.slice_k * slice.ldb : split.slice_k;
         slice.stride_d = (int64_t)g.m * g.n;
-        auto run_slices = [&](int first, int count, int k) {
+        // Where cuBLASLt has no algorithm for the batched slices (the emulated one always has), the
+        // product runs whole: a choice made by the shape and the library alone, the same every run.
+        auto run_slices = [&](int first, int count, int k, bool optional) {
             Gemm p = slice;
             p.k = k;
             p.batch = count;
             p.a = advance(g.a, g.a_type, first * slice.stride_a);
             p.b = advance(g.b, g.b_type, first * slice.stride_b);
             p.d = partials_.get() + first * slice.stride_d;
-            run(p, stream);
+            try {
+                return run_unlabelled(p, stream, optional);
+            } catch (const Error& e) {
+                fail(strformat("%s: %s", describe(p).c_str(), e.what()));
+            }
         };
         const int full = split.full_slices(g.k);
-        run_slices(0, full, split.slice_k);
-        if (full < split.slices) run_slices(full, 1, split.last_k(g.k));
+        if (!run_slices(0, full, split.slice_k, true)) return run(g, stream);
+        if (full < split.slices) run_slices(full, 1, split.last_k(g.k), false);
 
         const size_t count = (size_t)g.m * g.n;
         constexpr int threads = 256;
@@ -296,7 +303,9 @@ private:
     // pointer does not satisfy.
     static constexpr uint32_t MIN_ALIGNMENT_BYTES = 16;
 
-    void run_unlabelled(const matmul_detail::Gemm& g, cudaStream_t stream) {
+    // Runs g; where cuBLASLt has no algorithm for it, fails, or with `optional` returns false having
+    // run nothing.
+    bool run_unlabelled(const matmul_detail::Gemm& g, cudaStream_t stream, bool optional = false) {
         using namespace matmul_detail;
         LtMatmulDesc desc;
         desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -319,16 +328,25 @@ private:
         const LtLayout b(g.b_type, b_rows, g.transpose_b ? g.k : g.n, g.ldb ? g.ldb : b_rows, g.batch, g.stride_b);
         const LtLayout cd(g.cd_type, g.m, g.n, g.m, g.batch, g.stride_d);
 
-        const cublasLtMatmulAlgo_t algo = algorithm(g, desc, a, b, cd);
+        const std::optional<cublasLtMatmulAlgo_t> algo = algorithm(g, desc, a, b, cd);
+        if (!algo) {
+            if (optional) return false;
+            fail(strformat("cuBLASLt has no algorithm for this product on this GPU (asked for: no split-K "
+                           "reduction, or one reduced in a separate step; %u-byte alignment; at most %zu bytes of "
+                           "workspace)",
+                           MIN_ALIGNMENT_BYTES, workspace_.bytes()));
+        }
         const float alpha = 1.0f;
         CUBLAS_CHECK(cublasLtMatmul(handle_, desc.get(), &alpha, g.a, a.get(), g.b, b.get(), &g.beta,
-                                    g.c ? g.c : g.d, cd.get(), g.d, cd.get(), &algo, workspace_.get(),
+                                    g.c ? g.c : g.d, cd.get(), g.d, cd.get(), &*algo, workspace_.get(),
                                     workspace_.bytes(), stream));
+        return true;
     }
 
-    cublasLtMatmulAlgo_t algorithm(const matmul_detail::Gemm& g, const matmul_detail::LtMatmulDesc& desc,
-                                   const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
-                                   const matmul_detail::LtLayout& cd) {
+    // The algorithm for g's shape (chosen once, then cached), or none where cuBLASLt has none.
+    std::optional<cublasLtMatmulAlgo_t> algorithm(const matmul_detail::Gemm& g, const matmul_detail::LtMatmulDesc& desc,
+                                                  const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
+                                                  const matmul_detail::LtLayout& cd) {
         using namespace matmul_detail;
         const GemmKey key{g.m, g.n, g.k, g.lda, g.ldb, g.batch, g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type, (int)g.cd_type,
                           (int)g.epilogue,
@@ -348,9 +366,7 @@ private:
             CUBLAS_CHECK(status);
             return algorithms_.emplace(key, result.algo).first->second;
         }
-        fail(strformat("cuBLASLt has no algorithm for this product on this GPU (asked for: no split-K reduction, "
-                       "or one reduced in a separate step; %u-byte alignment; at most %zu bytes of workspace)",
-                       MIN_ALIGNMENT_BYTES, workspace_.bytes()));
+        return algorithms_.emplace(key, std::nullopt).first->second;
     }
 
     // The heuristic's best algorithm under these reduction schemes; NOT_SUPPORTED where it has none.
@@ -379,7 +395,7 @@ private:
     int sms_ = 0;
     int forced_split_k_ = 0;
     cublasLtHandle_t handle_ = nullptr;
-    std::map<matmul_detail::GemmKey, cublasLtMatmulAlgo_t> algorithms_;
+    std::map<matmul_detail::GemmKey, std::optional<cublasLtMatmulAlgo_t>> algorithms_;  // none: cuBLASLt has none
 };
 
 // ---------------------------------------------------------------------------------------------
