@@ -281,7 +281,7 @@ $(BUILD)/test_moe_cuda: test/gpu/test_moe_cuda.cu test/gpu/cuda_test_util.h test
 $(BUILD)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
-$(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
+$(BUILD)/bench_train_step: dev/bench/train_step.cu dev/bench/batch_sweep.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< -o $@ $(CUDA_LIBS)
 cuda-workbench:
