@@ -141,6 +141,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
+	$(PYTHON) test/test_side_by_side.py
 	test/check_prompt.sh ./train_gpt_cpu
 	test/check_output_dir.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
