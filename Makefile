@@ -141,6 +141,7 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(BUILD)/test_llmc
 	test/check_plot.sh ./train_gpt_cpu $(PYTHON)
 	$(PYTHON) test/test_export_hf.py
+	$(PYTHON) test/test_side_by_side.py
 	test/check_prompt.sh ./train_gpt_cpu
 	test/check_output_dir.sh ./train_gpt_cpu
 	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
@@ -281,7 +282,7 @@ $(BUILD)/test_moe_cuda: test/gpu/test_moe_cuda.cu test/gpu/cuda_test_util.h test
 $(BUILD)/test_device_comm: test/gpu/test_device_comm.cu test/mpi/mpi_test_util.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) $(if $(NO_NCCL),-DLLMC_NO_NCCL) $(CUDA_HOST_FLAGS) $< -o $@ $(NVCC_LIBS) -lgomp $(MPI_LIBS)
-$(BUILD)/bench_train_step: dev/bench/train_step.cu $(HEADERS) | deps
+$(BUILD)/bench_train_step: dev/bench/train_step.cu dev/bench/batch_sweep.h $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< -o $@ $(CUDA_LIBS)
 cuda-workbench:

@@ -2,6 +2,7 @@
 # CPU, one emulated H100 per process. Included by the top-level Makefile.
 #   make train_gpt_emu   the CUDA trainer, emulated
 #   make test-emu        every CUDA test on the emulator (part of make test); see docs/tests.md for its cost
+#   make build/emu/bench_train_step  the training-step benchmark, emulated (its --best sweep; not built by test-emu)
 EMU_DIR      := $(BUILD)/emu
 # -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
 # -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:
@@ -31,6 +32,9 @@ $(EMU_KERNELS)/test_%.ptx: test/gpu/test_%.cu $(HEADERS) | deps
 $(EMU_KERNELS)/test_%.ptx: dev/emu/test_%.cu $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(MPI_INC) -ptx $< -o $@
+$(EMU_KERNELS)/bench_train_step.ptx: dev/bench/train_step.cu dev/bench/batch_sweep.h $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -ptx $< -o $@
 $(EMU_KERNELS)/cuda/%.ptx: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -ptx $< -o $@
@@ -81,6 +85,12 @@ $(EMU_DIR)/test_cublaslt: dev/emu/test_cublaslt.cpp $(EMU_HEADERS) $(BUILD)/test
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 $(EMU_DIR)/test_nccl: dev/emu/test_nccl.cpp $(EMU_HEADERS) $(EMU_OBJS) | deps
+	@mkdir -p $(dir $@)
+	$(EMU_LINK)
+# The training-step benchmark, emulated: not a measure of speed, but its --best sweep runs on a small
+# emulated device (LLMC_EMU_MEMORY_MIB, dev/emu/runtime.cpp), out-of-memory tries included.
+$(EMU_DIR)/bench_train_step: dev/bench/train_step.cu dev/bench/batch_sweep.h $(HEADERS) $(EMU_HEADERS) $(EMU_OBJS) \
+                             $(call emu_kernels,bench_train_step) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 # Every kernel workbench, emulated (its --check skips the shapes too large for a CPU).

@@ -41,8 +41,11 @@
 #   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_gpt2_cuda's FP8 cases,
 #                                       the trainer's --fp8 runs, d12 and d48 in bf16 and in FP8 (current and
 #                                       delayed scaling), each with its profile
-#   dev/bench/gpu_session.sh bench      train-step benchmark d12..d48 (d12 and d48 also with --fp8, d12 with 8 experts), PyTorch compiled, and
-#                                       .device/peers.sh where the session carries one
+#   dev/bench/gpu_session.sh bench      the fastest B and -r for d12 and d48 (bench_train_step --best, with the
+#                                       winner's profile), PyTorch compiled, llm.c (.device/peers.sh, where the
+#                                       session carries one), then one table of the three side by side in the
+#                                       summary (dev/bench/side_by_side.py); d24, d36, d12 and d48 with --fp8,
+#                                       d12 with 8 experts
 # Several stages may share a call (`train kernels`); they share its budget and run in the order named
 # (`test train sanitize` moves test's memcheck and racecheck after train).
 # Exit status: 0 when every step passed, 3 when there is no GPU, 1 otherwise.
@@ -314,6 +317,27 @@ else
 fi
 
 # ---- the stages ----
+# bench_train_step --best within its step's limit: the sweep stops itself before a try that would end
+# past its budget, 30 s short of the limit (at least half of it), so the winner's line and profile are
+# printed where the step's timeout would have lost them
+best_step() {  # best_step LOG LIMIT_S ARGS...
+    local log=$1 limit=$2 left=$((BUDGET - 15 - (SECONDS - START))) sweep_s
+    shift 2
+    [ "$limit" -gt "$left" ] && limit=$left
+    sweep_s=$((limit - 30 > limit / 2 ? limit - 30 : limit / 2))
+    step "$log" "$limit" build/bench_train_step --best --best-budget-s "$sweep_s" "$@"
+}
+# The bench stage's comparison as one table after the steps' (so as not to split theirs): llmc's best
+# beside llm.c and PyTorch, from the logs; a log that is missing is a "-" in it
+side_by_side() {
+    if python3 dev/bench/side_by_side.py "$LOGS" > "$LOGS/side_by_side.md" 2>&1; then
+        printf '\n## Tokens/s side by side (dev/bench/side_by_side.py)\n\n' >> "$SUMMARY"
+        cat "$LOGS/side_by_side.md" >> "$SUMMARY"
+        pack
+    else
+        fail_step "dev/bench/side_by_side.py" "see side_by_side.md"
+    fi
+}
 sanitize() {  # out-of-bounds accesses, uninitialised reads and shared-memory races on the small model
     local san
     san=$(command -v compute-sanitizer || echo "$CUDA/bin/compute-sanitizer")
@@ -395,22 +419,25 @@ for stage in "${STAGES[@]}"; do
         step measured_topology.json 10 dev/bench/measured_topology.sh "$LOGS"
         ;;
     bench)
-        step bench_d12.log 90 build/bench_train_step -e d12 -t 1024 --profile
+        # the fastest micro-batch and recomputation (dev/bench/batch_sweep.h), each with its winner's profile
+        best_step bench_d12_best.log 150 -e d12 -t 1024 --profile
+        best_step bench_d48_best.log 240 -e d48 -t 1024 --profile
         step torch_d12.log 200 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
-        step bench_d48.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --profile
-        # FP8 against bf16 (issue 28): the same steps with the blocks' products in FP8
+        # Comparisons with fetched code (llm.c) are not part of this repository: a session that
+        # carries peers/ and a git-ignored .device/peers.sh runs it here, within the same budget.
+        [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"
+        # FP8 (issue 28): the blocks' products in FP8, at the largest B that fits (the fp8 stage puts
+        # bf16 beside it at the same B)
         step bench_d12_fp8.log 90 build/bench_train_step -e d12 -t 1024 --fp8 current --profile
         step bench_d48_fp8.log 150 build/bench_train_step -e d48 -t 1024 -r 3 --steps 3 --warmup 1 --fp8 current
         step bench_d24.log 90 build/bench_train_step -e d24 -t 1024 -r 1
         step bench_d36.log 90 build/bench_train_step -e d36 -t 1024 -r 2 --steps 5
         # the mixture of experts (issue 27): d12 with 8 experts, top 2, in every block
         step bench_d12_moe.log 90 build/bench_train_step -e d12 -t 1024 --experts 8 --top-k 2 --profile
-        # Comparisons with fetched code (llm.c) are not part of this repository: a session that
-        # carries peers/ and a git-ignored .device/peers.sh runs it here, within the same budget.
-        [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"
         ;;
     esac
 done
+[[ " ${STAGES[*]} " == *" bench "* ]] && side_by_side
 
 [ "$FAILED" = 0 ] && verdict="**every step passed**" || verdict="**not a pass**: see the rows above"
 printf '\n%s in %d s of a %d s budget\n' "$verdict" $((SECONDS - START)) "$BUDGET" >> "$SUMMARY"

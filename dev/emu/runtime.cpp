@@ -86,7 +86,14 @@ Schedule default_schedule() {
 // The device: one H100 SXM per process (per rank); the process sees as many as the launch put
 // ranks on its node, so that rank r may select GPU r as on a real node.
 
-constexpr size_t TOTAL_MEMORY = 85520809984ull;  // what an H100 80GB HBM3 reports
+// What an H100 80GB HBM3 reports, or LLMC_EMU_MEMORY_MIB: a small device, to take the out-of-memory
+// paths (bench_train_step --best's sweep) at sizes a CPU runs
+size_t total_memory() {
+    static const size_t bytes = env_int("LLMC_EMU_MEMORY_MIB", 0) > 0
+                                    ? (size_t)env_int("LLMC_EMU_MEMORY_MIB", 0) << 20
+                                    : 85520809984ull;
+    return bytes;
+}
 constexpr int SHARED_OPTIN = 232448;              // 227 KB of dynamic shared memory per block
 constexpr int SHARED_DEFAULT = 49152;
 thread_local int current_device = 0;
@@ -516,7 +523,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     if (device < 0 || device >= device_count()) return record(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3");
-    p->totalGlobalMem = TOTAL_MEMORY;
+    p->totalGlobalMem = total_memory();
     p->sharedMemPerBlock = SHARED_DEFAULT;
     p->sharedMemPerBlockOptin = SHARED_OPTIN;
     p->sharedMemPerMultiprocessor = 233472;
@@ -576,7 +583,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     EMU_API;
     *ptr = nullptr;
     if (bytes == 0) return cudaSuccess;
-    if (device_bytes_in_use + bytes > TOTAL_MEMORY) return record(cudaErrorMemoryAllocation);
+    if (device_bytes_in_use + bytes > total_memory()) return record(cudaErrorMemoryAllocation);
     void* p = nullptr;
     if (posix_memalign(&p, 256, bytes) != 0) return record(cudaErrorMemoryAllocation);
     memset(p, 0xff, bytes);
@@ -621,8 +628,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     EMU_API;
-    *free_bytes = TOTAL_MEMORY - device_bytes_in_use;
-    *total_bytes = TOTAL_MEMORY;
+    *free_bytes = total_memory() - device_bytes_in_use;
+    *total_bytes = total_memory();
     return cudaSuccess;
 }
 
