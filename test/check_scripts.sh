@@ -66,7 +66,7 @@ grep -q "^predicted step on $logs/measured.json" "$out" || fail "--plan did not 
   echo "The matrix products: FLOPs over time, against the dense bf16 peak (989 TFLOP/s)"
   echo "| product | ms | TFLOP/s | of peak |"; echo "| qkv | 1.00 | 700 | 70.8% |"
   echo "| attproj backward | 3.00 | 200 | 20.2% |"; echo "| attention (forward and backward) | 2.00 | 150 | 15.2% |"
-} >"$logs/bench_d12.log"
+} >"$logs/bench_d12_best.log"
 dev/bench/measured_topology.sh "$logs" >"$logs/measured.json" 2>"$out" || fail "measured_topology.sh exited with $?"
 cp "$logs/measured.json" "$out"
 grep -q '"matmul_tflops": 325.0, "attention_tflops": 150.0, "memory_gbps": 2500.0' "$out" ||

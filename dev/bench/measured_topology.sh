@@ -2,8 +2,9 @@
 # dev/bench/measured_topology.sh: a --topology file whose kernel rates are the ones a GPU session
 # measured, in place of the efficiencies llmc/cluster.h assumes. Prints JSON:
 #   matmul_tflops      the products of a whole training step: the `bench` stage's profile of the
-#                      largest model (bench_d48.log, else bench_d12.log: bench_train_step --profile's
-#                      table of products); without one, the `kernels` stage's time_matmul.log
+#                      largest model (bench_d48_best.log, else bench_d12_best.log, or their names
+#                      without _best: bench_train_step --profile's table of products); without one,
+#                      the `kernels` stage's time_matmul.log
 #   attention_tflops   the same profile's attention row; else time_attention_forward.log and
 #                      time_attention_backward.log
 #   memory_gbps        the memory-bound workbenches: layernorm, gelu, adamw, encoder_backward, global_norm
@@ -58,7 +59,7 @@ profile_rate() {
         END { if (ms == 0) exit 1; printf "%.1f", work / ms }' "$1"
 }
 profile=
-for f in bench_d48.log bench_d12.log; do
+for f in bench_d48_best.log bench_d12_best.log bench_d48.log bench_d12.log; do
     if [ -f "$logs/$f" ] && profile_rate "$logs/$f" '^attention' > /dev/null; then profile=$logs/$f; break; fi
 done
 if [ -n "$profile" ]; then
