@@ -191,7 +191,10 @@ Descriptor decode_descriptor(uint64_t desc, const char* what, const char* operan
 // addresses: bits 4..4+B (the 16-byte unit within a W-byte row) XOR bits 7..7+B. It is applied to
 // the address itself, start included, so a pattern starts on its boundary (256, 512, 1024 bytes)
 // exactly when the base offset is 0, as the descriptor format says, and a start moved within a row
-// (the next 16 K of a K-major tile: start + 32 bytes) reads the same swizzled rows.
+// (the next 16 K of a K-major tile: start + 32 bytes) reads the same swizzled rows. The ISA's text
+// leaves three of these readings to the reader: the swizzle's unit (bytes: the only one under which
+// its figures move whole 16-byte cells), its anchoring (the absolute address), and LBO for a K-major
+// swizzled operand ("not used, assumed to be 1": ignored). build/test_ptx on an H100/H200 decides.
 uint32_t operand_address(const Descriptor& d, bool mn_major, int mn, int k) {
     const uint32_t w = (uint32_t)d.swizzle_bytes;
     uint32_t a;
