@@ -82,6 +82,9 @@ struct Worker {
     unsigned char slots[MAX_THREADS / 32][2][32][EXCHANGE_BYTES];
     // [warp][lane]: a lane's result of the warp's last warp_combine (read before its next collective).
     unsigned char results[MAX_THREADS / 32][32][EXCHANGE_BYTES];
+    // Each warp's and warpgroup's wgmma state (ptx.cpp), reset at each block's start.
+    WgmmaWarp wgmma[MAX_THREADS / 32];
+    WgmmaWarpgroup warpgroups[MAX_THREADS / 128];
     const BlockTask* task = nullptr;
     Schedule schedule = Schedule::Forward;
     int block_result = 0;  // the sum of predicates at the last block barrier
@@ -291,10 +294,17 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
         f.copies.clear();
         f.context = bctx::make_fcontext(stack_top(f), STACK_BYTES, fiber_main);
     }
+    const int warps = (threads + 31) / 32;
+    for (int warp = 0; warp < warps; warp++) {
+        WgmmaWarp& g = w.wgmma[warp];
+        g.warp = warp, g.fenced = false, g.issued = 0;
+        g.pending.clear(), g.group_ends.clear();
+    }
+    for (int group = 0; group < (warps + 3) / 4; group++)
+        w.warpgroups[group].issues.clear(), w.warpgroups[group].first = 0;
     // Warps run one after another, each to the block's next __syncthreads: between two barriers a
     // warp's work is never interleaved with another's, so any order of warps is one a GPU may take,
     // and a schedule that reverses them exposes a missing barrier.
-    const int warps = (threads + 31) / 32;
     const std::vector<int> warp_order = schedule_order(warps, schedule, seed);
     const std::vector<int> lane_order = schedule_order(32, schedule, seed * 31 + 7);
     for (;;) {
@@ -305,6 +315,17 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
         if (all_done) break;
         block_fault(w, "deadlock: no thread can go on");
     }
+    // wgmma is .aligned: every warp of a warpgroup executes the same wgmma.mma_async instructions
+    // (ptx.cpp compares them as they are issued; here, that none of the four stopped short).
+    for (int group = 0; 4 * group + 3 < warps; group++) {
+        const WgmmaWarp* g = &w.wgmma[4 * group];
+        if (g[0].issued == g[1].issued && g[0].issued == g[2].issued && g[0].issued == g[3].issued) continue;
+        block_fault(w, "wgmma.mma_async: the warps of warpgroup " + std::to_string(group) + " issued " +
+                           std::to_string(g[0].issued) + ", " + std::to_string(g[1].issued) + ", " +
+                           std::to_string(g[2].issued) + " and " + std::to_string(g[3].issued) +
+                           " (.aligned: all four must execute the same wgmma instructions)");
+    }
+    for (int warp = 0; warp < warps; warp++) w.wgmma[warp].pending.clear();  // never waited for: dropped
     w.task = nullptr;
 }
 
@@ -378,10 +399,20 @@ uintptr_t shared_window_base() {
 }
 
 PendingCopies& this_thread_copies() { return running_fiber("cp.async").copies; }
+WgmmaWarp& wgmma_warp(int warp) { return this_worker().wgmma[warp]; }
+WgmmaWarpgroup& wgmma_warpgroup(int group) { return this_worker().warpgroups[group]; }
+int block_threads() { return this_worker().threads; }
+size_t block_dynamic_shared_bytes() { return std::min(this_worker().task->shared_bytes, sizeof shared_arena); }
 bool copies_land_at_issue() { return worker && worker->schedule != Schedule::Forward; }
 
 [[noreturn]] void device_fault(const char* what, const char* message) {
     Worker* w = worker;
+    if (w && w->task && !current_thread) {  // a warp collective's combine: no thread runs, the block is known
+        const ThreadState& s = w->fibers[0].state;
+        fatal(w->task->name, (std::string(what) + ": " + message + " (block (" + std::to_string(s.block_idx.x) + ", " +
+                              std::to_string(s.block_idx.y) + ", " + std::to_string(s.block_idx.z) + "))")
+                                 .c_str());
+    }
     if (w && w->task && current_thread) {
         const ThreadState& s = *current_thread;
         fatal(w->task->name, (std::string(what) + ": " + message + " (block (" + std::to_string(s.block_idx.x) + ", " +

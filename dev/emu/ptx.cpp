@@ -1,6 +1,8 @@
 // dev/emu/ptx.cpp: the emulated PTX instructions of ptx.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "dev/emu/fibers.h"
@@ -130,6 +132,313 @@ void mma_combine(const unsigned char (*deposits)[64], unsigned char (*results)[6
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     const MmaOperands mine{{a[0], a[1], a[2], a[3]}, {b0, b1}, {d[0], d[1], d[2], d[3]}};
     warp_combine(0xffffffffu, &mine, sizeof mine, d, sizeof d, "mma.sync.m16n8k16", mma_combine);
+}
+
+}  // namespace emu::ptx
+
+// ---- wgmma ----
+
+namespace emu::ptx {
+
+namespace {
+
+constexpr uint32_t FULL_MASK = 0xffffffffu;
+
+// A matrix descriptor, decoded (PTX ISA, "Matrix Descriptor Format"): byte addresses and offsets,
+// and the swizzle's width in bytes (0: none).
+struct Descriptor {
+    uint32_t start, lbo, sbo;
+    int swizzle_bytes;
+};
+
+// Bits 14-15, 30-31, 46-48 and 52-61 are not fields of wgmma's descriptor (tcgen05's descriptor
+// gives some of them a meaning): set, they fault rather than be ignored. So does a base offset: the
+// ISA does not say how the hardware applies it, so its effect is not emulated.
+Descriptor decode_descriptor(uint64_t desc, const char* what, const char* operand) {
+    constexpr uint64_t NOT_FIELDS = (3ull << 14) | (3ull << 30) | (7ull << 46) | (0x3ffull << 52);
+    char message[200];
+    if (desc & NOT_FIELDS) {
+        snprintf(message, sizeof message,
+                 "%s descriptor 0x%016llx sets bits outside its fields (14-15, 30-31, 46-48, 52-61)",
+                 operand, (unsigned long long)desc);
+        device_fault(what, message);
+    }
+    if ((desc >> 49) & 7) {
+        snprintf(message, sizeof message,
+                 "%s descriptor 0x%016llx has a matrix base offset (%d): not emulated (start each swizzle "
+                 "pattern on its boundary: 256, 512 or 1024 bytes)",
+                 operand, (unsigned long long)desc, (int)((desc >> 49) & 7));
+        device_fault(what, message);
+    }
+    constexpr int SWIZZLE_BYTES[4] = {0, 128, 64, 32};  // the field: none, 128B, 64B, 32B
+    return Descriptor{(uint32_t)(desc & 0x3fff) << 4, (uint32_t)((desc >> 16) & 0x3fff) << 4,
+                      (uint32_t)((desc >> 32) & 0x3fff) << 4, SWIZZLE_BYTES[desc >> 62]};
+}
+
+// The shared address of element (mn, k) of a bf16 operand (MN: A's row m or B's column n; K: 0..15),
+// from the ISA's canonical layouts ("Shared Memory Matrix Layout", "Strides", "Canonical Layouts";
+// in bytes, bf16 being 2): a core matrix, or a swizzle atom's row, is 16 bytes of 8 elements along the
+// major dimension, and
+//   K-major, no swizzle: 8x16-byte core matrices (8 MN by 8 K), 16 bytes per MN; the next 8 MN at
+//     SBO, the next 8 K at LBO;
+//   K-major, W-byte swizzle (W = 32, 64, 128): MN at W bytes, K contiguous (the 16 K of one
+//     instruction are 32 bytes of a W-byte row); the next 8 MN at SBO; LBO unused;
+//   MN-major, no swizzle: core matrices of 8 MN (16 bytes) by 8 K, 16 bytes per K; the next 8 MN
+//     at SBO, the next 8 K at LBO;
+//   MN-major, W-byte swizzle: W/2 MN contiguous, K at W bytes; the next W/2 MN at LBO, the next 8 K
+//     at SBO.
+// Then the swizzle, CuTe's Swizzle<B, 4, 3> (B = 1, 2, 3 for 32, 64, 128 bytes) read on byte
+// addresses: bits 4..4+B (the 16-byte unit within a W-byte row) XOR bits 7..7+B. It is applied to
+// the address itself, start included, so a pattern starts on its boundary (256, 512, 1024 bytes)
+// exactly when the base offset is 0, as the descriptor format says, and a start moved within a row
+// (the next 16 K of a K-major tile: start + 32 bytes) reads the same swizzled rows. The ISA's text
+// leaves three of these readings to the reader: the swizzle's unit (bytes: the only one under which
+// its figures move whole 16-byte cells), its anchoring (the absolute address), and LBO for a K-major
+// swizzled operand ("not used, assumed to be 1": ignored). build/test_ptx on an H100/H200 decides.
+uint32_t operand_address(const Descriptor& d, bool mn_major, int mn, int k) {
+    const uint32_t w = (uint32_t)d.swizzle_bytes;
+    uint32_t a;
+    if (!mn_major && w == 0)
+        a = d.start + mn / 8 * d.sbo + mn % 8 * 16 + k / 8 * d.lbo + k % 8 * 2;
+    else if (!mn_major)
+        a = d.start + mn / 8 * d.sbo + mn % 8 * w + k * 2;
+    else if (w == 0)
+        a = d.start + mn / 8 * d.sbo + mn % 8 * 2 + k / 8 * d.lbo + k % 8 * 16;
+    else
+        a = d.start + mn / (w / 2) * d.lbo + mn % (w / 2) * 2 + k / 8 * d.sbo + k % 8 * w;
+    if (w) a ^= ((a >> 7) & (w / 16 - 1)) << 4;
+    return a;
+}
+
+// The operand's element, from dynamic shared memory: a descriptor holds 18 bits of a shared address,
+// which the emulator reads as an offset in the block's dynamic shared memory (whose shared window
+// address is 2^31, 18 low bits zero), so a wgmma operand must be there; beyond the launch's dynamic
+// shared memory it faults.
+float operand_element(const Descriptor& d, bool mn_major, int mn, int k, const char* operand) {
+    const uint32_t a = operand_address(d, mn_major, mn, k);
+    if ((size_t)a + 2 > block_dynamic_shared_bytes()) {
+        char message[200];
+        snprintf(message, sizeof message,
+                 "%s element (%d, %d) at shared offset %u lies beyond the block's %zu bytes of dynamic "
+                 "shared memory",
+                 operand, mn, k, a, block_dynamic_shared_bytes());
+        device_fault("wgmma.mma_async", message);
+    }
+    uint16_t bits;
+    memcpy(&bits, dynamic_shared_base() + a, 2);
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+// One warp's part of a wgmma: rows 16 q .. 16 q + 15 of D (q: the warp's place in its warpgroup),
+// from the same rows of A and all of B. The register fragments (PTX ISA, "Matrix Fragments for
+// wgmma.mma_async.m64nNk16", Figures 148 and 149), with g = lane / 4, t = lane % 4:
+//   A: a[0]: row g, K 2t, 2t+1; a[1]: row g+8, same K; a[2]: row g, K 2t+8, 2t+9; a[3]: row g+8, same
+//      (the lower K in the low half), rows counted from 16 q;
+//   D: d[4j], d[4j+1]: row g, columns 8j+2t, 8j+2t+1; d[4j+2], d[4j+3]: row g+8, same columns,
+//      for j = 0 .. N/8-1.
+// Products of bf16 are exact in fp32; each output sums over K in order, from the accumulator (scale-d)
+// or from 0.
+void land(const WgmmaOp& op, int q) {
+    float A[16][16], B[16][256];
+    if (op.a_in_registers) {
+        for (int l = 0; l < 32; l++) {
+            const int g = l / 4, t = 2 * (l % 4);
+            const uint32_t* a = op.a[l];
+            A[g][t] = low_half(a[0]), A[g][t + 1] = high_half(a[0]);
+            A[g + 8][t] = low_half(a[1]), A[g + 8][t + 1] = high_half(a[1]);
+            A[g][t + 8] = low_half(a[2]), A[g][t + 9] = high_half(a[2]);
+            A[g + 8][t + 8] = low_half(a[3]), A[g + 8][t + 9] = high_half(a[3]);
+        }
+    } else {
+        const Descriptor da = decode_descriptor(op.desc_a, "wgmma.mma_async", "A");
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 16; k++) A[r][k] = operand_element(da, op.trans_a, 16 * q + r, k, "A");
+    }
+    const Descriptor db = decode_descriptor(op.desc_b, "wgmma.mma_async", "B");
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < op.n; n++) B[k][n] = operand_element(db, op.trans_b, n, k, "B");
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = 2 * (l % 4);
+        float* d = op.d[l];
+        for (int j = 0; j < op.n / 8; j++)
+            for (int i = 0; i < 4; i++) {
+                const int row = g + 8 * (i / 2), col = 8 * j + t + i % 2;
+                float sum = op.scale_d ? d[4 * j + i] : 0.0f;
+                for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+                d[4 * j + i] = sum;
+            }
+    }
+}
+
+// The calling thread's warp, which must belong to a whole warpgroup of the block.
+WgmmaWarp& this_warp(const char* what) {
+    const int warp = current().warp;
+    if ((warp / 4 + 1) * 128 > block_threads()) {
+        char message[160];
+        snprintf(message, sizeof message,
+                 "warp %d is in warpgroup %d, which a block of %d threads does not hold whole (a warpgroup is 4 "
+                 "consecutive warps from a multiple of 4)",
+                 warp, warp / 4, block_threads());
+        device_fault(what, message);
+    }
+    return wgmma_warp(warp);
+}
+
+struct WgmmaDeposit {
+    WgmmaWarp* warp;
+    float* d;
+    const uint32_t* a;
+    uint64_t desc_a, desc_b;
+    uint32_t n;
+    uint8_t a_in_registers, scale_d, trans_a, trans_b;
+};
+static_assert(sizeof(WgmmaDeposit) <= 64);
+
+// At the warp's wgmma.mma_async, once every lane is there: the operation, checked against the
+// warp's lanes and its warpgroup's other warps, lands now (every schedule but the forward one) or
+// waits in the warp's current group for the wgmma.wait_group that retires it.
+void mma_issue_combine(const unsigned char (*deposits)[64], unsigned char (*)[64]) {
+    const char* what = "wgmma.mma_async";
+    WgmmaDeposit lane[32];
+    for (int l = 0; l < 32; l++) memcpy(&lane[l], deposits[l], sizeof lane[l]);
+    const WgmmaDeposit& f = lane[0];
+    WgmmaOp op;
+    op.desc_a = f.a_in_registers ? 0 : f.desc_a, op.desc_b = f.desc_b, op.n = (int)f.n;
+    op.a_in_registers = f.a_in_registers, op.scale_d = f.scale_d, op.trans_a = f.trans_a, op.trans_b = f.trans_b;
+    for (int l = 0; l < 32; l++) {
+        const WgmmaDeposit& x = lane[l];
+        if (x.warp != f.warp || x.desc_b != f.desc_b || (!f.a_in_registers && x.desc_a != f.desc_a) || x.n != f.n ||
+            x.a_in_registers != f.a_in_registers || x.scale_d != f.scale_d || x.trans_a != f.trans_a ||
+            x.trans_b != f.trans_b)
+            device_fault(what, "the lanes of a warp gave different descriptors, shapes or scale-d (.aligned)");
+        op.a[l] = x.a, op.d[l] = x.d;
+    }
+    WgmmaWarp& w = *f.warp;
+    if (!w.fenced) {
+        char message[200];
+        snprintf(message, sizeof message,
+                 "no wgmma.fence before warp %d's first wgmma.mma_async (the PTX ISA requires one before the first "
+                 "wgmma.mma_async of a warpgroup)",
+                 w.warp);
+        device_fault(what, message);
+    }
+    // The warpgroup's warps must issue the same sequence: the first to reach each one records it.
+    WgmmaWarpgroup& group = wgmma_warpgroup(w.warp / 4);
+    const WgmmaIssue issue{op.desc_a, op.desc_b,
+                           (uint32_t)op.n | (uint32_t)op.a_in_registers << 16 | (uint32_t)op.scale_d << 17 |
+                               (uint32_t)op.trans_a << 18 | (uint32_t)op.trans_b << 19};
+    const uint64_t index = w.issued++;
+    if (index - group.first < group.issues.size()) {
+        if (!(group.issues[index - group.first] == issue)) {
+            char message[240];
+            snprintf(message, sizeof message,
+                     "warp %d's wgmma.mma_async number %llu differs from another warp's of its warpgroup (shape, "
+                     "A in registers or not, scale-d, transposes or descriptors; .aligned, and a descriptor must be "
+                     "the same across the warpgroup)",
+                     w.warp, (unsigned long long)index);
+            device_fault(what, message);
+        }
+    } else {
+        group.issues.push_back(issue);
+    }
+    uint64_t all_issued = w.issued;
+    for (int i = 0; i < 4; i++) all_issued = std::min(all_issued, wgmma_warp(w.warp / 4 * 4 + i).issued);
+    for (; group.first < all_issued; group.first++) group.issues.pop_front();
+    if (copies_land_at_issue())
+        land(op, w.warp % 4);
+    else
+        w.pending.push_back(op);
+}
+
+void issue(const WgmmaDeposit& mine) {
+    char none;
+    warp_combine(FULL_MASK, &mine, sizeof mine, &none, 0, "wgmma.mma_async", mma_issue_combine);
+}
+
+void check_shape(int n) {
+    if (n < 8 || n > 256 || n % 8 != 0) device_fault("wgmma.mma_async", "N must be a multiple of 8 in [8, 256]");
+}
+
+// fence, commit_group and wait_group: .sync makes each a warp collective; the deposit is the warp's
+// state (and wait_group's N, which must agree).
+struct WarpDeposit {
+    WgmmaWarp* warp;
+    int n;
+};
+WarpDeposit warp_deposit(const unsigned char (*deposits)[64], const char* what) {
+    WarpDeposit first, other;
+    memcpy(&first, deposits[0], sizeof first);
+    for (int l = 1; l < 32; l++) {
+        memcpy(&other, deposits[l], sizeof other);
+        if (other.warp != first.warp || other.n != first.n)
+            device_fault(what, "the lanes of a warp gave different operands (.aligned)");
+    }
+    return first;
+}
+WgmmaWarp& warp_of(const unsigned char (*deposits)[64], const char* what) { return *warp_deposit(deposits, what).warp; }
+
+void fence_combine(const unsigned char (*deposits)[64], unsigned char (*)[64]) {
+    warp_of(deposits, "wgmma.fence").fenced = true;
+}
+void commit_combine(const unsigned char (*deposits)[64], unsigned char (*)[64]) {
+    WgmmaWarp& w = warp_of(deposits, "wgmma.commit_group");
+    w.group_ends.push_back(w.pending.size());
+}
+// Lands every group but the `pending` most recent committed ones, oldest first.
+void wait_combine(const unsigned char (*deposits)[64], unsigned char (*)[64]) {
+    const WarpDeposit mine = warp_deposit(deposits, "wgmma.wait_group");
+    WgmmaWarp& w = *mine.warp;
+    const size_t pending = (size_t)mine.n;
+    const size_t groups = w.group_ends.size();
+    if (groups <= pending) return;
+    const size_t done_groups = groups - pending;
+    const size_t done_ops = w.group_ends[done_groups - 1];
+    for (size_t i = 0; i < done_ops; i++) land(w.pending[i], w.warp % 4);
+    w.pending.erase(w.pending.begin(), w.pending.begin() + (ptrdiff_t)done_ops);
+    w.group_ends.erase(w.group_ends.begin(), w.group_ends.begin() + (ptrdiff_t)done_groups);
+    for (size_t& end : w.group_ends) end -= done_ops;
+}
+
+void warp_step(const char* what, int n, WarpCombine combine) {
+    const WarpDeposit mine{&this_warp(what), n};
+    char none;
+    warp_combine(FULL_MASK, &mine, sizeof mine, &none, 0, what, combine);
+}
+
+}  // namespace
+
+void wgmma_fence() { warp_step("wgmma.fence", 0, fence_combine); }
+void wgmma_commit_group() { warp_step("wgmma.commit_group", 0, commit_combine); }
+void wgmma_wait_group(int pending) {
+    if (pending < 0) device_fault("wgmma.wait_group", "N must not be negative");
+    warp_step("wgmma.wait_group", pending, wait_combine);
+}
+
+void wgmma_mma_async(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b) {
+    const char* what = "wgmma.mma_async";
+    check_shape(n);
+    (void)decode_descriptor(desc_a, what, "A");
+    (void)decode_descriptor(desc_b, what, "B");
+    issue(WgmmaDeposit{&this_warp(what), d, nullptr, desc_a, desc_b, (uint32_t)n, 0, scale_d, trans_a, trans_b});
+}
+
+void wgmma_mma_async_rs(float* d, int n, const uint32_t* a, uint64_t desc_b, bool scale_d, bool trans_b) {
+    const char* what = "wgmma.mma_async";
+    check_shape(n);
+    (void)decode_descriptor(desc_b, what, "B");
+    issue(WgmmaDeposit{&this_warp(what), d, a, 0, desc_b, (uint32_t)n, 1, scale_d, 0, trans_b});
+}
+
+void wgmma_check_descriptor(uint32_t shared_address, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    const char* what = "wgmma descriptor";
+    const uint32_t dynamic_start = 1u << 31;  // shared_window_base(): the arena at 2^31
+    if (shared_address < dynamic_start || shared_address - dynamic_start >= block_dynamic_shared_bytes())
+        device_fault(what,
+                     "the operand is not in the block's dynamic shared memory: the emulator reads a descriptor's 18 "
+                     "address bits as an offset there (dynamic_shared_memory<T>())");
+    if ((shared_address | lbo_bytes | sbo_bytes) % 16 != 0)
+        device_fault(what, "the start address and the byte offsets must be multiples of 16");
+    if (lbo_bytes >> 18 || sbo_bytes >> 18) device_fault(what, "a byte offset beyond the field's 18 bits");
 }
 
 }  // namespace emu::ptx

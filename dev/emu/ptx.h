@@ -1,8 +1,10 @@
 // dev/emu/ptx.h: emulated bodies for the inline PTX that llmc's kernels use, from the PTX ISA
 // (version 8.x): cp.async with zero fill, ldmatrix .x4 and .x4.trans, mma.sync m16n8k16 bf16 with
-// fp32 accumulation, and ex2.approx.ftz. Each wrapper in llmc/kernels/attention.cuh calls these
-// under #ifdef LLMC_EMU. dev/emu/test_ptx.cu checks every lane's registers against the ISA's
-// fragment tables, transcribed there independently of this file.
+// fp32 accumulation, ex2.approx.ftz, and Hopper's wgmma (mma_async m64nNk16 f32 += bf16 x bf16 with
+// shared-memory descriptors, fence, commit_group, wait_group). Each wrapper in
+// llmc/kernels/attention.cuh and llmc/kernels/wgmma.cuh calls these under #ifdef LLMC_EMU.
+// dev/emu/test_ptx.cu checks every lane's registers against the ISA's fragment tables and layouts,
+// transcribed there independently of this file.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,6 +39,53 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool transpose);
 //   d[0], d[1]: D[g][2t, 2t+1]   d[2], d[3]: D[g+8][2t, 2t+1]
 // Products of bf16 are exact in fp32; the sum over k runs in k order from the accumulator.
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+// ---- wgmma: warpgroup matrix products, sm_90a (PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate Instructions": wgmma.mma_async, "Register Fragments and Shared Memory Matrix
+// Layouts", "Matrix Descriptor Format", wgmma.fence, wgmma.commit_group, wgmma.wait_group) ----
+// Emulated: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 for N = 8, 16, ..., 256, A from
+// shared memory (a descriptor, imm-trans-a 0: K-major, 1: M-major) or from registers, B from shared
+// memory (imm-trans-b 0: K-major, 1: N-major), scale-d (D = A B + D, or D = A B), imm-scale-a and
+// imm-scale-b 1 (the negations are not emulated); descriptors in every swizzle mode (none, 32, 64 and
+// 128 bytes) with the ISA's canonical layouts, base offset 0 (another faults, as do bits outside the
+// descriptor's fields). The fragments: with g = lane / 4, t = lane % 4 and q the warp's place in its
+// warpgroup (warp % 4), the warp holds rows 16 q .. 16 q + 15 of A (in registers) and of D:
+//   a[0]: A[g][2t, 2t+1]  a[1]: A[g+8][2t, 2t+1]  a[2]: A[g][2t+8, 2t+9]  a[3]: A[g+8][2t+8, 2t+9]
+//   d[4j], d[4j+1]: D[g][8j+2t, 8j+2t+1]  d[4j+2], d[4j+3]: D[g+8][8j+2t, 8j+2t+1]  (j < N/8)
+// (rows counted from 16 q; the lower column in the low half). ptx.cpp says how a descriptor is read.
+//
+// .sync makes each of these a warp collective (the ISA: "wait until all threads in the warp execute
+// the same instruction"); .aligned requires all four warps of the warpgroup to execute the same ones,
+// with the same descriptors. Each warp's share of a product is independent of the other warps (its
+// 16 rows of D from its 16 rows of A and all of B), so the emulator computes it per warp, at no
+// rendezvous of the four warps (the ISA promises none), and checks .aligned instead: each mma_async
+// against the other warps' same-numbered one, and at the block's end that all four issued as many.
+// A warp's first mma_async must follow a wgmma.fence (checked); the other fences the ISA asks for,
+// between a register access and an mma_async that uses the register, are not checked.
+//
+// Asynchrony, as cp.async above: under the forward schedule an mma_async lands at the wgmma.wait_group
+// that retires its group (the latest a GPU may land it), reading then its shared operands, its A
+// registers and its accumulators, and writing the accumulators; under every other schedule it lands
+// at issue (the earliest). So under the race check a kernel that reads or writes the accumulators or
+// A registers before the wait, or overwrites a shared operand before it, gives two results and is
+// reported. It follows that the `d` and `a` arrays must stay alive, at the same place, until the wait
+// (on a GPU too: the ISA makes touching those registers before the wait undefined).
+// An operand in shared memory must lie in dynamic shared memory: a descriptor holds 18 bits of the
+// address, which the emulator reads as an offset there. fence.proxy.async (the ISA's order between
+// generic-proxy writes of an operand and the wgmma that reads it) is a no-op here and not checked.
+void wgmma_fence();
+void wgmma_commit_group();
+// Lands all but the `pending` most recent committed groups of this warp.
+void wgmma_wait_group(int pending);
+// d: this thread's N/2 accumulators.
+void wgmma_mma_async(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b);
+// a: this thread's four A registers.
+void wgmma_mma_async_rs(float* d, int n, const uint32_t* a, uint64_t desc_b, bool scale_d, bool trans_b);
+// For llmc's descriptor helper: faults unless `shared_address` lies in the block's dynamic shared
+// memory and it and the two byte offsets are multiples of 16 below 2^18 (the fields keep bits 4-17).
+void wgmma_check_descriptor(uint32_t shared_address, uint32_t lbo_bytes, uint32_t sbo_bytes);
+// fence.proxy.async.shared::cta: one proxy here.
+inline void fence_proxy_async() {}
 
 // ---- ex2.approx.ftz.f32: 2^x, subnormal inputs and results flushed to zero ----
 inline float ex2_approx_ftz(float x) {

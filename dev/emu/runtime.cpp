@@ -401,7 +401,7 @@ void run_launch(const BlockTask& task, const LaunchMemory& memory, uint64_t seed
         if (!diff.empty())
             fatal(task.name, ("race: the output depends on the order of the block's threads (forward vs " +
                               std::string(names[i]) + " schedule): " + diff +
-                              "; a barrier (__syncthreads, __syncwarp, cp.async.wait) is missing or misplaced")
+                              "; a barrier (__syncthreads, __syncwarp, cp.async.wait_group, wgmma.wait_group) is missing or misplaced")
                                  .c_str());
     }
 }

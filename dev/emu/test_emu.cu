@@ -1,7 +1,8 @@
 // dev/emu/test_emu.cu: the emulator's own behaviour, what a program sees of it beyond the kernels'
 // arithmetic (dev/emu/test_ptx.cu checks that): launches refused where an H100 refuses them, the race
-// check and deadlock reports, the orderings of streams, events and the legacy stream, and device
-// memory. For the emulation build only: on a GPU a missing stream wait is a race, not a result.
+// check and deadlock reports (wgmma's registers and operands touched before its wait_group among
+// them), wgmma's faults, the orderings of streams, events and the legacy stream, and device memory.
+// For the emulation build only: on a GPU a missing stream wait is a race, not a result.
 //
 // The idea: what must fail is run in a child process. The test binary re-executes itself with
 // LLMC_EMU_TEST_CHILD naming a scenario (and LLMC_EMU_RACECHECK as the scenario needs), and the test
@@ -26,7 +27,9 @@
 #include <vector>
 
 #include "dev/emu/kernel_resources.h"
+#include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/wgmma.cuh"
 #include "test/catch_session.h"
 
 #ifndef LLMC_EMU
@@ -213,6 +216,70 @@ int run_kernel_resources() {
     return 0;
 }
 
+// wgmma (llmc/kernels/wgmma.cuh): one warpgroup multiplies A (64 x 16, all ones) by B (16 x 64,
+// all ones), both K-major without swizzle in dynamic shared memory (core matrices of 128 bytes: the
+// next 8 K at 128 bytes, the next 8 rows at 256), into accumulators holding their own index, so each
+// comes out as 16 more; what it does wrong depends on MISTAKE.
+enum class WgmmaMistake {
+    None,                 // correct: the accumulators are read after wgmma.wait_group
+    ReadBeforeWait,       // reads the accumulators between the mma and the wait
+    WriteBeforeWait,      // writes an accumulator between the mma and the wait
+    OverwriteBeforeWait,  // each warp rewrites B (with twos) between the mma and the wait
+    NoFence,              // no wgmma.fence before the first mma
+    DescriptorPerWarp,    // warp 3 gives another B descriptor than its warpgroup's other warps
+    WarpSkips,            // warp 2 issues no mma
+    BaseOffset,           // B's descriptor has a base offset
+    StaticShared,         // B in static shared memory
+};
+template <WgmmaMistake MISTAKE>
+__global__ void wgmma_kernel(float* out) {
+    constexpr uint32_t A_BYTES = 64 * 16 * 2;
+    __shared__ __align__(128) uint16_t static_b[64 * 16];
+    uint16_t* a = dynamic_shared_memory<uint16_t>();
+    uint16_t* b = MISTAKE == WgmmaMistake::StaticShared ? static_b : a + A_BYTES / 2;
+    const int t = threadIdx.x, warp = t / 32;
+    const uint16_t one = 0x3f80, two = 0x4000;  // bf16
+    for (int i = t; i < 64 * 16; i += blockDim.x) a[i] = one, b[i] = one;
+    llmc::wgmma::fence_proxy_async();
+    __syncthreads();
+    auto desc = [](const uint16_t* p, uint64_t extra) {
+        return llmc::wgmma::descriptor(llmc::attention_detail::smem_addr(p), 128, 256, llmc::wgmma::Swizzle::None) |
+               extra;
+    };
+    uint64_t desc_b = desc(b, MISTAKE == WgmmaMistake::BaseOffset ? 1ull << 49 : 0);
+    if (MISTAKE == WgmmaMistake::DescriptorPerWarp && warp == 3) desc_b += 1;  // 16 bytes on
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = (float)i;
+    if (MISTAKE != WgmmaMistake::NoFence) llmc::wgmma::fence();
+    if (MISTAKE != WgmmaMistake::WarpSkips || warp != 2)
+        llmc::wgmma::mma_ss<64, false, false>(d, desc(a, 0), desc_b, true);
+    llmc::wgmma::commit_group();
+    if (MISTAKE == WgmmaMistake::ReadBeforeWait)
+        for (int i = 0; i < 32; i++) out[t * 32 + i] = d[i];
+    if (MISTAKE == WgmmaMistake::WriteBeforeWait) d[5] = 0.0f;
+    if (MISTAKE == WgmmaMistake::OverwriteBeforeWait && t % 32 == 0)
+        for (int i = 0; i < 64 * 16; i++) b[i] = two;
+    llmc::wgmma::wait_group<0>();
+    if (MISTAKE != WgmmaMistake::ReadBeforeWait)
+        for (int i = 0; i < 32; i++) out[t * 32 + i] = d[i];
+}
+
+// Launches wgmma_kernel<MISTAKE> with `threads` threads; checks the result when `check`.
+template <WgmmaMistake MISTAKE>
+int run_wgmma(int threads = 128, bool check = true) {
+    float* d_out = nullptr;
+    child_check(cudaMalloc(&d_out, (size_t)threads * 32 * sizeof(float)) == cudaSuccess, "cudaMalloc");
+    LLMC_LAUNCH(wgmma_kernel<MISTAKE>, 1, threads, 2 * 64 * 16 * 2, 0)(d_out);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    std::vector<float> out((size_t)threads * 32);
+    child_check(cudaMemcpy(out.data(), d_out, out.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
+                "cudaMemcpy");
+    if (check)
+        for (int t = 0; t < threads; t++)
+            for (int i = 0; i < 32; i++) child_check(out[(size_t)t * 32 + i] == 16.0f + (float)i, "a wrong product");
+    return 0;
+}
+
 struct Scenario {
     const char* name;
     int (*run)();
@@ -226,6 +293,18 @@ const Scenario SCENARIOS[] = {
     {"__syncthreads reached by threads 0-15 of 64", [] { return run_barrier_kernel(partial_barrier_kernel); }},
     {"__syncthreads against __syncwarp", [] { return run_barrier_kernel(barrier_against_syncwarp_kernel); }},
     {"kernel resources", run_kernel_resources},
+    {"wgmma read after wait_group", [] { return run_wgmma<WgmmaMistake::None>(); }},
+    {"wgmma accumulators read before wait_group", [] { return run_wgmma<WgmmaMistake::ReadBeforeWait>(128, false); }},
+    {"wgmma accumulator written before wait_group",
+     [] { return run_wgmma<WgmmaMistake::WriteBeforeWait>(128, false); }},
+    {"wgmma operand overwritten before wait_group",
+     [] { return run_wgmma<WgmmaMistake::OverwriteBeforeWait>(128, false); }},
+    {"wgmma without wgmma.fence", [] { return run_wgmma<WgmmaMistake::NoFence>(); }},
+    {"wgmma descriptors differing across the warpgroup", [] { return run_wgmma<WgmmaMistake::DescriptorPerWarp>(); }},
+    {"wgmma skipped by a warp of the warpgroup", [] { return run_wgmma<WgmmaMistake::WarpSkips>(128, false); }},
+    {"wgmma by a partial warpgroup", [] { return run_wgmma<WgmmaMistake::None>(96); }},
+    {"wgmma descriptor with a base offset", [] { return run_wgmma<WgmmaMistake::BaseOffset>(); }},
+    {"wgmma operand in static shared memory", [] { return run_wgmma<WgmmaMistake::StaticShared>(); }},
 };
 
 int run_scenario(const std::string& name) {
@@ -392,6 +471,23 @@ TEST_CASE("LLMC_EMU_RACECHECK=1 reports a read of another lane's shared memory w
     check_reported(run_child("warp neighbours without __syncwarp", "1"), "race");
     check_clean(run_child("warp neighbours with __syncwarp", "1"));
     check_clean(run_child("warp neighbours with __syncwarp", "2"));
+}
+
+TEST_CASE("LLMC_EMU_RACECHECK=1 reports wgmma accumulators or operands touched before wgmma.wait_group") {
+    check_reported(run_child("wgmma accumulators read before wait_group", "1"), "race");
+    check_reported(run_child("wgmma accumulator written before wait_group", "1"), "race");
+    check_reported(run_child("wgmma operand overwritten before wait_group", "1"), "race");
+    check_clean(run_child("wgmma read after wait_group", "1"));
+    check_clean(run_child("wgmma read after wait_group", "2"));
+}
+
+TEST_CASE("wgmma faults without a wgmma.fence, off a whole warpgroup, or with a descriptor the emulator cannot read") {
+    check_reported(run_child("wgmma without wgmma.fence", "0"), "wgmma.fence");
+    check_reported(run_child("wgmma descriptors differing across the warpgroup", "0"), "differs from another warp");
+    check_reported(run_child("wgmma skipped by a warp of the warpgroup", "0"), ".aligned");
+    check_reported(run_child("wgmma by a partial warpgroup", "0"), "warpgroup 0");
+    check_reported(run_child("wgmma descriptor with a base offset", "0"), "base offset");
+    check_reported(run_child("wgmma operand in static shared memory", "0"), "dynamic shared memory");
 }
 
 TEST_CASE("a __syncthreads that not every thread of the block reaches is reported as a deadlock") {

@@ -1,13 +1,15 @@
 // dev/emu/test_ptx.cu: the inline PTX of llmc/kernels/attention.cuh (ldmatrix, mma.sync m16n8k16
-// bf16, cp.async, ex2.approx.ftz) and the warp shuffles, votes and block reductions llmc's kernels
-// use, lane by lane. The same file compiles with nvcc: on a GPU it checks the hardware against the
-// same expectations, so a pass on both says that the emulator and the GPU agree.
+// bf16, cp.async, ex2.approx.ftz) and of llmc/kernels/wgmma.cuh (wgmma.mma_async m64nNk16 bf16 with
+// every shared-memory layout and swizzle, A in shared memory or registers; fence, commit_group,
+// wait_group) and the warp shuffles, votes and block reductions llmc's kernels use, lane by lane.
+// The same file compiles with nvcc: on a GPU it checks the hardware against the same expectations,
+// so a pass on both says that the emulator and the GPU agree.
 //
-// The idea: each kernel is one warp (the block-wide ones one block) that writes every lane's
-// registers to global memory, and the host checks every register, element by element, against
-// tables transcribed here from the PTX ISA's fragment figures and formulas and the CUDA programming
-// guide's shuffle rules, never from dev/emu/ptx.cpp. Operands are small integers, exact in bf16 and
-// in every fp32 sum, so every check is an equality.
+// The idea: each kernel is one warp (the block-wide ones one block, wgmma's a warpgroup or two)
+// that writes every lane's registers to global memory, and the host checks every register, element
+// by element, against tables transcribed here from the PTX ISA's fragment figures, layouts and
+// formulas and the CUDA programming guide's shuffle rules, never from dev/emu/ptx.cpp. Operands are
+// small integers, exact in bf16 and in every fp32 sum, so every check is an equality.
 //
 // Build and run, emulated (from the repository root; the emulator's objects as dev/emu/emu.h says):
 //   g++ -std=c++20 -O2 -g -fopenmp -march=native -DLLMC_EMU -Idev/emu/include -I. -I/usr/local/cuda/include
@@ -19,6 +21,7 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +32,7 @@
 
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/wgmma.cuh"
 #include "test/catch_session.h"
 
 using namespace llmc;
@@ -443,6 +447,390 @@ __global__ void block_reduce_kernel(float* out) {
     out[2 * t + 1] = block_reduce_max((float)((t * 37) % (int)blockDim.x), shared);
 }
 
+// ---------------------------------------------------------------------------------------------
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (PTX ISA, "Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate Instructions"), through llmc/kernels/wgmma.cuh. Transcribed here:
+//
+// Register fragments ("Matrix Fragments for wgmma.mma_async.m64nNk16"). Figure 149 (accumulator D,
+// 64 x N): the warpgroup's warp w (threads 32w .. 32w+31) holds rows 16w .. 16w+15; in each 8-column
+// block j the figure repeats one pattern: thread T (lane T % 32) holds d[4j] and d[4j+1] at row
+// 16w + (T%32)/4, columns 8j + 2(T%4) and +1, and d[4j+2], d[4j+3] eight rows lower. Figure 148 (A
+// in registers, 64 x 16, four .b32 of two bf16 each, a0..a7 low half first): warp w again holds rows
+// 16w .. 16w+15, thread T's a0, a1 at row 16w + (T%32)/4, K 2(T%4) and +1; a2, a3 eight rows lower;
+// a4, a5 and a6, a7 the same rows at K + 8.
+//
+// Shared memory ("Shared Memory Matrix Layout", "Canonical Layouts"): an operand is the ISA's table
+// of CuTe layouts, (MN, K) coordinates to element offsets, composed with Swizzle<B, 4, 3>; T = 8
+// elements of 16 bits per 128 bits, LBO and SBO the descriptor's byte offsets in elements:
+//   MN-major  none   ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO))
+//             32B    ((T,2,m),(8,k)) : ((1,T,LBO),(2T,SBO))      Swizzle<1,4,3>
+//             64B    ((T,4,m),(8,k)) : ((1,T,LBO),(4T,SBO))      Swizzle<2,4,3>
+//             128B   ((T,8,m),(8,k)) : ((1,T,LBO),(8T,SBO))      Swizzle<3,4,3>
+//   K-major   none   ((8,m),(T,2k))  : ((1T,SBO),(1,LBO))
+//             32B    ((8,m),(T,2k))  : ((2T,SBO),(1,T))          Swizzle<1,4,3>
+//             64B    ((8,m),(T,2k))  : ((4T,SBO),(1,T))          Swizzle<2,4,3>
+//             128B   ((8,m),(T,2k))  : ((8T,SBO),(1,T))          Swizzle<3,4,3>
+// ("Matrix Descriptor Format": swizzle field 0 none, 1 128B, 2 64B, 3 32B; a pattern starting on its
+// 256/512/1024-byte boundary has base offset 0.) What the table leaves to the reader, and the GPU
+// decides: the swizzle is read on byte addresses (CuTe's Swizzle<B,M,S>(x) = x ^ ((x & (2^B - 1) <<
+// (M + S)) >> S), the 16-byte units of a row permuted), on the address itself (the start included,
+// from a 1024-aligned base here), and a K-major swizzled operand's LBO is unused.
+// A (M = 64) and B (N) are both MN x K here: A's MN is its row, B's its column. TRANS = 1 is MN-major.
+
+// The element (MN, K) of operand `op` (0: A, 1: B) of a test product, K across all its steps.
+float wgmma_value(int seed, int op, int mn, int k) {
+    return (float)small_int((uint32_t)(mn * 64 + k), 100 * seed + op, 4);
+}
+
+struct RowColOf {
+    static RowCol d(int thread, int i) {  // Figure 149
+        const int w = thread / 32, lane = thread % 32;
+        return {16 * w + lane / 4 + 8 * ((i / 2) % 2), 8 * (i / 4) + 2 * (lane % 4) + i % 2};
+    }
+    static RowCol a(int thread, int i) {  // Figure 148, element a_i
+        const int w = thread / 32, lane = thread % 32;
+        const bool lower = i == 2 || i == 3 || i == 6 || i == 7;
+        return {16 * w + lane / 4 + (lower ? 8 : 0), 2 * (lane % 4) + i % 2 + (i >= 4 ? 8 : 0)};
+    }
+};
+
+// One operand in shared memory as the kernel describes it: byte values from the kernel's
+// 1024-aligned base, and the swizzle in bytes (0, 32, 64, 128).
+struct SmemOperand {
+    bool mn_major = false;
+    int swizzle = 0;
+    uint32_t start = 0, lbo = 0, sbo = 0;
+};
+
+// A CuTe mode, colexicographic, its last extent unbounded.
+struct CuteMode {
+    std::vector<int64_t> shape, stride;
+};
+int64_t cute_offset(const CuteMode& m, int64_t x) {
+    int64_t offset = 0;
+    for (size_t i = 0; i + 1 < m.shape.size(); i++) {
+        offset += x % m.shape[i] * m.stride[i];
+        x /= m.shape[i];
+    }
+    return offset + x * m.stride.back();
+}
+// The table above, for `o` (the unbounded m and k: 0).
+void canonical_modes(const SmemOperand& o, CuteMode& mn, CuteMode& k) {
+    const int64_t T = 8, LBO = o.lbo / 2, SBO = o.sbo / 2;
+    const int64_t W = o.swizzle / 16;  // the swizzle atom's 128-bit units: 2, 4, 8
+    if (o.mn_major && o.swizzle == 0)
+        mn = {{T, 1, 0}, {1, T, SBO}}, k = {{8, 0}, {1 * T, LBO}};
+    else if (o.mn_major)
+        mn = {{T, W, 0}, {1, T, LBO}}, k = {{8, 0}, {W * T, SBO}};
+    else if (o.swizzle == 0)
+        mn = {{8, 0}, {1 * T, SBO}}, k = {{T, 0}, {1, LBO}};
+    else
+        mn = {{8, 0}, {W * T, SBO}}, k = {{T, 0}, {1, T}};
+}
+uint32_t cute_swizzle(int swizzle_bytes, uint32_t x) {  // Swizzle<B, 4, 3>
+    const int B = swizzle_bytes == 128 ? 3 : swizzle_bytes == 64 ? 2 : swizzle_bytes == 32 ? 1 : 0;
+    const uint32_t yyy_mask = ((1u << B) - 1) << (4 + 3);
+    return x ^ ((x & yyy_mask) >> 3);
+}
+// Byte offset of element (mn, k) from the base; `k` may run past 16 (the next steps' slices).
+uint32_t smem_byte(const SmemOperand& o, int mn, int k) {
+    CuteMode m, kk;
+    canonical_modes(o, m, kk);
+    return cute_swizzle(o.swizzle, o.start + (uint32_t)(2 * (cute_offset(m, mn) + cute_offset(kk, k))));
+}
+// The start of the slice K = 16 s .. 16 s + 15: the unswizzled offset of element (0, 16 s).
+uint32_t slice_start(const SmemOperand& o, int s) {
+    CuteMode m, kk;
+    canonical_modes(o, m, kk);
+    return o.start + (uint32_t)(2 * cute_offset(kk, 16 * s));
+}
+
+// Places an mn x kk operand at `at` (a multiple of 1024), with gaps, so that LBO and SBO are not
+// what a packed layout would have; `k_outer`: the K blocks outermost. Returns the end of its bytes.
+SmemOperand place_operand(bool mn_major, int swizzle, int mn, int kk, uint32_t at, bool k_outer, uint32_t* end) {
+    SmemOperand o;
+    o.mn_major = mn_major, o.swizzle = swizzle;
+    if (swizzle == 0) {  // core matrices of 128 bytes; SBO: the next 8 MN, LBO: the next 8 K (both majors)
+        o.start = at + 48;
+        if (k_outer)
+            o.sbo = 128 + 16, o.lbo = (uint32_t)(mn / 8) * o.sbo + 32;
+        else
+            o.lbo = 128 + 32, o.sbo = (uint32_t)(kk / 8) * o.lbo + 16;
+    } else if (!mn_major) {  // atoms of 8 rows of `swizzle` bytes along MN at SBO; LBO unused (the ISA
+                             // example's 16, or something else)
+        REQUIRE(2 * kk <= swizzle);
+        o.start = at, o.lbo = k_outer ? 16 : 2048 + 48, o.sbo = 8 * (uint32_t)swizzle * (k_outer ? 2 : 1);
+    } else {  // atoms of 8 K by swizzle/2 MN: along MN at LBO, along K (8 at a time) at SBO
+        const uint32_t atom = 8 * (uint32_t)swizzle, atoms_mn = (uint32_t)(mn / (swizzle / 2)),
+                       groups_k = (uint32_t)kk / 8;
+        o.start = at;
+        if (k_outer)
+            o.lbo = atom, o.sbo = atoms_mn * atom + atom;
+        else
+            o.sbo = atom, o.lbo = groups_k * atom + atom;
+    }
+    uint32_t last = 0;
+    for (int i = 0; i < mn; i++)
+        for (int k = 0; k < kk; k++) last = std::max(last, smem_byte(o, i, k) + 2);
+    *end = (last + 1023) / 1024 * 1024;
+    return o;
+}
+
+// What the kernel gets: per warpgroup (at most 2) and step (at most 4), each operand's start, and its
+// offsets and swizzle; the steps accumulate into the same registers, the first with `scale_d`.
+constexpr int WG_MAX_GROUPS = 2, WG_MAX_STEPS = 4;
+struct WgmmaOperandArgs {
+    uint32_t start[WG_MAX_STEPS];
+    uint32_t lbo, sbo;
+    int swizzle;  // wgmma::Swizzle's value
+};
+struct WgmmaArgs {
+    WgmmaOperandArgs a[WG_MAX_GROUPS], b[WG_MAX_GROUPS];
+    int steps, scale_d, image_elements;
+};
+
+uint64_t swizzle_field(int swizzle_bytes) {
+    return swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : swizzle_bytes == 32 ? 3 : 0;
+}
+
+// One warpgroup per 128 threads: the image into dynamic shared memory at a 1024-aligned shared
+// address, then `steps` products into the thread's accumulators (loaded from c_in), one commit
+// group, wait_group 0, and every accumulator out. A_REGS: A from a_regs ([group][step][thread][4]).
+template <int N, bool TRANS_A, bool TRANS_B, bool A_REGS>
+__global__ void wgmma_kernel(float* out, const uint16_t* image, const float* c_in, const uint32_t* a_regs,
+                             WgmmaArgs args) {
+    unsigned char* dynamic = dynamic_shared_memory<unsigned char>();
+    const uint32_t pad = (1024u - (smem_addr(dynamic) & 1023u)) & 1023u;
+    uint16_t* base = reinterpret_cast<uint16_t*>(dynamic + pad);
+    for (int i = threadIdx.x; i < args.image_elements; i += blockDim.x) base[i] = image[i];
+    llmc::wgmma::fence_proxy_async();
+    __syncthreads();
+    const int group = threadIdx.x / 128, thread = threadIdx.x % 128;
+    const uint32_t base_address = smem_addr(base);
+    float d[N / 2];
+    for (int i = 0; i < N / 2; i++) d[i] = c_in[threadIdx.x * (N / 2) + i];
+    // The steps unrolled, so that each step's A fragment has registers of its own, untouched until the
+    // wait (a register rewritten for the next step while a wgmma may still read it is undefined).
+    uint32_t a[WG_MAX_STEPS][4] = {};
+    if (A_REGS) {
+#pragma unroll
+        for (int s = 0; s < WG_MAX_STEPS; s++)
+            for (int r = 0; r < 4; r++)
+                if (s < args.steps) a[s][r] = a_regs[((group * WG_MAX_STEPS + s) * 128 + thread) * 4 + r];
+    }
+    const WgmmaOperandArgs& oa = args.a[group];
+    const WgmmaOperandArgs& ob = args.b[group];
+    llmc::wgmma::fence_operands(d);
+    llmc::wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < WG_MAX_STEPS; s++) {
+        if (s >= args.steps) break;
+        const bool scale_d = s > 0 || args.scale_d;
+        const uint64_t desc_b =
+            llmc::wgmma::descriptor(base_address + ob.start[s], ob.lbo, ob.sbo, (llmc::wgmma::Swizzle)ob.swizzle);
+        if constexpr (A_REGS) {
+            llmc::wgmma::mma_rs<N, TRANS_B>(d, a[s], desc_b, scale_d);
+        } else {
+            const uint64_t desc_a =
+                llmc::wgmma::descriptor(base_address + oa.start[s], oa.lbo, oa.sbo, (llmc::wgmma::Swizzle)oa.swizzle);
+            llmc::wgmma::mma_ss<N, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d);
+        }
+    }
+    llmc::wgmma::commit_group();
+    llmc::wgmma::wait_group<0>();
+    llmc::wgmma::fence_operands(d);
+    for (int i = 0; i < N / 2; i++) out[threadIdx.x * (N / 2) + i] = d[i];
+}
+
+// wait_group 1: two groups into two accumulators; the first is read after wait_group 1 (its group
+// complete, the second's maybe not), the second after wait_group 0. Both from the image's first
+// warpgroup layout: d1 = A B, d2 = A B + C.
+template <bool TRANS_A, bool TRANS_B>
+__global__ void wgmma_two_groups_kernel(float* out, const uint16_t* image, const float* c_in, WgmmaArgs args) {
+    unsigned char* dynamic = dynamic_shared_memory<unsigned char>();
+    const uint32_t pad = (1024u - (smem_addr(dynamic) & 1023u)) & 1023u;
+    uint16_t* base = reinterpret_cast<uint16_t*>(dynamic + pad);
+    for (int i = threadIdx.x; i < args.image_elements; i += blockDim.x) base[i] = image[i];
+    llmc::wgmma::fence_proxy_async();
+    __syncthreads();
+    const uint32_t base_address = smem_addr(base);
+    const WgmmaOperandArgs& oa = args.a[0];
+    const WgmmaOperandArgs& ob = args.b[0];
+    const uint64_t desc_a =
+        llmc::wgmma::descriptor(base_address + oa.start[0], oa.lbo, oa.sbo, (llmc::wgmma::Swizzle)oa.swizzle);
+    const uint64_t desc_b =
+        llmc::wgmma::descriptor(base_address + ob.start[0], ob.lbo, ob.sbo, (llmc::wgmma::Swizzle)ob.swizzle);
+    float d1[32], d2[32];
+    for (int i = 0; i < 32; i++) d1[i] = 0.0f, d2[i] = c_in[threadIdx.x * 32 + i];
+    llmc::wgmma::fence_operands(d1);
+    llmc::wgmma::fence_operands(d2);
+    llmc::wgmma::fence();
+    llmc::wgmma::mma_ss<64, TRANS_A, TRANS_B>(d1, desc_a, desc_b, false);
+    llmc::wgmma::commit_group();
+    llmc::wgmma::mma_ss<64, TRANS_A, TRANS_B>(d2, desc_a, desc_b, true);
+    llmc::wgmma::commit_group();
+    llmc::wgmma::wait_group<1>();
+    llmc::wgmma::fence_operands(d1);
+    for (int i = 0; i < 32; i++) out[threadIdx.x * 64 + i] = d1[i];
+    llmc::wgmma::wait_group<0>();
+    llmc::wgmma::fence_operands(d2);
+    for (int i = 0; i < 32; i++) out[threadIdx.x * 64 + 32 + i] = d2[i];
+}
+
+// A product to check: per warpgroup, each operand's major-ness, swizzle and placement.
+struct WgmmaOperandSpec {
+    bool mn_major;
+    int swizzle;  // bytes
+    bool k_outer;
+};
+struct WgmmaGroupSpec {
+    WgmmaOperandSpec a, b;  // a unused with A in registers
+};
+struct WgmmaSpec {
+    int steps = 1;
+    bool scale_d = true;
+    std::vector<WgmmaGroupSpec> groups;
+    int seed = 1;
+};
+std::string describe(const WgmmaOperandSpec& o) {
+    return std::string(o.mn_major ? "MN-major" : "K-major") + " " +
+           (o.swizzle ? std::to_string(o.swizzle) + "B swizzle" : std::string("no swizzle")) +
+           (o.k_outer ? " (K blocks outer)" : " (MN blocks outer)");
+}
+
+// The operands, the image of shared memory and the kernel's arguments for `spec`.
+struct WgmmaSetup {
+    std::vector<uint16_t> image;
+    WgmmaArgs args{};
+    std::vector<float> c_in;
+    std::vector<uint32_t> a_regs;
+    std::string what;
+};
+template <int N>
+WgmmaSetup setup_wgmma(const WgmmaSpec& spec, bool a_in_registers) {
+    REQUIRE(spec.steps >= 1);
+    REQUIRE(spec.steps <= WG_MAX_STEPS);
+    REQUIRE(spec.groups.size() <= (size_t)WG_MAX_GROUPS);
+    const int kk = 16 * spec.steps;
+    WgmmaSetup s;
+    s.what = "m64n" + std::to_string(N) + "k16 x " + std::to_string(spec.steps) + (spec.scale_d ? "" : ", scale-d 0");
+    std::vector<std::pair<uint32_t, uint16_t>> writes;  // (byte offset, bf16 bits)
+    uint32_t at = 0;
+    for (size_t g = 0; g < spec.groups.size(); g++) {
+        const WgmmaGroupSpec& gs = spec.groups[g];
+        const int seed = spec.seed + (int)g;
+        auto place = [&](const WgmmaOperandSpec& os, int op, int mn, WgmmaOperandArgs& args) {
+            const SmemOperand o = place_operand(os.mn_major, os.swizzle, mn, kk, at, os.k_outer, &at);
+            for (int i = 0; i < mn; i++)
+                for (int k = 0; k < kk; k++)
+                    writes.push_back({smem_byte(o, i, k), bf16_bits(wgmma_value(seed, op, i, k))});
+            for (int st = 0; st < spec.steps; st++) args.start[st] = slice_start(o, st);
+            args.lbo = o.lbo, args.sbo = o.sbo, args.swizzle = (int)swizzle_field(o.swizzle);
+        };
+        if (!a_in_registers) place(gs.a, 0, 64, s.args.a[g]);
+        place(gs.b, 1, N, s.args.b[g]);
+        s.what += "; warpgroup " + std::to_string(g) + ": A " + (a_in_registers ? "in registers" : describe(gs.a)) +
+                  ", B " + describe(gs.b);
+    }
+    s.image.assign(at / 2, (uint16_t)0x7fc0);  // NaN wherever no element lies
+    std::vector<char> used(at / 2, 0);
+    int collisions = 0;  // the transcription places every element at an address of its own
+    for (const auto& [byte, bits] : writes) {
+        collisions += byte % 2 != 0 || used[byte / 2];
+        used[byte / 2] = 1;
+        s.image[byte / 2] = bits;
+    }
+    REQUIRE(collisions == 0);
+    s.args.steps = spec.steps, s.args.scale_d = spec.scale_d, s.args.image_elements = (int)s.image.size();
+    const int threads = 128 * (int)spec.groups.size();
+    s.c_in.resize((size_t)threads * (N / 2));
+    for (int t = 0; t < threads; t++)
+        for (int i = 0; i < N / 2; i++) {
+            const RowCol e = RowColOf::d(t % 128, i);
+            s.c_in[(size_t)t * (N / 2) + i] =
+                spec.scale_d ? (float)small_int((uint32_t)(e.row * 256 + e.col), 50 + spec.seed + t / 128, 50)
+                             : std::numeric_limits<float>::quiet_NaN();
+        }
+    if (a_in_registers) {
+        s.a_regs.assign((size_t)WG_MAX_GROUPS * WG_MAX_STEPS * 128 * 4, 0);
+        for (int g = 0; g < (int)spec.groups.size(); g++)
+            for (int st = 0; st < spec.steps; st++)
+                for (int t = 0; t < 128; t++)
+                    for (int r = 0; r < 4; r++) {
+                        const RowCol lo = RowColOf::a(t, 2 * r), hi = RowColOf::a(t, 2 * r + 1);
+                        s.a_regs[(size_t)((g * WG_MAX_STEPS + st) * 128 + t) * 4 + r] =
+                            pack_halves(bf16_bits(wgmma_value(spec.seed + g, 0, lo.row, 16 * st + lo.col)),
+                                        bf16_bits(wgmma_value(spec.seed + g, 0, hi.row, 16 * st + hi.col)));
+                    }
+    } else {
+        s.a_regs.assign(4, 0);
+    }
+    return s;
+}
+
+// Every accumulator of every thread against the CPU's product, through Figure 149's layout.
+template <int N>
+void check_wgmma_out(const WgmmaSpec& spec, const WgmmaSetup& s, const std::vector<float>& out, int n_offset,
+                     int stride, bool scale_d, Mismatches& m) {
+    const int kk = 16 * spec.steps;
+    for (int t = 0; t < 128 * (int)spec.groups.size(); t++)
+        for (int i = 0; i < N / 2; i++) {
+            const RowCol e = RowColOf::d(t % 128, i);
+            const int seed = spec.seed + t / 128;
+            double want = scale_d ? (double)s.c_in[(size_t)t * (N / 2) + i] : 0.0;
+            for (int k = 0; k < kk; k++)
+                want += (double)wgmma_value(seed, 0, e.row, k) * wgmma_value(seed, 1, e.col, k);
+            m.expect((double)out[(size_t)t * stride + n_offset + i], want,
+                     "thread " + std::to_string(t) + " d" + std::to_string(i) + " (row " + std::to_string(e.row) +
+                         ", column " + std::to_string(e.col) + ")");
+        }
+}
+
+template <int N, bool TRANS_A, bool TRANS_B, bool A_REGS>
+void check_wgmma(const WgmmaSpec& spec) {
+    const WgmmaSetup s = setup_wgmma<N>(spec, A_REGS);
+    const int threads = 128 * (int)spec.groups.size();
+    DeviceArray<uint16_t> d_image(s.image);
+    DeviceArray<float> d_c(s.c_in), d_out((size_t)threads * (N / 2));
+    DeviceArray<uint32_t> d_a(s.a_regs);
+    const size_t shared = s.image.size() * 2 + 1024;
+    auto kernel = wgmma_kernel<N, TRANS_A, TRANS_B, A_REGS>;
+    REQUIRE(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared) == cudaSuccess);
+    LLMC_LAUNCH((wgmma_kernel<N, TRANS_A, TRANS_B, A_REGS>), 1, threads, shared, 0)(d_out.get(), d_image.get(),
+                                                                                   d_c.get(), d_a.get(), s.args);
+    finish_launch();
+    Mismatches m;
+    check_wgmma_out<N>(spec, s, d_out.download(), 0, N / 2, spec.scale_d, m);
+    INFO(s.what);
+    CHECK_NO_MISMATCHES(m);
+}
+// The instance for the spec's major-ness (one per warpgroup spec: all groups alike here).
+template <int N>
+void check_wgmma_ss(const WgmmaSpec& spec) {
+    const bool ta = spec.groups[0].a.mn_major, tb = spec.groups[0].b.mn_major;
+    for (const WgmmaGroupSpec& g : spec.groups) REQUIRE((g.a.mn_major == ta && g.b.mn_major == tb));
+    if (!ta && !tb) check_wgmma<N, false, false, false>(spec);
+    if (!ta && tb) check_wgmma<N, false, true, false>(spec);
+    if (ta && !tb) check_wgmma<N, true, false, false>(spec);
+    if (ta && tb) check_wgmma<N, true, true, false>(spec);
+}
+template <int N>
+void check_wgmma_rs(const WgmmaSpec& spec) {
+    const bool tb = spec.groups[0].b.mn_major;
+    for (const WgmmaGroupSpec& g : spec.groups) REQUIRE(g.b.mn_major == tb);
+    if (tb)
+        check_wgmma<N, false, true, true>(spec);
+    else
+        check_wgmma<N, false, false, true>(spec);
+}
+WgmmaSpec one_group(WgmmaOperandSpec a, WgmmaOperandSpec b, int steps = 1, bool scale_d = true, int seed = 1) {
+    WgmmaSpec s;
+    s.steps = steps, s.scale_d = scale_d, s.seed = seed;
+    s.groups.push_back({a, b});
+    return s;
+}
+constexpr int SWIZZLES[] = {0, 32, 64, 128};
+
 }  // namespace ptx_test
 
 using namespace ptx_test;
@@ -684,6 +1072,82 @@ TEST_CASE("block_reduce_sum and block_reduce_max give every thread the block's r
         INFO(threads << " threads");
         CHECK_NO_MISMATCHES(m);
     }
+}
+
+TEST_CASE("wgmma m64n64k16 from shared memory: A and B K-major and MN-major, every swizzle mode of each") {
+    int index = 0;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (int sa : SWIZZLES)
+                for (int sb : SWIZZLES) {
+                    const bool k_outer = index++ % 2 == 0;
+                    check_wgmma_ss<64>(one_group({ta, sa, k_outer}, {tb, sb, !k_outer}, 1, true, index));
+                }
+}
+
+TEST_CASE("wgmma m64n128k16 and m64n256k16 from shared memory: every accumulator register of every thread") {
+    check_wgmma_ss<128>(one_group({false, 128, true}, {true, 64, false}));
+    check_wgmma_ss<128>(one_group({true, 0, false}, {false, 32, true}, 1, true, 2));
+    check_wgmma_ss<256>(one_group({false, 64, false}, {true, 128, true}, 1, true, 3));
+    check_wgmma_ss<256>(one_group({true, 32, true}, {false, 0, false}, 1, true, 4));
+}
+
+TEST_CASE("wgmma with A in registers (Figure 148's fragment): B K-major and N-major in every swizzle mode") {
+    int index = 0;
+    for (bool tb : {false, true})
+        for (int sb : SWIZZLES) {
+            index++;
+            check_wgmma_rs<64>(one_group({false, 0, false}, {tb, sb, index % 2 == 0}, 1, true, index));
+        }
+    check_wgmma_rs<128>(one_group({false, 0, false}, {false, 0, true}, 1, true, 9));
+    check_wgmma_rs<256>(one_group({false, 0, false}, {true, 128, false}, 1, true, 10));
+}
+
+TEST_CASE("wgmma with scale-d false: D = A B, the accumulators (NaN) not read") {
+    check_wgmma_ss<64>(one_group({false, 128, true}, {true, 32, false}, 1, false));
+    check_wgmma_ss<64>(one_group({true, 0, false}, {false, 64, true}, 2, false, 2));
+    check_wgmma_rs<64>(one_group({false, 0, false}, {false, 128, false}, 1, false, 3));
+}
+
+TEST_CASE("wgmma along K: products accumulate, each start moved within the swizzled rows or by LBO or SBO") {
+    check_wgmma_ss<128>(one_group({false, 128, true}, {false, 128, false}, 4));  // start + 32, 64, 96 bytes
+    check_wgmma_ss<64>(one_group({false, 64, false}, {false, 64, true}, 2, true, 2));
+    check_wgmma_ss<64>(one_group({true, 128, true}, {true, 128, false}, 2, true, 3));  // + 2 SBO
+    check_wgmma_ss<64>(one_group({false, 0, true}, {false, 0, false}, 3, true, 4));    // + 2 LBO
+    check_wgmma_ss<64>(one_group({true, 0, false}, {true, 0, true}, 3, true, 5));
+    check_wgmma_ss<256>(one_group({false, 128, false}, {true, 32, true}, 4, true, 6));
+    check_wgmma_rs<64>(one_group({false, 0, false}, {false, 128, true}, 4, true, 7));
+    check_wgmma_rs<128>(one_group({false, 0, false}, {true, 64, false}, 2, true, 8));
+}
+
+TEST_CASE("wgmma by two warpgroups: each warp's rows are 16 (warp % 4) onwards of its own warpgroup's product") {
+    WgmmaSpec ss;
+    ss.groups = {{{false, 128, true}, {true, 64, false}}, {{false, 64, false}, {true, 0, true}}};
+    ss.steps = 2;
+    check_wgmma_ss<64>(ss);
+    WgmmaSpec rs;
+    rs.groups = {{{false, 0, false}, {false, 64, true}}, {{false, 0, false}, {false, 0, false}}};
+    rs.seed = 5;
+    check_wgmma_rs<128>(rs);
+}
+
+TEST_CASE("wgmma.wait_group 1 completes the older of two commit groups, wait_group 0 the newer") {
+    const WgmmaSpec spec = one_group({false, 128, true}, {true, 128, false});
+    const WgmmaSetup s = setup_wgmma<64>(spec, false);
+    DeviceArray<uint16_t> d_image(s.image);
+    DeviceArray<float> d_c(s.c_in), d_out(128 * 64);
+    const size_t shared = s.image.size() * 2 + 1024;
+    LLMC_LAUNCH((wgmma_two_groups_kernel<false, true>), 1, 128, shared, 0)(d_out.get(), d_image.get(), d_c.get(),
+                                                                          s.args);
+    finish_launch();
+    const std::vector<float> out = d_out.download();
+    Mismatches first, second;
+    check_wgmma_out<64>(spec, s, out, 0, 64, false, first);
+    check_wgmma_out<64>(spec, s, out, 32, 64, true, second);
+    INFO("the first group, read after wait_group 1");
+    CHECK_NO_MISMATCHES(first);
+    INFO("the second group, read after wait_group 0");
+    CHECK_NO_MISMATCHES(second);
 }
 
 int main(int argc, char** argv) {
