@@ -86,6 +86,17 @@ class SideBySide(unittest.TestCase):
                                     "B 64 x T 1024, compiled", "1.00", "0.92"])
         self.assertEqual(r["d48"], ["40454", "B 32 x T 1024, -r 1", "-", "-", "-", "-", "-", "-"])
 
+    def test_the_fastest_variant_of_a_model_counts_and_is_named(self):
+        write(self.dir, "bench_d12_best.log", BEST_D12)
+        write(self.dir, "bench_d12_wgmma_best.log", BEST_D12.replace("fp8=off", "fp8=off attention=wgmma")
+              .replace("tokens_per_s=481882", "tokens_per_s=530000"))
+        write(self.dir, "bench_d48_best.log", BEST_D48)
+        write(self.dir, "bench_d48_wgmma_best.log", BEST_D48.replace("fp8=off", "fp8=off attention=wgmma")
+              .replace("tokens_per_s=40454", "tokens_per_s=40000"))
+        r = rows(side_by_side.side_by_side(self.dir))
+        self.assertEqual(r["d12"][0:2], ["530000", "B 64 x T 1024, -r 0, attention wgmma"])
+        self.assertEqual(r["d48"][0:2], ["40454", "B 32 x T 1024, -r 1"])
+
     def test_no_logs_at_all_give_d12_and_d48_rows_of_dashes(self):
         r = rows(side_by_side.side_by_side(self.dir))
         self.assertEqual(sorted(r), ["d12", "d48"])

@@ -421,6 +421,8 @@ for stage in "${STAGES[@]}"; do
     bench)
         # the fastest micro-batch and recomputation (dev/bench/batch_sweep.h), each with its winner's profile
         best_step bench_d12_best.log 150 -e d12 -t 1024 --profile
+        # attention's forward on wgmma (attention_hopper.cuh), not yet the default: its own sweep
+        best_step bench_d12_wgmma_best.log 150 -e d12 -t 1024 --attention wgmma --profile
         best_step bench_d48_best.log 240 -e d48 -t 1024 --profile
         step torch_d12.log 200 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
         # Comparisons with fetched code (llm.c) are not part of this repository: a session that

@@ -7,7 +7,8 @@ PyTorch's, on the same card, with the ratios llmc / llm.c and llmc / PyTorch.
 What it reads in LOGDIR (python's standard library only; a missing log, or one without a figure, is a
 "-" cell, never an error):
   bench_<model>_best.log   bench_train_step --best: its line "best: model=d12 T=1024 ... B=128
-                           recompute=0 tokens_per_s=481234 ..."
+                           recompute=0 tokens_per_s=481234 ..."; also bench_<model>_wgmma_best.log
+                           (--attention wgmma), the faster of the two counting
   peers.log                .device/peers.sh (../shared/peers/llm.c.sh): "llm.c d12_b64: 136.2 ms/step,
                            481176 tokens/s", after "llm.c with cuDNN failed; without it:" where it fell back;
                            for a run with no such line (cut short), the mean tok/s of the step lines
@@ -36,8 +37,10 @@ def read_lines(path):
 def llmc_best(logdir):
     """{model: (tokens_per_s, config)} from each bench_<model>_best.log's last "best:" line."""
     found = {}
-    for path in glob.glob(os.path.join(logdir, "bench_*_best.log")):
-        m = re.fullmatch(r"bench_(d\d+)_best\.log", os.path.basename(path))
+    for path in sorted(glob.glob(os.path.join(logdir, "bench_*_best.log"))):
+        # bench_d12_best.log, or its sweep with the wgmma attention (bench_d12_wgmma_best.log): the
+        # faster counts (an FP8 sweep, bench_d12_fp8_best.log, is not bf16's and is not read)
+        m = re.fullmatch(r"bench_(d\d+)(?:_wgmma)?_best\.log", os.path.basename(path))
         if not m:
             continue
         for line in read_lines(path):
@@ -46,7 +49,11 @@ def llmc_best(logdir):
             fields = dict(kv.split("=", 1) for kv in line[len("best: "):].split() if "=" in kv)
             try:
                 config = f"B {int(fields['B'])} x T {int(fields['T'])}, -r {int(fields['recompute'])}"
-                found[m.group(1)] = (float(fields["tokens_per_s"]), config)
+                if fields.get("attention", "mma") != "mma":
+                    config += f", attention {fields['attention']}"
+                tokens = float(fields["tokens_per_s"])
+                if m.group(1) not in found or tokens > found[m.group(1)][0]:
+                    found[m.group(1)] = (tokens, config)
             except (KeyError, ValueError):
                 pass
     return found

@@ -7,6 +7,9 @@
 //                                                      each matrix product's TFLOP/s, forward and backward
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //   build/bench_train_step -e d12 --experts 8 --top-k 2  every block's MLP as 8 experts, top 2 (moe.cuh)
+//   build/bench_train_step -e d12 --attention wgmma    attention's forward on Hopper's warpgroup products
+//                                                      (attention_hopper.cuh; mma: attention.cuh's, the
+//                                                      default; auto: wgmma on an sm_90 device)
 //   build/bench_train_step -e d48 -t 1024 --best       the fastest micro-batch and recomputation: B doubling
 //                                                      while it fits, each -r tried only for the batches the
 //                                                      lower ones could not fit (batch_sweep.h); a row per
@@ -57,12 +60,14 @@ struct Args {
     double peak_tflops = 989.0;
     std::string fp8 = "off";  // off, current or delayed
     int experts = 0, top_k = 2;  // a mixture of experts in every block (0: dense)
+    std::string attention = "mma";  // mma, wgmma or auto (set_attention_kernels)
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
     fprintf(stderr,
             "%s\nusage: %s [-e d4|d6|d12|d24|d36|d48] [-t T] [-b B (0: largest that fits)] [-r 0..3] [--steps N] "
-            "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed] [--experts E [--top-k K]]\n"
+            "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed] [--experts E [--top-k K]] "
+            "[--attention mma|wgmma|auto]\n"
             "       %s --best [--best-budget-s S] [--best-min-b B] [--best-min-gain X] (and the flags above but "
             "-b, -r)\n",
             why.c_str(), prog, prog);
@@ -88,6 +93,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--profile") a.profile = true;
         else if (f == "--peak-tflops") a.peak_tflops = atof(value());
         else if (f == "--fp8") a.fp8 = value();
+        else if (f == "--attention") a.attention = value();
         else if (f == "--experts") a.experts = atoi(value());
         else if (f == "--top-k") a.top_k = atoi(value());
         else if (f == "--best") a.best = true;
@@ -101,6 +107,8 @@ Args parse(int argc, char** argv) {
     if (!is_model_preset(a.model)) usage(argv[0], "-e must be a preset, got " + a.model);
     if (a.recompute < 0 || a.recompute > 3) usage(argv[0], "-r must be 0..3");
     if (a.fp8 != "off" && a.fp8 != "current" && a.fp8 != "delayed") usage(argv[0], "--fp8 must be off, current or delayed");
+    if (a.attention != "mma" && a.attention != "wgmma" && a.attention != "auto")
+        usage(argv[0], "--attention must be mma, wgmma or auto, got " + a.attention);
     if (a.T < 1 || a.B < 0 || a.steps < 1 || a.warmup < 0) usage(argv[0], "-t, -b, --steps, --warmup out of range");
     if (a.experts < 0 || (a.experts > 0 && (a.top_k < 1 || a.top_k > a.experts)))
         usage(argv[0], "--experts must be >= 0 and --top-k in [1, experts]");
@@ -317,10 +325,10 @@ void run_best(const Args& args, const ModelConfig& c, const GPT2CUDAOptions& o, 
     if (!best) fail(strformat("not even B = %d x T %d fits in GPU memory, at any -r", args.sweep.min_B, args.T));
     const TrialMeasure& m = best->measure;
     const std::string experts = args.experts ? strformat(" experts=%d top_k=%d", args.experts, args.top_k) : "";
-    printf("best: model=%s%s T=%d fp8=%s B=%d recompute=%d tokens_per_s=%.0f mfu_pct=%.1f step_ms=%.1f "
-           "llmc_gib=%.1f device_gib=%.1f\n",
-           args.model.c_str(), experts.c_str(), args.T, args.fp8.c_str(), best->B, best->recompute, m.tokens_per_s,
-           100.0 * m.mfu, m.step_ms, m.llmc_gib, m.device_gib);
+    printf("best: model=%s%s T=%d fp8=%s attention=%s B=%d recompute=%d tokens_per_s=%.0f mfu_pct=%.1f "
+           "step_ms=%.1f llmc_gib=%.1f device_gib=%.1f\n",
+           args.model.c_str(), experts.c_str(), args.T, args.fp8.c_str(), args.attention.c_str(), best->B,
+           best->recompute, m.tokens_per_s, 100.0 * m.mfu, m.step_ms, m.llmc_gib, m.device_gib);
     if (args.profile) {
         Args winner = args;
         winner.recompute = best->recompute;
@@ -343,6 +351,7 @@ int main(int argc, char** argv) {
         GPT2CUDAOptions o;
         o.recompute = (Recompute)args.recompute;
         o.fp8 = {args.fp8 != "off", args.fp8 == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, 16};
+        set_attention_kernels(parse_attention_kernels(args.attention, "--attention"));
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         if (args.best) run_best(args, c, o, prop.name);

@@ -4,6 +4,10 @@
 //   v1  one warp per query row, a scalar online softmax over its keys: obviously correct, and slow
 //       (every key costs a warp-wide reduction and the keys are re-read by every query row)
 //   v2  llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores (mma.sync m16n8k16)
+//   v3  llmc/attention_hopper.cuh: the same on Hopper's warpgroup products (wgmma m64nNk16), head
+//       size 64 on an sm_90 device (the emulator is one); other head sizes and devices skip it;
+//       tiles of 128 keys, one block an SM (the shape attention_forward runs: FORWARD_KEYS)
+//   v4  v3 with tiles of 64 keys, two blocks an SM (the other shape, timed against it)
 //
 // Checks, per shape, on the same bf16-exact inputs for every version:
 //   out  against llmc::cpu::attention_forward, BF16_TOLERANCE (out is stored in bf16; v2 also rounds
@@ -16,7 +20,7 @@
 //        1e-6 (fp32 dot products whose tensor-core rounding is not IEEE-specified, ex2.approx at
 //        2 ulp, lse = max ln2 + ln sum), while a wrong mask or index moves a row by far more (one
 //        key more or less in a 1000-key row: ~1e-3).
-//   determinism: v2 run twice, out and lse bitwise equal.
+//   determinism: v2-v4 run twice, out and lse bitwise equal.
 //   the ring-pair entry point: attention_forward_pair over the whole sequence (one causal pair)
 //        gives attention_forward's out and lse bitwise (the same kernel instance).
 // Ring checks (context parallelism, dev/cuda/attention_ring.cuh): for cp 2 and 4, every simulated
@@ -92,12 +96,35 @@ void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int
 
 // ---- the workbench ----
 
-constexpr int NUM_VERSIONS = 2;
-const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {"", "one warp per query row, scalar online softmax",
-                                                     "llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores"};
+constexpr int NUM_VERSIONS = 4;
+const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
+    "", "one warp per query row, scalar online softmax", "llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores",
+    "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 128 keys",
+    "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 64 keys"};
+// The version llmc::attention_forward and the ring pairs run for each setting of its kernels.
+constexpr int LLMC_WGMMA_VERSION = llmc::attention_detail::FORWARD_KEYS == 128 ? 3 : 4;
+
+// The kernels llmc::attention_forward runs for each version (set_attention_kernels).
+llmc::AttentionKernels kernels_of(int version) {
+    return version >= 3 ? llmc::AttentionKernels::Wgmma : llmc::AttentionKernels::MmaSync;
+}
+// Why version v cannot run this head size here, or null.
+const char* unavailable(int version, int HS) {
+    if (version < 3) return nullptr;
+    if (HS != 64) return "head size 64 only";
+    if (!llmc::device_has_wgmma()) return "not an sm_90 device";
+    return nullptr;
+}
 
 void run_version(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS) {
+    llmc::set_attention_kernels(kernels_of(version));
     if (version == 1) attention_forward_v1(out, lse, qkv, B, T, NH, HS, 0);
+    else if (version == 3 && version != LLMC_WGMMA_VERSION)
+        llmc::attention_detail::attention_forward_wgmma_launch<true, 128>(out, lse, qkv, qkv, B, {T, T, T}, NH, 0,
+                                                                          nullptr);
+    else if (version == 4 && version != LLMC_WGMMA_VERSION)
+        llmc::attention_detail::attention_forward_wgmma_launch<true, 64>(out, lse, qkv, qkv, B, {T, T, T}, NH, 0,
+                                                                         nullptr);
     else llmc::attention_forward(out, lse, qkv, B, T, NH, HS, 0);
 }
 
@@ -169,6 +196,10 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     for (int v = 1; v <= NUM_VERSIONS; v++) {
         if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
+        if (const char* why = unavailable(v, s.HS)) {
+            printf("  skipped: %s\n", why);
+            continue;
+        }
         bench::poison(out_d.get(), out_n);
         bench::poison(lse_d.get(), lse_n);
         run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
@@ -178,7 +209,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::check("out", out, out_ref, bench::BF16_TOLERANCE);
             check_denominators(lse, denom_ref, 1e-4);
         }
-        if (v == NUM_VERSIONS) {
+        if (v >= 2) {
             bench::poison(out2_d.get(), out_n);
             bench::poison(lse2_d.get(), lse_n);
             run_version(v, out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
@@ -186,19 +217,22 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             // The widened copies compare the bf16 bits of out: widening keeps every bit.
             bench::check_same_bits("out, run twice", bench::to_host(out2_d.get(), out_n), out);
             bench::check_same_bits("lse, run twice", bench::to_host(lse2_d.get(), lse_n), lse);
-            bench::poison(out2_d.get(), out_n);
-            bench::poison(lse2_d.get(), lse_n);
-            llmc::attention_forward_pair(out2_d.get(), lse2_d.get(), qkv_d.get(), qkv_d.get(), s.B,
-                                         llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
-            CUDA_CHECK(cudaDeviceSynchronize());
-            bench::check_same_bits("out, as one causal pair", bench::to_host(out2_d.get(), out_n), out);
-            bench::check_same_bits("lse, as one causal pair", bench::to_host(lse2_d.get(), lse_n), lse);
-            // FP8's current scaling: given `amax`, the same out, and its largest |value| measured
-            bench::check_amax("out", out, [&](float* amax) {
+            // the public entry points run this version's kernel: the pair and the amax paths too
+            if (v == 2 || v == LLMC_WGMMA_VERSION) {
                 bench::poison(out2_d.get(), out_n);
-                llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
-                return bench::to_host(out2_d.get(), out_n);
-            });
+                bench::poison(lse2_d.get(), lse_n);
+                llmc::attention_forward_pair(out2_d.get(), lse2_d.get(), qkv_d.get(), qkv_d.get(), s.B,
+                                             llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                bench::check_same_bits("out, as one causal pair", bench::to_host(out2_d.get(), out_n), out);
+                bench::check_same_bits("lse, as one causal pair", bench::to_host(lse2_d.get(), lse_n), lse);
+                // FP8's current scaling: given `amax`, the same out, and its largest |value| measured
+                bench::check_amax("out", out, [&](float* amax) {
+                    bench::poison(out2_d.get(), out_n);
+                    llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
+                    return bench::to_host(out2_d.get(), out_n);
+                });
+            }
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms(
@@ -210,11 +244,17 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 
 // ---- context parallelism: the ring's pairs ----
 
-void run_ring(const ring::Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std::mt19937_64& rng) {
     const ring::Split split(s.cp, s.T);
     const int C = s.NH * s.HS;
     const size_t local_n = (size_t)s.B * split.local_rows() * C, lse_local_n = (size_t)s.B * s.NH * split.local_rows();
-    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows\n", s.cp, s.B, s.T, s.NH, s.HS, split.S);
+    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.HS, split.S,
+           version);
+    if (const char* why = unavailable(version, s.HS)) {
+        printf("  skipped: %s\n", why);
+        return;
+    }
+    llmc::set_attention_kernels(kernels_of(version));
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
     const std::vector<float> qkv = bench::random_bf16((size_t)s.B * s.T * 3 * C, rng);
@@ -265,6 +305,9 @@ int main(int argc, char** argv) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-        for (const ring::Shape& s : ring::SHAPES) run_ring(s, opt, rng);
+        // the ring's pairs run what attention_forward_pair runs: version 2 or the wgmma kernel's shape
+        for (int v : {2, LLMC_WGMMA_VERSION})
+            if (opt.runs(v))
+                for (const ring::Shape& s : ring::SHAPES) run_ring(s, v, opt, rng);
     });
 }

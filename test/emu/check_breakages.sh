@@ -106,22 +106,45 @@ breakage attention-dkv-barrier llmc/kernels/attention.cuh "bench attention_backw
             load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);'
 
 # 2. Wrong mma fragments, ldmatrix and cp.async.
-breakage mma-b-operand-order llmc/kernels/attention.cuh "bench attention_forward" \
+breakage mma-b-operand-order llmc/kernels/attention_tiles.cuh "bench attention_forward" \
     "attention P V product (mma_a_b): the B operand's two k halves (b0, b1) swapped" \
     '                                           (lane / 16) * 8));
             mma_bf16_16816(acc[2 * nn], a[kk], b[0], b[1]);' \
     '                                           (lane / 16) * 8));
             mma_bf16_16816(acc[2 * nn], a[kk], b[1], b[0]);'
-breakage mma-a-fragment-index llmc/kernels/attention.cuh "bench attention_backward" \
+breakage mma-a-fragment-index llmc/kernels/attention_tiles.cuh "bench attention_backward" \
     "acc_to_a: an accumulator's rows g+8 packed into A register 2 (columns c+8) and vice versa" \
     '        a[kk][1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
         a[kk][2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);' \
     '        a[kk][2] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
         a[kk][1] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);'
-breakage ldmatrix-missing-trans llmc/kernels/attention.cuh "bench attention_forward" \
+breakage ldmatrix-missing-trans llmc/kernels/attention_tiles.cuh "bench attention_forward" \
     "mma_a_b: the [k][n] tile read with ldmatrix without .trans" \
     '            ldmatrix_x4_trans(b, smem_addr(tile + (kk * 16' \
     '            ldmatrix_x4(b, smem_addr(tile + (kk * 16'
+breakage wgmma-swizzle-store llmc/kernels/attention_hopper.cuh "bench attention_forward" \
+    "attention forward (wgmma): the tiles stored unswizzled while wgmma reads them with the 128-byte swizzle" \
+    '    return (uint32_t)(row * HOPPER_ROW_BYTES + ((chunk ^ (row % 8)) * 16));' \
+    '    return (uint32_t)(row * HOPPER_ROW_BYTES + chunk * 16);'
+breakage wgmma-k-step llmc/kernels/attention_hopper.cuh "bench attention_forward" \
+    "attention forward (wgmma): Q and K advanced 16 bytes (8 columns) a step of 16 columns" \
+    '    return wgmma::descriptor(tile + 32 * k, 16, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);' \
+    '    return wgmma::descriptor(tile + 16 * k, 16, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);'
+breakage wgmma-v-not-transposed llmc/kernels/attention_hopper.cuh "bench attention_forward" \
+    "attention forward (wgmma): V read K-major (its keys as if contiguous) instead of MN-major" \
+    'wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);' \
+    'wgmma::mma_rs<HS, false>(o_flat, p[k], mn_major_desc(v_tile, k), true);'
+breakage wgmma-no-wait llmc/kernels/attention_hopper.cuh "bench attention_forward" \
+    "attention forward (wgmma): the scores read before wgmma.wait_group retires their product" \
+    '            wgmma::commit_group();
+            wgmma::wait_group<0>();
+            wgmma::fence_operands(s_flat);' \
+    '            wgmma::commit_group();
+            wgmma::fence_operands(s_flat);'
+breakage wgmma-refill-barrier llmc/kernels/attention_hopper.cuh "bench attention_forward" \
+    "attention forward (wgmma): no barrier before the next tile is copied over the one just read" \
+    '        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2' \
+    '        // (no barrier)'
 breakage cp-async-wait-count llmc/kernels/attention.cuh "bench attention_forward" \
     "attention forward: cp.async.wait_group 2 instead of 1 (the tile in use may still be in flight)" \
     '        cp_async_wait<1>();  // everything but the tile just requested has landed' \

@@ -1,0 +1,288 @@
+// attention_hopper.cuh: causal self-attention's forward on Hopper's warpgroup products (wgmma,
+// sm_90a), head size 64. The same algorithm as attention.cuh's forward (online softmax over tiles of
+// keys, the log-sum-exp saved, ring pairs through AttentionRows and CAUSAL), with the products
+// issued by a warpgroup (128 threads, 64 query rows) instead of a warp:
+//   S (64 x BN keys)   = Q K^T   wgmma m64nBNk16, Q and K from shared memory, 4 steps along HS
+//   O (64 x 64)       += P V     wgmma m64n64k16, P from registers (S's accumulators rounded to bf16:
+//                                 the accumulator layout is the A fragment layout), V from shared
+//                                 memory read MN-major, BN / 16 steps along the keys
+// A block is two warpgroups (128 query rows) that share each tile of keys and values; the next
+// tile is copied in (cp.async, 16 bytes a thread at a time) while this one is used. Each warp still
+// owns 16 rows of S and O exactly as attention.cuh's warps do, so the softmax and the epilogue are
+// the same code shape.
+//
+// Shared tiles hold rows of 64 bf16 (128 bytes) in the 128-byte swizzle wgmma reads: the 16-byte
+// chunk c of row r lies at chunk c ^ (r % 8) of that row, each group of 8 rows (1024 bytes) one
+// swizzle atom, every tile starting on a 1024-byte boundary. Described to wgmma (wgmma.cuh):
+//   Q, K (K-major: HS contiguous): SBO 1024 (the next 8 rows); the k-th 16 columns start 32 k bytes in
+//   V (MN-major: HS contiguous, the keys are K): SBO 1024 (the next 8 keys); 64 HS columns are one
+//     128-byte row, so LBO (the next 64 columns) is never used; the k-th 16 keys start 2048 k bytes in
+//
+// What is not done yet (FlashAttention-3's other ideas): a producer warp with TMA and mbarriers,
+// the softmax of one tile overlapped with the products of the next, FP8. The backward is still
+// attention.cuh's. Selected by set_attention_kernels (below): until a GPU session has checked it on
+// the card (dev/cuda/attention_forward version 3, test_ptx's wgmma cases), the default stays
+// mma.sync.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "llmc/kernels/attention_tiles.cuh"
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/wgmma.cuh"
+#include "llmc/utils.h"
+
+namespace llmc {
+
+// Which forward kernel attention_forward and the ring pairs' forward run for head size 64 (other
+// head sizes always run mma.sync): mma.sync (attention.cuh), wgmma (this file, an sm_90 device
+// only), or wgmma wherever the device is sm_90.
+enum class AttentionKernels { MmaSync, Wgmma, Auto };
+
+inline AttentionKernels& attention_kernels_setting() {
+    static AttentionKernels setting = AttentionKernels::MmaSync;
+    return setting;
+}
+inline void set_attention_kernels(AttentionKernels k) { attention_kernels_setting() = k; }
+
+inline const char* attention_kernels_name(AttentionKernels k) {
+    return k == AttentionKernels::MmaSync ? "mma" : k == AttentionKernels::Wgmma ? "wgmma" : "auto";
+}
+// "mma", "wgmma" or "auto" (a flag's value); anything else fails naming `flag`.
+inline AttentionKernels parse_attention_kernels(const std::string& value, const char* flag) {
+    if (value == "mma") return AttentionKernels::MmaSync;
+    if (value == "wgmma") return AttentionKernels::Wgmma;
+    if (value == "auto") return AttentionKernels::Auto;
+    fail(strformat("%s must be mma, wgmma or auto, got '%s'", flag, value.c_str()));
+}
+
+// Whether the current device runs sm_90a code (compute capability 9.0: H100, H200); asked once (a
+// rank uses one device).
+inline bool device_has_wgmma() {
+    static const bool has = [] {
+        int device = 0, major = 0, minor = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        return major == 9 && minor == 0;
+    }();
+    return has;
+}
+
+namespace attention_detail {
+
+constexpr int HOPPER_HS = 64;
+constexpr int HOPPER_ROW_BYTES = HOPPER_HS * 2;      // one swizzle row
+constexpr int HOPPER_ATOM_BYTES = 8 * HOPPER_ROW_BYTES;  // 8 rows: the stride between row groups (SBO)
+constexpr int HOPPER_WARPGROUPS = 2;
+constexpr int HOPPER_BM = 64 * HOPPER_WARPGROUPS;  // query rows per block
+constexpr int HOPPER_THREADS = 128 * HOPPER_WARPGROUPS;
+constexpr uint32_t HOPPER_Q_BYTES = HOPPER_BM * HOPPER_ROW_BYTES;
+
+// The forward's two shapes: tiles of 128 keys, one block an SM (190 registers a thread, sm_90a's
+// ptxas), or of 64 keys, two blocks an SM (at most 128 registers): more warps to hide the softmax
+// behind another warpgroup's products, against twice the tiles. The GPU session times both
+// (dev/cuda/attention_forward versions 3 and 4); FORWARD_KEYS is the one the model runs.
+template <int BN>
+struct HopperForward {
+    static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
+    static constexpr int KEYS = BN;
+    static constexpr int BLOCKS_PER_SM = BN == 128 ? 1 : 2;
+    static constexpr uint32_t KV_BYTES = BN * HOPPER_ROW_BYTES;
+    // Q, two K tiles and two V tiles, and up to 1023 bytes to reach the first 1024-byte boundary.
+    static constexpr size_t SMEM_BYTES = HOPPER_Q_BYTES + 4 * KV_BYTES + HOPPER_ATOM_BYTES;
+};
+constexpr int FORWARD_KEYS = 128;
+
+// Whether this call's forward runs on wgmma: head size 64 and the setting (an explicit Wgmma on a
+// device without it fails rather than running nothing).
+inline bool forward_on_wgmma(int HS) {
+    const AttentionKernels k = attention_kernels_setting();
+    if (HS != HOPPER_HS || k == AttentionKernels::MmaSync) return false;
+    const bool has = device_has_wgmma();
+    if (k == AttentionKernels::Wgmma && !has)
+        fail("attention: the wgmma kernels (set_attention_kernels Wgmma) need an sm_90 device (H100, H200)");
+    return has;
+}
+
+// The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile.
+__device__ inline uint32_t swizzled_chunk(int row, int chunk) {
+    return (uint32_t)(row * HOPPER_ROW_BYTES + ((chunk ^ (row % 8)) * 16));
+}
+
+// Starts copying rows row0..row0+ROWS-1 of one head's (T, 64) slice (row stride ld elements) into the
+// swizzled tile at shared address `tile`; rows at or past T are zero-filled.
+template <int ROWS>
+__device__ inline void load_rows_swizzled_async(uint32_t tile, const floatX* head, size_t ld, int row0, int T) {
+    constexpr int CHUNKS = HOPPER_ROW_BYTES / 16;
+    static_assert((ROWS * CHUNKS) % HOPPER_THREADS == 0, "tile copy must divide evenly among the threads");
+#pragma unroll
+    for (int k = 0; k < ROWS * CHUNKS / HOPPER_THREADS; k++) {
+        const int i = k * HOPPER_THREADS + threadIdx.x;
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const bool valid = row0 + r < T;
+        const floatX* src = valid ? head + (size_t)(row0 + r) * ld + c * 8 : head;
+        cp_async16(tile + swizzled_chunk(r, c), src, valid);
+    }
+}
+
+// A K-major operand of 64-element rows (Q, K): its k-th 16 columns.
+__device__ inline uint64_t k_major_desc(uint32_t tile, int k) {
+    return wgmma::descriptor(tile + 32 * k, 16, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);
+}
+// V read MN-major (its 64 columns are N): its k-th 16 rows (keys).
+__device__ inline uint64_t mn_major_desc(uint32_t tile, int k) {
+    return wgmma::descriptor(tile + 16 * HOPPER_ROW_BYTES * k, 0, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);
+}
+
+// Grid (B*NH, query tiles of 128); block: 2 warpgroups, 64 query rows each; tiles of BN keys.
+template <int BN, bool CAUSAL>
+__global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_SM)
+    attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv,
+                                   AttentionRows rows, int NH, float scale_log2, float* amax) {
+    constexpr int HS = HOPPER_HS, BM = HOPPER_BM;
+    constexpr uint32_t KV_BYTES = HopperForward<BN>::KV_BYTES;
+    const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
+    const uint32_t q_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
+    const uint32_t k_s = q_s + HOPPER_Q_BYTES;  // [2] tiles
+    const uint32_t v_s = k_s + 2 * KV_BYTES;    // [2] tiles
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
+    const int T = rows.T, C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
+    const int group_first = q0 + 64 * group;  // this warpgroup's rows: group_first .. + 63
+    const int row_first = q0 + 16 * warp;     // this warp's rows: row_first .. + 15
+    const bool group_active = group_first < T;
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
+
+    load_rows_swizzled_async<BM>(q_s, q_head, ld, q0, T);
+    load_rows_swizzled_async<BN>(k_s, k_head, ld, 0, T);
+    load_rows_swizzled_async<BN>(v_s, v_head, ld, 0, T);
+    cp_async_commit();
+
+    const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group;
+    float o[HS / 8][4] = {};
+    float (&o_flat)[HS / 2] = reinterpret_cast<float (&)[HS / 2]>(o);
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        if (tile + 1 < num_tiles) {
+            load_rows_swizzled_async<BN>(k_s + (buf ^ 1) * KV_BYTES, k_head, ld, (tile + 1) * BN, T);
+            load_rows_swizzled_async<BN>(v_s + (buf ^ 1) * KV_BYTES, v_head, ld, (tile + 1) * BN, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();        // everything but the tile just requested has landed
+        wgmma::fence_proxy_async();  // ... and is visible to wgmma's reads of shared memory
+        __syncthreads();
+
+        const int key0 = tile * BN;
+        // A warpgroup-uniform condition: the four warps issue the same products.
+        if (group_active && (!CAUSAL || key0 <= group_first + 63)) {
+            const uint32_t k_tile = k_s + buf * KV_BYTES, v_tile = v_s + buf * KV_BYTES;
+            float s[BN / 8][4];
+            float (&s_flat)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
+            wgmma::fence();
+#pragma unroll
+            for (int k = 0; k < HS / 16; k++)
+                wgmma::mma_ss<BN, false, false>(s_flat, k_major_desc(q_group, k), k_major_desc(k_tile, k), k > 0);
+            wgmma::commit_group();
+            wgmma::wait_group<0>();
+            wgmma::fence_operands(s_flat);
+
+            // causal: the tile crosses this warp's diagonal; all keys: the tile runs past the last key
+            if (CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T) {
+#pragma unroll
+                for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+                        const int row = row_first + lane / 4 + 8 * (e / 2);
+                        if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;
+                    }
+            }
+            float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
+                tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
+            }
+            float rescale[2], max_used[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+                const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
+                // a row with nothing unmasked yet (its keys all later, in this tile) must not compute -inf - -inf
+                max_used[r] = new_max == -INFINITY ? 0.0f : new_max;
+                rescale[r] = fast_exp2(row_max[r] - max_used[r]);
+                row_max[r] = new_max;
+                row_sum[r] *= rescale[r];
+            }
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[n][e] = fast_exp2(fmaf(s[n][e], scale_log2, -max_used[e / 2]));
+                    row_sum[e / 2] += s[n][e];
+                }
+#pragma unroll
+            for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[n][e] *= rescale[e / 2];
+            uint32_t p[BN / 16][4];
+            acc_to_a<BN>(p, s);
+
+            wgmma::fence();  // o was rescaled by this thread
+#pragma unroll
+            for (int k = 0; k < BN / 16; k++) wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);
+            wgmma::commit_group();
+            wgmma::wait_group<0>();
+            wgmma::fence_operands(o_flat);
+        }
+        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2
+    }
+
+    if (row_first >= T) return;
+    float inv_sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+        inv_sum[r] = 1.0f / row_sum[r];  // >= 1: the row's maximum contributes 2^0
+        const int row = row_first + lane / 4 + 8 * r;
+        if (lane % 4 == 0 && row < T) lse[(size_t)bh * rows.q_rows + row] = row_max[r] * LN2 + logf(row_sum[r]);
+    }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
+    const float largest = write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
+    if (amax) warp_amax_into(amax, largest);  // FP8's current scaling: the attention projection's input
+}
+
+template <bool CAUSAL, int BN = FORWARD_KEYS>
+inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
+                                           const AttentionRows& rows, int NH, cudaStream_t stream, float* amax) {
+    constexpr size_t smem = HopperForward<BN>::SMEM_BYTES;
+    auto kernel = attention_forward_wgmma_kernel<BN, CAUSAL>;
+    set_smem_limit(kernel, smem, "attention_forward (wgmma)", HOPPER_HS);
+    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const float scale_log2 = LOG2E / sqrtf((float)HOPPER_HS);
+    LLMC_LAUNCH(kernel, grid, HOPPER_THREADS, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2, amax);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attention_detail
+
+}  // namespace llmc
