@@ -5,6 +5,8 @@
 //       over its keys, and per key row dk, dv summed over the queries that see it. Each warp owns
 //       the row it writes, so it is deterministic too; slow (a warp-wide reduction per pair).
 //   v2  llmc/attention.cuh: the same three steps as FlashAttention-2 tiles on bf16 tensor cores.
+//   v3  llmc/attention_hopper.cuh: v2's kernels on Hopper's warpgroup products (wgmma), head size 64
+//       on an sm_90 device (the emulator is one); other head sizes and devices skip it.
 //
 // The backward's inputs out and lse come from llmc::attention_forward on the GPU, as in training;
 // out is checked too (so a forward fault is not blamed on the backward). Checks, per shape, on the
@@ -13,7 +15,7 @@
 //         tensor, BF16_TOLERANCE: it is stored in bf16, and v2 rounds P and dS to bf16 for the mma.
 //         (dq and dk alone can be exactly zero in the reference, e.g. T = 1, where a relative error
 //         has no meaning.)
-//   determinism: v2 run twice, dqkv bitwise equal.
+//   determinism: v2 and v3 run twice, dqkv bitwise equal.
 //   the ring-pair entry point: attention_backward_pair over the whole sequence (one causal pair, fp32
 //         sums from zero) and attention_backward_pair_finish give attention_backward's dqkv, value for
 //         value (the same kernel instances but for the store; a sum from +0 may turn -0 into +0).
@@ -27,7 +29,8 @@
 // dQ, dK products plus S recomputed). v2 actually does 3.5x: S and dP are computed in both its
 // kernels, the price of having no atomics.
 // For each timed shape of GPT-2 size it also prints one line "fwd+bwd ms B= T= NH= HS=: <ms>" for
-// llmc's forward plus backward (dev/bench/attention_vs_sdpa.py reads it to compare with torch).
+// llmc's forward plus backward with the version's kernels (dev/bench/attention_vs_sdpa.py runs
+// versions 2 and 3 and reads it to compare with torch).
 // Emulated (dev/emu/), the GPT-2 124M shape is skipped (bench::skip_when_emulated); the small
 // shapes still reach the partial tiles, a single key and every head size.
 #include "dev/cuda/attention_ring.cuh"
@@ -176,12 +179,27 @@ void attention_backward_v1(floatX* dqkv, float* scratch, const floatX* dout, con
 
 // ---- the workbench ----
 
-constexpr int NUM_VERSIONS = 2;
-const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {"", "one warp per row, scalar",
-                                                     "llmc/attention.cuh: FlashAttention-2 tiles on bf16 tensor cores, no atomics"};
+constexpr int NUM_VERSIONS = 3;
+const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
+    "", "one warp per row, scalar", "llmc/attention.cuh: FlashAttention-2 tiles on bf16 tensor cores, no atomics",
+    "llmc/attention_hopper.cuh: the same tiles on warpgroup products (wgmma)"};
+
+// Why version v cannot run this head size here, or null.
+const char* unavailable(int version, int HS) {
+    if (version != 3) return nullptr;
+    if (HS != 64) return "head size 64 only";
+    if (!llmc::device_has_wgmma()) return "not an sm_90 device";
+    return nullptr;
+}
+
+// Versions 2 and 3 call llmc::attention_backward with its kernels set to mma.sync or wgmma.
+void select_kernels(int version) {
+    llmc::set_attention_kernels(version == 3 ? llmc::AttentionKernels::Wgmma : llmc::AttentionKernels::MmaSync);
+}
 
 void run_version(int version, floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
                  const float* lse, int B, int T, int NH, int HS) {
+    select_kernels(version);
     if (version == 1) attention_backward_v1(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
     else llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
 }
@@ -227,6 +245,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv), dout_d = bench::to_device_bf16(dout);
     bench::DeviceBuffer<floatX> out_d(out_n, "out"), dqkv_d(qkv_n, "dqkv"), dqkv2_d(qkv_n, "dqkv (second run)");
     bench::DeviceBuffer<float> lse_d(lse_n, "lse"), scratch_d(scratch_n, "scratch");
+    select_kernels(2);
     llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -243,6 +262,10 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     for (int v = 1; v <= NUM_VERSIONS; v++) {
         if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
+        if (const char* why = unavailable(v, s.HS)) {
+            printf("  skipped: %s\n", why);
+            continue;
+        }
         bench::poison(dqkv_d.get(), qkv_n);
         bench::poison(scratch_d.get(), scratch_n);
         run_version(v, dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B, s.T,
@@ -250,7 +273,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> dqkv = bench::to_host(dqkv_d.get(), qkv_n);
         if (s.check) bench::check("dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
-        if (v == NUM_VERSIONS) {
+        if (v >= 2) {
             bench::poison(dqkv2_d.get(), qkv_n);
             bench::poison(scratch_d.get(), scratch_n);
             run_version(v, dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B,
@@ -274,7 +297,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
                             s.B, s.T, s.NH, s.HS);
             });
             bench::report_compute_bound("backward", ms, 2.5 * forward_flops);
-            if (v == NUM_VERSIONS && s.headline) {
+            if (v >= 2 && s.headline) {
                 const float both_ms = bench::time_ms([&] {
                     llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
                     llmc::attention_backward(dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(),
@@ -288,11 +311,17 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 
 // ---- context parallelism: the ring's pairs ----
 
-void run_ring(const ring::Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
+void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std::mt19937_64& rng) {
     const ring::Split split(s.cp, s.T);
     const int C = s.NH * s.HS;
     const size_t local_rows = (size_t)s.B * split.local_rows(), lse_local_n = (size_t)s.B * s.NH * split.local_rows();
-    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows\n", s.cp, s.B, s.T, s.NH, s.HS, split.S);
+    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.HS, split.S,
+           version);
+    if (const char* why = unavailable(version, s.HS)) {
+        printf("  skipped: %s\n", why);
+        return;
+    }
+    select_kernels(version);
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
     const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C;
@@ -364,6 +393,8 @@ int main(int argc, char** argv) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-        for (const ring::Shape& s : ring::SHAPES) run_ring(s, opt, rng);
+        for (int v = 2; v <= NUM_VERSIONS; v++)
+            if (opt.runs(v))
+                for (const ring::Shape& s : ring::SHAPES) run_ring(s, v, opt, rng);
     });
 }

@@ -515,7 +515,7 @@ template <int HS, bool CAUSAL>
 inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
                                      const AttentionRows& rows, int NH, cudaStream_t stream, float* amax = nullptr) {
     if constexpr (HS == HOPPER_HS)
-        if (forward_on_wgmma(HS))
+        if (attention_on_wgmma(HS))
             return attention_forward_wgmma_launch<CAUSAL>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
     constexpr int WARPS = forward_warps<HS>();
     constexpr size_t smem = forward_smem_bytes<HS>();
@@ -543,6 +543,10 @@ inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_
                                       const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv, const float* lse,
                                       const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream,
                                       float* amax = nullptr) {
+    if constexpr (HS == HOPPER_HS)
+        if (attention_on_wgmma(HS))  // the backward follows the forward's choice of kernels
+            return attention_backward_wgmma_launch<CAUSAL>(grad_q, grad_k, grad_q_ld, grad_k_ld, dout, q_qkv, kv_qkv,
+                                                           lse, D, B, rows, NH, stream, amax);
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
 
     constexpr int BQ = dkv_query_tile<HS>();

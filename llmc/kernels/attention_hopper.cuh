@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "llmc/kernels/attention_tiles.cuh"
 #include "llmc/kernels/cuda_common.cuh"
@@ -99,9 +100,9 @@ struct HopperForward {
 };
 constexpr int FORWARD_KEYS = 128;
 
-// Whether this call's forward runs on wgmma: head size 64 and the setting (an explicit Wgmma on a
+// Whether attention runs on wgmma (forward and backward): head size 64 and the setting (an explicit Wgmma on a
 // device without it fails rather than running nothing).
-inline bool forward_on_wgmma(int HS) {
+inline bool attention_on_wgmma(int HS) {
     const AttentionKernels k = attention_kernels_setting();
     if (HS != HOPPER_HS || k == AttentionKernels::MmaSync) return false;
     const bool has = device_has_wgmma();
@@ -280,6 +281,274 @@ inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX
     const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
     const float scale_log2 = LOG2E / sqrtf((float)HOPPER_HS);
     LLMC_LAUNCH(kernel, grid, HOPPER_THREADS, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2, amax);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- backward ----
+// The two kernels of attention.cuh's backward, each product on wgmma; a block is two warpgroups of
+// 64 rows (keys in the dK/dV kernel, queries in the dQ kernel) sharing tiles of 64 rows of the other
+// side. Every product's A operand is a shared tile read K-major or a register fragment, every B a
+// shared tile read K-major (for a product with its transpose) or MN-major:
+//   dK, dV (a warpgroup owns 64 keys):  S^T = K Q^T, P^T = 2^(S^T scale - lse), dV += P^T dO,
+//                                       dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q
+//   dQ (a warpgroup owns 64 queries):   S = Q K^T, P, dP = dO V^T, dS = P (dP - D), dQ += dS K
+// Gradients are written (GradT floatX) or added (GradT float: the ring pairs' fp32 sums) as there.
+
+constexpr int HOPPER_BACKWARD_TILE = 64;  // rows of the other side per tile
+constexpr uint32_t HOPPER_TILE_BYTES = HOPPER_BACKWARD_TILE * HOPPER_ROW_BYTES;
+// Two 128-row tiles of the warpgroups' own side, two double-buffered tiles of the other side, two
+// double-buffered rows of floats (lse and D, in the dK/dV kernel), and the alignment.
+constexpr size_t HOPPER_BACKWARD_SMEM_BYTES =
+    2 * HOPPER_Q_BYTES + 4 * HOPPER_TILE_BYTES + 4 * HOPPER_BACKWARD_TILE * sizeof(float) + HOPPER_ATOM_BYTES;
+
+// acc (64 x N) = A (64 x 64, a K-major tile) B^T (B: N rows of 64, a K-major tile): 4 steps along HS.
+template <int N>
+__device__ inline void wgmma_a_bt(float (&acc)[N / 8][4], uint32_t a_tile, uint32_t b_tile) {
+    float (&flat)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < HOPPER_HS / 16; k++) wgmma::mma_ss<N, false, false>(flat, k_major_desc(a_tile, k), k_major_desc(b_tile, k), k > 0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(flat);
+}
+// acc (64 x 64) += A (64 x K, register fragments) B (K rows of 64, an MN-major tile): K/16 steps.
+template <int K>
+__device__ inline void wgmma_a_b(float (&acc)[HOPPER_HS / 8][4], const uint32_t (&a)[K / 16][4], uint32_t b_tile) {
+    float (&flat)[HOPPER_HS / 2] = reinterpret_cast<float (&)[HOPPER_HS / 2]>(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < K / 16; k++) wgmma::mma_rs<HOPPER_HS, true>(flat, a[k], mn_major_desc(b_tile, k), true);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(flat);
+}
+
+// Starts copying n floats src[row0..row0+n-1] into shared memory at address dst, zeros at or past T.
+template <int N>
+__device__ inline void load_floats_at_async(uint32_t dst, const float* src, int row0, int T) {
+    static_assert(N <= HOPPER_THREADS, "one float per thread");
+    const int i = threadIdx.x;
+    if (i < N) {
+        const bool valid = row0 + i < T;
+        cp_async4(dst + 4 * i, valid ? src + row0 + i : src, valid);
+    }
+}
+
+// dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
+template <bool CAUSAL, typename GradT>
+__global__ void __launch_bounds__(HOPPER_THREADS, 1)
+    attention_backward_dkv_wgmma_kernel(GradT* grad_k, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
+                                        const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows,
+                                        int NH, float scale_log2, float scale, float* amax) {
+    constexpr int HS = HOPPER_HS, BN = HOPPER_BM, BQ = HOPPER_BACKWARD_TILE;
+    const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
+    const uint32_t k_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
+    const uint32_t v_s = k_s + HOPPER_Q_BYTES;
+    const uint32_t q_s = v_s + HOPPER_Q_BYTES;           // [2] tiles
+    const uint32_t do_s = q_s + 2 * HOPPER_TILE_BYTES;   // [2] tiles
+    const uint32_t lse_s = do_s + 2 * HOPPER_TILE_BYTES; // [2][BQ] floats
+    const uint32_t d_s = lse_s + 2 * BQ * sizeof(float); // [2][BQ] floats
+    const float* lse_f = reinterpret_cast<const float*>(dynamic_shared_memory<uint8_t>() + (lse_s - raw));
+    const float* d_f = reinterpret_cast<const float*>(dynamic_shared_memory<uint8_t>() + (d_s - raw));
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
+    const int T = rows.T, C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
+    const float* lse_head = lse + (size_t)bh * rows.q_rows;
+    const float* d_head = D + (size_t)bh * rows.q_rows;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
+    const int group_first = kv0 + 64 * group;  // this warpgroup's keys
+    const int key_first = kv0 + 16 * warp;     // this warp's keys: key_first .. + 15
+    const bool group_active = group_first < T;
+    const int q_begin = CAUSAL ? kv0 : 0;
+    const int num_tiles = ceil_div(T - q_begin, BQ);
+
+    load_rows_swizzled_async<BN>(k_s, k_head, ld, kv0, T);
+    load_rows_swizzled_async<BN>(v_s, v_head, ld, kv0, T);
+    load_rows_swizzled_async<BQ>(q_s, q_head, ld, q_begin, T);
+    load_rows_swizzled_async<BQ>(do_s, do_head, C, q_begin, T);
+    load_floats_at_async<BQ>(lse_s, lse_head, q_begin, T);
+    load_floats_at_async<BQ>(d_s, d_head, q_begin, T);
+    cp_async_commit();
+
+    const uint32_t k_group = k_s + 64 * HOPPER_ROW_BYTES * group, v_group = v_s + 64 * HOPPER_ROW_BYTES * group;
+    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        const int q0 = q_begin + tile * BQ;
+        if (tile + 1 < num_tiles) {
+            const int next = q0 + BQ;
+            load_rows_swizzled_async<BQ>(q_s + (buf ^ 1) * HOPPER_TILE_BYTES, q_head, ld, next, T);
+            load_rows_swizzled_async<BQ>(do_s + (buf ^ 1) * HOPPER_TILE_BYTES, do_head, C, next, T);
+            load_floats_at_async<BQ>(lse_s + (buf ^ 1) * BQ * sizeof(float), lse_head, next, T);
+            load_floats_at_async<BQ>(d_s + (buf ^ 1) * BQ * sizeof(float), d_head, next, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        wgmma::fence_proxy_async();
+        __syncthreads();
+
+        // warpgroup-uniform: some query of the tile sees some key of the warpgroup
+        if (group_active && (!CAUSAL || q0 + BQ - 1 >= group_first)) {
+            const uint32_t q_tile = q_s + buf * HOPPER_TILE_BYTES, do_tile = do_s + buf * HOPPER_TILE_BYTES;
+            const float* lse_tile = lse_f + buf * BQ;
+            const float* d_tile = d_f + buf * BQ;
+            const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
+            float pt[BQ / 8][4];  // rows: keys, columns: queries
+            wgmma_a_bt<BQ>(pt, k_group, q_tile);
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const int col = n * 8 + 2 * (lane % 4);
+                const float2 lse_pair = *reinterpret_cast<const float2*>(lse_tile + col);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float lse_q = e % 2 ? lse_pair.y : lse_pair.x;
+                    const float p = fast_exp2(fmaf(pt[n][e], scale_log2, -lse_q * LOG2E));
+                    const int query = q0 + col + e % 2;
+                    const int key = key_first + lane / 4 + 8 * (e / 2);
+                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
+                }
+            }
+            uint32_t p_frag[BQ / 16][4];
+            acc_to_a<BQ>(p_frag, pt);
+            wgmma_a_b<BQ>(dv, p_frag, do_tile);
+
+            float dpt[BQ / 8][4];
+            wgmma_a_bt<BQ>(dpt, v_group, do_tile);
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 d_pair = *reinterpret_cast<const float2*>(d_tile + n * 8 + 2 * (lane % 4));
+#pragma unroll
+                for (int e = 0; e < 4; e++) pt[n][e] *= dpt[n][e] - (e % 2 ? d_pair.y : d_pair.x);
+            }
+            uint32_t ds_frag[BQ / 16][4];
+            acc_to_a<BQ>(ds_frag, pt);
+            wgmma_a_b<BQ>(dk, ds_frag, q_tile);
+        }
+        __syncthreads();  // the next iteration refills buffer `buf`
+    }
+
+    if (key_first >= T) return;
+    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
+    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
+                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
+    if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
+        if (amax) warp_amax_into(amax, largest);
+}
+
+// dQ: grid (B*NH, query tiles of 128); the key tiles up to the block's diagonal (CAUSAL) or all.
+template <bool CAUSAL, typename GradT>
+__global__ void __launch_bounds__(HOPPER_THREADS, 1)
+    attention_backward_dq_wgmma_kernel(GradT* grad_q, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
+                                       const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows,
+                                       int NH, float scale_log2, float scale, float* amax) {
+    constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = HOPPER_BACKWARD_TILE;
+    const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
+    const uint32_t q_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
+    const uint32_t do_s = q_s + HOPPER_Q_BYTES;
+    const uint32_t k_s = do_s + HOPPER_Q_BYTES;         // [2] tiles
+    const uint32_t v_s = k_s + 2 * HOPPER_TILE_BYTES;   // [2] tiles
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
+    const int T = rows.T, C = NH * HS;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
+    const floatX* v_head = k_head + C;
+    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
+    const int group_first = q0 + 64 * group;
+    const int row_first = q0 + 16 * warp;
+    const bool group_active = group_first < T;
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
+
+    load_rows_swizzled_async<BM>(q_s, q_head, ld, q0, T);
+    load_rows_swizzled_async<BM>(do_s, do_head, C, q0, T);
+    load_rows_swizzled_async<BN>(k_s, k_head, ld, 0, T);
+    load_rows_swizzled_async<BN>(v_s, v_head, ld, 0, T);
+    cp_async_commit();
+
+    // lse in log2 units and D for this thread's rows lane/4 and lane/4 + 8 (zero past T: finite)
+    float lse2[2], row_d[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_first + lane / 4 + 8 * r;
+        lse2[r] = row < T ? lse[(size_t)bh * rows.q_rows + row] * LOG2E : 0.0f;
+        row_d[r] = row < T ? D[(size_t)bh * rows.q_rows + row] : 0.0f;
+    }
+    const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group, do_group = do_s + 64 * HOPPER_ROW_BYTES * group;
+    float dq[HS / 8][4] = {};
+
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int buf = tile % 2;
+        if (tile + 1 < num_tiles) {
+            load_rows_swizzled_async<BN>(k_s + (buf ^ 1) * HOPPER_TILE_BYTES, k_head, ld, (tile + 1) * BN, T);
+            load_rows_swizzled_async<BN>(v_s + (buf ^ 1) * HOPPER_TILE_BYTES, v_head, ld, (tile + 1) * BN, T);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        wgmma::fence_proxy_async();
+        __syncthreads();
+
+        const int key0 = tile * BN;
+        if (group_active && (!CAUSAL || key0 <= group_first + 63)) {
+            const uint32_t k_tile = k_s + buf * HOPPER_TILE_BYTES, v_tile = v_s + buf * HOPPER_TILE_BYTES;
+            float s[BN / 8][4];
+            wgmma_a_bt<BN>(s, q_group, k_tile);
+            const bool needs_mask = CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T;
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = fast_exp2(fmaf(s[n][e], scale_log2, -lse2[e / 2]));
+                    const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+                    const int row = row_first + lane / 4 + 8 * (e / 2);
+                    s[n][e] = needs_mask && key > (CAUSAL ? row : T - 1) ? 0.0f : p;
+                }
+            float dp[BN / 8][4];
+            wgmma_a_bt<BN>(dp, do_group, v_tile);
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] *= dp[n][e] - row_d[e / 2];
+            uint32_t ds_frag[BN / 16][4];
+            acc_to_a<BN>(ds_frag, s);
+            wgmma_a_b<BN>(dq, ds_frag, k_tile);
+        }
+        __syncthreads();  // the next iteration refills buffer `buf`
+    }
+
+    if (row_first >= T) return;
+    const float largest =
+        write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
+    if constexpr (std::is_same_v<GradT, floatX>)
+        if (amax) warp_amax_into(amax, largest);
+}
+
+template <bool CAUSAL, typename GradT>
+inline void attention_backward_wgmma_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
+                                            const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv,
+                                            const float* lse, const float* D, int B, const AttentionRows& rows, int NH,
+                                            cudaStream_t stream, float* amax) {
+    const float scale = 1.0f / sqrtf((float)HOPPER_HS), scale_log2 = scale * LOG2E;
+    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    auto dkv = attention_backward_dkv_wgmma_kernel<CAUSAL, GradT>;
+    set_smem_limit(dkv, HOPPER_BACKWARD_SMEM_BYTES, "attention_backward (wgmma)", HOPPER_HS);
+    LLMC_LAUNCH(dkv, grid, HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
+        grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
+    CUDA_CHECK_LAUNCH();
+    auto dq = attention_backward_dq_wgmma_kernel<CAUSAL, GradT>;
+    set_smem_limit(dq, HOPPER_BACKWARD_SMEM_BYTES, "attention_backward (wgmma)", HOPPER_HS);
+    LLMC_LAUNCH(dq, grid, HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
+        grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -141,7 +141,7 @@ TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every 
     }
 }
 
-TEST_CASE("with the wgmma attention forward (head size 64), a training step matches the CPU reference as mma.sync's does") {
+TEST_CASE("with the wgmma attention kernels (head size 64), a training step matches the CPU reference as mma.sync's does") {
     const ModelConfig c = test_config();  // 2 heads of 64
     const std::vector<float> weights = bf16_exact_init(c, 42);
     const ParamLayout layout = GPT2Params::layout(c);
@@ -157,7 +157,7 @@ TEST_CASE("with the wgmma attention forward (head size 64), a training step matc
         std::vector<float> grads[2];
         for (int wgmma = 0; wgmma <= 1; wgmma++) {
             set_attention_kernels(wgmma ? AttentionKernels::Wgmma : AttentionKernels::MmaSync);
-            CHECK(attention_detail::forward_on_wgmma(c.channels / c.num_heads) == (wgmma == 1));  // the emulator is an H100
+            CHECK(attention_detail::attention_on_wgmma(c.channels / c.num_heads) == (wgmma == 1));  // the emulator is an H100
             GPT2CUDA gpu(c, B, T, options(Recompute::None, 50));
             gpu.set_master_weights(weights.data());
             gpu.zero_grad();
