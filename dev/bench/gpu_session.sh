@@ -420,15 +420,16 @@ for stage in "${STAGES[@]}"; do
         step measured_topology.json 10 dev/bench/measured_topology.sh "$LOGS"
         ;;
     bench)
-        # the fastest micro-batch and recomputation (dev/bench/batch_sweep.h), each with its winner's profile
+        # Issue 37's table first (the budget cuts the last steps): llmc's fastest micro-batch and
+        # recomputation (dev/bench/batch_sweep.h, with the winner's profile), llm.c beside it, then
+        # the same sweep with the wgmma attention (attention_hopper.cuh, not yet the default), d48,
+        # PyTorch compiled. Comparisons with fetched code (llm.c) are not part of this repository: a
+        # session that carries peers/ and a git-ignored .device/peers.sh runs it here.
         best_step bench_d12_best.log 150 -e d12 -t 1024 --profile
-        # attention's forward on wgmma (attention_hopper.cuh), not yet the default: its own sweep
+        [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"
         best_step bench_d12_wgmma_best.log 150 -e d12 -t 1024 --attention wgmma --profile
         best_step bench_d48_best.log 240 -e d48 -t 1024 --profile
         step torch_d12.log 200 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
-        # Comparisons with fetched code (llm.c) are not part of this repository: a session that
-        # carries peers/ and a git-ignored .device/peers.sh runs it here, within the same budget.
-        [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"
         # FP8 (issue 28): the blocks' products in FP8, at the largest B that fits (the fp8 stage puts
         # bf16 beside it at the same B)
         step bench_d12_fp8.log 90 build/bench_train_step -e d12 -t 1024 --fp8 current --profile
