@@ -288,7 +288,7 @@ for stage in "${STAGES[@]}"; do
                     build/test_moe_cuda cuda-workbench) ;;
     sanitize) targets+=(build/test_gpt2_cuda) ;;
     train) targets+=(train_gpt train_gpt_cpu) ;;
-    kernels) targets+=(cuda-workbench) ;;
+    kernels) targets+=(cuda-workbench build/test_ptx) ;;
     bench) targets+=(build/bench_train_step) ;;
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
@@ -410,6 +410,11 @@ for stage in "${STAGES[@]}"; do
         keep_run_files train_d12
         ;;
     kernels)
+        # the wgmma attention is not yet the default: first whether the card agrees with the emulator
+        # (the instruction's layouts, then both attention kernels against the CPU), then every timing
+        step test_ptx_wgmma.log 30 build/test_ptx "*wgmma*"
+        step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
+        step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
         for b in dev/cuda/build/*; do step "time_$(basename "$b").log" 90 "$b"; done
         # the weight gradients' split of k on this card (llmc/kernels/split_k_table.h: commit the file
         # from the logs' archive to make the launchers use it)
