@@ -536,7 +536,8 @@ void check_splits(llmc::MatmulContext& ctx, const Shape& s, std::mt19937_64& rng
     printf(" split k: %s, BT %d, C %d, OC %d\n", s.name, BT, C, OC);
     if (bench::skip_when_emulated("BT C OC", (double)BT * C * OC)) return;
     const size_t n_weight = (size_t)OC * C;
-    const std::vector<float> inp = bench::random_bf16((size_t)BT * C, rng), dout = bench::random_bf16((size_t)BT * OC, rng);
+    const std::vector<float> inp = bench::random_bf16((size_t)BT * C, rng);
+    const std::vector<float> dout = bench::random_bf16((size_t)BT * OC, rng);
     const std::vector<float> dweight_init = bench::random_f32(n_weight, rng);
     std::vector<float> ref = dweight_init;
     llmc::cpu::matmul_backward(nullptr, ref.data(), nullptr, dout.data(), inp.data(), nullptr, BT, C, OC);

@@ -307,7 +307,8 @@ __device__ inline void wgmma_a_bt(float (&acc)[N / 8][4], uint32_t a_tile, uint3
     float (&flat)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
     wgmma::fence();
 #pragma unroll
-    for (int k = 0; k < HOPPER_HS / 16; k++) wgmma::mma_ss<N, false, false>(flat, k_major_desc(a_tile, k), k_major_desc(b_tile, k), k > 0);
+    for (int k = 0; k < HOPPER_HS / 16; k++)
+        wgmma::mma_ss<N, false, false>(flat, k_major_desc(a_tile, k), k_major_desc(b_tile, k), k > 0);
     wgmma::commit_group();
     wgmma::wait_group<0>();
     wgmma::fence_operands(flat);

@@ -348,9 +348,9 @@ private:
                                                   const matmul_detail::LtLayout& a, const matmul_detail::LtLayout& b,
                                                   const matmul_detail::LtLayout& cd) {
         using namespace matmul_detail;
-        const GemmKey key{g.m, g.n, g.k, g.lda, g.ldb, g.batch, g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type, (int)g.cd_type,
-                          (int)g.epilogue,
-                          pointer_alignment(g.bias), pointer_alignment(g.aux)};
+        const GemmKey key{g.m,           g.n,           g.k,         g.lda,        g.ldb,
+                          g.batch,       g.transpose_a, g.transpose_b, (int)g.a_type, (int)g.b_type,
+                          (int)g.cd_type, (int)g.epilogue, pointer_alignment(g.bias), pointer_alignment(g.aux)};
         if (auto it = algorithms_.find(key); it != algorithms_.end()) return it->second;
 
         // Split-K is avoided where cuBLASLt has another algorithm; where it has none, a split-K whose
