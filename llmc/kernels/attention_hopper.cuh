@@ -1,28 +1,30 @@
-// attention_hopper.cuh: causal self-attention's forward on Hopper's warpgroup products (wgmma,
-// sm_90a), head size 64. The same algorithm as attention.cuh's forward (online softmax over tiles of
-// keys, the log-sum-exp saved, ring pairs through AttentionRows and CAUSAL), with the products
-// issued by a warpgroup (128 threads, 64 query rows) instead of a warp:
+// attention_hopper.cuh: causal self-attention on Hopper's warpgroup products (wgmma, sm_90a), head
+// size 64, forward and backward. The same algorithm as attention.cuh's kernels (online softmax over
+// tiles of keys, the log-sum-exp saved; a backward of one kernel for dK, dV and one for dQ, without
+// atomics; ring pairs through AttentionRows and CAUSAL), with the products issued by a warpgroup
+// (128 threads, 64 rows) instead of a warp. The forward:
 //   S (64 x BN keys)   = Q K^T   wgmma m64nBNk16, Q and K from shared memory, 4 steps along HS
 //   O (64 x 64)       += P V     wgmma m64n64k16, P from registers (S's accumulators rounded to bf16:
 //                                 the accumulator layout is the A fragment layout), V from shared
 //                                 memory read MN-major, BN / 16 steps along the keys
-// A block is two warpgroups (128 query rows) that share each tile of keys and values; the next
-// tile is copied in (cp.async, 16 bytes a thread at a time) while this one is used. Each warp still
-// owns 16 rows of S and O exactly as attention.cuh's warps do, so the softmax and the epilogue are
-// the same code shape.
+// (the backward's products below). A block is two warpgroups (128 rows) that share each tile of the
+// other side; the next tile is copied in (cp.async, 16 bytes a thread at a time) while this one is
+// used. Each warp still owns 16 rows exactly as attention.cuh's warps do, so the softmax, the masks
+// and the epilogues are the same code shape.
 //
 // Shared tiles hold rows of 64 bf16 (128 bytes) in the 128-byte swizzle wgmma reads: the 16-byte
 // chunk c of row r lies at chunk c ^ (r % 8) of that row, each group of 8 rows (1024 bytes) one
 // swizzle atom, every tile starting on a 1024-byte boundary. Described to wgmma (wgmma.cuh):
-//   Q, K (K-major: HS contiguous): SBO 1024 (the next 8 rows); the k-th 16 columns start 32 k bytes in
-//   V (MN-major: HS contiguous, the keys are K): SBO 1024 (the next 8 keys); 64 HS columns are one
-//     128-byte row, so LBO (the next 64 columns) is never used; the k-th 16 keys start 2048 k bytes in
+//   read K-major (HS contiguous: Q, K, V, dO as the left factor or as B of a product with a
+//     transpose): SBO 1024 (the next 8 rows); the k-th 16 columns start 32 k bytes in
+//   read MN-major (HS the N dimension: V, dO, Q, K as B of a product without a transpose): SBO 1024
+//     (the next 8 rows, which are K); 64 HS columns are one 128-byte row, so LBO (the next 64
+//     columns) is never used; the k-th 16 rows start 2048 k bytes in
 //
 // What is not done yet (FlashAttention-3's other ideas): a producer warp with TMA and mbarriers,
-// the softmax of one tile overlapped with the products of the next, FP8. The backward is still
-// attention.cuh's. Selected by set_attention_kernels (below): until a GPU session has checked it on
-// the card (dev/cuda/attention_forward version 3, test_ptx's wgmma cases), the default stays
-// mma.sync.
+// the softmax of one tile overlapped with the products of the next, FP8. Selected by
+// set_attention_kernels (below): until a GPU session has checked it on the card (test_ptx's wgmma
+// cases, the attention workbenches' versions 3 and 4), the default stays mma.sync.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -100,8 +102,8 @@ struct HopperForward {
 };
 constexpr int FORWARD_KEYS = 128;
 
-// Whether attention runs on wgmma (forward and backward): head size 64 and the setting (an explicit Wgmma on a
-// device without it fails rather than running nothing).
+// Whether attention runs on wgmma (forward and backward): head size 64 and the setting (an explicit
+// Wgmma on a device without it fails rather than running nothing).
 inline bool attention_on_wgmma(int HS) {
     const AttentionKernels k = attention_kernels_setting();
     if (HS != HOPPER_HS || k == AttentionKernels::MmaSync) return false;
