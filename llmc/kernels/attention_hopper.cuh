@@ -327,17 +327,6 @@ __device__ inline void wgmma_a_b(float (&acc)[HOPPER_HS / 8][4], const uint32_t 
     wgmma::fence_operands(flat);
 }
 
-// Starts copying n floats src[row0..row0+n-1] into shared memory at address dst, zeros at or past T.
-template <int N>
-__device__ inline void load_floats_at_async(uint32_t dst, const float* src, int row0, int T) {
-    static_assert(N <= HOPPER_THREADS, "one float per thread");
-    const int i = threadIdx.x;
-    if (i < N) {
-        const bool valid = row0 + i < T;
-        cp_async4(dst + 4 * i, valid ? src + row0 + i : src, valid);
-    }
-}
-
 // dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
 template <bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(HOPPER_THREADS, 1)
@@ -350,10 +339,9 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     const uint32_t v_s = k_s + HOPPER_Q_BYTES;
     const uint32_t q_s = v_s + HOPPER_Q_BYTES;           // [2] tiles
     const uint32_t do_s = q_s + 2 * HOPPER_TILE_BYTES;   // [2] tiles
-    const uint32_t lse_s = do_s + 2 * HOPPER_TILE_BYTES; // [2][BQ] floats
-    const uint32_t d_s = lse_s + 2 * BQ * sizeof(float); // [2][BQ] floats
-    const float* lse_f = reinterpret_cast<const float*>(dynamic_shared_memory<uint8_t>() + (lse_s - raw));
-    const float* d_f = reinterpret_cast<const float*>(dynamic_shared_memory<uint8_t>() + (d_s - raw));
+    // [2][BQ] floats each, after the tiles
+    float* lse_s = reinterpret_cast<float*>(dynamic_shared_memory<uint8_t>() + (do_s + 2 * HOPPER_TILE_BYTES - raw));
+    float* d_s = lse_s + 2 * BQ;
 
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
@@ -376,8 +364,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     load_rows_swizzled_async<BN>(v_s, v_head, ld, kv0, T);
     load_rows_swizzled_async<BQ>(q_s, q_head, ld, q_begin, T);
     load_rows_swizzled_async<BQ>(do_s, do_head, C, q_begin, T);
-    load_floats_at_async<BQ>(lse_s, lse_head, q_begin, T);
-    load_floats_at_async<BQ>(d_s, d_head, q_begin, T);
+    load_floats_async<BQ, HOPPER_THREADS>(lse_s, lse_head, q_begin, T);
+    load_floats_async<BQ, HOPPER_THREADS>(d_s, d_head, q_begin, T);
     cp_async_commit();
 
     const uint32_t k_group = k_s + 64 * HOPPER_ROW_BYTES * group, v_group = v_s + 64 * HOPPER_ROW_BYTES * group;
@@ -390,8 +378,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
             const int next = q0 + BQ;
             load_rows_swizzled_async<BQ>(q_s + (buf ^ 1) * HOPPER_TILE_BYTES, q_head, ld, next, T);
             load_rows_swizzled_async<BQ>(do_s + (buf ^ 1) * HOPPER_TILE_BYTES, do_head, C, next, T);
-            load_floats_at_async<BQ>(lse_s + (buf ^ 1) * BQ * sizeof(float), lse_head, next, T);
-            load_floats_at_async<BQ>(d_s + (buf ^ 1) * BQ * sizeof(float), d_head, next, T);
+            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);
+            load_floats_async<BQ, HOPPER_THREADS>(d_s + (buf ^ 1) * BQ, d_head, next, T);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -401,8 +389,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
         // warpgroup-uniform: some query of the tile sees some key of the warpgroup
         if (group_active && (!CAUSAL || q0 + BQ - 1 >= group_first)) {
             const uint32_t q_tile = q_s + buf * HOPPER_TILE_BYTES, do_tile = do_s + buf * HOPPER_TILE_BYTES;
-            const float* lse_tile = lse_f + buf * BQ;
-            const float* d_tile = d_f + buf * BQ;
+            const float* lse_tile = lse_s + buf * BQ;
+            const float* d_tile = d_s + buf * BQ;
             const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
             float pt[BQ / 8][4];  // rows: keys, columns: queries
             wgmma_a_bt<BQ>(pt, k_group, q_tile);

@@ -210,7 +210,6 @@ public:
     static constexpr size_t WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLAS asks for on Hopper
     // The split-K slices' fp32 partial sums: 14 slices of GPT-2 124M's 768 x 768 attention projection.
     static constexpr size_t SPLIT_K_PARTIAL_BYTES = size_t(32) << 20;
-    static constexpr size_t DEVICE_BYTES = WORKSPACE_BYTES + SPLIT_K_PARTIAL_BYTES;
 
     MatmulContext()
         : workspace_(WORKSPACE_BYTES, "cuBLASLt workspace"),
@@ -241,10 +240,11 @@ public:
         return choose_split_k(m, n, k, device_name_.c_str(), sms_, partials_.bytes(), forced_split_k_);
     }
 
-    // Runs one product; any failure names the product's shape and epilogue.
-    void run(const matmul_detail::Gemm& g, cudaStream_t stream) {
+    // Runs one product; any failure names the product's shape and epilogue. With `optional`, a shape
+    // cuBLASLt has no algorithm for runs nothing and returns false.
+    bool run(const matmul_detail::Gemm& g, cudaStream_t stream, bool optional = false) {
         try {
-            run_unlabelled(g, stream);
+            return run_unlabelled(g, stream, optional);
         } catch (const Error& e) {
             fail(strformat("%s: %s", matmul_detail::describe(g).c_str(), e.what()));
         }
@@ -260,7 +260,10 @@ public:
             g.batch != 1)
             fail(strformat("%s: run_accumulating takes an fp32 D += product with no epilogue", describe(g).c_str()));
         const SplitK split = split_k(g.m, g.n, g.k);
-        if (split.slices == 1) return run(g, stream);
+        if (split.slices == 1) {
+            run(g, stream);
+            return;
+        }
 
         Gemm slice = g;
         slice.c = nullptr;
@@ -280,14 +283,13 @@ public:
             p.a = advance(g.a, g.a_type, first * slice.stride_a);
             p.b = advance(g.b, g.b_type, first * slice.stride_b);
             p.d = partials_.get() + first * slice.stride_d;
-            try {
-                return run_unlabelled(p, stream, optional);
-            } catch (const Error& e) {
-                fail(strformat("%s: %s", describe(p).c_str(), e.what()));
-            }
+            return run(p, stream, optional);
         };
         const int full = split.full_slices(g.k);
-        if (!run_slices(0, full, split.slice_k, true)) return run(g, stream);
+        if (!run_slices(0, full, split.slice_k, true)) {
+            run(g, stream);
+            return;
+        }
         if (full < split.slices) run_slices(full, 1, split.last_k(g.k), false);
 
         const size_t count = (size_t)g.m * g.n;

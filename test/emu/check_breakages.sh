@@ -150,9 +150,9 @@ breakage wgmma-dq-operand llmc/kernels/attention_hopper.cuh "bench attention_bac
     '            wgmma_a_b<BN>(dq, ds_frag, k_tile);' \
     '            wgmma_a_b<BN>(dq, ds_frag, v_tile);'
 breakage wgmma-dkv-float-buffer llmc/kernels/attention_hopper.cuh "bench attention_backward" \
-    "attention backward (wgmma): the next tile's lse copied a quarter of a buffer on, over the one in use" \
-    '            load_floats_at_async<BQ>(lse_s + (buf ^ 1) * BQ * sizeof(float), lse_head, next, T);' \
-    '            load_floats_at_async<BQ>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);'
+    "attention backward (wgmma): the next tile's lse copied over the one in use" \
+    '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);' \
+    '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + buf * BQ, lse_head, next, T);'
 breakage wgmma-dkv-diagonal llmc/kernels/attention_hopper.cuh "bench attention_backward" \
     "attention backward (wgmma): each key's own query masked out of dK, dV (the diagonal)" \
     '                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
@@ -183,7 +183,7 @@ breakage dgelu-epilogue llmc/kernels/matmul.cuh "gpt2" \
     '        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;'
 breakage split-k-last-slice llmc/kernels/matmul.cuh "bench matmul" \
     "run_accumulating: the shorter last slice of a split weight gradient never computed" \
-    '        if (full < split.slices) run_slices(full, 1, split.last_k(g.k));' \
+    '        if (full < split.slices) run_slices(full, 1, split.last_k(g.k), false);' \
     '        (void)full;'
 breakage split-k-stride llmc/kernels/matmul.cuh "bench matmul" \
     "run_accumulating: the slices of an untransposed A advanced one row, not slice_k columns" \
@@ -267,8 +267,8 @@ breakage update-after-snapshot llmc/dist/device_memory.cuh "ckpt" \
 # 6. A launch the card refuses, though its results would be right.
 breakage gelu-launch-bounds llmc/kernels/gelu.cuh "bench gelu" \
     "gelu_forward: 512 threads per block for a kernel declared __launch_bounds__(256) (the grid still covers n)" \
-    'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, GELU_BLOCK_SIZE, 0, stream)' \
-    'LLMC_LAUNCH(gelu_forward_kernel, (unsigned)blocks, 2 * GELU_BLOCK_SIZE, 0, stream)'
+    'LLMC_LAUNCH(gelu_forward_kernel, blocks, GELU_BLOCK_SIZE, 0, stream)' \
+    'LLMC_LAUNCH(gelu_forward_kernel, blocks, 2 * GELU_BLOCK_SIZE, 0, stream)'
 
 # 7. Context parallelism's ring pairs (the workbenches' ring checks).
 breakage ring-merge-no-rescale llmc/kernels/attention.cuh "bench attention_forward" \
