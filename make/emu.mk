@@ -7,7 +7,8 @@ EMU_DIR      := $(BUILD)/emu
 # -O2, not -O3: the same speed here (fiber switches and the CPU GEMM dominate) for less compile time.
 # -march=native: the CPU GEMM behind cuBLASLt needs FMA instructions to be fast. -fno-strict-aliasing:
 # CUDA code type-puns (a float vector stored through int4, as nvcc allows), which g++ would miscompile.
-EMU_CXXFLAGS := -std=c++20 -O2 -g -march=native -fno-strict-aliasing -fopenmp -Wall -Wextra -Wno-unknown-pragmas -Werror=return-type -DLLMC_EMU \
+# -Wno-psabi: a kernel taking a CUtensorMap (128-byte aligned) by value draws g++'s note on that ABI.
+EMU_CXXFLAGS := -std=c++20 -O2 -g -march=native -fno-strict-aliasing -fopenmp -Wall -Wextra -Wno-unknown-pragmas -Wno-psabi -Werror=return-type -DLLMC_EMU \
                 -Idev/emu/include -I. -I$(CUDA_HOME)/include $(EXTRA_INC)
 EMU_SRCS     := $(addprefix dev/emu/,runtime.cpp fibers.cpp ptx.cpp cublaslt.cpp nccl.cpp)
 EMU_OBJS     := $(EMU_SRCS:dev/emu/%.cpp=$(EMU_DIR)/lib/%.o)

@@ -14,6 +14,7 @@
 // __syncwarp shows as a different result under another schedule (runtime.cpp's race check).
 #include "dev/emu/fibers.h"
 
+#include <link.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -47,14 +48,16 @@ constexpr size_t EXCHANGE_BYTES = 64;
 
 // Dynamic shared memory, 227 KB, and the 32-bit window that shared addresses are offsets in. It is
 // thread_local like the kernels' static __shared__ variables, so both lie in this OS thread's TLS
-// block, well inside a 4 GB window centred on the arena.
-thread_local unsigned char shared_arena[232448] __attribute__((aligned(128)));
+// block, well inside a 4 GB window centred on the arena. Aligned to 1024 bytes so that a static
+// __shared__ variable's shared address (an offset from the arena) has the alignment of its pointer,
+// as the swizzled layouts of TMA and wgmma need (their patterns repeat every 1024 bytes).
+thread_local unsigned char shared_arena[232448] __attribute__((aligned(1024)));
 
 struct Fiber;
 
 // A CUDA thread: its state, its stack and where it waits.
 struct Fiber {
-    enum class Wait { Runnable, Block, Warp, Done };
+    enum class Wait { Runnable, Block, Warp, Mbarrier, Done };
     ThreadState state;
     bctx::fcontext_t context = nullptr;  // where to resume it
     bctx::fcontext_t caller = nullptr;   // the scheduler, while it runs
@@ -68,6 +71,9 @@ struct Fiber {
     int deposit_parity = 0;              // and the half it wrote at its current collective
     uint32_t peer_parities = 0;          // bit l: the half lane l wrote, when the collective released
     PendingCopies copies;
+    Mbarrier* mbarrier = nullptr;        // at an mbarrier wait: the barrier, its address and the parity
+    const void* mbarrier_address = nullptr;
+    uint32_t mbarrier_parity = 0;
     void* stack = nullptr;
 #ifdef EMU_ASAN
     void* fake_stack = nullptr;
@@ -85,6 +91,8 @@ struct Worker {
     // Each warp's and warpgroup's wgmma state (ptx.cpp), reset at each block's start.
     WgmmaWarp wgmma[MAX_THREADS / 32];
     WgmmaWarpgroup warpgroups[MAX_THREADS / 128];
+    // The block's mbarrier objects by address (ptx.cpp), reset at each block's start.
+    std::map<const void*, Mbarrier> mbarriers;
     const BlockTask* task = nullptr;
     Schedule schedule = Schedule::Forward;
     int block_result = 0;  // the sum of predicates at the last block barrier
@@ -170,6 +178,15 @@ std::string describe_waits(const Worker& w) {
         s += "\n  thread " + std::to_string(i) + " (warp " + std::to_string(f.state.warp) + ", lane " +
              std::to_string(f.state.lane) + "): " +
              (f.wait == Fiber::Wait::Block ? std::string("__syncthreads") : std::string(f.what));
+        if (f.wait == Fiber::Wait::Mbarrier) {
+            const Mbarrier& b = *f.mbarrier;
+            char state[200];
+            snprintf(state, sizeof state,
+                     " (parity %u) on the mbarrier at %p: phase %llu, %u of %u arrivals pending, tx-count %lld",
+                     f.mbarrier_parity, f.mbarrier_address, (unsigned long long)b.phase, b.pending, b.expected,
+                     (long long)b.tx);
+            s += state;
+        }
         shown++;
     }
     return s;
@@ -242,19 +259,27 @@ bool release_warp(Worker& w, int warp) {
 }
 
 // Runs warp `warp` as far as it goes without the rest of the block: its lanes in `lanes` order
-// (each to its next barrier or warp collective), its collectives released as soon as complete,
-// until every lane is done, at __syncthreads, or at a collective still missing a lane.
-void run_warp(Worker& w, int warp, const std::vector<int>& lanes) {
+// (each to its next barrier, warp collective or mbarrier wait), its collectives released as soon as
+// complete, a lane at an mbarrier wait as soon as the phase has completed, until every lane is done,
+// at __syncthreads, at a collective still missing a lane or at a wait for a phase still incomplete.
+// Returns whether any lane ran.
+bool run_warp(Worker& w, int warp, const std::vector<int>& lanes) {
+    bool any = false;
     for (;;) {
         bool ran = false;
         for (int lane : lanes) {
             const int t = warp * 32 + lane;
-            if (t < w.threads && w.fibers[t].wait == Fiber::Wait::Runnable) {
-                resume(w, w.fibers[t]);
+            if (t >= w.threads) continue;
+            Fiber& f = w.fibers[t];
+            if (f.wait == Fiber::Wait::Mbarrier && mbarrier_ready(*f.mbarrier, f.mbarrier_parity))
+                f.wait = Fiber::Wait::Runnable;
+            if (f.wait == Fiber::Wait::Runnable) {
+                resume(w, f);
                 ran = true;
             }
         }
-        if (!ran || !release_warp(w, warp)) return;
+        any = any || ran;
+        if (!ran || !release_warp(w, warp)) return any;
     }
 }
 
@@ -292,23 +317,28 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
         f.wait = Fiber::Wait::Runnable;
         f.parity = 0;
         f.copies.clear();
+        f.mbarrier = nullptr;
         f.context = bctx::make_fcontext(stack_top(f), STACK_BYTES, fiber_main);
     }
     const int warps = (threads + 31) / 32;
     for (int warp = 0; warp < warps; warp++) {
         WgmmaWarp& g = w.wgmma[warp];
         g.warp = warp, g.fenced = false, g.issued = 0;
-        g.pending.clear(), g.group_ends.clear();
+        g.pending.clear(), g.group_ends.clear(), g.setmaxnreg.clear();
     }
+    w.mbarriers.clear();
     for (int group = 0; group < (warps + 3) / 4; group++)
         w.warpgroups[group].issues.clear(), w.warpgroups[group].first = 0;
     // Warps run one after another, each to the block's next __syncthreads: between two barriers a
     // warp's work is never interleaved with another's, so any order of warps is one a GPU may take,
-    // and a schedule that reverses them exposes a missing barrier.
+    // and a schedule that reverses them exposes a missing barrier. A warp stopped at an mbarrier wait
+    // goes on in a later round, once another warp (or a copy) has completed the phase.
     const std::vector<int> warp_order = schedule_order(warps, schedule, seed);
     const std::vector<int> lane_order = schedule_order(32, schedule, seed * 31 + 7);
     for (;;) {
-        for (int warp : warp_order) run_warp(w, warp, lane_order);
+        bool ran = false;
+        for (int warp : warp_order) ran = run_warp(w, warp, lane_order) || ran;
+        if (ran) continue;
         if (release_block(w)) continue;
         bool all_done = true;
         for (int i = 0; i < threads; i++) all_done = all_done && w.fibers[i].wait == Fiber::Wait::Done;
@@ -325,7 +355,21 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
                            std::to_string(g[2].issued) + " and " + std::to_string(g[3].issued) +
                            " (.aligned: all four must execute the same wgmma instructions)");
     }
+    // setmaxnreg is .sync.aligned too: the same instructions in all four warps of a warpgroup.
+    for (int group = 0; 4 * group + 3 < warps; group++) {
+        const WgmmaWarp* g = &w.wgmma[4 * group];
+        if (g[0].setmaxnreg == g[1].setmaxnreg && g[0].setmaxnreg == g[2].setmaxnreg &&
+            g[0].setmaxnreg == g[3].setmaxnreg)
+            continue;
+        block_fault(w, "setmaxnreg: the warps of warpgroup " + std::to_string(group) + " executed " +
+                           std::to_string(g[0].setmaxnreg.size()) + ", " + std::to_string(g[1].setmaxnreg.size()) +
+                           ", " + std::to_string(g[2].setmaxnreg.size()) + " and " +
+                           std::to_string(g[3].setmaxnreg.size()) +
+                           " setmaxnreg instructions, or different ones (.sync.aligned: all four must execute the "
+                           "same)");
+    }
     for (int warp = 0; warp < warps; warp++) w.wgmma[warp].pending.clear();  // never waited for: dropped
+    w.mbarriers.clear();  // copies never waited for: dropped
     w.task = nullptr;
 }
 
@@ -389,6 +433,73 @@ void warp_combine(unsigned mask, const void* mine, size_t bytes, void* out, size
     if (out_bytes > EXCHANGE_BYTES) fatal(what, "warp collective wider than 64 bytes");
     const Fiber& f = arrive(mask, mine, bytes, what, combine);
     memcpy(out, worker->results[f.state.warp][f.state.lane], out_bytes);
+}
+
+void wait_mbarrier(Mbarrier& bar, uint32_t parity, const void* address) {
+    Fiber& f = running_fiber("mbarrier.try_wait");
+    f.wait = Fiber::Wait::Mbarrier;
+    f.what = "mbarrier.try_wait.parity";
+    f.mbarrier = &bar;
+    f.mbarrier_address = address;
+    f.mbarrier_parity = parity;
+    switch_to_scheduler(f, false);
+    f.mbarrier = nullptr;
+    current_thread = &f.state;
+}
+
+void release_mbarrier_waiters(const Mbarrier& bar, uint32_t parity) {
+    Worker& w = this_worker();
+    for (int i = 0; i < w.threads; i++) {
+        Fiber& f = w.fibers[i];
+        if (f.wait == Fiber::Wait::Mbarrier && f.mbarrier == &bar && f.mbarrier_parity == parity)
+            f.wait = Fiber::Wait::Runnable;
+    }
+}
+
+Mbarrier* find_mbarrier(const void* address) {
+    auto& table = this_worker().mbarriers;
+    auto it = table.find(address);
+    return it == table.end() ? nullptr : &it->second;
+}
+Mbarrier& new_mbarrier(const void* address) {
+    Mbarrier& b = this_worker().mbarriers[address];  // a waiting thread keeps its pointer: reused in place
+    b = Mbarrier();
+    b.address = address;
+    return b;
+}
+
+namespace {
+
+// The program's static TLS block (its thread_local variables, the kernels' static __shared__ ones
+// among them), for x86-64's TLS layout (variant II): it ends at the thread pointer and spans the
+// program's PT_TLS segment, rounded up to its alignment. 0: not known here.
+size_t program_tls_bytes() {
+    size_t bytes = 0;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+            for (int i = 0; i < info->dlpi_phnum; i++)
+                if (info->dlpi_phdr[i].p_type == PT_TLS) {
+                    const size_t align = std::max<size_t>(info->dlpi_phdr[i].p_align, 1);
+                    *static_cast<size_t*>(out) = (info->dlpi_phdr[i].p_memsz + align - 1) / align * align + align;
+                }
+            return 1;  // the first object is the program itself
+        },
+        &bytes);
+    return bytes;
+}
+
+}  // namespace
+
+bool in_shared_memory(const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p), arena = reinterpret_cast<uintptr_t>(shared_arena);
+    if (a >= arena && a < arena + sizeof shared_arena) return a + bytes <= arena + block_dynamic_shared_bytes();
+#if defined(__x86_64__)
+    static const size_t tls_bytes = program_tls_bytes();
+    uintptr_t tp;
+    asm("mov %%fs:0, %0" : "=r"(tp));
+    if (tls_bytes) return a >= tp - tls_bytes && a + bytes <= tp;
+#endif
+    return ((a - shared_window_base()) >> 32) == 0;  // elsewhere: only the shared window is known
 }
 
 unsigned char* dynamic_shared_base() { return shared_arena; }

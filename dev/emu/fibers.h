@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <vector>
 
 #include "dev/emu/stream.h"
@@ -68,6 +69,7 @@ struct WgmmaWarp {
     uint64_t issued = 0;
     std::vector<WgmmaOp> pending;
     std::vector<size_t> group_ends;
+    std::vector<int> setmaxnreg;  // the warp's setmaxnreg instructions in order (+REGS: .inc, -REGS: .dec)
 };
 // What the warps of one warpgroup issued, from their `first`-th mma_async on (the earlier ones have
 // been issued by all four): .aligned requires the four to execute the same instructions, with the
@@ -87,5 +89,53 @@ WgmmaWarpgroup& wgmma_warpgroup(int group);
 // The running block's threads and dynamic shared memory bytes (the launch's).
 int block_threads();
 size_t block_dynamic_shared_bytes();
+
+// ---- mbarrier and TMA (ptx.cpp) ----
+// The emulator's contents of a CUtensorMap's 128 opaque bytes, as its cuTensorMapEncodeTiled
+// (runtime.cpp) writes them: a 2D tiled map, no interleave, element strides 1.
+struct TensorMap {
+    static constexpr uint64_t MAGIC = 0x4c4c4d43544d4150ull;  // "LLMCTMAP": encoded by the emulator
+    uint64_t magic;
+    const unsigned char* base;
+    uint64_t dims[2];        // elements: [0] the inner dimension (columns), [1] the outer (rows)
+    uint64_t row_stride;     // bytes between rows
+    uint32_t box[2];         // the box's elements along each dimension, inner first
+    uint32_t element_bytes;
+    uint32_t swizzle_bytes;  // 0 (none), 32, 64 or 128
+};
+static_assert(sizeof(TensorMap) <= 128, "a TensorMap must fit in a CUtensorMap");
+// A cp.async.bulk.tensor not landed yet (forward schedule): its destination's shared address, the
+// map as it was at issue, and the box's coordinates.
+struct PendingTensorCopy {
+    uint32_t dst;
+    TensorMap map;
+    int x, y;
+};
+// An mbarrier object (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier"):
+// the expected arrival count, the arrivals still pending in the current phase, the tx-count, and how
+// many phases have completed (the current phase's parity is phase & 1). The object's 8 bytes of
+// shared memory are not used: the emulator keeps its state here, by the object's address.
+struct Mbarrier {
+    const void* address = nullptr;
+    uint32_t expected = 0, pending = 0;
+    int64_t tx = 0;
+    uint64_t phase = 0;
+    std::vector<PendingTensorCopy> copies;  // the forward schedule's copies, landed at a wait (ptx.cpp)
+};
+// The running block's mbarrier at `address` (null: none was initialised there), and a fresh one there.
+Mbarrier* find_mbarrier(const void* address);
+Mbarrier& new_mbarrier(const void* address);
+// Whether the phase of `bar` with parity `parity` has completed; may land the barrier's pending
+// copies first (ptx.cpp).
+bool mbarrier_ready(Mbarrier& bar, uint32_t parity);
+// Suspends the calling thread until mbarrier_ready(bar, parity); a block where nothing else can go
+// on meanwhile is reported as a deadlock.
+void wait_mbarrier(Mbarrier& bar, uint32_t parity, const void* address);
+// When a phase of `bar` completes: every thread waiting for that phase's parity is released then,
+// as a GPU wakes a suspended try_wait, even if a later phase of the same parity begins before it runs.
+void release_mbarrier_waiters(const Mbarrier& bar, uint32_t parity);
+// Whether [p, p + bytes) lies in the block's shared memory: its dynamic shared memory (the launch's
+// bytes) or the program's static __shared__ variables (this OS thread's static TLS block).
+bool in_shared_memory(const void* p, size_t bytes);
 
 }  // namespace emu

@@ -442,3 +442,199 @@ void wgmma_check_descriptor(uint32_t shared_address, uint32_t lbo_bytes, uint32_
 }
 
 }  // namespace emu::ptx
+
+// ---- mbarrier and TMA ----
+
+namespace emu::ptx {
+
+namespace {
+
+// The ISA's ranges: the expected count 1 .. 2^20 - 1, the tx-count -(2^20 - 1) .. 2^20 - 1.
+constexpr int64_t MBARRIER_MAX = (1 << 20) - 1;
+
+[[noreturn]] void barrier_fault(const char* what, const void* bar, const char* format, long long a = 0,
+                                long long b = 0) {
+    char detail[300], message[400];
+    snprintf(detail, sizeof detail, format, a, b);
+    snprintf(message, sizeof message, "the mbarrier at %p: %s", bar, detail);
+    device_fault(what, message);
+}
+
+void check_barrier_address(const void* bar, const char* what) {
+    if (!in_shared_memory(bar, 8))
+        barrier_fault(what, bar, "not in shared memory (an mbarrier object lives in .shared::cta)");
+    if (reinterpret_cast<uintptr_t>(bar) % 8 != 0) barrier_fault(what, bar, "not 8-byte aligned");
+}
+
+Mbarrier& barrier_at(const void* bar, const char* what) {
+    check_barrier_address(bar, what);
+    Mbarrier* b = find_mbarrier(bar);
+    if (!b) barrier_fault(what, bar, "used before mbarrier.init (in this block)");
+    return *b;
+}
+
+// After an arrival or a transaction: the phase completes when nothing is pending.
+void settle(Mbarrier& b, const void* bar, const char* what) {
+    if (b.tx < -MBARRIER_MAX || b.tx > MBARRIER_MAX)
+        barrier_fault(what, bar, "tx-count %lld beyond the ISA's range of +-(2^20 - 1)", (long long)b.tx);
+    if (b.pending == 0 && b.tx < 0)
+        barrier_fault(what, bar,
+                      "tx-count underflow: %lld more bytes completed than expect_tx announced, with no arrival "
+                      "pending (the phase can never complete)",
+                      -(long long)b.tx);
+    if (b.pending == 0 && b.tx == 0) {
+        release_mbarrier_waiters(b, (uint32_t)(b.phase & 1));
+        b.phase++, b.pending = b.expected;
+    }
+}
+
+void arrive(void* bar, uint32_t expect_bytes, const char* what) {
+    Mbarrier& b = barrier_at(bar, what);
+    if (b.pending == 0)
+        barrier_fault(what, bar,
+                      "arrive count underflow: no arrival is pending (all %lld have arrived; the phase waits only "
+                      "for its transactions)",
+                      (long long)b.expected);
+    b.tx += expect_bytes;
+    b.pending--;
+    settle(b, bar, what);
+}
+
+uint32_t swizzled(uint32_t address, uint32_t swizzle_bytes) {
+    return swizzle_bytes ? address ^ ((address >> 7) & (swizzle_bytes / 16 - 1)) << 4 : address;
+}
+
+// The copy's box, read from global memory now, into shared memory.
+void land(const PendingTensorCopy& c) {
+    const TensorMap& m = c.map;
+    const uint32_t eb = m.element_bytes, row_bytes = m.box[0] * eb;
+    for (uint32_t r = 0; r < m.box[1]; r++)
+        for (uint32_t col = 0; col < m.box[0]; col++) {
+            const int64_t gx = (int64_t)c.x + col, gy = (int64_t)c.y + r;
+            unsigned char* to = static_cast<unsigned char*>(shared_pointer(swizzled(c.dst + r * row_bytes + col * eb,
+                                                                                    m.swizzle_bytes)));
+            if (gx < 0 || gy < 0 || (uint64_t)gx >= m.dims[0] || (uint64_t)gy >= m.dims[1])
+                memset(to, 0, eb);
+            else
+                memcpy(to, m.base + (uint64_t)gy * m.row_stride + (uint64_t)gx * eb, eb);
+        }
+}
+
+int64_t box_bytes(const TensorMap& m) { return (int64_t)m.box[0] * m.box[1] * m.element_bytes; }
+
+void complete_tx(Mbarrier& b, const void* bar, int64_t bytes) {
+    b.tx -= bytes;
+    settle(b, bar, "cp.async.bulk.tensor (complete_tx)");
+}
+
+}  // namespace
+
+void mbarrier_init(void* bar, uint32_t count) {
+    const char* what = "mbarrier.init";
+    check_barrier_address(bar, what);
+    if (count < 1 || count > MBARRIER_MAX)
+        barrier_fault(what, bar, "expected arrival count %lld outside 1 .. 2^20 - 1", (long long)count);
+    if (const Mbarrier* old = find_mbarrier(bar); old && !old->copies.empty())
+        barrier_fault(what, bar, "initialised again while %lld bulk copies on it are in flight",
+                      (long long)old->copies.size());
+    Mbarrier& b = new_mbarrier(bar);
+    b.expected = b.pending = count;
+}
+
+void mbarrier_arrive(void* bar) { arrive(bar, 0, "mbarrier.arrive"); }
+
+void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes) {
+    if (bytes > MBARRIER_MAX)
+        barrier_fault("mbarrier.arrive.expect_tx", bar, "txCount %lld beyond 2^20 - 1", (long long)bytes);
+    arrive(bar, bytes, "mbarrier.arrive.expect_tx");
+}
+
+bool mbarrier_try_wait_parity(void* bar, uint32_t parity) {
+    const char* what = "mbarrier.try_wait.parity";
+    Mbarrier& b = barrier_at(bar, what);
+    if (parity > 1) barrier_fault(what, bar, "phaseParity %lld: the operand is a parity, 0 or 1", (long long)parity);
+    if (!mbarrier_ready(b, parity)) wait_mbarrier(b, parity, bar);
+    return true;
+}
+
+void tma_copy_2d(void* dst, const void* tensor_map, int x, int y, void* bar) {
+    const char* what = "cp.async.bulk.tensor.2d";
+    TensorMap m;
+    memcpy(&m, tensor_map, sizeof m);
+    if (m.magic != TensorMap::MAGIC)
+        device_fault(what, "the tensor map was not made by cuTensorMapEncodeTiled (the emulator's, through "
+                           "cudaGetDriverEntryPoint): its opaque bytes hold no tensor map");
+    char message[300];
+    const int64_t bytes = box_bytes(m);
+    const uint32_t alignment = m.swizzle_bytes ? 8 * m.swizzle_bytes : 128;
+    if (!in_shared_memory(dst, (size_t)((bytes + 127) / 128 * 128))) {
+        snprintf(message, sizeof message, "the destination %p (%lld bytes) is not in the block's shared memory", dst,
+                 (long long)bytes);
+        device_fault(what, message);
+    }
+    const uint32_t dst_address = (uint32_t)__cvta_generic_to_shared(dst);
+    if (dst_address % alignment != 0) {
+        snprintf(message, sizeof message,
+                 "the destination (shared address 0x%x) is not %u-byte aligned (the ISA: 128 bytes; with a %u-byte "
+                 "swizzle the emulator requires its pattern's %u-byte boundary)",
+                 dst_address, alignment, m.swizzle_bytes, alignment);
+        device_fault(what, message);
+    }
+    Mbarrier& b = barrier_at(bar, what);
+    const PendingTensorCopy copy{dst_address, m, x, y};
+    if (copies_land_at_issue()) {
+        land(copy);
+        complete_tx(b, bar, bytes);
+    } else {
+        b.copies.push_back(copy);
+    }
+}
+
+namespace {
+
+struct SetmaxnregDeposit {
+    WgmmaWarp* warp;
+    int regs;  // +REGS: .inc, -REGS: .dec
+};
+
+void setmaxnreg_combine(const unsigned char (*deposits)[64], unsigned char (*)[64]) {
+    SetmaxnregDeposit first, other;
+    memcpy(&first, deposits[0], sizeof first);
+    for (int l = 1; l < 32; l++) {
+        memcpy(&other, deposits[l], sizeof other);
+        if (other.warp != first.warp || other.regs != first.regs)
+            device_fault("setmaxnreg", "the lanes of a warp executed different setmaxnreg instructions (.aligned)");
+    }
+    first.warp->setmaxnreg.push_back(first.regs);
+}
+
+}  // namespace
+
+void setmaxnreg(int regs, bool increase) {
+    const char* what = increase ? "setmaxnreg.inc" : "setmaxnreg.dec";
+    if (regs < 24 || regs > 256 || regs % 8 != 0)
+        device_fault(what, "the register count must be a multiple of 8 in [24, 256]");
+    const SetmaxnregDeposit mine{&this_warp(what), increase ? regs : -regs};
+    char none;
+    warp_combine(FULL_MASK, &mine, sizeof mine, &none, 0, what, setmaxnreg_combine);
+}
+
+}  // namespace emu::ptx
+
+namespace emu {
+
+bool mbarrier_ready(Mbarrier& b, uint32_t parity) {
+    if ((b.phase & 1) != parity) return true;
+    // The forward schedule's copies land now if only they keep the phase from completing.
+    if (b.pending == 0 && !b.copies.empty()) {
+        std::vector<PendingTensorCopy> copies;
+        copies.swap(b.copies);
+        for (const PendingTensorCopy& c : copies) {
+            ptx::land(c);
+            ptx::complete_tx(b, b.address, ptx::box_bytes(c.map));
+        }
+    }
+    return (b.phase & 1) != parity;
+}
+
+}  // namespace emu

@@ -1,8 +1,11 @@
 // dev/emu/ptx.h: emulated bodies for the inline PTX that llmc's kernels use, from the PTX ISA
 // (version 8.x): cp.async with zero fill, ldmatrix .x4 and .x4.trans, mma.sync m16n8k16 bf16 with
 // fp32 accumulation, ex2.approx.ftz, and Hopper's wgmma (mma_async m64nNk16 f32 += bf16 x bf16 with
-// shared-memory descriptors, fence, commit_group, wait_group). Each wrapper in
-// llmc/kernels/attention.cuh and llmc/kernels/wgmma.cuh calls these under #ifdef LLMC_EMU.
+// shared-memory descriptors, fence, commit_group, wait_group), mbarrier (init, arrive,
+// arrive.expect_tx, try_wait.parity, with phases and tx-count), TMA's cp.async.bulk.tensor.2d (tiled,
+// every swizzle mode, out-of-bound zero fill) and setmaxnreg. Each wrapper in
+// llmc/kernels/attention.cuh, llmc/kernels/wgmma.cuh and llmc/kernels/tma.cuh calls these under
+// #ifdef LLMC_EMU.
 // dev/emu/test_ptx.cu checks every lane's registers against the ISA's fragment tables and layouts,
 // transcribed there independently of this file.
 #pragma once
@@ -86,6 +89,58 @@ void wgmma_mma_async_rs(float* d, int n, const uint32_t* a, uint64_t desc_b, boo
 void wgmma_check_descriptor(uint32_t shared_address, uint32_t lbo_bytes, uint32_t sbo_bytes);
 // fence.proxy.async.shared::cta: one proxy here.
 inline void fence_proxy_async() {}
+
+// ---- mbarrier and TMA, sm_90 (PTX ISA 8.x: "Parallel Synchronization and Communication Instructions:
+// mbarrier" (mbarrier.init, mbarrier.arrive, mbarrier.expect_tx, mbarrier.try_wait, "Phase Completion
+// of the mbarrier object", "Tracking asynchronous operations by the mbarrier object"), "Data Movement
+// and Conversion Instructions: cp.async.bulk.tensor", "Tensors" (the tiled mode, bounding box,
+// out-of-bound access, "Tensor swizzling modes"), fence.mbarrier_init, setmaxnreg) ----
+// An mbarrier holds an expected arrival count, the arrivals pending in the current phase, a tx-count
+// and the current phase's parity. init sets both counts to `count` (1 .. 2^20 - 1), tx-count 0,
+// phase 0. arrive counts one arrival; arrive.expect_tx first adds `bytes` to the tx-count (the
+// expect-tx operation), then arrives; a bulk copy's complete_tx subtracts its bytes when it lands.
+// The phase completes when no arrival is pending and the tx-count is 0: the phase flips and the
+// pending count is reset to the expected count. try_wait.parity(p) is true once the phase with
+// parity p has completed, which is the case exactly when the current phase's parity is not p (so
+// on a fresh barrier parity 1 counts as complete, the "preceding phase"). Here try_wait suspends the
+// thread until then (the ISA lets it suspend for a system-dependent time; a loop around it behaves
+// the same) and the block reports a deadlock when nothing can complete the phase any more.
+// Faults: a barrier not in shared memory or not 8-byte aligned, used before init (or in another
+// block's run), an arrival while no arrival is pending (the phase only waits for transactions: the
+// arrive count would underflow), a tx-count that goes below 0 with no arrival pending (more bytes
+// completed than expected: the phase could never complete) or beyond the ISA's range +-(2^20 - 1),
+// a parity operand other than 0 or 1.
+// fence.mbarrier_init and fence.proxy.async: one proxy here, no-ops.
+void mbarrier_init(void* bar, uint32_t count);
+void mbarrier_arrive(void* bar);
+void mbarrier_arrive_expect_tx(void* bar, uint32_t bytes);
+bool mbarrier_try_wait_parity(void* bar, uint32_t parity);
+inline void fence_mbarrier_init() {}
+
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes (the tiled mode): the
+// box of the map (box rows x box columns from element (x = column, y = row)) into shared memory at
+// `dst`, row after row of box-columns elements; elements outside the tensor (either coordinate below
+// 0 or at/after its size) are written as zeros and count as copied. With a W-byte swizzle (W = 32, 64,
+// 128) each element's shared address has its bits 4.. (the 16-byte chunk within a W-byte span) XORed
+// with the bits from 7 on (the 128-byte line, modulo W / 16): the ISA's swizzle patterns, which
+// repeat every 8 W bytes, the same function of the shared address that wgmma's W-byte swizzle
+// descriptors read (operand_address in ptx.cpp). Then complete_tx of the whole box's bytes on `bar`.
+// The ISA requires `dst` 128-byte aligned; the emulator requires a swizzled box to start on its
+// pattern's 8 W-byte boundary (256, 512, 1024), so that the copy's pattern and a base-offset-0
+// descriptor's agree. The box must lie in shared memory, the map be one the emulator's
+// cuTensorMapEncodeTiled made (runtime.cpp), else a fault.
+// Asynchrony, as cp.async's: under every schedule but the forward one the copy lands at issue (the
+// earliest); under the forward one it is kept on the barrier and lands when a thread waits for the
+// barrier's current phase while no arrival is pending any more, so that only the copies' bytes
+// keep the phase from completing (the latest a GPU may land it). So a stage read before its wait,
+// or refilled while a consumer still reads it, reads differently under the race check's schedules.
+void tma_copy_2d(void* dst, const void* tensor_map, int x, int y, void* bar);
+// prefetch.tensormap: nothing to prefetch.
+inline void tma_prefetch(const void*) {}
+// setmaxnreg.{inc,dec}.sync.aligned.u32 REGS: no registers here. Checked: REGS a multiple of 8 in
+// [24, 256], the warp in a whole warpgroup, and (at the block's end) all four warps of the warpgroup
+// executing the same setmaxnreg instructions.
+void setmaxnreg(int regs, bool increase);
 
 // ---- ex2.approx.ftz.f32: 2^x, subnormal inputs and results flushed to zero ----
 inline float ex2_approx_ftz(float x) {

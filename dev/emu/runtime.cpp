@@ -16,6 +16,7 @@
 // the OpenMP default), each block on fibers (fibers.cpp). LLMC_EMU_SCHEDULE (forward, reverse,
 // shuffle) orders the threads of every block; LLMC_EMU_RACECHECK=1 runs each launch forward and in
 // reverse (2: and shuffled) from the same device memory and fails when the results differ.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -809,6 +810,97 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     if (start->stream->completed < start->position || end->stream->completed < end->position)
         return record(cudaErrorNotReady);
     *ms = (float)((*end->time - *start->time) * 1e3);
+    return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// The driver's cuTensorMapEncodeTiled, reached as a program reaches the driver's without linking it:
+// through cudaGetDriverEntryPoint. It checks the parameters as the driver API's reference states
+// them, and writes into the opaque CUtensorMap what ptx.cpp's cp.async.bulk.tensor reads (TensorMap,
+// fibers.h). Emulated: rank 2, no interleave, element strides 1, swizzle none, 32, 64 or 128 bytes;
+// an invalid value gives CUDA_ERROR_INVALID_VALUE, a valid one not emulated a fault, and either
+// says why on stderr.
+
+namespace {
+
+CUresult tensor_map_refused(const char* why, long long value) {
+    fprintf(stderr, "CUDA emulator: cuTensorMapEncodeTiled: ");
+    fprintf(stderr, why, value);
+    fprintf(stderr, "\n");
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                         const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                         const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                         CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    EMU_API;
+    static const int ELEMENT_BYTES[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};  // UINT8 .. TFLOAT32_FTZ
+    if (!map || reinterpret_cast<uintptr_t>(map) % 64) return tensor_map_refused("the map is not 64-byte aligned", 0);
+    if ((int)type < 0 || (int)type >= (int)(sizeof ELEMENT_BYTES / sizeof *ELEMENT_BYTES))
+        return tensor_map_refused("data type %lld: not emulated (the packed 4- and 6-bit types) or invalid", type);
+    if (rank < 1 || rank > 5) return tensor_map_refused("rank %lld outside 1 .. 5", rank);
+    if (rank != 2) fatal("cuTensorMapEncodeTiled", "only rank 2 is emulated");
+    if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) fatal("cuTensorMapEncodeTiled", "interleave is not emulated");
+    if (reinterpret_cast<uintptr_t>(address) % 16)
+        return tensor_map_refused("globalAddress 0x%llx is not 16-byte aligned", (long long)(uintptr_t)address);
+    const int eb = ELEMENT_BYTES[type];
+    for (int i = 0; i < 2; i++) {
+        if (dims[i] < 1 || dims[i] > (1ull << 32)) return tensor_map_refused("globalDim %lld outside 1 .. 2^32", (long long)dims[i]);
+        if (box[i] < 1 || box[i] > 256) return tensor_map_refused("boxDim %lld outside 1 .. 256", box[i]);
+        if (element_strides[i] < 1 || element_strides[i] > 8)
+            return tensor_map_refused("elementStrides %lld outside 1 .. 8", element_strides[i]);
+        if (element_strides[i] != 1) fatal("cuTensorMapEncodeTiled", "element strides other than 1 are not emulated");
+    }
+    if (strides[0] % 16 || strides[0] >= (1ull << 40))
+        return tensor_map_refused("globalStrides[0] %lld is not a multiple of 16 below 2^40", (long long)strides[0]);
+    if (strides[0] < dims[0] * eb)
+        return tensor_map_refused("globalStrides[0] %lld is less than a row's bytes", (long long)strides[0]);
+    if (box[0] * eb % 16) return tensor_map_refused("boxDim[0] * element size (%lld bytes) is not a multiple of 16",
+                                                   box[0] * eb);
+    static const int SWIZZLE_BYTES[] = {0, 32, 64, 128};
+    if ((int)swizzle < 0 || (int)swizzle > 3)
+        fatal("cuTensorMapEncodeTiled", "only the swizzles none, 32B, 64B and 128B are emulated");
+    const int sw = SWIZZLE_BYTES[swizzle];
+    if (sw && box[0] * eb > (cuuint32_t)sw)
+        return tensor_map_refused("the box's inner dimension (%lld bytes) exceeds the swizzle's span", box[0] * eb);
+    const uint64_t extent = (dims[1] - 1) * strides[0] + dims[0] * eb;
+    if (!is_device(address, extent))
+        return tensor_map_refused("the tensor (%lld bytes from globalAddress) is not inside one cudaMalloc'd allocation",
+                                  (long long)extent);
+    TensorMap m{};
+    m.magic = TensorMap::MAGIC;
+    m.base = static_cast<const unsigned char*>(address);
+    m.dims[0] = dims[0], m.dims[1] = dims[1], m.row_stride = strides[0];
+    m.box[0] = box[0], m.box[1] = box[1], m.element_bytes = (uint32_t)eb, m.swizzle_bytes = (uint32_t)sw;
+    memset(map, 0, sizeof *map);
+    memcpy(map, &m, sizeof m);
+    return CUDA_SUCCESS;
+}
+
+void* driver_entry_point(const char* symbol, cudaDriverEntryPointQueryResult* status) {
+    void* f = symbol && !strcmp(symbol, "cuTensorMapEncodeTiled") ? reinterpret_cast<void*>(&encode_tensor_map_tiled)
+                                                                  : nullptr;
+    if (status) *status = f ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return f;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** function, unsigned long long,
+                                    cudaDriverEntryPointQueryResult* status) {
+    if (!function) return record(cudaErrorInvalidValue);
+    *function = driver_entry_point(symbol, status);
+    return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+    if (!function) return record(cudaErrorInvalidValue);
+    *function = driver_entry_point(symbol, status);
     return cudaSuccess;
 }
 

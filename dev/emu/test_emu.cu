@@ -1,7 +1,9 @@
 // dev/emu/test_emu.cu: the emulator's own behaviour, what a program sees of it beyond the kernels'
 // arithmetic (dev/emu/test_ptx.cu checks that): launches refused where an H100 refuses them, the race
 // check and deadlock reports (wgmma's registers and operands touched before its wait_group among
-// them), wgmma's faults, the orderings of streams, events and the legacy stream, and device memory.
+// them, a TMA stage read before its mbarrier wait or refilled under its reader, a phase that never
+// completes), the faults of wgmma, mbarrier, TMA and setmaxnreg, the host's tensor map checks, the
+// orderings of streams, events and the legacy stream, and device memory.
 // For the emulation build only: on a GPU a missing stream wait is a race, not a result.
 //
 // The idea: what must fail is run in a child process. The test binary re-executes itself with
@@ -29,6 +31,7 @@
 #include "dev/emu/kernel_resources.h"
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/tma.cuh"
 #include "llmc/kernels/wgmma.cuh"
 #include "test/catch_session.h"
 
@@ -280,6 +283,162 @@ int run_wgmma(int threads = 128, bool check = true) {
     return 0;
 }
 
+
+// device_copy and host_copy for a child (no Catch2 session there).
+template <typename T>
+T* child_device_copy(const std::vector<T>& host) {
+    T* p = nullptr;
+    child_check(cudaMalloc(&p, host.size() * sizeof(T)) == cudaSuccess, "cudaMalloc");
+    child_check(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess,
+                "cudaMemcpy");
+    return p;
+}
+template <typename T>
+std::vector<T> child_host_copy(const T* p, size_t count) {
+    std::vector<T> host(count);
+    child_check(cudaMemcpy(host.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "cudaMemcpy");
+    return host;
+}
+
+// mbarrier and TMA (llmc/kernels/tma.cuh): a 16 x 64 bf16 box (2048 bytes) from a 64 x 64 tensor of
+// distinct values into dynamic shared memory; what goes wrong depends on MISTAKE.
+enum class TmaMistake {
+    None,               // correct: every thread waits for the phase, then reads the stage
+    ReadBeforeWait,     // every thread reads the stage before its wait
+    ExpectTooMuch,      // arrive.expect_tx announces 16 bytes more than the copy brings: never completes
+    ExpectTooLittle,    // 16 bytes fewer: the copy's complete_tx underflows the tx-count
+    ArriveTwice,        // thread 0 arrives a second time in the phase (count 1)
+    MisalignedNone,     // unswizzled copy to a destination 64 bytes off 128
+    MisalignedSwizzle,  // 128-byte-swizzled copy to a destination 128 bytes off 1024
+    BadMap,             // a CUtensorMap never encoded (zeros)
+    GlobalBarrier,      // the barrier in global memory
+    NoInit,             // the barrier used without mbarrier.init
+    BadParity,          // try_wait.parity with 2
+};
+constexpr int TMA_BOX_ROWS = 16, TMA_COLS = 64, TMA_BOX_BYTES = TMA_BOX_ROWS * TMA_COLS * 2;
+template <TmaMistake MISTAKE>
+__global__ void tma_kernel(uint16_t* out, const __grid_constant__ CUtensorMap map, uint64_t* global_bar) {
+    __shared__ __align__(8) uint64_t shared_bar;
+    uint64_t* bar = MISTAKE == TmaMistake::GlobalBarrier ? global_bar : &shared_bar;
+    unsigned char* dynamic = dynamic_shared_memory<unsigned char>();
+    unsigned char* stage = dynamic + ((1024u - (llmc::attention_detail::smem_addr(dynamic) & 1023u)) & 1023u);
+    if (MISTAKE == TmaMistake::MisalignedNone) stage += 64;
+    if (MISTAKE == TmaMistake::MisalignedSwizzle) stage += 128;
+    const uint16_t* tile = reinterpret_cast<const uint16_t*>(stage);
+    if (threadIdx.x == 0 && MISTAKE != TmaMistake::NoInit) {
+        llmc::tma::mbarrier_init(bar, 1);
+        llmc::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int delta = MISTAKE == TmaMistake::ExpectTooMuch ? 16 : MISTAKE == TmaMistake::ExpectTooLittle ? -16 : 0;
+        llmc::tma::mbarrier_arrive_expect_tx(bar, (uint32_t)(TMA_BOX_BYTES + delta));
+        if (MISTAKE == TmaMistake::ArriveTwice) llmc::tma::mbarrier_arrive(bar);
+        llmc::tma::copy_2d(stage, &map, 0, 8, bar);
+    }
+    const int i = threadIdx.x;
+    if (MISTAKE == TmaMistake::ReadBeforeWait) out[i] = tile[i];
+    llmc::tma::mbarrier_wait(bar, MISTAKE == TmaMistake::BadParity ? 2 : 0);
+    if (MISTAKE != TmaMistake::ReadBeforeWait) out[i] = tile[i];
+}
+// 64 x 64 bf16, element (r, c) with bits 0x4000 + 64 r + c; `swizzle128`: the map's 128-byte swizzle.
+int run_tma(TmaMistake mistake_for_map, bool swizzle128, void (*kernel)(uint16_t*, CUtensorMap, uint64_t*),
+            bool check) {
+    std::vector<uint16_t> tensor(TMA_COLS * TMA_COLS);
+    for (int i = 0; i < TMA_COLS * TMA_COLS; i++) tensor[i] = (uint16_t)(0x4000 + i);
+    uint16_t* d_tensor = child_device_copy(tensor);
+    uint16_t* d_out = child_device_copy(std::vector<uint16_t>(TMA_BOX_BYTES / 2, 0));
+    uint64_t* d_bar = child_device_copy(std::vector<uint64_t>{0});
+    CUtensorMap map{};
+    if (mistake_for_map != TmaMistake::BadMap)
+        map = llmc::tma::make_tensor_map_2d(d_tensor, TMA_COLS, TMA_COLS, TMA_COLS * 2, TMA_BOX_ROWS, TMA_COLS,
+                                            swizzle128 ? llmc::tma::Swizzle::Bytes128 : llmc::tma::Swizzle::None);
+    LLMC_LAUNCH(kernel, 1, 128, TMA_BOX_BYTES + 2048, 0)(d_out, map, d_bar);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    const std::vector<uint16_t> out = child_host_copy(d_out, 128);
+    if (check)
+        for (int i = 0; i < 128; i++) child_check(out[i] == tensor[8 * TMA_COLS + i], "a wrong element");
+    return 0;
+}
+template <TmaMistake MISTAKE>
+int run_tma_kernel(bool check = false) {
+    const bool swizzle128 = MISTAKE == TmaMistake::MisalignedSwizzle;
+    return run_tma(MISTAKE, swizzle128, tma_kernel<MISTAKE>, check);
+}
+
+// A ring of STAGES stages fed by a producer (thread 0) to consumers in warp 1: TILES boxes of 8 x 64,
+// rows 8 k .. 8 k + 7 into stage k % STAGES. With EMPTY, the consumer warp releases each stage on its
+// empty barrier (32 arrivals) and the producer waits for that before refilling it; without, the
+// producer only waits until its own previous copy into the stage has landed (the full barrier), so
+// it may overwrite a stage that the consumer (one thread: several would see the barrier's phases
+// alias, a deadlock rather than a wrong read) has not read yet.
+template <bool EMPTY, int STAGES, int TILES>
+__global__ void tma_ring_kernel(uint16_t* out, const __grid_constant__ CUtensorMap map) {
+    constexpr int BOX = 8 * TMA_COLS;
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    uint16_t* stages = dynamic_shared_memory<uint16_t>();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) llmc::tma::mbarrier_init(&full[s], 1), llmc::tma::mbarrier_init(&empty[s], 32);
+        llmc::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < TILES; k++) {
+            const int s = k % STAGES;
+            const uint32_t round = (uint32_t)(k / STAGES);
+            if (EMPTY)
+                llmc::tma::mbarrier_wait(&empty[s], (round & 1) ^ 1);
+            else if (k >= STAGES)
+                llmc::tma::mbarrier_wait(&full[s], (round - 1) & 1);
+            llmc::tma::mbarrier_arrive_expect_tx(&full[s], BOX * 2);
+            llmc::tma::copy_2d(stages + s * BOX, &map, 0, 8 * k, &full[s]);
+        }
+    } else if (EMPTY ? threadIdx.x >= 32 : threadIdx.x == 32) {
+        const int consumers = EMPTY ? 32 : 1;
+        for (int k = 0; k < TILES; k++) {
+            const int s = k % STAGES;
+            llmc::tma::mbarrier_wait(&full[s], (uint32_t)(k / STAGES) & 1);
+            for (int i = threadIdx.x - 32; i < BOX; i += consumers) out[k * BOX + i] = stages[s * BOX + i];
+            if (EMPTY) llmc::tma::mbarrier_arrive(&empty[s]);
+        }
+    }
+}
+template <bool EMPTY, int STAGES, int TILES>
+int run_tma_ring() {
+    constexpr int BOX = 8 * TMA_COLS;
+    std::vector<uint16_t> tensor(TILES * BOX);
+    for (int i = 0; i < TILES * BOX; i++) tensor[i] = (uint16_t)(0x4000 + i);
+    uint16_t* d_tensor = child_device_copy(tensor);
+    uint16_t* d_out = child_device_copy(std::vector<uint16_t>(TILES * BOX, 0));
+    const CUtensorMap map = llmc::tma::make_tensor_map_2d(d_tensor, 8 * TILES, TMA_COLS, TMA_COLS * 2, 8, TMA_COLS,
+                                                          llmc::tma::Swizzle::None);
+    LLMC_LAUNCH((tma_ring_kernel<EMPTY, STAGES, TILES>), 1, 64, STAGES * BOX * 2, 0)(d_out, map);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    const std::vector<uint16_t> out = child_host_copy(d_out, TILES * BOX);
+    for (int i = 0; i < TILES * BOX; i++) child_check(out[i] == tensor[i], "a consumer read a wrong element");
+    return 0;
+}
+
+// setmaxnreg (.sync.aligned): the producer warpgroup lowers its registers, the consumers raise
+// theirs; with the mistake, warp 6 of the second warpgroup skips it.
+template <bool SKIP>
+__global__ void setmaxnreg_kernel(int* out) {
+    if (threadIdx.x < 128) {
+        llmc::tma::setmaxnreg_dec<40>();
+    } else if (!SKIP || threadIdx.x / 32 != 6) {
+        llmc::tma::setmaxnreg_inc<232>();
+    }
+    out[threadIdx.x] = 1;
+}
+int run_setmaxnreg(void (*kernel)(int*)) {
+    int* d_out = nullptr;
+    child_check(cudaMalloc(&d_out, 256 * sizeof(int)) == cudaSuccess, "cudaMalloc");
+    LLMC_LAUNCH(kernel, 1, 256, 0, 0)(d_out);
+    child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
+    child_check(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+    return 0;
+}
+
 struct Scenario {
     const char* name;
     int (*run)();
@@ -305,6 +464,22 @@ const Scenario SCENARIOS[] = {
     {"wgmma by a partial warpgroup", [] { return run_wgmma<WgmmaMistake::None>(96); }},
     {"wgmma descriptor with a base offset", [] { return run_wgmma<WgmmaMistake::BaseOffset>(); }},
     {"wgmma operand in static shared memory", [] { return run_wgmma<WgmmaMistake::StaticShared>(); }},
+    {"TMA stage read after its wait", [] { return run_tma_kernel<TmaMistake::None>(true); }},
+    {"TMA stage read before its wait", [] { return run_tma_kernel<TmaMistake::ReadBeforeWait>(); }},
+    {"TMA ring with empty barriers", [] { return run_tma_ring<true, 2, 6>(); }},
+    {"TMA stage with an empty barrier", [] { return run_tma_ring<true, 1, 2>(); }},
+    {"TMA stage without an empty barrier", [] { return run_tma_ring<false, 1, 2>(); }},
+    {"TMA expect_tx beyond the copy", [] { return run_tma_kernel<TmaMistake::ExpectTooMuch>(); }},
+    {"TMA expect_tx short of the copy", [] { return run_tma_kernel<TmaMistake::ExpectTooLittle>(); }},
+    {"mbarrier arrival beyond its count", [] { return run_tma_kernel<TmaMistake::ArriveTwice>(); }},
+    {"TMA destination off 128 bytes", [] { return run_tma_kernel<TmaMistake::MisalignedNone>(); }},
+    {"TMA swizzled destination off 1024 bytes", [] { return run_tma_kernel<TmaMistake::MisalignedSwizzle>(); }},
+    {"TMA map never encoded", [] { return run_tma_kernel<TmaMistake::BadMap>(); }},
+    {"mbarrier in global memory", [] { return run_tma_kernel<TmaMistake::GlobalBarrier>(); }},
+    {"mbarrier without init", [] { return run_tma_kernel<TmaMistake::NoInit>(); }},
+    {"mbarrier parity 2", [] { return run_tma_kernel<TmaMistake::BadParity>(); }},
+    {"setmaxnreg by every warp", [] { return run_setmaxnreg(setmaxnreg_kernel<false>); }},
+    {"setmaxnreg skipped by a warp", [] { return run_setmaxnreg(setmaxnreg_kernel<true>); }},
 };
 
 int run_scenario(const std::string& name) {
@@ -488,6 +663,71 @@ TEST_CASE("wgmma faults without a wgmma.fence, off a whole warpgroup, or with a 
     check_reported(run_child("wgmma by a partial warpgroup", "0"), "warpgroup 0");
     check_reported(run_child("wgmma descriptor with a base offset", "0"), "base offset");
     check_reported(run_child("wgmma operand in static shared memory", "0"), "dynamic shared memory");
+}
+
+TEST_CASE("LLMC_EMU_RACECHECK=1 reports a TMA stage read before its mbarrier wait, or refilled under its reader") {
+    check_reported(run_child("TMA stage read before its wait", "1"), "race");
+    check_reported(run_child("TMA stage without an empty barrier", "1"), "race");
+    check_clean(run_child("TMA stage read after its wait", "1"));
+    check_clean(run_child("TMA stage read after its wait", "2"));
+    check_clean(run_child("TMA ring with empty barriers", "1"));
+    check_clean(run_child("TMA ring with empty barriers", "2"));
+    check_clean(run_child("TMA stage with an empty barrier", "1"));
+    check_clean(run_child("TMA stage with an empty barrier", "2"));
+}
+
+TEST_CASE("an mbarrier phase that can never complete (expect_tx beyond the copies' bytes) is reported as a deadlock") {
+    for (const char* racecheck : {"0", "1"}) {
+        const ChildResult r = run_child("TMA expect_tx beyond the copy", racecheck);
+        check_reported(r, "deadlock");
+        CHECK(contains(r.stderr_text, "mbarrier.try_wait.parity"));
+        CHECK(contains(r.stderr_text, "tx-count 16"));
+    }
+}
+
+TEST_CASE("mbarrier and TMA fault on a misaligned or unencoded copy, a barrier misused, or counts that underflow") {
+    check_reported(run_child("TMA destination off 128 bytes", "0"), "not 128-byte aligned");
+    check_reported(run_child("TMA swizzled destination off 1024 bytes", "0"), "not 1024-byte aligned");
+    check_reported(run_child("TMA map never encoded", "0"), "not made by cuTensorMapEncodeTiled");
+    check_reported(run_child("mbarrier in global memory", "0"), "not in shared memory");
+    check_reported(run_child("mbarrier without init", "0"), "before mbarrier.init");
+    check_reported(run_child("mbarrier parity 2", "0"), "phaseParity 2");
+    check_reported(run_child("TMA expect_tx short of the copy", "0"), "tx-count underflow");
+    check_reported(run_child("TMA expect_tx short of the copy", "1"), "tx-count underflow");
+    check_reported(run_child("mbarrier arrival beyond its count", "0"), "arrive count underflow");
+}
+
+TEST_CASE("setmaxnreg: all four warps of a warpgroup must execute it (.sync.aligned)") {
+    check_clean(run_child("setmaxnreg by every warp", "0"));
+    check_reported(run_child("setmaxnreg skipped by a warp", "0"), ".sync.aligned");
+}
+
+TEST_CASE("make_tensor_map_2d names the value the driver would refuse") {
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, 1 << 16) == cudaSuccess);
+    const char* base = static_cast<const char*>(p);
+    using llmc::tma::Swizzle;
+    using llmc::tma::make_tensor_map_2d;
+    CHECK_THROWS_WITH(make_tensor_map_2d(base + 8, 64, 64, 128, 64, 64, Swizzle::None),
+                      Catch::Contains("not 16-byte aligned"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 60, 120, 8, 8, Swizzle::None),
+                      Catch::Contains("row_stride_bytes 120 is not a multiple of 16"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 64, 64, 8, 8, Swizzle::None),
+                      Catch::Contains("less than a row"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 64, 128, 300, 8, Swizzle::None), Catch::Contains("box_rows 300"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 64, 128, 8, 12, Swizzle::None),
+                      Catch::Contains("multiple of 16 bytes"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 128, 256, 8, 128, Swizzle::Bytes128),
+                      Catch::Contains("exceeds the 128-byte swizzle's span"));
+    CHECK_THROWS_WITH(make_tensor_map_2d(base, 64, 64, 128, 8, 32, Swizzle::Bytes32),
+                      Catch::Contains("exceeds the 32-byte swizzle's span"));
+    CHECK_NOTHROW(make_tensor_map_2d(base, 64, 64, 128, 64, 64, Swizzle::Bytes128));
+    // The emulator's driver function refuses a tensor outside device memory (the driver's does not look,
+    // and a copy from it would fault on the GPU).
+    alignas(16) static uint16_t host[64 * 64];
+    CHECK_THROWS_WITH(make_tensor_map_2d(host, 64, 64, 128, 8, 8, Swizzle::None),
+                      Catch::Contains("cuTensorMapEncodeTiled failed"));
+    REQUIRE(cudaFree(p) == cudaSuccess);
 }
 
 TEST_CASE("a __syncthreads that not every thread of the block reaches is reported as a deadlock") {

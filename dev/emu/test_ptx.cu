@@ -1,7 +1,9 @@
 // dev/emu/test_ptx.cu: the inline PTX of llmc/kernels/attention.cuh (ldmatrix, mma.sync m16n8k16
 // bf16, cp.async, ex2.approx.ftz) and of llmc/kernels/wgmma.cuh (wgmma.mma_async m64nNk16 bf16 with
 // every shared-memory layout and swizzle, A in shared memory or registers; fence, commit_group,
-// wait_group) and the warp shuffles, votes and block reductions llmc's kernels use, lane by lane.
+// wait_group), of llmc/kernels/tma.cuh (mbarrier phases and tx-count, TMA's 2D tensor copies in every
+// swizzle mode with out-of-bound zeros, a wgmma reading a TMA-loaded tile) and the warp shuffles,
+// votes and block reductions llmc's kernels use, lane by lane.
 // The same file compiles with nvcc: on a GPU it checks the hardware against the same expectations,
 // so a pass on both says that the emulator and the GPU agree.
 //
@@ -32,6 +34,7 @@
 
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/tma.cuh"
 #include "llmc/kernels/wgmma.cuh"
 #include "test/catch_session.h"
 
@@ -831,6 +834,188 @@ WgmmaSpec one_group(WgmmaOperandSpec a, WgmmaOperandSpec b, int steps = 1, bool 
 }
 constexpr int SWIZZLES[] = {0, 32, 64, 128};
 
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier and TMA (llmc/kernels/tma.cuh). PTX ISA, "Tensors": a tiled copy moves the box whose first
+// element is at the coordinates (x: the inner dimension, y: the outer) into shared memory, row after
+// row; an element outside the tensor (a coordinate below 0 or past the size) arrives as zero.
+// "Tensor swizzling modes": with a W-byte swizzle the 16-byte chunks of each W-byte span of shared
+// memory are permuted, chunk c of the span going to c XOR (the 128-byte line's index mod W / 16), so
+// the pattern repeats every 8 W bytes (for 128 bytes: the row of 128 bytes r, chunk c at c ^ (r % 8)).
+// mbarrier: a phase completes when its arrivals and its tx-count (the bytes announced by expect_tx,
+// less those the copies completed) are both done; try_wait.parity is true once the phase with that
+// parity has completed. Elements are raw bf16 bits, each its own (position-coded) value.
+
+// The bits of element (row, col) of a test tensor: distinct and never 0 (0 is the fill).
+uint16_t tensor_bits(int row, int col, int seed) { return (uint16_t)(0x4000 + ((row * 97 + col + seed * 31) & 0x3fff)); }
+
+// The shared-memory byte offset of byte `o` of a row-major box image, swizzled by the ISA's rule
+// above for a 1024-aligned destination (W = 0: unswizzled).
+uint32_t tma_swizzled_offset(uint32_t o, int swizzle_bytes) {
+    if (swizzle_bytes == 0) return o;
+    const uint32_t chunks = (uint32_t)swizzle_bytes / 16, chunk = o / 16 % chunks, line = o / 128 % chunks;
+    return o - 16 * chunk + 16 * (chunk ^ line);
+}
+
+// A 1024-aligned start in dynamic shared memory (the 128-byte swizzle's repeat).
+__device__ inline unsigned char* aligned_dynamic_shared() {
+    unsigned char* dynamic = dynamic_shared_memory<unsigned char>();
+    return dynamic + ((1024u - (smem_addr(dynamic) & 1023u)) & 1023u);
+}
+
+// One box at (x, y) into shared memory; every thread waits for it, then the shared image (bytes
+// `image_bytes`) goes out as it lies.
+__global__ void tma_box_kernel(uint16_t* out, const __grid_constant__ CUtensorMap map, int x, int y, int box_bytes,
+                               int image_bytes) {
+    __shared__ __align__(8) uint64_t bar;
+    uint16_t* tile = reinterpret_cast<uint16_t*>(aligned_dynamic_shared());
+    for (int i = threadIdx.x; i < image_bytes / 2; i += blockDim.x) tile[i] = 0xdead;  // no stale zeros
+    if (threadIdx.x == 0) {
+        llmc::tma::prefetch_tensor_map(&map);
+        llmc::tma::mbarrier_init(&bar, 1);
+        llmc::tma::fence_barrier_init();
+    }
+    llmc::wgmma::fence_proxy_async();  // the generic stores above before the copy's async-proxy writes
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_arrive_expect_tx(&bar, (uint32_t)box_bytes);
+        llmc::tma::copy_2d(tile, &map, x, y, &bar);
+    }
+    llmc::tma::mbarrier_wait(&bar, 0);
+    for (int i = threadIdx.x; i < image_bytes / 2; i += blockDim.x) out[i] = tile[i];
+}
+
+// `phases` boxes, one after another through the same stage and barrier, box p at (0, p box_rows).
+// The barrier expects one arrival per warp (lane 0; thread 0's is the arrive.expect_tx), so a phase
+// needs four arrivals and the copy's bytes. Before each copy thread 0 records try_wait.parity of
+// the preceding phase's parity (it has completed: true, for phase 0 too, the fresh barrier's).
+__global__ void tma_phases_kernel(uint16_t* out, int* preceding_done, const __grid_constant__ CUtensorMap map,
+                                  int phases, int box_rows, int box_elements) {
+    __shared__ __align__(8) uint64_t bar;
+    uint16_t* tile = reinterpret_cast<uint16_t*>(aligned_dynamic_shared());
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_init(&bar, blockDim.x / 32);
+        llmc::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    for (int p = 0; p < phases; p++) {
+        if (threadIdx.x == 0) {
+            preceding_done[p] = llmc::tma::mbarrier_try_wait_parity(&bar, (uint32_t)(p + 1) & 1) ? 1 : 0;
+            llmc::tma::mbarrier_arrive_expect_tx(&bar, (uint32_t)box_elements * 2);
+            llmc::tma::copy_2d(tile, &map, 0, p * box_rows, &bar);
+        } else if (threadIdx.x % 32 == 0) {
+            llmc::tma::mbarrier_arrive(&bar);
+        }
+        llmc::tma::mbarrier_wait(&bar, (uint32_t)p & 1);
+        for (int i = threadIdx.x; i < box_elements; i += blockDim.x) out[p * box_elements + i] = tile[i];
+        __syncthreads();  // every thread has read the stage before the next copy overwrites it
+    }
+}
+
+// Two boxes, from two maps, completing on one barrier: one expect_tx of both boxes' bytes.
+__global__ void tma_two_copies_kernel(uint16_t* out, const __grid_constant__ CUtensorMap map_a,
+                                      const __grid_constant__ CUtensorMap map_b, int bytes_a, int bytes_b) {
+    __shared__ __align__(8) uint64_t bar;
+    unsigned char* tile_a = aligned_dynamic_shared();
+    unsigned char* tile_b = tile_a + (bytes_a + 1023) / 1024 * 1024;
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_init(&bar, 1);
+        llmc::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_arrive_expect_tx(&bar, (uint32_t)(bytes_a + bytes_b));
+        llmc::tma::copy_2d(tile_a, &map_a, 0, 0, &bar);
+        llmc::tma::copy_2d(tile_b, &map_b, 8, 2, &bar);
+    }
+    llmc::tma::mbarrier_wait(&bar, 0);
+    const uint16_t* a = reinterpret_cast<const uint16_t*>(tile_a);
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(tile_b);
+    for (int i = threadIdx.x; i < bytes_a / 2; i += blockDim.x) out[i] = a[i];
+    for (int i = threadIdx.x; i < bytes_b / 2; i += blockDim.x) out[bytes_a / 2 + i] = b[i];
+}
+
+// D (64 x 64) = A (64 x 64) B^T, both K-major (row-major, 64 K per row), each loaded by one TMA box
+// with the 128-byte swizzle: rows of 128 bytes, 8 rows (1024 bytes) to a pattern, so wgmma reads them
+// with 128-byte-swizzle descriptors, SBO 1024, the start 32 bytes on per 16 K.
+__global__ void tma_wgmma_kernel(float* out, const __grid_constant__ CUtensorMap map_a,
+                                 const __grid_constant__ CUtensorMap map_b) {
+    constexpr uint32_t TILE_BYTES = 64 * 64 * 2;
+    __shared__ __align__(8) uint64_t bar;
+    unsigned char* tile_a = aligned_dynamic_shared();
+    unsigned char* tile_b = tile_a + TILE_BYTES;
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_init(&bar, 1);
+        llmc::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        llmc::tma::mbarrier_arrive_expect_tx(&bar, 2 * TILE_BYTES);
+        llmc::tma::copy_2d(tile_a, &map_a, 0, 0, &bar);
+        llmc::tma::copy_2d(tile_b, &map_b, 0, 0, &bar);
+    }
+    llmc::tma::mbarrier_wait(&bar, 0);
+    float d[32];
+    llmc::wgmma::fence_operands(d);
+    llmc::wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const uint64_t desc_a = llmc::wgmma::descriptor(smem_addr(tile_a) + 32 * s, 16, 1024, llmc::wgmma::Swizzle::Bytes128);
+        const uint64_t desc_b = llmc::wgmma::descriptor(smem_addr(tile_b) + 32 * s, 16, 1024, llmc::wgmma::Swizzle::Bytes128);
+        llmc::wgmma::mma_ss<64, false, false>(d, desc_a, desc_b, s > 0);
+    }
+    llmc::wgmma::commit_group();
+    llmc::wgmma::wait_group<0>();
+    llmc::wgmma::fence_operands(d);
+    for (int i = 0; i < 32; i++) out[threadIdx.x * 32 + i] = d[i];
+}
+
+// A rows x cols bf16 tensor in device memory, rows `stride` elements apart, each element its own bits.
+struct TmaTensor {
+    int rows, cols, stride, seed;
+    std::vector<uint16_t> host;
+    TmaTensor(int r, int c, int s, int sd) : rows(r), cols(c), stride(s), seed(sd), host((size_t)r * s, 0x7fc0) {
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++) host[(size_t)i * stride + j] = tensor_bits(i, j, seed);
+    }
+    // Element (row, col), 0 outside the tensor.
+    uint16_t at(int row, int col) const {
+        return row < 0 || col < 0 || row >= rows || col >= cols ? 0 : host[(size_t)row * stride + col];
+    }
+};
+CUtensorMap tma_map(const TmaTensor& t, const DeviceArray<uint16_t>& d, int box_rows, int box_cols, int swizzle_bytes) {
+    const llmc::tma::Swizzle modes[] = {llmc::tma::Swizzle::None, llmc::tma::Swizzle::Bytes32,
+                                        llmc::tma::Swizzle::Bytes64, llmc::tma::Swizzle::Bytes128};
+    const int mode = swizzle_bytes == 0 ? 0 : swizzle_bytes == 32 ? 1 : swizzle_bytes == 64 ? 2 : 3;
+    return llmc::tma::make_tensor_map_2d(d.get(), (uint64_t)t.rows, (uint64_t)t.cols, (uint64_t)t.stride * 2,
+                                         (uint32_t)box_rows, (uint32_t)box_cols, modes[mode]);
+}
+// Every element of the box at (x, y) at its swizzled place in the shared image `image` (from byte 0).
+void check_box_image(const TmaTensor& t, const std::vector<uint16_t>& image, size_t from, int box_rows, int box_cols,
+                     int x, int y, int swizzle_bytes, Mismatches& m) {
+    for (int r = 0; r < box_rows; r++)
+        for (int c = 0; c < box_cols; c++) {
+            const uint32_t o = tma_swizzled_offset((uint32_t)(r * box_cols + c) * 2, swizzle_bytes);
+            m.expect((int)image[from + o / 2], (int)t.at(y + r, x + c),
+                     "box element (" + std::to_string(r) + ", " + std::to_string(c) + ") at shared byte " +
+                         std::to_string(o));
+        }
+}
+void check_tma_box(const TmaTensor& t, int box_rows, int box_cols, int x, int y, int swizzle_bytes) {
+    DeviceArray<uint16_t> d_tensor(t.host);
+    const CUtensorMap map = tma_map(t, d_tensor, box_rows, box_cols, swizzle_bytes);
+    const int box_bytes = box_rows * box_cols * 2, image_bytes = (box_bytes + 127) / 128 * 128;
+    DeviceArray<uint16_t> d_out((size_t)image_bytes / 2);
+    LLMC_LAUNCH(tma_box_kernel, 1, 128, (size_t)image_bytes + 1024, 0)(d_out.get(), map, x, y, box_bytes,
+                                                                        image_bytes);
+    finish_launch();
+    Mismatches m;
+    check_box_image(t, d_out.download(), 0, box_rows, box_cols, x, y, swizzle_bytes, m);
+    INFO("box " << box_rows << " x " << box_cols << " at (x " << x << ", y " << y << "), swizzle " << swizzle_bytes
+                << " bytes, tensor " << t.rows << " x " << t.cols);
+    CHECK_NO_MISMATCHES(m);
+}
+
 }  // namespace ptx_test
 
 using namespace ptx_test;
@@ -1148,6 +1333,91 @@ TEST_CASE("wgmma.wait_group 1 completes the older of two commit groups, wait_gro
     CHECK_NO_MISMATCHES(first);
     INFO("the second group, read after wait_group 0");
     CHECK_NO_MISMATCHES(second);
+}
+
+TEST_CASE("TMA copies a 2D box into shared memory row after row, unswizzled or in each swizzle mode") {
+    const TmaTensor t(40, 72, 80, 1);
+    check_tma_box(t, 16, 24, 8, 3, 0);
+    check_tma_box(t, 5, 72, 0, 35, 0);
+    check_tma_box(t, 16, 64, 8, 3, 128);  // two 1024-byte patterns
+    check_tma_box(t, 8, 64, 0, 0, 128);
+    check_tma_box(t, 16, 32, 40, 7, 64);
+    check_tma_box(t, 24, 16, 16, 1, 32);
+}
+
+TEST_CASE("TMA writes zeros for the elements outside the tensor, past its end or before its start") {
+    const TmaTensor t(40, 72, 80, 2);
+    check_tma_box(t, 16, 32, 72 - 8, 40 - 5, 0);
+    check_tma_box(t, 16, 64, 72 - 24, 40 - 3, 128);
+    check_tma_box(t, 8, 32, -8, -2, 0);
+    check_tma_box(t, 8, 64, -16, 36, 128);
+    check_tma_box(t, 4, 16, 100, 0, 0);  // wholly outside: all zeros, and the barrier still completes
+}
+
+TEST_CASE("an mbarrier reused over four phases: parity 0, 1, 0, 1, arrivals from every warp and a copy each") {
+    constexpr int PHASES = 4, BOX_ROWS = 8, BOX_COLS = 64, BOX = BOX_ROWS * BOX_COLS;
+    const TmaTensor t(PHASES * BOX_ROWS, 64, 64, 3);
+    DeviceArray<uint16_t> d_tensor(t.host);
+    const CUtensorMap map = tma_map(t, d_tensor, BOX_ROWS, BOX_COLS, 0);
+    DeviceArray<uint16_t> d_out((size_t)PHASES * BOX);
+    DeviceArray<int> d_done(std::vector<int>(PHASES, -1));
+    LLMC_LAUNCH(tma_phases_kernel, 1, 128, BOX * 2 + 1024, 0)(d_out.get(), d_done.get(), map, PHASES, BOX_ROWS, BOX);
+    finish_launch();
+    const std::vector<uint16_t> out = d_out.download();
+    const std::vector<int> done = d_done.download();
+    Mismatches m;
+    for (int p = 0; p < PHASES; p++) {
+        m.expect(done[p], 1, "phase " + std::to_string(p) + ": try_wait.parity of the preceding phase");
+        for (int r = 0; r < BOX_ROWS; r++)
+            for (int c = 0; c < BOX_COLS; c++)
+                m.expect((int)out[(size_t)p * BOX + r * BOX_COLS + c], (int)t.at(p * BOX_ROWS + r, c),
+                         "phase " + std::to_string(p) + " element (" + std::to_string(r) + ", " + std::to_string(c) + ")");
+    }
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("one arrive.expect_tx of two boxes' bytes: the phase completes when both copies have landed") {
+    const TmaTensor ta(64, 64, 64, 4), tb(20, 48, 56, 5);
+    DeviceArray<uint16_t> da(ta.host), db(tb.host);
+    const CUtensorMap map_a = tma_map(ta, da, 64, 64, 128), map_b = tma_map(tb, db, 16, 16, 32);
+    const int bytes_a = 64 * 64 * 2, bytes_b = 16 * 16 * 2;
+    DeviceArray<uint16_t> d_out((size_t)(bytes_a + bytes_b) / 2);
+    LLMC_LAUNCH(tma_two_copies_kernel, 1, 64, 2 * 1024 + bytes_a + bytes_b, 0)(d_out.get(), map_a, map_b, bytes_a,
+                                                                               bytes_b);
+    finish_launch();
+    const std::vector<uint16_t> out = d_out.download();
+    Mismatches m;
+    check_box_image(ta, out, 0, 64, 64, 0, 0, 128, m);
+    check_box_image(tb, out, (size_t)bytes_a / 2, 16, 16, 8, 2, 32, m);
+    CHECK_NO_MISMATCHES(m);
+}
+
+TEST_CASE("wgmma reads a TMA-loaded 128-byte-swizzled K-major tile through a 128-byte-swizzle descriptor") {
+    // A[m][k] and B[n][k], small integers (exact in bf16 and in every sum).
+    std::vector<uint16_t> a(64 * 64), b(64 * 64);
+    for (int i = 0; i < 64; i++)
+        for (int k = 0; k < 64; k++) {
+            a[i * 64 + k] = bf16_bits(wgmma_value(7, 0, i, k));
+            b[i * 64 + k] = bf16_bits(wgmma_value(7, 1, i, k));
+        }
+    DeviceArray<uint16_t> da(a), db(b);
+    DeviceArray<float> d_out(128 * 32);
+    const CUtensorMap map_a = llmc::tma::make_tensor_map_2d(da.get(), 64, 64, 128, 64, 64, llmc::tma::Swizzle::Bytes128);
+    const CUtensorMap map_b = llmc::tma::make_tensor_map_2d(db.get(), 64, 64, 128, 64, 64, llmc::tma::Swizzle::Bytes128);
+    LLMC_LAUNCH(tma_wgmma_kernel, 1, 128, 2 * 64 * 64 * 2 + 1024, 0)(d_out.get(), map_a, map_b);
+    finish_launch();
+    const std::vector<float> out = d_out.download();
+    Mismatches m;
+    for (int t = 0; t < 128; t++)
+        for (int i = 0; i < 32; i++) {
+            const RowCol e = RowColOf::d(t, i);
+            double want = 0;
+            for (int k = 0; k < 64; k++) want += (double)wgmma_value(7, 0, e.row, k) * wgmma_value(7, 1, e.col, k);
+            m.expect((double)out[(size_t)t * 32 + i], want,
+                     "thread " + std::to_string(t) + " d" + std::to_string(i) + " (row " + std::to_string(e.row) +
+                         ", column " + std::to_string(e.col) + ")");
+        }
+    CHECK_NO_MISMATCHES(m);
 }
 
 int main(int argc, char** argv) {
