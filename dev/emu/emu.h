@@ -11,8 +11,9 @@
 //     warp shuffles and votes, static and dynamic __shared__ memory and the built-in indices behave as
 //     on a GPU; blocks run in parallel on OpenMP threads;
 //   - ptx.h: an emulated body for each inline-PTX wrapper llmc has (cp.async, ldmatrix, mma.sync
-//     m16n8k16 bf16, ex2.approx, Hopper's wgmma with shared-memory descriptors), written from the PTX
-//     ISA's tables;
+//     m16n8k16 bf16, ex2.approx, Hopper's wgmma with shared-memory descriptors, mbarrier, TMA's
+//     cp.async.bulk.tensor, setmaxnreg), written from the PTX ISA's tables and definitions; a thread
+//     waiting on an mbarrier yields to the others, and a phase nothing can complete is a deadlock;
 //   - cublaslt.cpp: cublasLtMatmul on a CPU GEMM with fp32 accumulation; nccl.cpp: NCCL over MPI,
 //     one emulated GPU per process.
 // A launch is checked against an H100's limits and fails as it would there (cudaGetLastError); where

@@ -402,7 +402,8 @@ void run_launch(const BlockTask& task, const LaunchMemory& memory, uint64_t seed
         if (!diff.empty())
             fatal(task.name, ("race: the output depends on the order of the block's threads (forward vs " +
                               std::string(names[i]) + " schedule): " + diff +
-                              "; a barrier (__syncthreads, __syncwarp, cp.async.wait_group, wgmma.wait_group) is missing or misplaced")
+                              "; a barrier (__syncthreads, __syncwarp, cp.async.wait_group, wgmma.wait_group, an "
+                              "mbarrier wait) is missing or misplaced")
                                  .c_str());
     }
 }
@@ -848,7 +849,8 @@ CUresult CUDAAPI encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType t
         return tensor_map_refused("globalAddress 0x%llx is not 16-byte aligned", (long long)(uintptr_t)address);
     const int eb = ELEMENT_BYTES[type];
     for (int i = 0; i < 2; i++) {
-        if (dims[i] < 1 || dims[i] > (1ull << 32)) return tensor_map_refused("globalDim %lld outside 1 .. 2^32", (long long)dims[i]);
+        if (dims[i] < 1 || dims[i] > (1ull << 32))
+            return tensor_map_refused("globalDim %lld outside 1 .. 2^32", (long long)dims[i]);
         if (box[i] < 1 || box[i] > 256) return tensor_map_refused("boxDim %lld outside 1 .. 256", box[i]);
         if (element_strides[i] < 1 || element_strides[i] > 8)
             return tensor_map_refused("elementStrides %lld outside 1 .. 8", element_strides[i]);
@@ -868,8 +870,8 @@ CUresult CUDAAPI encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType t
         return tensor_map_refused("the box's inner dimension (%lld bytes) exceeds the swizzle's span", box[0] * eb);
     const uint64_t extent = (dims[1] - 1) * strides[0] + dims[0] * eb;
     if (!is_device(address, extent))
-        return tensor_map_refused("the tensor (%lld bytes from globalAddress) is not inside one cudaMalloc'd allocation",
-                                  (long long)extent);
+        return tensor_map_refused(
+            "the tensor (%lld bytes from globalAddress) is not inside one cudaMalloc'd allocation", (long long)extent);
     TensorMap m{};
     m.magic = TensorMap::MAGIC;
     m.base = static_cast<const unsigned char*>(address);

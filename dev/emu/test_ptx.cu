@@ -847,7 +847,9 @@ constexpr int SWIZZLES[] = {0, 32, 64, 128};
 // parity has completed. Elements are raw bf16 bits, each its own (position-coded) value.
 
 // The bits of element (row, col) of a test tensor: distinct and never 0 (0 is the fill).
-uint16_t tensor_bits(int row, int col, int seed) { return (uint16_t)(0x4000 + ((row * 97 + col + seed * 31) & 0x3fff)); }
+uint16_t tensor_bits(int row, int col, int seed) {
+    return (uint16_t)(0x4000 + ((row * 97 + col + seed * 31) & 0x3fff));
+}
 
 // The shared-memory byte offset of byte `o` of a row-major box image, swizzled by the ISA's rule
 // above for a 1024-aligned destination (W = 0: unswizzled).
@@ -960,8 +962,9 @@ __global__ void tma_wgmma_kernel(float* out, const __grid_constant__ CUtensorMap
     llmc::wgmma::fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        const uint64_t desc_a = llmc::wgmma::descriptor(smem_addr(tile_a) + 32 * s, 16, 1024, llmc::wgmma::Swizzle::Bytes128);
-        const uint64_t desc_b = llmc::wgmma::descriptor(smem_addr(tile_b) + 32 * s, 16, 1024, llmc::wgmma::Swizzle::Bytes128);
+        constexpr llmc::wgmma::Swizzle SW128 = llmc::wgmma::Swizzle::Bytes128;
+        const uint64_t desc_a = llmc::wgmma::descriptor(smem_addr(tile_a) + 32 * s, 16, 1024, SW128);
+        const uint64_t desc_b = llmc::wgmma::descriptor(smem_addr(tile_b) + 32 * s, 16, 1024, SW128);
         llmc::wgmma::mma_ss<64, false, false>(d, desc_a, desc_b, s > 0);
     }
     llmc::wgmma::commit_group();
@@ -1371,7 +1374,8 @@ TEST_CASE("an mbarrier reused over four phases: parity 0, 1, 0, 1, arrivals from
         for (int r = 0; r < BOX_ROWS; r++)
             for (int c = 0; c < BOX_COLS; c++)
                 m.expect((int)out[(size_t)p * BOX + r * BOX_COLS + c], (int)t.at(p * BOX_ROWS + r, c),
-                         "phase " + std::to_string(p) + " element (" + std::to_string(r) + ", " + std::to_string(c) + ")");
+                         "phase " + std::to_string(p) + " element (" + std::to_string(r) + ", " +
+                             std::to_string(c) + ")");
     }
     CHECK_NO_MISMATCHES(m);
 }
@@ -1402,8 +1406,9 @@ TEST_CASE("wgmma reads a TMA-loaded 128-byte-swizzled K-major tile through a 128
         }
     DeviceArray<uint16_t> da(a), db(b);
     DeviceArray<float> d_out(128 * 32);
-    const CUtensorMap map_a = llmc::tma::make_tensor_map_2d(da.get(), 64, 64, 128, 64, 64, llmc::tma::Swizzle::Bytes128);
-    const CUtensorMap map_b = llmc::tma::make_tensor_map_2d(db.get(), 64, 64, 128, 64, 64, llmc::tma::Swizzle::Bytes128);
+    const llmc::tma::Swizzle sw = llmc::tma::Swizzle::Bytes128;
+    const CUtensorMap map_a = llmc::tma::make_tensor_map_2d(da.get(), 64, 64, 128, 64, 64, sw);
+    const CUtensorMap map_b = llmc::tma::make_tensor_map_2d(db.get(), 64, 64, 128, 64, 64, sw);
     LLMC_LAUNCH(tma_wgmma_kernel, 1, 128, 2 * 64 * 64 * 2 + 1024, 0)(d_out.get(), map_a, map_b);
     finish_launch();
     const std::vector<float> out = d_out.download();
