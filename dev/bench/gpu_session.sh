@@ -413,6 +413,7 @@ for stage in "${STAGES[@]}"; do
         # the wgmma attention is not yet the default: first whether the card agrees with the emulator
         # (the instruction's layouts, then both attention kernels against the CPU), then every timing
         step test_ptx_wgmma.log 30 build/test_ptx "*wgmma*"
+        step test_ptx_tma.log 30 build/test_ptx "*TMA*,*mbarrier*,*expect_tx*"
         step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
         step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
         for b in dev/cuda/build/*; do step "time_$(basename "$b").log" 90 "$b"; done
@@ -433,6 +434,7 @@ for stage in "${STAGES[@]}"; do
         best_step bench_d12_best.log 150 -e d12 -t 1024 --profile
         [ -f .device/peers.sh ] && step peers.log 300 bash .device/peers.sh "$LOGS"
         best_step bench_d12_wgmma_best.log 150 -e d12 -t 1024 --attention wgmma --profile
+        step bench_d12_tma.log 40 build/bench_train_step -e d12 -t 1024 -b 64 --attention tma --profile
         best_step bench_d48_best.log 240 -e d48 -t 1024 --profile
         step torch_d12.log 200 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
         # FP8 (issue 28): the blocks' products in FP8, at the largest B that fits (the fp8 stage puts

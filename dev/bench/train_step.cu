@@ -7,9 +7,11 @@
 //                                                      each matrix product's TFLOP/s, forward and backward
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //   build/bench_train_step -e d12 --experts 8 --top-k 2  every block's MLP as 8 experts, top 2 (moe.cuh)
-//   build/bench_train_step -e d12 --attention wgmma    attention's forward on Hopper's warpgroup products
+//   build/bench_train_step -e d12 --attention wgmma    attention on Hopper's warpgroup products
 //                                                      (attention_hopper.cuh; mma: attention.cuh's, the
-//                                                      default; auto: wgmma on an sm_90 device)
+//                                                      default; tma: wgmma with the forward fed by a
+//                                                      producer warpgroup, attention_hopper_tma.cuh;
+//                                                      auto: wgmma on an sm_90 device)
 //   build/bench_train_step -e d48 -t 1024 --best       the fastest micro-batch and recomputation: B doubling
 //                                                      while it fits, each -r tried only for the batches the
 //                                                      lower ones could not fit (batch_sweep.h); a row per
@@ -60,14 +62,14 @@ struct Args {
     double peak_tflops = 989.0;
     std::string fp8 = "off";  // off, current or delayed
     int experts = 0, top_k = 2;  // a mixture of experts in every block (0: dense)
-    std::string attention = "mma";  // mma, wgmma or auto (set_attention_kernels)
+    std::string attention = "mma";  // mma, wgmma, tma or auto (set_attention_kernels)
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
     fprintf(stderr,
             "%s\nusage: %s [-e d4|d6|d12|d24|d36|d48] [-t T] [-b B (0: largest that fits)] [-r 0..3] [--steps N] "
             "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed] [--experts E [--top-k K]] "
-            "[--attention mma|wgmma|auto]\n"
+            "[--attention mma|wgmma|tma|auto]\n"
             "       %s --best [--best-budget-s S] [--best-min-b B] [--best-min-gain X] (and the flags above but "
             "-b, -r)\n",
             why.c_str(), prog, prog);
@@ -107,8 +109,8 @@ Args parse(int argc, char** argv) {
     if (!is_model_preset(a.model)) usage(argv[0], "-e must be a preset, got " + a.model);
     if (a.recompute < 0 || a.recompute > 3) usage(argv[0], "-r must be 0..3");
     if (a.fp8 != "off" && a.fp8 != "current" && a.fp8 != "delayed") usage(argv[0], "--fp8 must be off, current or delayed");
-    if (a.attention != "mma" && a.attention != "wgmma" && a.attention != "auto")
-        usage(argv[0], "--attention must be mma, wgmma or auto, got " + a.attention);
+    if (a.attention != "mma" && a.attention != "wgmma" && a.attention != "tma" && a.attention != "auto")
+        usage(argv[0], "--attention must be mma, wgmma, tma or auto, got " + a.attention);
     if (a.T < 1 || a.B < 0 || a.steps < 1 || a.warmup < 0) usage(argv[0], "-t, -b, --steps, --warmup out of range");
     if (a.experts < 0 || (a.experts > 0 && (a.top_k < 1 || a.top_k > a.experts)))
         usage(argv[0], "--experts must be >= 0 and --top-k in [1, experts]");

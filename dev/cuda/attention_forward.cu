@@ -8,6 +8,9 @@
 //       size 64 on an sm_90 device (the emulator is one); other head sizes and devices skip it;
 //       tiles of 128 keys, one block an SM (the shape attention_forward runs: FORWARD_KEYS)
 //   v4  v3 with tiles of 64 keys, two blocks an SM (the other shape, timed against it)
+//   v5  llmc/attention_hopper_tma.cuh: v3's products and softmax in two consumer warpgroups, fed by
+//       a producer warpgroup's TMA copies through a ring of stages and mbarriers (FlashAttention-3's
+//       warp specialization); set_attention_kernels(Tma)
 //
 // Checks, per shape, on the same bf16-exact inputs for every version:
 //   out  against llmc::cpu::attention_forward, BF16_TOLERANCE (out is stored in bf16; v2 also rounds
@@ -20,7 +23,7 @@
 //        1e-6 (fp32 dot products whose tensor-core rounding is not IEEE-specified, ex2.approx at
 //        2 ulp, lse = max ln2 + ln sum), while a wrong mask or index moves a row by far more (one
 //        key more or less in a 1000-key row: ~1e-3).
-//   determinism: v2-v4 run twice, out and lse bitwise equal.
+//   determinism: v2-v5 run twice, out and lse bitwise equal; v5 gives v3's out and lse bitwise.
 //   the ring-pair entry point: attention_forward_pair over the whole sequence (one causal pair)
 //        gives attention_forward's out and lse bitwise (the same kernel instance).
 // Ring checks (context parallelism, dev/cuda/attention_ring.cuh): for cp 2 and 4, every simulated
@@ -96,17 +99,20 @@ void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int
 
 // ---- the workbench ----
 
-constexpr int NUM_VERSIONS = 4;
+constexpr int NUM_VERSIONS = 5;
 const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
     "", "one warp per query row, scalar online softmax", "llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores",
     "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 128 keys",
-    "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 64 keys"};
+    "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 64 keys",
+    "llmc/attention_hopper_tma.cuh: wgmma, a producer warpgroup's TMA copies (warp specialization)"};
 // The version llmc::attention_forward and the ring pairs run for each setting of its kernels.
 constexpr int LLMC_WGMMA_VERSION = llmc::attention_detail::FORWARD_KEYS == 128 ? 3 : 4;
 
 // The kernels llmc::attention_forward runs for each version (set_attention_kernels).
 llmc::AttentionKernels kernels_of(int version) {
-    return version >= 3 ? llmc::AttentionKernels::Wgmma : llmc::AttentionKernels::MmaSync;
+    return version == 5 ? llmc::AttentionKernels::Tma
+           : version >= 3 ? llmc::AttentionKernels::Wgmma
+                          : llmc::AttentionKernels::MmaSync;
 }
 // Why version v cannot run this head size here, or null.
 const char* unavailable(int version, int HS) {
@@ -193,6 +199,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     bench::DeviceBuffer<floatX> out_d(out_n, "out"), out2_d(out_n, "out (second run)");
     bench::DeviceBuffer<float> lse_d(lse_n, "lse"), lse2_d(lse_n, "lse (second run)");
 
+    std::vector<float> out_v3, lse_v3;
     for (int v = 1; v <= NUM_VERSIONS; v++) {
         if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
@@ -209,6 +216,12 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::check("out", out, out_ref, bench::BF16_TOLERANCE);
             check_denominators(lse, denom_ref, 1e-4);
         }
+        // v5 runs v3's arithmetic on the same tiles, fed another way: the same bits
+        if (v == 3) out_v3 = out, lse_v3 = lse;
+        if (v == 5 && !out_v3.empty()) {
+            bench::check_same_bits("out, as version 3's", out, out_v3);
+            bench::check_same_bits("lse, as version 3's", lse, lse_v3);
+        }
         if (v >= 2) {
             bench::poison(out2_d.get(), out_n);
             bench::poison(lse2_d.get(), lse_n);
@@ -218,7 +231,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::check_same_bits("out, run twice", bench::to_host(out2_d.get(), out_n), out);
             bench::check_same_bits("lse, run twice", bench::to_host(lse2_d.get(), lse_n), lse);
             // the public entry points run this version's kernel: the pair and the amax paths too
-            if (v == 2 || v == LLMC_WGMMA_VERSION) {
+            if (v == 2 || v == LLMC_WGMMA_VERSION || v == 5) {
                 bench::poison(out2_d.get(), out_n);
                 bench::poison(lse2_d.get(), lse_n);
                 llmc::attention_forward_pair(out2_d.get(), lse2_d.get(), qkv_d.get(), qkv_d.get(), s.B,
@@ -305,8 +318,9 @@ int main(int argc, char** argv) {
             if (opt.check_only && !s.check) continue;
             run_shape(s, opt, rng);
         }
-        // the ring's pairs run what attention_forward_pair runs: version 2 or the wgmma kernel's shape
-        for (int v : {2, LLMC_WGMMA_VERSION})
+        // the ring's pairs run what attention_forward_pair runs: version 2, the wgmma kernel's shape or
+        // the TMA-fed one
+        for (int v : {2, LLMC_WGMMA_VERSION, 5})
             if (opt.runs(v))
                 for (const ring::Shape& s : ring::SHAPES) run_ring(s, v, opt, rng);
     });

@@ -42,10 +42,11 @@
 
 namespace llmc {
 
-// Which forward kernel attention_forward and the ring pairs' forward run for head size 64 (other
-// head sizes always run mma.sync): mma.sync (attention.cuh), wgmma (this file, an sm_90 device
-// only), or wgmma wherever the device is sm_90.
-enum class AttentionKernels { MmaSync, Wgmma, Auto };
+// Which kernels attention and the ring pairs run for head size 64 (other head sizes always run
+// mma.sync): mma.sync (attention.cuh), wgmma (this file, an sm_90 device only), wgmma with the
+// forward fed by TMA from a producer warpgroup (attention_hopper_tma.cuh; the same backward), or
+// wgmma wherever the device is sm_90.
+enum class AttentionKernels { MmaSync, Wgmma, Tma, Auto };
 
 inline AttentionKernels& attention_kernels_setting() {
     static AttentionKernels setting = AttentionKernels::MmaSync;
@@ -54,14 +55,18 @@ inline AttentionKernels& attention_kernels_setting() {
 inline void set_attention_kernels(AttentionKernels k) { attention_kernels_setting() = k; }
 
 inline const char* attention_kernels_name(AttentionKernels k) {
-    return k == AttentionKernels::MmaSync ? "mma" : k == AttentionKernels::Wgmma ? "wgmma" : "auto";
+    return k == AttentionKernels::MmaSync ? "mma"
+           : k == AttentionKernels::Wgmma ? "wgmma"
+           : k == AttentionKernels::Tma   ? "tma"
+                                          : "auto";
 }
-// "mma", "wgmma" or "auto" (a flag's value); anything else fails naming `flag`.
+// "mma", "wgmma", "tma" or "auto" (a flag's value); anything else fails naming `flag`.
 inline AttentionKernels parse_attention_kernels(const std::string& value, const char* flag) {
     if (value == "mma") return AttentionKernels::MmaSync;
     if (value == "wgmma") return AttentionKernels::Wgmma;
+    if (value == "tma") return AttentionKernels::Tma;
     if (value == "auto") return AttentionKernels::Auto;
-    fail(strformat("%s must be mma, wgmma or auto, got '%s'", flag, value.c_str()));
+    fail(strformat("%s must be mma, wgmma, tma or auto, got '%s'", flag, value.c_str()));
 }
 
 // Whether the current device runs sm_90a code (compute capability 9.0: H100, H200); asked once (a
@@ -103,13 +108,14 @@ struct HopperForward {
 constexpr int FORWARD_KEYS = 128;
 
 // Whether attention runs on wgmma (forward and backward): head size 64 and the setting (an explicit
-// Wgmma on a device without it fails rather than running nothing).
+// Wgmma or Tma on a device without it fails rather than running nothing).
 inline bool attention_on_wgmma(int HS) {
     const AttentionKernels k = attention_kernels_setting();
     if (HS != HOPPER_HS || k == AttentionKernels::MmaSync) return false;
     const bool has = device_has_wgmma();
-    if (k == AttentionKernels::Wgmma && !has)
-        fail("attention: the wgmma kernels (set_attention_kernels Wgmma) need an sm_90 device (H100, H200)");
+    if (k != AttentionKernels::Auto && !has)
+        fail(strformat("attention: the wgmma kernels (set_attention_kernels %s) need an sm_90 device (H100, H200)",
+                       attention_kernels_name(k)));
     return has;
 }
 
@@ -141,6 +147,82 @@ __device__ inline uint64_t k_major_desc(uint32_t tile, int k) {
 // V read MN-major (its 64 columns are N): its k-th 16 rows (keys).
 __device__ inline uint64_t mn_major_desc(uint32_t tile, int k) {
     return wgmma::descriptor(tile + 16 * HOPPER_ROW_BYTES * k, 0, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);
+}
+
+// One tile of the forward's online softmax, for this warp's 16 rows (row_first ..) against keys key0
+// .. key0 + BN - 1: the scores s (S's accumulators) masked, the rows' running max and sum updated, o
+// rescaled to the new max, and the probabilities rounded into p, the A fragments of P V.
+template <int BN, bool CAUSAL>
+__device__ __forceinline__ void softmax_tile(uint32_t (&p)[BN / 16][4], float (&s)[BN / 8][4],
+                                             float (&o)[HOPPER_HS / 8][4], float (&row_max)[2], float (&row_sum)[2],
+                                             int key0, int row_first, int lane, int T, float scale_log2) {
+    constexpr int HS = HOPPER_HS;
+    // causal: the tile crosses this warp's diagonal; all keys: the tile runs past the last key
+    if (CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+                const int row = row_first + lane / 4 + 8 * (e / 2);
+                if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;
+            }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
+        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float rescale[2], max_used[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
+        // a row with nothing unmasked yet (its keys all later, in this tile) must not compute -inf - -inf
+        max_used[r] = new_max == -INFINITY ? 0.0f : new_max;
+        rescale[r] = fast_exp2(row_max[r] - max_used[r]);
+        row_max[r] = new_max;
+        row_sum[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[n][e] = fast_exp2(fmaf(s[n][e], scale_log2, -max_used[e / 2]));
+            row_sum[e / 2] += s[n][e];
+        }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] *= rescale[e / 2];
+    acc_to_a<BN>(p, s);
+}
+
+// The forward's end for this warp's 16 rows (row_first < T): each row's log-sum-exp into lse, and o
+// divided by the row's sum into out (its largest |value| joins *amax where given).
+__device__ __forceinline__ void finish_rows(floatX* out, float* lse, float (&o)[HOPPER_HS / 8][4],
+                                            const float (&row_max)[2], float (&row_sum)[2], int b, int h, int NH,
+                                            const AttentionRows& rows, int row_first, int lane, float* amax) {
+    constexpr int HS = HOPPER_HS;
+    const int T = rows.T, C = NH * HS;
+    float* lse_head = lse + ((size_t)b * NH + h) * rows.q_rows;
+    float inv_sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+        inv_sum[r] = 1.0f / row_sum[r];  // >= 1: the row's maximum contributes 2^0
+        const int row = row_first + lane / 4 + 8 * r;
+        if (lane % 4 == 0 && row < T) lse_head[row] = row_max[r] * LN2 + logf(row_sum[r]);
+    }
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
+    const float largest = write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
+    if (amax) warp_amax_into(amax, largest);  // FP8's current scaling: the attention projection's input
 }
 
 // Grid (B*NH, query tiles of 128); block: 2 warpgroups, 64 query rows each; tiles of BN keys.
@@ -203,48 +285,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
             wgmma::wait_group<0>();
             wgmma::fence_operands(s_flat);
 
-            // causal: the tile crosses this warp's diagonal; all keys: the tile runs past the last key
-            if (CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T) {
-#pragma unroll
-                for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
-                        const int row = row_first + lane / 4 + 8 * (e / 2);
-                        if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;
-                    }
-            }
-            float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
-                tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
-            }
-            float rescale[2], max_used[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-                const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
-                // a row with nothing unmasked yet (its keys all later, in this tile) must not compute -inf - -inf
-                max_used[r] = new_max == -INFINITY ? 0.0f : new_max;
-                rescale[r] = fast_exp2(row_max[r] - max_used[r]);
-                row_max[r] = new_max;
-                row_sum[r] *= rescale[r];
-            }
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[n][e] = fast_exp2(fmaf(s[n][e], scale_log2, -max_used[e / 2]));
-                    row_sum[e / 2] += s[n][e];
-                }
-#pragma unroll
-            for (int n = 0; n < HS / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) o[n][e] *= rescale[e / 2];
             uint32_t p[BN / 16][4];
-            acc_to_a<BN>(p, s);
+            softmax_tile<BN, CAUSAL>(p, s, o, row_max, row_sum, key0, row_first, lane, T, scale_log2);
 
             wgmma::fence();  // o was rescaled by this thread
 #pragma unroll
@@ -256,22 +298,7 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
         __syncthreads();  // the next iteration refills buffer `buf` with tile + 2
     }
 
-    if (row_first >= T) return;
-    float inv_sum[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-        row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-        inv_sum[r] = 1.0f / row_sum[r];  // >= 1: the row's maximum contributes 2^0
-        const int row = row_first + lane / 4 + 8 * r;
-        if (lane % 4 == 0 && row < T) lse[(size_t)bh * rows.q_rows + row] = row_max[r] * LN2 + logf(row_sum[r]);
-    }
-#pragma unroll
-    for (int n = 0; n < HS / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[n][e] *= inv_sum[e / 2];
-    const float largest = write_rows<HS>(out + (size_t)b * rows.q_rows * C + h * HS, C, o, 1.0f, row_first, T, lane);
-    if (amax) warp_amax_into(amax, largest);  // FP8's current scaling: the attention projection's input
+    if (row_first < T) finish_rows(out, lse, o, row_max, row_sum, b, h, NH, rows, row_first, lane, amax);
 }
 
 template <bool CAUSAL, int BN = FORWARD_KEYS>

@@ -153,6 +153,22 @@ breakage wgmma-dkv-float-buffer llmc/kernels/attention_hopper.cuh "bench attenti
     "attention backward (wgmma): the next tile's lse copied over the one in use" \
     '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);' \
     '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + buf * BQ, lse_head, next, T);'
+breakage tma-no-empty-wait llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
+    "attention forward (TMA): the producer refills a stage without waiting for its consumers to free it" \
+    '            if (tile >= STAGES) tma::mbarrier_wait(&empty[s], (tile / STAGES - 1) & 1);' \
+    '            // (no wait for the stage to be free)'
+breakage tma-no-v-wait llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
+    "attention forward (TMA): P V read V's stage without waiting for its copy" \
+    '        tma::mbarrier_wait(&v_full[s], parity);' \
+    '        // (no wait for V)'
+breakage tma-parity llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
+    "attention forward (TMA): the consumers wait on the tile's parity, not the stage's use (tile & 1)" \
+    '        const uint32_t parity = (tile / STAGES) & 1;' \
+    '        const uint32_t parity = tile & 1;'
+breakage tma-expect-bytes llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
+    "attention forward (TMA): K's barrier armed with half the tile's bytes" \
+    '            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES);' \
+    '            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES / 2);'
 breakage wgmma-dkv-diagonal llmc/kernels/attention_hopper.cuh "bench attention_backward" \
     "attention backward (wgmma): each key's own query masked out of dK, dV (the diagonal)" \
     '                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
@@ -381,7 +397,8 @@ breakage fp8-gather-clips-one-rank llmc/kernels/fp8.cuh "bench fp8" \
     'const Fp8Clip& c = all[(size_t)r * tensors + i];' 'const Fp8Clip& c = all[i];'
 breakage fp8-gather-packed-once llmc/models/gpt2/fp8_linears.cuh "fp8-gather" \
     "Fp8LinearsCUDA::pack: the slices packed once, never again after the weights or their scales change" \
-    'if (packed_epoch_ != epoch_) pack_weights(shard);' 'if (packed_epoch_ == 0) pack_weights(shard);'
+    'if (version != packed_version_ || scales_epoch_ != packed_scales_epoch_) pack_weights(shard, version);' \
+    'if (packed_version_ == 0) pack_weights(shard, version);'
 breakage fp8-gather-local-version llmc/dist/zero.h "fp8-gather-fault" \
     "ZeroEngine::prefetch_params: the packing decided on the rank's own parameter version (a flipped bit makes one rank pack, and exchange, alone)" \
     'codec_->pack(bucket, params_shard_, shared_params_version_)' 'codec_->pack(bucket, params_shard_, params_version_)'

@@ -1,0 +1,183 @@
+// attention_hopper_tma.cuh: attention_hopper.cuh's forward with its loads taken off the threads that
+// compute (FlashAttention-3's warp specialization). A block is three warpgroups: one producer, whose
+// single elected thread copies Q once and each tile of K and V with TMA (cp.async.bulk.tensor, the
+// 128-byte swizzle made by the copy engine, not by the threads) into a ring of shared-memory stages,
+// and two consumers of 64 query rows each, which run the same products and the same online softmax
+// as attention_hopper.cuh's forward (softmax_tile, finish_rows). Nothing but mbarriers orders them:
+//   full[s]  (K and V apart, so S = Q K^T starts while V still lands): the producer arms it with the
+//            tile's bytes (arrive.expect_tx); the copy completes it; a consumer waits on it
+//   empty[s] every consumer thread arrives once its products on stage s have retired (wgmma's wait);
+//            the producer waits on it before refilling the stage
+// Each stage's barriers go through one phase per use, so a wait names the parity (use / STAGES) & 1.
+// The producer gives its registers to the consumers (setmaxnreg), who hold S (64 fp32 a thread for
+// 128 keys), O and P.
+//
+// The copies read Q, K and V as boxes of one head's 64 columns out of the (rows, 3C) matrix of qkv, a
+// tensor map over all B sequences' rows (up to the last one's row T - 1). A box of a sequence's last tile may so reach rows of the next
+// sequence (or, in a ring pair, the other chunk), not zeros as the cp.async kernel's loads give: they
+// are finite, their scores are masked to -inf (keys >= T are past every row's diagonal, or past T),
+// so their probabilities are exactly 0 and add exactly nothing; queries >= T are computed and not
+// written. Past the matrix's last row the copy engine fills zeros.
+//
+// Version 5 of dev/cuda/attention_forward; the model runs it with set_attention_kernels(Tma) (the
+// backward is attention_hopper.cuh's). Not done yet: two consumer warpgroups taking turns on the
+// tensor cores (pingpong), and the softmax of one tile overlapped with the products of the next.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "llmc/kernels/attention_hopper.cuh"
+#include "llmc/kernels/attention_tiles.cuh"
+#include "llmc/kernels/cuda_common.cuh"
+#include "llmc/kernels/tma.cuh"
+#include "llmc/kernels/wgmma.cuh"
+
+namespace llmc::attention_detail {
+
+struct TmaForward {
+    static constexpr int KEYS = 128;
+    static constexpr int STAGES = 2;
+    static constexpr int THREADS = 128 * (1 + HOPPER_WARPGROUPS);  // the producer, then the consumers
+    static constexpr int CONSUMER_THREADS = 128 * HOPPER_WARPGROUPS;
+    static constexpr uint32_t KV_BYTES = KEYS * HOPPER_ROW_BYTES;
+    // Registers a thread after the hand-over (setmaxnreg): 128 x 24 + 256 x 240 <= 65536.
+    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    // The barriers: Q's, then full K, full V and empty for each stage.
+    static constexpr int BARRIERS = 1 + 3 * STAGES;
+    // Up to 1023 bytes to the first 1024-byte boundary, Q, the stages' K and V, the barriers.
+    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + HOPPER_Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;
+};
+
+// Grid (B*NH, query tiles of 128), TmaForward::THREADS threads. q_map: the query side's qkv as a
+// ((B - 1) q_rows + T, 3C) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's, with
+// kv_rows, boxes of KEYS rows; both in the 128-byte swizzle.
+template <bool CAUSAL>
+__global__ void __launch_bounds__(TmaForward::THREADS, 1)
+    attention_forward_tma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                                 floatX* out, float* lse, AttentionRows rows, int NH, float scale_log2, float* amax) {
+    constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = TmaForward::KEYS, STAGES = TmaForward::STAGES;
+    constexpr uint32_t KV_BYTES = TmaForward::KV_BYTES;
+    uint8_t* smem = dynamic_shared_memory<uint8_t>();
+    const uint32_t raw = smem_addr(smem);
+    const uint32_t q_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
+    const uint32_t k_s = q_s + HOPPER_Q_BYTES;      // [STAGES] tiles
+    const uint32_t v_s = k_s + STAGES * KV_BYTES;   // [STAGES] tiles
+    const uint32_t bar_s = v_s + STAGES * KV_BYTES;
+    // The same places as generic pointers (the copies and the barriers take those).
+    auto at = [&](uint32_t shared) { return smem + (shared - raw); };
+    uint64_t* q_full = reinterpret_cast<uint64_t*>(at(bar_s));
+    uint64_t* k_full = q_full + 1;       // [STAGES]
+    uint64_t* v_full = k_full + STAGES;  // [STAGES]
+    uint64_t* empty = v_full + STAGES;   // [STAGES]
+
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
+    const int T = rows.T, C = NH * HS;
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
+
+    if (threadIdx.x == 0) {
+        tma::mbarrier_init(q_full, 1);
+        for (int s = 0; s < STAGES; s++) {
+            tma::mbarrier_init(&k_full[s], 1);
+            tma::mbarrier_init(&v_full[s], 1);
+            tma::mbarrier_init(&empty[s], TmaForward::CONSUMER_THREADS);
+        }
+        tma::fence_barrier_init();
+    }
+    __syncthreads();  // the last block-wide barrier: the producer's threads leave early
+
+    if (threadIdx.x < 128) {
+        tma::setmaxnreg_dec<TmaForward::PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        tma::prefetch_tensor_map(&q_map);
+        tma::prefetch_tensor_map(&kv_map);
+        tma::mbarrier_arrive_expect_tx(q_full, HOPPER_Q_BYTES);
+        tma::copy_2d(at(q_s), &q_map, h * HS, b * rows.q_rows + q0, q_full);
+        const int kv_row0 = b * rows.kv_rows;
+        for (int tile = 0; tile < num_tiles; tile++) {
+            const int s = tile % STAGES;
+            // the stage's previous tile (tile - STAGES) retired by every consumer thread
+            if (tile >= STAGES) tma::mbarrier_wait(&empty[s], (tile / STAGES - 1) & 1);
+            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES);
+            tma::copy_2d(at(k_s + s * KV_BYTES), &kv_map, C + h * HS, kv_row0 + tile * BN, &k_full[s]);
+            tma::mbarrier_arrive_expect_tx(&v_full[s], KV_BYTES);
+            tma::copy_2d(at(v_s + s * KV_BYTES), &kv_map, 2 * C + h * HS, kv_row0 + tile * BN, &v_full[s]);
+        }
+        return;
+    }
+
+    tma::setmaxnreg_inc<TmaForward::CONSUMER_REGS>();
+    const int warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32, group = warp / 4;  // consumer warps 0-7
+    const int group_first = q0 + 64 * group;  // this warpgroup's rows: group_first .. + 63
+    const int row_first = q0 + 16 * warp;     // this warp's rows: row_first .. + 15
+    const bool group_active = group_first < T;
+    const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group;
+    float o[HS / 8][4] = {};
+    float (&o_flat)[HS / 2] = reinterpret_cast<float (&)[HS / 2]>(o);
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    tma::mbarrier_wait(q_full, 0);
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int s = tile % STAGES;
+        const uint32_t parity = (tile / STAGES) & 1;
+        const int key0 = tile * BN;
+        // A warpgroup-uniform condition: the four warps issue the same products. A warpgroup with
+        // nothing to do still waits for the tile before it frees the stage, so that its arrival can
+        // never count towards a later use of the stage.
+        const bool active = group_active && (!CAUSAL || key0 <= group_first + 63);
+        const uint32_t k_tile = k_s + s * KV_BYTES, v_tile = v_s + s * KV_BYTES;
+        uint32_t p[BN / 16][4];
+        tma::mbarrier_wait(&k_full[s], parity);
+        if (active) {
+            float s_acc[BN / 8][4];
+            float (&s_flat)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s_acc);
+            wgmma::fence();
+#pragma unroll
+            for (int k = 0; k < HS / 16; k++)
+                wgmma::mma_ss<BN, false, false>(s_flat, k_major_desc(q_group, k), k_major_desc(k_tile, k), k > 0);
+            wgmma::commit_group();
+            wgmma::wait_group<0>();
+            wgmma::fence_operands(s_flat);
+            softmax_tile<BN, CAUSAL>(p, s_acc, o, row_max, row_sum, key0, row_first, lane, T, scale_log2);
+        }
+        tma::mbarrier_wait(&v_full[s], parity);
+        if (active) {
+            wgmma::fence();  // o was rescaled by this thread
+#pragma unroll
+            for (int k = 0; k < BN / 16; k++) wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);
+            wgmma::commit_group();
+            wgmma::wait_group<0>();
+            wgmma::fence_operands(o_flat);
+        }
+        tma::mbarrier_arrive(&empty[s]);  // this thread's products on the stage have retired
+    }
+    if (row_first < T) finish_rows(out, lse, o, row_max, row_sum, b, h, NH, rows, row_first, lane, amax);
+}
+
+template <bool CAUSAL>
+inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
+                                         const AttentionRows& rows, int NH, cudaStream_t stream, float* amax) {
+    constexpr int HS = HOPPER_HS;
+    // The matrices end at the last sequence's row T - 1: a pair's chunk may start inside its buffer,
+    // so B * q_rows rows from it could reach past the allocation.
+    const uint64_t columns = 3 * (uint64_t)NH * HS, row_bytes = columns * sizeof(floatX);
+    const uint64_t q_matrix_rows = (uint64_t)(B - 1) * rows.q_rows + rows.T;
+    const uint64_t kv_matrix_rows = (uint64_t)(B - 1) * rows.kv_rows + rows.T;
+    const CUtensorMap q_map = tma::make_tensor_map_2d(q_qkv, q_matrix_rows, columns, row_bytes, HOPPER_BM, HS,
+                                                      tma::Swizzle::Bytes128);
+    const CUtensorMap kv_map = tma::make_tensor_map_2d(kv_qkv, kv_matrix_rows, columns, row_bytes, TmaForward::KEYS,
+                                                       HS, tma::Swizzle::Bytes128);
+    constexpr size_t smem = TmaForward::SMEM_BYTES;
+    auto kernel = attention_forward_tma_kernel<CAUSAL>;
+    set_smem_limit(kernel, smem, "attention_forward (wgmma, TMA)", HS);
+    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const float scale_log2 = LOG2E / sqrtf((float)HS);
+    LLMC_LAUNCH(kernel, grid, TmaForward::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, NH, scale_log2, amax);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmc::attention_detail
