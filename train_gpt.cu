@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "llmc/bpe_encoder.h"
+#include "llmc/text/bpe_encoder.h"
 #include "llmc/ckpt/output_dir.h"
 #include "llmc/config.h"
 #include "llmc/dist/bootstrap.h"
@@ -21,14 +21,14 @@
 #include "llmc/dist/heartbeat.h"
 #endif
 #include "llmc/dist/process_groups.h"
-#include "llmc/exit_codes.h"
-#include "llmc/faults.h"
-#include "llmc/health.h"
+#include "llmc/failures/exit_codes.h"
+#include "llmc/failures/faults.h"
+#include "llmc/failures/health.h"
 #include "llmc/models/gpt2/model_file.h"
-#include "llmc/rng.h"
-#include "llmc/sampler.h"
-#include "llmc/step_plan.h"
-#include "llmc/tokenizer.h"
+#include "llmc/numerics/rng.h"
+#include "llmc/text/sampler.h"
+#include "llmc/planning/step_plan.h"
+#include "llmc/text/tokenizer.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
 

@@ -5,7 +5,7 @@
 
 Panels: train and validation loss against steps, the same against tokens seen, learning rate,
 gradient norm and tokens/s (and MFU where the run recorded it). Several files are overlaid, one
-color per run, with a legend. The records read are the trainer's (llmc/metrics.h): a step record
+color per run, with a legend. The records read are the trainer's (llmc/training/metrics.h): a step record
 has "train_loss", an evaluation "val_loss" (those marked "superseded" by a rollback or replay are
 left out); tokens per step come from the run's config.json next to the metrics file when it is
 there (resolved total_batch_tokens), else tokens are not drawn.

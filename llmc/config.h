@@ -26,10 +26,10 @@
 #include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
-#include "llmc/fp8.h"
-#include "llmc/goodput.h"
+#include "llmc/numerics/fp8.h"
+#include "llmc/planning/goodput.h"
 #include "llmc/models/gpt2/params.h"
-#include "llmc/schedule.h"
+#include "llmc/training/schedule.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -235,14 +235,14 @@ inline const std::vector<RunOption>& run_options() {
         {"", "max_skips", &RunConfig::max_skips, "after this many skipped updates in a row, roll back to the newest checkpoint (0: never)"},
         {"", "fingerprint_every", &RunConfig::fingerprint_every, "every N steps compare the replicas' parameter CRC32C (data-parallel and context-parallel ranks; with --ep those that hold the same experts; 0: never)"},
         {"", "model_dtype", &RunConfig::model_dtype, "the final model.bin's numbers: fp32 (llm.c's version 3) or bf16 (version 5)"},
-        {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/faults.h; also LLMC_FAULTS)"},
+        {"", "faults", &RunConfig::faults, "inject faults for testing, e.g. kill@12:1,nan_grad@5 (see llmc/failures/faults.h; also LLMC_FAULTS)"},
         {"", "straggler_factor", &RunConfig::straggler_factor, "health check at start: name ranks slower than the median by this factor as stragglers (0: no check)"},
         {"", "straggler_action", &RunConfig::straggler_action, "warn (train anyway) or refuse (exit 8) when the health check names a straggler"},
         {"", "log_rank_times", &RunConfig::log_rank_times, "1: every step, each rank's compute time into metrics.jsonl, naming the slowest rank"},
         {"", "plan", &RunConfig::plan, "print the per-rank memory plan and the predicted step time for this many ranks, then exit (0: train)"},
         {"", "plan_format", &RunConfig::plan_format, "--plan's output: text, or json (one object: step_time_s, tokens_per_s_per_gpu, model_tflops_per_gpu, hw_tflops_per_gpu, mfu, memory_gib, breakdown, goodput)"},
         {"", "plan_search", &RunConfig::plan_search, "rank every layout (dp, tp, pp, ZeRO stage, -r, -b) of this many GPUs for the -d batch, print the best and why the others lose, then exit"},
-        {"", "topology", &RunConfig::topology, "the cluster --plan predicts on: h100 (DGX H100), a100 (DGX A100) or a JSON file (keys in llmc/cluster.h)"},
+        {"", "topology", &RunConfig::topology, "the cluster --plan predicts on: h100 (DGX H100), a100 (DGX A100) or a JSON file (keys in llmc/planning/cluster.h)"},
         {"", "model_shape", &RunConfig::model_shape, "with --plan: the model as a JSON file of layers, hidden, heads, kv_heads, ffn_hidden, ffn (gelu|swiglu), vocab, tied"},
         {"", "failure_rate", &RunConfig::failure_rate, "--plan's goodput: failures per GPU-hour (default: Llama 3's 1.97e-5, 419 in 54 days on 16,384 H100s)"},
         {"", "restart_s", &RunConfig::restart_s, "--plan's goodput: seconds from a failure to training again, restoring the checkpoint not included"},

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "llmc/ckpt/shard_state.h"
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/models/gpt2/config.h"  // ModelConfig: the one architecture so far
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/supervise.sh: a restart supervisor. Runs a training command; when it fails in a way a
-# relaunch can get past (llmc/exit_codes.h), relaunches it with -y 1 (resume from the newest complete
+# relaunch can get past (llmc/failures/exit_codes.h), relaunches it with -y 1 (resume from the newest complete
 # checkpoint) until the run finishes or the restart budget is spent.
 #
 #   scripts/supervise.sh [options] -- COMMAND...

@@ -17,7 +17,7 @@
 
 #include "llmc/ckpt/checkpoint.h"
 #include "llmc/dist/zero_plan.h"
-#include "llmc/metrics.h"
+#include "llmc/training/metrics.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 
 using namespace llmc;

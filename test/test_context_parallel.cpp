@@ -10,7 +10,7 @@
 
 #include "llmc/cpu/ops.h"
 #include "llmc/dist/context_parallel.h"
-#include "llmc/rng.h"
+#include "llmc/numerics/rng.h"
 #include "test/rel_error.h"
 
 using namespace llmc;

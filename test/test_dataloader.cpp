@@ -1,4 +1,4 @@
-// Tests for llmc/dataloader.h. Shards are written into a fresh mkdtemp directory; token i of shard s
+// Tests for llmc/data/dataloader.h. Shards are written into a fresh mkdtemp directory; token i of shard s
 // has the value s*1000 + i, so a batch's first input names its shard and window exactly.
 #include <catch2/catch.hpp>
 
@@ -9,7 +9,7 @@
 #include <set>
 #include <utility>
 
-#include "llmc/dataloader.h"
+#include "llmc/data/dataloader.h"
 
 using llmc::DataLoader;
 using llmc::DataLoaderState;

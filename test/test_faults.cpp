@@ -1,8 +1,8 @@
-// Tests for llmc/faults.h: the fault list's syntax, matching by step and rank, and its errors; and
+// Tests for llmc/failures/faults.h: the fault list's syntax, matching by step and rank, and its errors; and
 // the refusal of faults that cannot fire in a run (train_loop.h's why_fault_never_fires).
 #include <catch2/catch.hpp>
 
-#include "llmc/faults.h"
+#include "llmc/failures/faults.h"
 #include "llmc/train_loop.h"
 
 using namespace llmc;

@@ -1,4 +1,4 @@
-// The FP8 formats and scaling (llmc/fp8.h): every code decodes to the value the format defines and
+// The FP8 formats and scaling (llmc/numerics/fp8.h): every code decodes to the value the format defines and
 // encodes back to itself, midpoints round to the even neighbour, what lies beyond the range
 // saturates, scales are the largest power of two that keeps amax in range, and quantizing counts
 // what it clipped. The CPU model's FP8 products (cpu/fp8_linear.h): exact on operands already on
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "llmc/cpu/fp8_linear.h"
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "test/rel_error.h"
 
 using namespace llmc;

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "llmc/step_plan.h"
+#include "llmc/planning/step_plan.h"
 
 using namespace llmc;
 using Catch::Contains;

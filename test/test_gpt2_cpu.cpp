@@ -1,4 +1,4 @@
-// Tests of the fp32 CPU GPT-2 (llmc/gpt2_cpu.h) against the float64 PyTorch oracle written by
+// Tests of the fp32 CPU GPT-2 (llmc/models/gpt2/gpt2_cpu.h) against the float64 PyTorch oracle written by
 // dev/ref/make_fixture.py, plus the model file format, init, AdamW ranges and determinism.
 // Comparisons use relative error per tensor, ||a - b|| / ||b||, which is +inf whenever `a` holds a
 // NaN or an infinity, so a broken computation can never pass.
@@ -15,7 +15,7 @@
 
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/model_file.h"
-#include "llmc/sampler.h"
+#include "llmc/text/sampler.h"
 #include "llmc/utils.h"
 #include "test/file_order.h"
 #include "test/rel_error.h"

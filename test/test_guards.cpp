@@ -1,11 +1,11 @@
-// Tests for llmc/guards.h (the z-score window of -sl / -sg, who diverges among replicas' parameter
+// Tests for llmc/failures/guards.h (the z-score window of -sl / -sg, who diverges among replicas' parameter
 // fingerprints) and for the once-per-process firing of the faults an in-process rollback replays.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 
-#include "llmc/faults.h"
-#include "llmc/guards.h"
+#include "llmc/failures/faults.h"
+#include "llmc/failures/guards.h"
 
 using namespace llmc;
 

@@ -1,8 +1,8 @@
-// Tests for llmc/health.h: the median and the straggler rule (the start-up check and the per-step
+// Tests for llmc/failures/health.h: the median and the straggler rule (the start-up check and the per-step
 // times under mpirun are in test/mpi/run_supervisor_tests.sh).
 #include <catch2/catch.hpp>
 
-#include "llmc/health.h"
+#include "llmc/failures/health.h"
 
 using namespace llmc;
 

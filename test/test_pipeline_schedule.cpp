@@ -8,7 +8,7 @@
 #include "llmc/dist/pipeline_schedule.h"
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/models/gpt2/params.h"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 
 using namespace llmc;
 using Catch::Matchers::Contains;

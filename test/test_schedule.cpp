@@ -1,7 +1,7 @@
 // Learning-rate schedules: warmup, then cosine, linear, constant or warmup-stable-decay.
 #include <catch2/catch.hpp>
 
-#include "llmc/schedule.h"
+#include "llmc/training/schedule.h"
 
 using namespace llmc;
 using Catch::Contains;

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <set>
 
-#include "llmc/step_plan.h"
+#include "llmc/planning/step_plan.h"
 
 using namespace llmc;
 using Catch::Contains;

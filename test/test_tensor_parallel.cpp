@@ -9,7 +9,7 @@
 #include "llmc/ckpt/manifest.h"
 #include "llmc/cpu/ops.h"
 #include "llmc/models/gpt2/params.h"
-#include "llmc/rng.h"
+#include "llmc/numerics/rng.h"
 
 using namespace llmc;
 using Catch::Matchers::Contains;

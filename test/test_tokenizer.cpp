@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/bpe_encoder.h"
-#include "llmc/tokenizer.h"
+#include "llmc/text/bpe_encoder.h"
+#include "llmc/text/tokenizer.h"
 #include "llmc/utils.h"
 
 namespace {

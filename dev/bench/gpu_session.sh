@@ -422,7 +422,7 @@ for stage in "${STAGES[@]}"; do
         step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
         # torch SDPA (flash and cuDNN) beside llmc mma.sync and wgmma, forward+backward
         step attention_vs_sdpa.log 180 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
-        # the measured kernel rates as a --topology file for --plan (llmc/cluster.h)
+        # the measured kernel rates as a --topology file for --plan (llmc/planning/cluster.h)
         step measured_topology.json 10 dev/bench/measured_topology.sh "$LOGS"
         ;;
     bench)

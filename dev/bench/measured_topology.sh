@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/bench/measured_topology.sh: a --topology file whose kernel rates are the ones a GPU session
-# measured, in place of the efficiencies llmc/cluster.h assumes. Prints JSON:
+# measured, in place of the efficiencies llmc/planning/cluster.h assumes. Prints JSON:
 #   matmul_tflops      the products of a whole training step: the `bench` stage's profile of the
 #                      largest model (bench_d48_best.log, else bench_d12_best.log, or their names
 #                      without _best: bench_train_step --profile's table of products); without one,

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "dev/bench/batch_sweep.h"
-#include "llmc/mfu.h"
+#include "llmc/planning/mfu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 
 using namespace llmc;

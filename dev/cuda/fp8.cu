@@ -12,7 +12,7 @@
 //
 //   ./fp8 [--check] [--seed N]
 //
-// Checked against the CPU: every code of the cast and of its transpose equals llmc/fp8.h's encode
+// Checked against the CPU: every code of the cast and of its transpose equals llmc/numerics/fp8.h's encode
 // of the same value (bit for bit), and so do the amax, the clipping counts and the scales
 // (fp8::scale_for_amax); the delayed update follows the history as cpu::Fp8Linears::end_step does;
 // the products equal cpu::Fp8Linears' forward and backward on the same bf16 values (the quantized

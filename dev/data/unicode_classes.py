@@ -1,9 +1,9 @@
-"""unicode_classes.py: writes llmc/unicode_classes.h, the code point ranges of the three character
+"""unicode_classes.py: writes llmc/text/unicode_classes.h, the code point ranges of the three character
 classes GPT-2's pre-tokenization pattern uses (\\p{L} letters, \\p{N} numbers, \\s whitespace), as the
 Python `regex` module that dev/data/gpt2_bpe.py splits with defines them. The C++ encoder
-(llmc/bpe_encoder.h) matches the pattern by hand against these tables, since std::regex has no \\p{..}.
+(llmc/text/bpe_encoder.h) matches the pattern by hand against these tables, since std::regex has no \\p{..}.
 
-    /usr/bin/python3 dev/data/unicode_classes.py > llmc/unicode_classes.h
+    /usr/bin/python3 dev/data/unicode_classes.py > llmc/text/unicode_classes.h
 """
 import regex
 
@@ -33,7 +33,7 @@ def main():
           f"{regex.__version__}; do not edit.")
     print("//")
     print("// Sorted, inclusive code point ranges of the character classes in GPT-2's pre-tokenization pattern,")
-    print("// exactly as dev/data/gpt2_bpe.py's regex sees them; llmc/bpe_encoder.h binary-searches them.")
+    print("// exactly as dev/data/gpt2_bpe.py's regex sees them; llmc/text/bpe_encoder.h binary-searches them.")
     print("#pragma once\n\n#include <cstdint>\n\nnamespace llmc {\n")
     for name, pattern, doc in CLASSES:
         r = ranges(pattern)

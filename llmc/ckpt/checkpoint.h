@@ -47,13 +47,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/bf16.h"
+#include "llmc/numerics/bf16.h"
 #include "llmc/ckpt/crc32c.h"
 #include "llmc/ckpt/manifest.h"
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/config.h"
 #include "llmc/dist/comm.h"
-#include "llmc/faults.h"
+#include "llmc/failures/faults.h"
 #include "llmc/utils.h"
 
 namespace llmc {

@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/ckpt/shard_state.h"
-#include "llmc/dataloader.h"
+#include "llmc/data/dataloader.h"
 #include "llmc/models/gpt2/config.h"
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"

@@ -25,7 +25,7 @@
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/cpu/ops.h"
 #include "llmc/dist/comm.h"
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/utils.h"
 
 namespace llmc::cpu {

@@ -19,7 +19,7 @@
 
 #include "llmc/cpu/gemm.h"
 #include "llmc/dist/context_parallel.h"
-#include "llmc/layernorm_eps.h"
+#include "llmc/numerics/layernorm_eps.h"
 
 namespace llmc {
 namespace cpu {

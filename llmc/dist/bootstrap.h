@@ -34,8 +34,8 @@
 #ifndef LLMC_NO_MPI
 #include "llmc/dist/comm_mpi.h"  // and <mpi.h>, without its C++ bindings
 #endif
-#include "llmc/exit_codes.h"
-#include "llmc/faults.h"
+#include "llmc/failures/exit_codes.h"
+#include "llmc/failures/faults.h"
 #include "llmc/utils.h"
 
 namespace llmc {

@@ -45,10 +45,10 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/bf16.h"
+#include "llmc/numerics/bf16.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/flight_recorder.h"
-#include "llmc/exit_codes.h"
+#include "llmc/failures/exit_codes.h"
 #include "llmc/utils.h"
 
 namespace llmc {

@@ -32,7 +32,7 @@
 
 #include "llmc/dist/comm.h"
 #include "llmc/dist/flight_recorder.h"
-#include "llmc/exit_codes.h"
+#include "llmc/failures/exit_codes.h"
 #include "llmc/kernels/cuda_common.cuh"  // CUDA_CHECK
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/utils.h"

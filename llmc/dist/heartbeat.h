@@ -33,7 +33,7 @@
 
 #include "llmc/dist/comm_mpi.h"
 #include "llmc/dist/flight_recorder.h"
-#include "llmc/exit_codes.h"
+#include "llmc/failures/exit_codes.h"
 #include "llmc/utils.h"
 
 namespace llmc {

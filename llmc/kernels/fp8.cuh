@@ -4,7 +4,7 @@
 //
 // The one idea: every scale lives on the device and is read only by kernels, so amax, scale, cast
 // and the FP8 product run on the stream in order, with no copy back to the host. A scale and its
-// inverse are exact powers of two computed as llmc/fp8.h computes them, and the cast encodes with
+// inverse are exact powers of two computed as llmc/numerics/fp8.h computes them, and the cast encodes with
 // CUDA's __nv_cvt_float_to_fp8 (saturating), which fp8.h matches bit for bit: the GPU quantizes
 // every element exactly as the CPU model's simulation (cpu/fp8_linear.h) does. The transpose is
 // written from a shared-memory tile, so both copies are stored with coalesced accesses: Hopper's
@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/kernels/cuda_common.cuh"
 
 namespace llmc {

@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "llmc/kernels/cuda_common.cuh"
-#include "llmc/layernorm_eps.h"
+#include "llmc/numerics/layernorm_eps.h"
 
 namespace llmc {
 

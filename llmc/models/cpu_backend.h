@@ -19,7 +19,7 @@
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 
 namespace llmc {
 

@@ -22,11 +22,11 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/staged_comm.cuh"
-#include "llmc/mfu.h"
+#include "llmc/planning/mfu.h"
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 #ifndef LLMC_NO_NCCL
 #include "llmc/dist/comm_nccl.cuh"
 #endif
@@ -239,7 +239,7 @@ private:
                prop.totalGlobalMem / 1073741824.0, cfg.recompute,
                nccl ? ", collectives over NCCL" : host.world_size() > 1 ? ", collectives over MPI via host memory" : "",
                peak > 0 ? strformat("MFU against %g TFLOP/s dense bf16", peak).c_str()
-                        : "no MFU (GPU not in llmc/mfu.h's table; pass --peak-tflops)");
+                        : "no MFU (GPU not in llmc/planning/mfu.h's table; pass --peak-tflops)");
     }
 
     static std::unique_ptr<Communicator> make_device_comm(const RunConfig& cfg, Communicator& host, int device,

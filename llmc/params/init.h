@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "llmc/params/layout.h"
-#include "llmc/rng.h"
+#include "llmc/numerics/rng.h"
 
 namespace llmc {
 

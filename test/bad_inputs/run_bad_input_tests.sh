@@ -258,7 +258,7 @@ LLMC_FAULTS=flip_bit@3 run "LLMC_FAULTS after the last step" "LLMC_FAULTS: fault
 run "slow_init as a flag" "slow_init acts before MPI_Init, which runs before the flags are read: give it in LLMC_FAULTS" \
     --faults slow_init@100
 
-# ---- --plan's cluster and model files (llmc/cluster.h) ----
+# ---- --plan's cluster and model files (llmc/planning/cluster.h) ----
 echo '{"layers": 0}' >"$tmp/shape_zero.json"
 echo '{"base": "h100", "nvlink_gbps": -1}' >"$tmp/topology_negative.json"
 expect_fail "--model-shape that is missing" "--model-shape '$tmp/none.json' cannot be opened" \

@@ -20,7 +20,7 @@
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
 

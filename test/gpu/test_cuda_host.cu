@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
-#include "llmc/step_plan.h"
+#include "llmc/planning/step_plan.h"
 #include "test/gpu/shape_only_comm.h"
 
 using namespace llmc;
@@ -343,11 +343,11 @@ TEST_CASE("the CUDA model refuses a pipeline split that does not fit its group o
     CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp), Catch::Contains("at least 1 micro-batch"));
 }
 
-// llmc/fp8.h's encoder (which the CPU model's FP8 simulation uses) against CUDA's own conversion,
+// llmc/numerics/fp8.h's encoder (which the CPU model's FP8 simulation uses) against CUDA's own conversion,
 // which the FP8 kernels use: every float whose low 16 bits are one of the patterns around a
 // rounding boundary, so every midpoint between fp8 values, both sides of it, subnormals,
 // saturation, infinities and NaNs.
-TEST_CASE("llmc/fp8.h encodes as CUDA's __nv_cvt_float_to_fp8 with saturation does") {
+TEST_CASE("llmc/numerics/fp8.h encodes as CUDA's __nv_cvt_float_to_fp8 with saturation does") {
     const uint32_t low_bits[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x3fff, 0x4000, 0xc000};
     long mismatches = 0;
     for (uint32_t high = 0; high < 0x10000; high++)

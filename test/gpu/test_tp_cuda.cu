@@ -35,7 +35,7 @@
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/gpt2/gpt2_cpu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/gpu/cuda_test_util.h"
 

@@ -13,7 +13,7 @@
 
 #include "llmc/dist/bootstrap.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
-#include "llmc/rng.h"
+#include "llmc/numerics/rng.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
 

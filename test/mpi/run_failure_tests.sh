@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hang and death diagnosis (docs/failures.md, "A rank hangs or dies"), with the CPU trainer under mpirun, 2 ranks
-# and fault injection (llmc/faults.h):
+# and fault injection (llmc/failures/faults.h):
 #   hung rank     rank 1 hangs in step 5; rank 0's collective times out after --comm-timeout-s 3 and
 #                 its report names rank 1 as not arrived, alive, at step 5, with its last completed
 #                 collective; rank 1 prints its flight record when mpirun ends it; exit code 3; the job

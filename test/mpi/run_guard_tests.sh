@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Numerical guards and silent-data-corruption checks end to end on the CPU trainer under mpirun
-# (issue 11, parts 1 and 5), with faults injected by --faults (llmc/faults.h):
+# (issue 11, parts 1 and 5), with faults injected by --faults (llmc/failures/faults.h):
 #   - nan_grad@5:1 (a NaN in rank 1's gradient after the ZeRO-0 all-reduce, so only rank 1's local
 #     norm is NaN): step 5 is skipped on every rank and logged with its data position; steps 1-5
 #     have the losses of an uninterrupted run; the state after step 5 is bitwise the state after

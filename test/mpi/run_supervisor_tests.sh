@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The restart supervisor (scripts/supervise.sh) and the start-up health check (llmc/health.h) on the
+# The restart supervisor (scripts/supervise.sh) and the start-up health check (llmc/failures/health.h) on the
 # CPU trainer under mpirun (issue 11, parts 4 and 6):
 #   - a 2-rank run of 12 steps whose rank 1 is killed at step 10 (LLMC_FAULTS=kill@10:1, --faults-once) is
 #     relaunched with -y 1 and finishes; its model.bin and losses are bitwise the uninterrupted run's,

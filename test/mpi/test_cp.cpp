@@ -24,8 +24,8 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cpu_backend.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
-#include "llmc/planner.h"
-#include "llmc/rng.h"
+#include "llmc/planning/planner.h"
+#include "llmc/numerics/rng.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
 

@@ -23,7 +23,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/gpt2/gpt2_cpu.h"
-#include "llmc/planner.h"
+#include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
 

@@ -24,7 +24,7 @@
 
 #include "llmc/dist/packed_gather.h"
 #include "llmc/dist/zero_plan.h"
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/params/layout.h"

@@ -31,7 +31,7 @@
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/dist/comm.h"
 #include "llmc/dist/zero.h"
-#include "llmc/fp8.h"
+#include "llmc/numerics/fp8.h"
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"

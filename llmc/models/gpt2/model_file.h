@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/bf16.h"
-#include "llmc/exit_codes.h"
-#include "llmc/llmc_header.h"
+#include "llmc/numerics/bf16.h"
+#include "llmc/failures/exit_codes.h"
+#include "llmc/data/llmc_header.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/utils.h"
 

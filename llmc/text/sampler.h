@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "llmc/model.h"
-#include "llmc/rng.h"
+#include "llmc/numerics/rng.h"
 
 namespace llmc {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/llmc_header.h"
+#include "llmc/data/llmc_header.h"
 #include "llmc/utils.h"
 
 namespace llmc {

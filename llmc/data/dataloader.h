@@ -23,8 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/llmc_header.h"
-#include "llmc/rng.h"
+#include "llmc/data/llmc_header.h"
+#include "llmc/numerics/rng.h"
 #include "llmc/utils.h"
 
 namespace llmc {

@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/goodput.h"
-#include "llmc/planner.h"
-#include "llmc/step_model.h"
+#include "llmc/planning/goodput.h"
+#include "llmc/planning/planner.h"
+#include "llmc/planning/step_model.h"
 
 namespace llmc {
 

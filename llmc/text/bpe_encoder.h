@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/unicode_classes.h"
+#include "llmc/text/unicode_classes.h"
 #include "llmc/utils.h"
 
 namespace llmc {

@@ -41,9 +41,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/cluster.h"
+#include "llmc/planning/cluster.h"
 #include "llmc/config.h"
-#include "llmc/mfu.h"
+#include "llmc/planning/mfu.h"
 
 namespace llmc {
 

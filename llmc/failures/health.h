@@ -41,9 +41,9 @@
 
 #include "llmc/config.h"
 #include "llmc/dist/comm.h"
-#include "llmc/exit_codes.h"
-#include "llmc/faults.h"
-#include "llmc/metrics.h"
+#include "llmc/failures/exit_codes.h"
+#include "llmc/failures/faults.h"
+#include "llmc/training/metrics.h"
 #include "llmc/utils.h"
 
 namespace llmc {
