@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "llmc/ckpt/files.h"
-#include "llmc/config.h"
+#include "llmc/config/run_config.h"
 #include "llmc/dist/comm.h"
 #include "llmc/utils.h"
 

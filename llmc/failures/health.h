@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/config.h"
+#include "llmc/config/run_config.h"
 #include "llmc/dist/comm.h"
 #include "llmc/failures/exit_codes.h"
 #include "llmc/failures/faults.h"

@@ -22,12 +22,9 @@
 #include <random>
 #include <vector>
 
-namespace llmc {
+#include "llmc/planning/failure_rates.h"
 
-// Published large-run statistics: Llama 3 ("The Llama 3 Herd of Models", Meta 2024, section 3.3.4)
-// had 419 unexpected interruptions in a 54-day snapshot of pre-training on 16,384 H100s:
-// 419 / (54 x 24 x 16,384) = 1.97e-5 per GPU-hour, one every 3.1 hours for the job.
-constexpr double kLlama3FailuresPerGpuHour = 419.0 / (54.0 * 24 * 16384);
+namespace llmc {
 
 struct FailureModel {
     double failures_per_gpu_hour = kLlama3FailuresPerGpuHour;
