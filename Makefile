@@ -23,6 +23,7 @@
 #                     (test/mpi/run_gpu_dp_tests.sh, test/gpu/run_gpu_tp_tests.sh, test/gpu/run_gpu_pp_tests.sh,
 #                     test/gpu/run_gpu_cp_tests.sh, test/gpu/run_gpu_ckpt_tests.sh, test/gpu/run_gpu_moe_tests.sh); each skips without a GPU, and fails instead in a GPU
 #                     session (LLMC_GPU_SESSION=1, dev/bench/gpu_session.sh)
+#   make gpu-tests    the CUDA test programs of test-gpu, built and not run (make does not build them)
 #   make bench        build/bench_train_step, the CUDA training-step benchmark (dev/bench/train_step.cu)
 #   make build/ckpt_bench  the checkpoint benchmark (dev/bench/ckpt_bench.cpp; dev/bench/ckpt_bench.sh runs it)
 #   make data         GPT-2 BPE files, tokenizer file and the default corpus shards under data/, each made
@@ -47,10 +48,17 @@ HAVE_NVCC := $(if $(NO_CUDA),,$(wildcard $(NVCC)))
 # The CUDA emulator (make/emu.mk) needs the toolkit's headers (not nvcc, not a GPU) and MPI (its
 # NCCL runs over MPI).
 HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h))
-# Where nvcc exists every CUDA file is compiled, so a build without a GPU still proves it compiles.
-TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx \
-             $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda $(BUILD)/test_moe_cuda \
-             $(BUILD)/test_device_comm $(BUILD)/bench_train_step cuda-workbench)
+# Where nvcc exists, `make` (and so `make test`) also builds the CUDA trainer, the benchmark and the
+# kernel workbench, so a build without a GPU proves they compile for every architecture of CUDA_ARCH.
+# The CUDA test programs (GPU_TESTS) are built by `make test-gpu`, `make gpu-tests` and a GPU
+# session's prebuild, not by `make`: without a GPU they would only prove that nvcc compiles them,
+# which the emulated build already proves (make/emu.mk: each one's device code by nvcc -ptx and
+# ptxas for sm_90a, its kernel table, and all of it by g++), and they took about 15 minutes of CI's
+# CPU to build a second time.
+GPU_TESTS := $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda \
+             $(BUILD)/test_cp_cuda $(BUILD)/test_moe_cuda $(BUILD)/test_device_comm
+TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) \
+             $(BUILD)/bench_train_step cuda-workbench)
 MPICXX    ?= mpicxx
 # MPI's include flags for compilers other than mpicxx (g++, nvcc); only the -I part, which nvcc takes
 # as is. MPI's link flags, minus the C++ bindings library, which llmc does not use.
@@ -65,7 +73,7 @@ MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2
 MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
 
-.PHONY: all deps train test test-sanitize test-mpi test-slurm test-gpu bench cuda-workbench data default-data clean
+.PHONY: all deps train test test-sanitize test-mpi test-slurm test-gpu gpu-tests bench cuda-workbench data default-data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -144,7 +152,6 @@ test: all data $(BUILD)/test_llmc $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)
 	$(PYTHON) test/test_side_by_side.py
 	test/check_prompt.sh ./train_gpt_cpu
 	test/check_output_dir.sh ./train_gpt_cpu
-	$(if $(HAVE_NVCC),$(BUILD)/test_cuda_host)
 	test/bad_inputs/run_bad_input_tests.sh ./train_gpt_cpu
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
@@ -289,10 +296,8 @@ cuda-workbench:
 	$(MAKE) --no-print-directory -C dev/cuda NVCC=$(NVCC)
 bench: $(BUILD)/bench_train_step
 
-test-gpu: $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda $(BUILD)/test_cp_cuda \
-          $(BUILD)/test_moe_cuda \
-          $(BUILD)/test_device_comm \
-          cuda-workbench train_gpt train_gpt_cpu default-data
+gpu-tests: $(GPU_TESTS)
+test-gpu: $(GPU_TESTS) cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_ptx
 	$(BUILD)/test_gpt2_cuda
 	$(BUILD)/test_device_comm
