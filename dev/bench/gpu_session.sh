@@ -420,6 +420,9 @@ for stage in "${STAGES[@]}"; do
         # the weight gradients' split of k on this card (llmc/kernels/split_k_table.h: commit the file
         # from the logs' archive to make the launchers use it)
         step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
+        # the attention forward's kernel per T on this card (llmc/kernels/attention_table.h, read
+        # under --attention auto: commit it from the archive likewise)
+        step tune_attention.log 60 dev/cuda/build/attention_forward --tune "$LOGS/attention_table.h"
         # torch SDPA (flash and cuDNN) beside llmc mma.sync and wgmma, forward+backward
         step attention_vs_sdpa.log 180 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
         # the measured kernel rates as a --topology file for --plan (llmc/planning/cluster.h)

@@ -9,8 +9,14 @@
 //       tiles of 128 keys, one block an SM (the shape attention_forward runs: FORWARD_KEYS)
 //   v4  v3 with tiles of 64 keys, two blocks an SM (the other shape, timed against it)
 //   v5  llmc/attention_hopper_tma.cuh: v3's products and softmax in two consumer warpgroups, fed by
-//       a producer warpgroup's TMA copies through a ring of stages and mbarriers (FlashAttention-3's
+//       a producer warpgroup's TMA copies through a ring of 2 stages and mbarriers (FlashAttention-3's
 //       warp specialization); set_attention_kernels(Tma)
+//   v6  v5 with 3 stages
+//
+//   ./attention_forward --tune FILE   time versions 2-6 at T 1024, 2048 and 4096 (8192 tokens of 12
+//                                     heads of 64), each checked against version 2, and write the
+//                                     fastest per T as llmc/kernels/attention_table.h (read under
+//                                     set_attention_kernels(Auto))
 //
 // Checks, per shape, on the same bf16-exact inputs for every version:
 //   out  against llmc::cpu::attention_forward, BF16_TOLERANCE (out is stored in bf16; v2 also rounds
@@ -23,7 +29,7 @@
 //        1e-6 (fp32 dot products whose tensor-core rounding is not IEEE-specified, ex2.approx at
 //        2 ulp, lse = max ln2 + ln sum), while a wrong mask or index moves a row by far more (one
 //        key more or less in a 1000-key row: ~1e-3).
-//   determinism: v2-v5 run twice, out and lse bitwise equal; v5 gives v3's out and lse bitwise.
+//   determinism: v2-v6 run twice, out and lse bitwise equal; v5 and v6 give v3's out and lse bitwise.
 //   the ring-pair entry point: attention_forward_pair over the whole sequence (one causal pair)
 //        gives attention_forward's out and lse bitwise (the same kernel instance).
 // Ring checks (context parallelism, dev/cuda/attention_ring.cuh): for cp 2 and 4, every simulated
@@ -99,18 +105,19 @@ void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int
 
 // ---- the workbench ----
 
-constexpr int NUM_VERSIONS = 5;
+constexpr int NUM_VERSIONS = 6;
 const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
     "", "one warp per query row, scalar online softmax", "llmc/attention.cuh: FlashAttention-2 on bf16 tensor cores",
     "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 128 keys",
     "llmc/attention_hopper.cuh: warpgroup products (wgmma), tiles of 64 keys",
-    "llmc/attention_hopper_tma.cuh: wgmma, a producer warpgroup's TMA copies (warp specialization)"};
+    "llmc/attention_hopper_tma.cuh: wgmma, a producer warpgroup's TMA copies (warp specialization)",
+    "llmc/attention_hopper_tma.cuh: version 5 with a ring of 3 stages"};
 // The version llmc::attention_forward and the ring pairs run for each setting of its kernels.
 constexpr int LLMC_WGMMA_VERSION = llmc::attention_detail::FORWARD_KEYS == 128 ? 3 : 4;
 
 // The kernels llmc::attention_forward runs for each version (set_attention_kernels).
 llmc::AttentionKernels kernels_of(int version) {
-    return version == 5 ? llmc::AttentionKernels::Tma
+    return version >= 5 ? llmc::AttentionKernels::Tma
            : version >= 3 ? llmc::AttentionKernels::Wgmma
                           : llmc::AttentionKernels::MmaSync;
 }
@@ -122,15 +129,18 @@ const char* unavailable(int version, int HS) {
     return nullptr;
 }
 
+// The versions llmc::attention_forward runs (2, LLMC_WGMMA_VERSION, 5) run through it; the others
+// are launched directly.
 void run_version(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS) {
+    namespace d = llmc::attention_detail;
     llmc::set_attention_kernels(kernels_of(version));
+    const llmc::AttentionRows rows{T, T, T};
     if (version == 1) attention_forward_v1(out, lse, qkv, B, T, NH, HS, 0);
     else if (version == 3 && version != LLMC_WGMMA_VERSION)
-        llmc::attention_detail::attention_forward_wgmma_launch<true, 128>(out, lse, qkv, qkv, B, {T, T, T}, NH, 0,
-                                                                          nullptr);
+        d::attention_forward_wgmma_launch<true, 128>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
     else if (version == 4 && version != LLMC_WGMMA_VERSION)
-        llmc::attention_detail::attention_forward_wgmma_launch<true, 64>(out, lse, qkv, qkv, B, {T, T, T}, NH, 0,
-                                                                         nullptr);
+        d::attention_forward_wgmma_launch<true, 64>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
+    else if (version == 6) d::attention_forward_tma_launch<true, 3>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
     else llmc::attention_forward(out, lse, qkv, B, T, NH, HS, 0);
 }
 
@@ -216,9 +226,9 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::check("out", out, out_ref, bench::BF16_TOLERANCE);
             check_denominators(lse, denom_ref, 1e-4);
         }
-        // v5 runs v3's arithmetic on the same tiles, fed another way: the same bits
+        // v5 and v6 run v3's arithmetic on the same tiles, fed another way: the same bits
         if (v == 3) out_v3 = out, lse_v3 = lse;
-        if (v == 5 && !out_v3.empty()) {
+        if (v >= 5 && !out_v3.empty()) {
             bench::check_same_bits("out, as version 3's", out, out_v3);
             bench::check_same_bits("lse, as version 3's", lse, lse_v3);
         }
@@ -301,9 +311,75 @@ void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std:
     }
 }
 
+// ---- --tune: versions 2-6 timed on this card, the fastest per T written as attention_table.h ----
+
+const char* const TABLE_HEAD = R"(// attention_table.h: the attention forward kernel measured fastest, per card and sequence length
+// (attention_tuning.h reads it when the kernels are left to choose: set_attention_kernels(Auto)).
+//
+// Written by the attention workbench on the card itself, in one run:
+//   dev/cuda/build/attention_forward --tune llmc/kernels/attention_table.h
+// (dev/bench/gpu_session.sh's `kernels` stage runs it and brings the file back.) It times every
+// forward kernel of head size 64 at the T it lists, B x T = 8192 tokens of 12 heads, after checking
+// each against version 2's output (itself checked against the CPU reference by --check). `version`
+// is the workbench's: 2 mma.sync, 3 and 4 wgmma with tiles of 128 and 64 keys, 5 and 6 wgmma fed
+// by TMA through 2 and 3 stages.
+#pragma once
+
+namespace llmc {
+
+struct AttentionTuned {
+    const char* device;  // cudaDeviceProp::name
+    int T;
+    int version;
+};
+
+)";
+
+void tune(const std::string& path, std::mt19937_64& rng) {
+    const bench::DeviceCeilings card = bench::device_ceilings();
+    constexpr int TOKENS = 8192, NH = 12, HS = 64, C = NH * HS;
+    std::string rows;
+    for (int T : {1024, 2048, 4096}) {
+        const int B = TOKENS / T;
+        if (bench::skip_when_emulated("B NH T^2 HS", (double)B * NH * T * T * HS)) continue;
+        const size_t out_n = (size_t)B * T * C, lse_n = (size_t)B * NH * T;
+        const std::vector<float> qkv = bench::random_bf16(3 * out_n, rng);
+        bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv);
+        bench::DeviceBuffer<floatX> out_d(out_n, "out");
+        bench::DeviceBuffer<float> lse_d(lse_n, "lse");
+        printf(" T %d (B %d, %d heads of %d)\n", T, B, NH, HS);
+        std::vector<float> out_v2;
+        int best = 2;
+        float best_ms = 0;
+        std::string times;
+        for (int v = 2; v <= NUM_VERSIONS; v++) {
+            if (unavailable(v, HS)) continue;
+            auto run = [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), B, T, NH, HS); };
+            run();
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> out = bench::to_host(out_d.get(), out_n);
+            if (v == 2) out_v2 = out;
+            else if (!bench::check(llmc::strformat("version %d against 2", v).c_str(), out, out_v2,
+                                   bench::BF16_TOLERANCE))
+                continue;
+            const float ms = bench::time_ms(run, 10);
+            bench::report_compute_bound(llmc::strformat("forward, version %d", v).c_str(), ms,
+                                        2.0 * B * NH * (double)T * T * HS);
+            times += llmc::strformat(" v%d %.3f", v, ms);
+            if (v == 2 || ms < best_ms) best = v, best_ms = ms;
+        }
+        rows += llmc::strformat("    {\"%s\", %d, %d},  // ms:%s\n", card.name, T, best, times.c_str());
+    }
+    llmc::set_attention_kernels(llmc::AttentionKernels::MmaSync);
+    bench::write_tuned_table(path, std::string(TABLE_HEAD) + "inline constexpr AttentionTuned ATTENTION_TUNED[] = {\n" +
+                                       (rows.empty() ? "    {\"\", 0, 3},  // (no length was tuned)\n" : rows) +
+                                       "};\n\n}  // namespace llmc\n");
+}
+
 int main(int argc, char** argv) {
-    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
+    const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS, /*tunable=*/true);
     std::mt19937_64 rng(opt.seed);
+    if (!opt.tune_path.empty()) return bench::run_and_finish(argv[0], [&] { tune(opt.tune_path, rng); });
     const Shape shapes[] = {
         {2, 17, 3, 64, true},     // one partial tile
         {1, 1, 1, 64, true},      // a single key

@@ -332,6 +332,20 @@ inline void report_compute_bound(const char* what, float ms, double flops) {
            flops / (ceil.bf16_tflops * 1e12) * 1e3, ceil.bf16_tflops, 100.0 * tflops / ceil.bf16_tflops);
 }
 
+// A --tune table (a header the launchers include) written whole or not at all: beside `path`, then
+// renamed over it.
+inline void write_tuned_table(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (!f) llmc::fail(llmc::strformat("--tune: cannot write %s", tmp.c_str()));
+    const bool written = fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (fclose(f) != 0 || !written || rename(tmp.c_str(), path.c_str()) != 0) {
+        remove(tmp.c_str());
+        llmc::fail(llmc::strformat("--tune: writing %s failed", path.c_str()));
+    }
+    printf("tuned table written to %s\n", path.c_str());
+}
+
 // The standard end of a workbench main().
 inline int finish(const char* program) {
     if (failure_count()) printf("%s: %d check(s) FAILED\n", program, failure_count());

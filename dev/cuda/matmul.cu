@@ -657,16 +657,7 @@ void tune(llmc::MatmulContext& ctx, const std::string& path, std::mt19937_64& rn
     const std::string table = std::string(TABLE_HEAD) + "inline constexpr SplitKTuned SPLIT_K_TUNED[] = {\n" +
                               (rows.empty() ? "    {\"\", 0, 0, 0, 1},  // (no shape was tuned)\n" : rows) +
                               "};\n\n}  // namespace llmc\n";
-    // Whole or absent: written beside the target, then renamed over it.
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "w");
-    if (!f) llmc::fail(strformat("--tune: cannot write %s", tmp.c_str()));
-    const bool written = fwrite(table.data(), 1, table.size(), f) == table.size();
-    if (fclose(f) != 0 || !written || rename(tmp.c_str(), path.c_str()) != 0) {
-        remove(tmp.c_str());
-        llmc::fail(strformat("--tune: writing %s failed", path.c_str()));
-    }
-    printf("tuned table written to %s\n", path.c_str());
+    bench::write_tuned_table(path, table);
 }
 
 int main(int argc, char** argv) {

@@ -510,18 +510,25 @@ inline void check_pair_shape(const char* who, int B, const AttentionRows& rows, 
                        rows.q_rows, rows.kv_rows, rows.T));
 }
 
-// The forward of head size HS on its kernel: attention_hopper.cuh's wgmma kernel (or
-// attention_hopper_tma.cuh's) where set_attention_kernels picks it (head size 64 only), else the
-// mma.sync kernel above.
+// The forward of head size HS on its kernel: attention_hopper.cuh's wgmma kernels or
+// attention_hopper_tma.cuh's where set_attention_kernels (and, under Auto, the tuned table) picks
+// them (head size 64 only: attention_forward_version), else the mma.sync kernel above.
 template <int HS, bool CAUSAL>
 inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
                                      const AttentionRows& rows, int NH, cudaStream_t stream, float* amax = nullptr) {
-    if constexpr (HS == HOPPER_HS)
-        if (attention_on_wgmma(HS)) {
-            if (attention_kernels_setting() == AttentionKernels::Tma)
-                return attention_forward_tma_launch<CAUSAL>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
-            return attention_forward_wgmma_launch<CAUSAL>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+    if constexpr (HS == HOPPER_HS) {
+        switch (attention_forward_version(HS, rows.T)) {
+            case 3:
+                return attention_forward_wgmma_launch<CAUSAL, 128>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+            case 4:
+                return attention_forward_wgmma_launch<CAUSAL, 64>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+            case 5:
+                return attention_forward_tma_launch<CAUSAL, 2>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+            case 6:
+                return attention_forward_tma_launch<CAUSAL, 3>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+            default: break;  // 2: the mma.sync kernel below
         }
+    }
     constexpr int WARPS = forward_warps<HS>();
     constexpr size_t smem = forward_smem_bytes<HS>();
     auto kernel = attention_forward_kernel<HS, WARPS, CAUSAL>;

@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "llmc/kernels/attention_tiles.cuh"
+#include "llmc/kernels/attention_tuning.h"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/wgmma.cuh"
 #include "llmc/utils.h"
@@ -92,10 +93,11 @@ constexpr int HOPPER_BM = 64 * HOPPER_WARPGROUPS;  // query rows per block
 constexpr int HOPPER_THREADS = 128 * HOPPER_WARPGROUPS;
 constexpr uint32_t HOPPER_Q_BYTES = HOPPER_BM * HOPPER_ROW_BYTES;
 
-// The forward's two shapes: tiles of 128 keys, one block an SM (190 registers a thread, sm_90a's
+// The forward's two shapes: tiles of 128 keys, one block an SM (174 registers a thread, sm_90a's
 // ptxas), or of 64 keys, two blocks an SM (at most 128 registers): more warps to hide the softmax
 // behind another warpgroup's products, against twice the tiles. The GPU session times both
-// (dev/cuda/attention_forward versions 3 and 4); FORWARD_KEYS is the one the model runs.
+// (dev/cuda/attention_forward versions 3 and 4); FORWARD_KEYS is the one set_attention_kernels(Wgmma)
+// runs, the tuned table (attention_table.h) may pick the other under Auto.
 template <int BN>
 struct HopperForward {
     static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
@@ -117,6 +119,31 @@ inline bool attention_on_wgmma(int HS) {
         fail(strformat("attention: the wgmma kernels (set_attention_kernels %s) need an sm_90 device (H100, H200)",
                        attention_kernels_name(k)));
     return has;
+}
+
+// The current device's name (cudaDeviceProp::name, the tuned tables' key); asked once.
+inline const char* device_name() {
+    static const std::string name = [] {
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        return std::string(prop.name);
+    }();
+    return name.c_str();
+}
+
+// The forward kernel for head size HS and sequences of T rows, as dev/cuda/attention_forward numbers
+// them: 2 mma.sync (attention.cuh), 3 and 4 wgmma with tiles of 128 and 64 keys, 5 and 6 wgmma fed by
+// TMA through 2 and 3 stages (attention_hopper_tma.cuh). Wgmma runs FORWARD_KEYS' shape, Tma version
+// 5, Auto on sm_90 what the tuned table says for this card and T (version 3 where it has no row).
+inline int attention_forward_version(int HS, int T) {
+    if (!attention_on_wgmma(HS)) return 2;
+    switch (attention_kernels_setting()) {
+        case AttentionKernels::Wgmma: return FORWARD_KEYS == 128 ? 3 : 4;
+        case AttentionKernels::Tma: return 5;
+        default: return tuned_forward_version(device_name(), T, 3);
+    }
 }
 
 // The byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile.

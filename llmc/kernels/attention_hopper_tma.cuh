@@ -13,14 +13,15 @@
 // 128 keys), O and P.
 //
 // The copies read Q, K and V as boxes of one head's 64 columns out of the (rows, 3C) matrix of qkv, a
-// tensor map over all B sequences' rows (up to the last one's row T - 1). A box of a sequence's last tile may so reach rows of the next
-// sequence (or, in a ring pair, the other chunk), not zeros as the cp.async kernel's loads give: they
-// are finite, their scores are masked to -inf (keys >= T are past every row's diagonal, or past T),
-// so their probabilities are exactly 0 and add exactly nothing; queries >= T are computed and not
-// written. Past the matrix's last row the copy engine fills zeros.
+// tensor map over all B sequences' rows (up to the last one's row T - 1). A box of a sequence's last
+// tile may so reach rows of the next sequence (or, in a ring pair, the other chunk), not zeros as the
+// cp.async kernel's loads give: they are finite, their scores are masked to -inf (keys >= T are past
+// every row's diagonal, or past T), so their probabilities are exactly 0 and add exactly nothing;
+// queries >= T are computed and not written. Past the matrix's last row the copy engine fills zeros.
 //
-// Version 5 of dev/cuda/attention_forward; the model runs it with set_attention_kernels(Tma) (the
-// backward is attention_hopper.cuh's). Not done yet: two consumer warpgroups taking turns on the
+// Versions 5 (two stages) and 6 (three) of dev/cuda/attention_forward; the model runs version 5
+// with set_attention_kernels(Tma), and either where the tuned table picks it (the backward is
+// attention_hopper.cuh's). Not done yet: two consumer warpgroups taking turns on the
 // tensor cores (pingpong), and the softmax of one tile overlapped with the products of the next.
 #pragma once
 
@@ -38,9 +39,13 @@
 
 namespace llmc::attention_detail {
 
+// STAGES: the ring's depth, 2 or 3 (dev/cuda/attention_forward versions 5 and 6; the tuned table,
+// attention_table.h, picks one per card).
+template <int STAGES_>
 struct TmaForward {
+    static_assert(STAGES_ == 2 || STAGES_ == 3, "a ring of 2 or 3 stages");
     static constexpr int KEYS = 128;
-    static constexpr int STAGES = 2;
+    static constexpr int STAGES = STAGES_;
     static constexpr int THREADS = 128 * (1 + HOPPER_WARPGROUPS);  // the producer, then the consumers
     static constexpr int CONSUMER_THREADS = 128 * HOPPER_WARPGROUPS;
     static constexpr uint32_t KV_BYTES = KEYS * HOPPER_ROW_BYTES;
@@ -52,15 +57,16 @@ struct TmaForward {
     static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + HOPPER_Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;
 };
 
-// Grid (B*NH, query tiles of 128), TmaForward::THREADS threads. q_map: the query side's qkv as a
+// Grid (B*NH, query tiles of 128), TmaForward<STAGES>::THREADS threads. q_map: the query side's qkv as a
 // ((B - 1) q_rows + T, 3C) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's, with
 // kv_rows, boxes of KEYS rows; both in the 128-byte swizzle.
-template <bool CAUSAL>
-__global__ void __launch_bounds__(TmaForward::THREADS, 1)
+template <int STAGES_, bool CAUSAL>
+__global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
     attention_forward_tma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                                  floatX* out, float* lse, AttentionRows rows, int NH, float scale_log2, float* amax) {
-    constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = TmaForward::KEYS, STAGES = TmaForward::STAGES;
-    constexpr uint32_t KV_BYTES = TmaForward::KV_BYTES;
+    using Shape = TmaForward<STAGES_>;
+    constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = Shape::KEYS, STAGES = Shape::STAGES;
+    constexpr uint32_t KV_BYTES = Shape::KV_BYTES;
     uint8_t* smem = dynamic_shared_memory<uint8_t>();
     const uint32_t raw = smem_addr(smem);
     const uint32_t q_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
@@ -84,14 +90,14 @@ __global__ void __launch_bounds__(TmaForward::THREADS, 1)
         for (int s = 0; s < STAGES; s++) {
             tma::mbarrier_init(&k_full[s], 1);
             tma::mbarrier_init(&v_full[s], 1);
-            tma::mbarrier_init(&empty[s], TmaForward::CONSUMER_THREADS);
+            tma::mbarrier_init(&empty[s], Shape::CONSUMER_THREADS);
         }
         tma::fence_barrier_init();
     }
     __syncthreads();  // the last block-wide barrier: the producer's threads leave early
 
     if (threadIdx.x < 128) {
-        tma::setmaxnreg_dec<TmaForward::PRODUCER_REGS>();
+        tma::setmaxnreg_dec<Shape::PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         tma::prefetch_tensor_map(&q_map);
         tma::prefetch_tensor_map(&kv_map);
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(TmaForward::THREADS, 1)
         return;
     }
 
-    tma::setmaxnreg_inc<TmaForward::CONSUMER_REGS>();
+    tma::setmaxnreg_inc<Shape::CONSUMER_REGS>();
     const int warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32, group = warp / 4;  // consumer warps 0-7
     const int group_first = q0 + 64 * group;  // this warpgroup's rows: group_first .. + 63
     const int row_first = q0 + 16 * warp;     // this warp's rows: row_first .. + 15
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(TmaForward::THREADS, 1)
     if (row_first < T) finish_rows(out, lse, o, row_max, row_sum, b, h, NH, rows, row_first, lane, amax);
 }
 
-template <bool CAUSAL>
+template <bool CAUSAL, int STAGES = 2>
 inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
                                          const AttentionRows& rows, int NH, cudaStream_t stream, float* amax) {
     constexpr int HS = HOPPER_HS;
@@ -169,14 +175,15 @@ inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* 
     const uint64_t kv_matrix_rows = (uint64_t)(B - 1) * rows.kv_rows + rows.T;
     const CUtensorMap q_map = tma::make_tensor_map_2d(q_qkv, q_matrix_rows, columns, row_bytes, HOPPER_BM, HS,
                                                       tma::Swizzle::Bytes128);
-    const CUtensorMap kv_map = tma::make_tensor_map_2d(kv_qkv, kv_matrix_rows, columns, row_bytes, TmaForward::KEYS,
-                                                       HS, tma::Swizzle::Bytes128);
-    constexpr size_t smem = TmaForward::SMEM_BYTES;
-    auto kernel = attention_forward_tma_kernel<CAUSAL>;
+    using Shape = TmaForward<STAGES>;
+    const CUtensorMap kv_map = tma::make_tensor_map_2d(kv_qkv, kv_matrix_rows, columns, row_bytes, Shape::KEYS, HS,
+                                                       tma::Swizzle::Bytes128);
+    constexpr size_t smem = Shape::SMEM_BYTES;
+    auto kernel = attention_forward_tma_kernel<STAGES, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward (wgmma, TMA)", HS);
     const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    LLMC_LAUNCH(kernel, grid, TmaForward::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, NH, scale_log2, amax);
+    LLMC_LAUNCH(kernel, grid, Shape::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, NH, scale_log2, amax);
     CUDA_CHECK_LAUNCH();
 }
 
