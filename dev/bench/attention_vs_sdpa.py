@@ -1,7 +1,7 @@
 """Times torch's SDPA (causal, bf16) forward and forward+backward on GPT-2 attention shapes, with the
 flash backend and with cuDNN's fused attention (where this torch and card have it); with --llmc PATH
-it also runs the built dev/cuda/attention_backward binary, versions 2 (mma.sync) and 3 (wgmma, an
-sm_90 card only), and puts llmc's forward+backward times beside torch's.
+it also runs the built dev/cuda/attention_backward binary, versions 2 (mma.sync), 3 (wgmma) and 4
+(wgmma fed by TMA; both an sm_90 card only), and puts llmc's forward+backward times beside torch's.
 
     python3 dev/bench/attention_vs_sdpa.py [--llmc dev/cuda/build/attention_backward]
 
@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SHAPES = [(8, 1024, 12, 64), (2, 4096, 12, 64)]  # B, T, NH, HS
 BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None))]
-LLMC_VERSIONS = [(2, "mma"), (3, "wgmma")]
+LLMC_VERSIONS = [(2, "mma"), (3, "wgmma"), (4, "tma")]
 
 
 def median_ms(fn, repeats=20, warmup=5):

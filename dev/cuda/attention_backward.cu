@@ -7,6 +7,8 @@
 //   v2  llmc/attention.cuh: the same three steps as FlashAttention-2 tiles on bf16 tensor cores.
 //   v3  llmc/attention_hopper.cuh: v2's kernels on Hopper's warpgroup products (wgmma), head size 64
 //       on an sm_90 device (the emulator is one); other head sizes and devices skip it.
+//   v4  llmc/attention_hopper_tma.cuh: v3's kernels with a producer warpgroup copying the tiles
+//       with TMA through two stages and mbarriers (set_attention_kernels(Tma)).
 //
 // The backward's inputs out and lse come from llmc::attention_forward on the GPU, as in training;
 // out is checked too (so a forward fault is not blamed on the backward). Checks, per shape, on the
@@ -15,7 +17,7 @@
 //         tensor, BF16_TOLERANCE: it is stored in bf16, and v2 rounds P and dS to bf16 for the mma.
 //         (dq and dk alone can be exactly zero in the reference, e.g. T = 1, where a relative error
 //         has no meaning.)
-//   determinism: v2 and v3 run twice, dqkv bitwise equal.
+//   determinism: v2-v4 run twice, dqkv bitwise equal; v4 gives v3's dqkv bitwise.
 //   the ring-pair entry point: attention_backward_pair over the whole sequence (one causal pair, fp32
 //         sums from zero) and attention_backward_pair_finish give attention_backward's dqkv, value for
 //         value (the same kernel instances but for the store; a sum from +0 may turn -0 into +0).
@@ -179,22 +181,25 @@ void attention_backward_v1(floatX* dqkv, float* scratch, const floatX* dout, con
 
 // ---- the workbench ----
 
-constexpr int NUM_VERSIONS = 3;
+constexpr int NUM_VERSIONS = 4;
 const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
     "", "one warp per row, scalar", "llmc/attention.cuh: FlashAttention-2 tiles on bf16 tensor cores, no atomics",
-    "llmc/attention_hopper.cuh: the same tiles on warpgroup products (wgmma)"};
+    "llmc/attention_hopper.cuh: the same tiles on warpgroup products (wgmma)",
+    "llmc/attention_hopper_tma.cuh: version 3 fed by a producer warpgroup's TMA copies"};
 
 // Why version v cannot run this head size here, or null.
 const char* unavailable(int version, int HS) {
-    if (version != 3) return nullptr;
+    if (version < 3) return nullptr;
     if (HS != 64) return "head size 64 only";
     if (!llmc::device_has_wgmma()) return "not an sm_90 device";
     return nullptr;
 }
 
-// Versions 2 and 3 call llmc::attention_backward with its kernels set to mma.sync or wgmma.
+// Versions 2-4 call llmc::attention_backward with its kernels set to mma.sync, wgmma or tma.
 void select_kernels(int version) {
-    llmc::set_attention_kernels(version == 3 ? llmc::AttentionKernels::Wgmma : llmc::AttentionKernels::MmaSync);
+    llmc::set_attention_kernels(version == 4   ? llmc::AttentionKernels::Tma
+                                : version == 3 ? llmc::AttentionKernels::Wgmma
+                                               : llmc::AttentionKernels::MmaSync);
 }
 
 void run_version(int version, floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
@@ -259,6 +264,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
         llmc::cpu::attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
     }
 
+    std::vector<float> dqkv_v3;
     for (int v = 1; v <= NUM_VERSIONS; v++) {
         if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
@@ -273,6 +279,9 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> dqkv = bench::to_host(dqkv_d.get(), qkv_n);
         if (s.check) bench::check("dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
+        // v4 runs v3's arithmetic on the same tiles, fed another way: the same bits
+        if (v == 3) dqkv_v3 = dqkv;
+        if (v == 4 && !dqkv_v3.empty()) bench::check_same_bits("dqkv, as version 3's", dqkv, dqkv_v3);
         if (v >= 2) {
             bench::poison(dqkv2_d.get(), qkv_n);
             bench::poison(scratch_d.get(), scratch_n);

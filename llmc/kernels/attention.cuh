@@ -556,9 +556,13 @@ inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_
                                       const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream,
                                       float* amax = nullptr) {
     if constexpr (HS == HOPPER_HS)
-        if (attention_on_wgmma(HS))  // the backward follows the forward's choice of kernels
+        if (attention_on_wgmma(HS)) {  // the backward follows the forward's choice of kernels
+            if (attention_kernels_setting() == AttentionKernels::Tma)
+                return attention_backward_tma_launch<CAUSAL>(grad_q, grad_k, grad_q_ld, grad_k_ld, dout, q_qkv,
+                                                             kv_qkv, lse, D, B, rows, NH, stream, amax);
             return attention_backward_wgmma_launch<CAUSAL>(grad_q, grad_k, grad_q_ld, grad_k_ld, dout, q_qkv, kv_qkv,
                                                            lse, D, B, rows, NH, stream, amax);
+        }
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
 
     constexpr int BQ = dkv_query_tile<HS>();

@@ -381,6 +381,111 @@ __device__ inline void wgmma_a_b(float (&acc)[HOPPER_HS / 8][4], const uint32_t 
     wgmma::fence_operands(flat);
 }
 
+// The backward's tile steps and epilogues, shared by these kernels and attention_hopper_tma.cuh's.
+
+// P^T of this warp's 16 keys (key_first ..) against the query tile q0 .. q0 + BQ - 1, in place of
+// S^T's accumulators: 2^(S^T scale - lse) with lse from the tile's floats, masked where a query does
+// not see the key (causal) or lies past T.
+template <int BQ, bool CAUSAL>
+__device__ __forceinline__ void backward_probabilities_t(float (&pt)[BQ / 8][4], const float* lse_tile, int q0,
+                                                         int key_first, int lane, int T, bool needs_mask,
+                                                         float scale_log2) {
+#pragma unroll
+    for (int n = 0; n < BQ / 8; n++) {
+        const int col = n * 8 + 2 * (lane % 4);
+        const float2 lse_pair = *reinterpret_cast<const float2*>(lse_tile + col);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float lse_q = e % 2 ? lse_pair.y : lse_pair.x;
+            const float p = fast_exp2(fmaf(pt[n][e], scale_log2, -lse_q * LOG2E));
+            const int query = q0 + col + e % 2;
+            const int key = key_first + lane / 4 + 8 * (e / 2);
+            pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
+        }
+    }
+}
+
+// dS^T = P^T (dP^T - D), in place of P^T, D from the tile's floats.
+template <int BQ>
+__device__ __forceinline__ void backward_ds_t(float (&pt)[BQ / 8][4], const float (&dpt)[BQ / 8][4],
+                                              const float* d_tile, int lane) {
+#pragma unroll
+    for (int n = 0; n < BQ / 8; n++) {
+        const float2 d_pair = *reinterpret_cast<const float2*>(d_tile + n * 8 + 2 * (lane % 4));
+#pragma unroll
+        for (int e = 0; e < 4; e++) pt[n][e] *= dpt[n][e] - (e % 2 ? d_pair.y : d_pair.x);
+    }
+}
+
+// The dK/dV kernel's end for this warp's 16 keys (key_first < T): dK (scaled) and dV written or added.
+template <typename GradT>
+__device__ __forceinline__ void finish_dkv(GradT* grad_k, size_t grad_ld, float (&dk)[HOPPER_HS / 8][4],
+                                           float (&dv)[HOPPER_HS / 8][4], int b, int h, int NH,
+                                           const AttentionRows& rows, int key_first, int lane, float scale,
+                                           float* amax) {
+    constexpr int HS = HOPPER_HS;
+    const int T = rows.T, C = NH * HS;
+    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
+    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
+                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
+    if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
+        if (amax) warp_amax_into(amax, largest);
+}
+
+// lse in log2 units and D for this thread's rows lane/4 and lane/4 + 8 of the warp's 16 (row_first
+// ..), zero past T (finite).
+__device__ __forceinline__ void backward_row_stats(float (&lse2)[2], float (&row_d)[2], const float* lse,
+                                                   const float* D, int bh, const AttentionRows& rows, int row_first,
+                                                   int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_first + lane / 4 + 8 * r;
+        lse2[r] = row < rows.T ? lse[(size_t)bh * rows.q_rows + row] * LOG2E : 0.0f;
+        row_d[r] = row < rows.T ? D[(size_t)bh * rows.q_rows + row] : 0.0f;
+    }
+}
+
+// One key tile of the dQ kernel for a warpgroup's 64 queries (q_group, do_group: its rows of Q and
+// dO): S = Q K^T, P, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+template <int BN, bool CAUSAL>
+__device__ __forceinline__ void dq_tile(float (&dq)[HOPPER_HS / 8][4], uint32_t q_group, uint32_t do_group,
+                                        uint32_t k_tile, uint32_t v_tile, const float (&lse2)[2],
+                                        const float (&row_d)[2], int key0, int row_first, int lane, int T,
+                                        float scale_log2) {
+    float s[BN / 8][4];
+    wgmma_a_bt<BN>(s, q_group, k_tile);
+    const bool needs_mask = CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = fast_exp2(fmaf(s[n][e], scale_log2, -lse2[e / 2]));
+            const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
+            const int row = row_first + lane / 4 + 8 * (e / 2);
+            s[n][e] = needs_mask && key > (CAUSAL ? row : T - 1) ? 0.0f : p;
+        }
+    float dp[BN / 8][4];
+    wgmma_a_bt<BN>(dp, do_group, v_tile);
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] *= dp[n][e] - row_d[e / 2];
+    uint32_t ds_frag[BN / 16][4];
+    acc_to_a<BN>(ds_frag, s);
+    wgmma_a_b<BN>(dq, ds_frag, k_tile);
+}
+
+// The dQ kernel's end for this warp's 16 queries (row_first < T): dQ (scaled) written or added.
+template <typename GradT>
+__device__ __forceinline__ void finish_dq(GradT* grad_q, size_t grad_ld, float (&dq)[HOPPER_HS / 8][4], int b, int h,
+                                          const AttentionRows& rows, int row_first, int lane, float scale,
+                                          float* amax) {
+    const float largest = write_rows<HOPPER_HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HOPPER_HS, grad_ld,
+                                                dq, scale, row_first, rows.T, lane);
+    if constexpr (std::is_same_v<GradT, floatX>)
+        if (amax) warp_amax_into(amax, largest);
+}
+
 // dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
 template <bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(HOPPER_THREADS, 1)
@@ -448,31 +553,14 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
             const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
             float pt[BQ / 8][4];  // rows: keys, columns: queries
             wgmma_a_bt<BQ>(pt, k_group, q_tile);
-#pragma unroll
-            for (int n = 0; n < BQ / 8; n++) {
-                const int col = n * 8 + 2 * (lane % 4);
-                const float2 lse_pair = *reinterpret_cast<const float2*>(lse_tile + col);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float lse_q = e % 2 ? lse_pair.y : lse_pair.x;
-                    const float p = fast_exp2(fmaf(pt[n][e], scale_log2, -lse_q * LOG2E));
-                    const int query = q0 + col + e % 2;
-                    const int key = key_first + lane / 4 + 8 * (e / 2);
-                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
-                }
-            }
+            backward_probabilities_t<BQ, CAUSAL>(pt, lse_tile, q0, key_first, lane, T, needs_mask, scale_log2);
             uint32_t p_frag[BQ / 16][4];
             acc_to_a<BQ>(p_frag, pt);
             wgmma_a_b<BQ>(dv, p_frag, do_tile);
 
             float dpt[BQ / 8][4];
             wgmma_a_bt<BQ>(dpt, v_group, do_tile);
-#pragma unroll
-            for (int n = 0; n < BQ / 8; n++) {
-                const float2 d_pair = *reinterpret_cast<const float2*>(d_tile + n * 8 + 2 * (lane % 4));
-#pragma unroll
-                for (int e = 0; e < 4; e++) pt[n][e] *= dpt[n][e] - (e % 2 ? d_pair.y : d_pair.x);
-            }
+            backward_ds_t<BQ>(pt, dpt, d_tile, lane);
             uint32_t ds_frag[BQ / 16][4];
             acc_to_a<BQ>(ds_frag, pt);
             wgmma_a_b<BQ>(dk, ds_frag, q_tile);
@@ -480,12 +568,7 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
         __syncthreads();  // the next iteration refills buffer `buf`
     }
 
-    if (key_first >= T) return;
-    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
-    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
-                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
-    if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
-        if (amax) warp_amax_into(amax, largest);
+    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, h, NH, rows, key_first, lane, scale, amax);
 }
 
 // dQ: grid (B*NH, query tiles of 128); the key tiles up to the block's diagonal (CAUSAL) or all.
@@ -521,14 +604,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     load_rows_swizzled_async<BN>(v_s, v_head, ld, 0, T);
     cp_async_commit();
 
-    // lse in log2 units and D for this thread's rows lane/4 and lane/4 + 8 (zero past T: finite)
     float lse2[2], row_d[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row_first + lane / 4 + 8 * r;
-        lse2[r] = row < T ? lse[(size_t)bh * rows.q_rows + row] * LOG2E : 0.0f;
-        row_d[r] = row < T ? D[(size_t)bh * rows.q_rows + row] : 0.0f;
-    }
+    backward_row_stats(lse2, row_d, lse, D, bh, rows, row_first, lane);
     const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group, do_group = do_s + 64 * HOPPER_ROW_BYTES * group;
     float dq[HS / 8][4] = {};
 
@@ -544,38 +621,12 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
         __syncthreads();
 
         const int key0 = tile * BN;
-        if (group_active && (!CAUSAL || key0 <= group_first + 63)) {
-            const uint32_t k_tile = k_s + buf * HOPPER_TILE_BYTES, v_tile = v_s + buf * HOPPER_TILE_BYTES;
-            float s[BN / 8][4];
-            wgmma_a_bt<BN>(s, q_group, k_tile);
-            const bool needs_mask = CAUSAL ? key0 + BN - 1 > row_first : key0 + BN > T;
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = fast_exp2(fmaf(s[n][e], scale_log2, -lse2[e / 2]));
-                    const int key = key0 + n * 8 + 2 * (lane % 4) + e % 2;
-                    const int row = row_first + lane / 4 + 8 * (e / 2);
-                    s[n][e] = needs_mask && key > (CAUSAL ? row : T - 1) ? 0.0f : p;
-                }
-            float dp[BN / 8][4];
-            wgmma_a_bt<BN>(dp, do_group, v_tile);
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] *= dp[n][e] - row_d[e / 2];
-            uint32_t ds_frag[BN / 16][4];
-            acc_to_a<BN>(ds_frag, s);
-            wgmma_a_b<BN>(dq, ds_frag, k_tile);
-        }
+        if (group_active && (!CAUSAL || key0 <= group_first + 63))
+            dq_tile<BN, CAUSAL>(dq, q_group, do_group, k_s + buf * HOPPER_TILE_BYTES, v_s + buf * HOPPER_TILE_BYTES,
+                                lse2, row_d, key0, row_first, lane, T, scale_log2);
         __syncthreads();  // the next iteration refills buffer `buf`
     }
-
-    if (row_first >= T) return;
-    const float largest =
-        write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
-    if constexpr (std::is_same_v<GradT, floatX>)
-        if (amax) warp_amax_into(amax, largest);
+    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax);
 }
 
 template <bool CAUSAL, typename GradT>

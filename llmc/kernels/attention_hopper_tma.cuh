@@ -1,5 +1,5 @@
-// attention_hopper_tma.cuh: attention_hopper.cuh's forward with its loads taken off the threads that
-// compute (FlashAttention-3's warp specialization). A block is three warpgroups: one producer, whose
+// attention_hopper_tma.cuh: attention_hopper.cuh's kernels with their loads taken off the threads
+// that compute (FlashAttention-3's warp specialization): the forward here, the backward below. A block is three warpgroups: one producer, whose
 // single elected thread copies Q once and each tile of K and V with TMA (cp.async.bulk.tensor, the
 // 128-byte swizzle made by the copy engine, not by the threads) into a ring of shared-memory stages,
 // and two consumers of 64 query rows each, which run the same products and the same online softmax
@@ -20,9 +20,9 @@
 // queries >= T are computed and not written. Past the matrix's last row the copy engine fills zeros.
 //
 // Versions 5 (two stages) and 6 (three) of dev/cuda/attention_forward; the model runs version 5
-// with set_attention_kernels(Tma), and either where the tuned table picks it (the backward is
-// attention_hopper.cuh's). Not done yet: two consumer warpgroups taking turns on the
-// tensor cores (pingpong), and the softmax of one tile overlapped with the products of the next.
+// with set_attention_kernels(Tma), and either where the tuned table picks it under Auto. Not done
+// yet: two consumer warpgroups taking turns on the tensor cores (pingpong), and the softmax of one
+// tile overlapped with the products of the next.
 #pragma once
 
 #include <cuda.h>
@@ -184,6 +184,253 @@ inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* 
     const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     LLMC_LAUNCH(kernel, grid, Shape::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, NH, scale_log2, amax);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- backward ----
+// attention_hopper.cuh's two backward kernels fed the same way: a producer warpgroup and two
+// consumer warpgroups of 64 rows (keys in the dK/dV kernel, queries in the dQ kernel) that run their
+// products and arithmetic unchanged; the rows a block owns are copied once, the other side's tiles
+// of 64 rows stream through two stages. The dK/dV kernel's stages also hold each query tile's lse
+// and D (64 floats each), which the producer's first warp loads with ordinary loads and stores:
+// each of its 32 threads arrives on the stage's full barrier after its stores (an arrive releases
+// them, a consumer's wait acquires them), one of them announcing the tiles' bytes as it does.
+// Version 4 of dev/cuda/attention_backward; set_attention_kernels(Tma) runs it.
+
+struct TmaBackward {
+    static constexpr int STAGES = 2;
+    static constexpr int THREADS = 128 * (1 + HOPPER_WARPGROUPS);
+    static constexpr int CONSUMER_THREADS = 128 * HOPPER_WARPGROUPS;
+    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+    static constexpr int TILE = HOPPER_BACKWARD_TILE;  // rows of the other side per stage
+    // own: the two 128-row tiles a block owns; a stage: two 64-row tiles and 2 x 64 floats; barriers:
+    // own, then full and empty per stage
+    static constexpr uint32_t OWN_BYTES = 2 * HOPPER_Q_BYTES;
+    static constexpr uint32_t STAGE_BYTES = 2 * HOPPER_TILE_BYTES + 2 * TILE * sizeof(float);
+    static constexpr int BARRIERS = 1 + 2 * STAGES;
+    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + OWN_BYTES + STAGES * STAGE_BYTES + 8 * BARRIERS;
+};
+
+// The shared-memory plan of a TmaBackward block: the two own tiles, the stages (two tiles each, then
+// the floats), the barriers; tiles on 1024-byte boundaries (STAGE_BYTES is a multiple of 1024 plus
+// the floats' 512 bytes, so each stage's tiles are placed from an aligned base of their own).
+struct TmaBackwardSmem {
+    uint8_t* smem;
+    uint32_t raw, own0, own1, tiles0[TmaBackward::STAGES], tiles1[TmaBackward::STAGES];
+    float* floats[TmaBackward::STAGES];
+    uint64_t* own_full;
+    uint64_t* full;   // [STAGES]
+    uint64_t* empty;  // [STAGES]
+
+    __device__ explicit TmaBackwardSmem(uint8_t* base) : smem(base), raw(smem_addr(base)) {
+        own0 = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
+        own1 = own0 + HOPPER_Q_BYTES;
+        uint32_t at_bytes = own1 + HOPPER_Q_BYTES;
+        for (int s = 0; s < TmaBackward::STAGES; s++) {
+            tiles0[s] = at_bytes;
+            tiles1[s] = at_bytes + HOPPER_TILE_BYTES;
+            floats[s] = reinterpret_cast<float*>(at(at_bytes + 2 * HOPPER_TILE_BYTES));
+            // the next stage's tiles from the next 1024-byte boundary
+            at_bytes = (at_bytes + TmaBackward::STAGE_BYTES + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES *
+                       HOPPER_ATOM_BYTES;
+        }
+        own_full = reinterpret_cast<uint64_t*>(at(at_bytes));
+        full = own_full + 1;
+        empty = full + TmaBackward::STAGES;
+    }
+    __device__ uint8_t* at(uint32_t shared) const { return smem + (shared - raw); }
+};
+// The stages' alignment pads (at most 1023 bytes each) are within the slack SMEM_BYTES leaves.
+static_assert(TmaBackward::STAGES * (TmaBackward::STAGE_BYTES + HOPPER_ATOM_BYTES) + TmaBackward::OWN_BYTES +
+                      HOPPER_ATOM_BYTES + 8 * TmaBackward::BARRIERS <=
+                  TmaBackward::SMEM_BYTES + TmaBackward::STAGES * HOPPER_ATOM_BYTES,
+              "the plan fits");
+
+// Sets up the barriers (thread 0) before any thread uses them: own_full and full[] expect `full_arrivals`.
+__device__ inline void init_backward_barriers(const TmaBackwardSmem& m, uint32_t full_arrivals) {
+    if (threadIdx.x == 0) {
+        tma::mbarrier_init(m.own_full, 1);
+        for (int s = 0; s < TmaBackward::STAGES; s++) {
+            tma::mbarrier_init(&m.full[s], full_arrivals);
+            tma::mbarrier_init(&m.empty[s], TmaBackward::CONSUMER_THREADS);
+        }
+        tma::fence_barrier_init();
+    }
+    __syncthreads();  // the last block-wide barrier: the producer's threads leave early
+}
+
+// dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
+// kv_map: the key side's qkv (128-row boxes); q_map: the query side's (64-row boxes); do_map: dout
+// as a (rows, C) matrix (64-row boxes).
+template <bool CAUSAL, typename GradT>
+__global__ void __launch_bounds__(TmaBackward::THREADS, 1)
+    attention_backward_dkv_tma_kernel(const __grid_constant__ CUtensorMap kv_map,
+                                      const __grid_constant__ CUtensorMap q_map,
+                                      const __grid_constant__ CUtensorMap do_map, GradT* grad_k, size_t grad_ld,
+                                      const float* lse, const float* D, AttentionRows rows, int NH, float scale_log2,
+                                      float scale, float* amax) {
+    constexpr int HS = HOPPER_HS, BN = HOPPER_BM, BQ = TmaBackward::TILE, STAGES = TmaBackward::STAGES;
+    const TmaBackwardSmem m(dynamic_shared_memory<uint8_t>());
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
+    const int T = rows.T, C = NH * HS;
+    const int q_begin = CAUSAL ? kv0 : 0;
+    const int num_tiles = ceil_div(T - q_begin, BQ);
+    init_backward_barriers(m, 32);
+
+    if (threadIdx.x < 128) {
+        tma::setmaxnreg_dec<TmaBackward::PRODUCER_REGS>();
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            tma::mbarrier_arrive_expect_tx(m.own_full, TmaBackward::OWN_BYTES);
+            tma::copy_2d(m.at(m.own0), &kv_map, C + h * HS, b * rows.kv_rows + kv0, m.own_full);
+            tma::copy_2d(m.at(m.own1), &kv_map, 2 * C + h * HS, b * rows.kv_rows + kv0, m.own_full);
+        }
+        const float* lse_head = lse + (size_t)bh * rows.q_rows;
+        const float* d_head = D + (size_t)bh * rows.q_rows;
+        for (int tile = 0; tile < num_tiles; tile++) {
+            const int s = tile % STAGES, q0 = q_begin + tile * BQ;
+            if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
+            // lse and D of the tile's queries (0 past T: finite, and masked out)
+#pragma unroll
+            for (int i = lane; i < BQ; i += 32) {
+                const bool valid = q0 + i < T;
+                m.floats[s][i] = valid ? lse_head[q0 + i] : 0.0f;
+                m.floats[s][BQ + i] = valid ? d_head[q0 + i] : 0.0f;
+            }
+            if (lane == 0) {
+                tma::mbarrier_arrive_expect_tx(&m.full[s], 2 * HOPPER_TILE_BYTES);
+                tma::copy_2d(m.at(m.tiles0[s]), &q_map, h * HS, b * rows.q_rows + q0, &m.full[s]);
+                tma::copy_2d(m.at(m.tiles1[s]), &do_map, h * HS, b * rows.q_rows + q0, &m.full[s]);
+            } else {
+                tma::mbarrier_arrive(&m.full[s]);
+            }
+        }
+        return;
+    }
+
+    tma::setmaxnreg_inc<TmaBackward::CONSUMER_REGS>();
+    const int warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32, group = warp / 4;
+    const int group_first = kv0 + 64 * group;  // this warpgroup's keys
+    const int key_first = kv0 + 16 * warp;     // this warp's keys: key_first .. + 15
+    const bool group_active = group_first < T;
+    const uint32_t k_group = m.own0 + 64 * HOPPER_ROW_BYTES * group, v_group = m.own1 + 64 * HOPPER_ROW_BYTES * group;
+    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+
+    tma::mbarrier_wait(m.own_full, 0);
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int s = tile % STAGES, q0 = q_begin + tile * BQ;
+        tma::mbarrier_wait(&m.full[s], (tile / STAGES) & 1);
+        // warpgroup-uniform: some query of the tile sees some key of the warpgroup (a warpgroup with
+        // nothing to do still waits for the tile, so its arrival never counts towards a later use)
+        if (group_active && (!CAUSAL || q0 + BQ - 1 >= group_first)) {
+            const uint32_t q_tile = m.tiles0[s], do_tile = m.tiles1[s];
+            const float* lse_tile = m.floats[s];
+            const float* d_tile = m.floats[s] + BQ;
+            const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
+            float pt[BQ / 8][4];  // rows: keys, columns: queries
+            wgmma_a_bt<BQ>(pt, k_group, q_tile);
+            backward_probabilities_t<BQ, CAUSAL>(pt, lse_tile, q0, key_first, lane, T, needs_mask, scale_log2);
+            uint32_t p_frag[BQ / 16][4];
+            acc_to_a<BQ>(p_frag, pt);
+            wgmma_a_b<BQ>(dv, p_frag, do_tile);
+            float dpt[BQ / 8][4];
+            wgmma_a_bt<BQ>(dpt, v_group, do_tile);
+            backward_ds_t<BQ>(pt, dpt, d_tile, lane);
+            uint32_t ds_frag[BQ / 16][4];
+            acc_to_a<BQ>(ds_frag, pt);
+            wgmma_a_b<BQ>(dk, ds_frag, q_tile);
+        }
+        tma::mbarrier_arrive(&m.empty[s]);  // this thread's products on the stage have retired
+    }
+    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, h, NH, rows, key_first, lane, scale, amax);
+}
+
+// dQ: grid (B*NH, query tiles of 128); the key tiles up to the block's diagonal (CAUSAL) or all.
+// q_map: the query side's qkv (128-row boxes); do_map: dout (128-row boxes); kv_map: the key side's
+// qkv (64-row boxes).
+template <bool CAUSAL, typename GradT>
+__global__ void __launch_bounds__(TmaBackward::THREADS, 1)
+    attention_backward_dq_tma_kernel(const __grid_constant__ CUtensorMap q_map,
+                                     const __grid_constant__ CUtensorMap do_map,
+                                     const __grid_constant__ CUtensorMap kv_map, GradT* grad_q, size_t grad_ld,
+                                     const float* lse, const float* D, AttentionRows rows, int NH, float scale_log2,
+                                     float scale, float* amax) {
+    constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = TmaBackward::TILE, STAGES = TmaBackward::STAGES;
+    const TmaBackwardSmem m(dynamic_shared_memory<uint8_t>());
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
+    const int T = rows.T, C = NH * HS;
+    const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
+    init_backward_barriers(m, 1);
+
+    if (threadIdx.x < 128) {
+        tma::setmaxnreg_dec<TmaBackward::PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        tma::mbarrier_arrive_expect_tx(m.own_full, TmaBackward::OWN_BYTES);
+        tma::copy_2d(m.at(m.own0), &q_map, h * HS, b * rows.q_rows + q0, m.own_full);
+        tma::copy_2d(m.at(m.own1), &do_map, h * HS, b * rows.q_rows + q0, m.own_full);
+        for (int tile = 0; tile < num_tiles; tile++) {
+            const int s = tile % STAGES;
+            if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
+            tma::mbarrier_arrive_expect_tx(&m.full[s], 2 * HOPPER_TILE_BYTES);
+            tma::copy_2d(m.at(m.tiles0[s]), &kv_map, C + h * HS, b * rows.kv_rows + tile * BN, &m.full[s]);
+            tma::copy_2d(m.at(m.tiles1[s]), &kv_map, 2 * C + h * HS, b * rows.kv_rows + tile * BN, &m.full[s]);
+        }
+        return;
+    }
+
+    tma::setmaxnreg_inc<TmaBackward::CONSUMER_REGS>();
+    const int warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32, group = warp / 4;
+    const int group_first = q0 + 64 * group;
+    const int row_first = q0 + 16 * warp;
+    const bool group_active = group_first < T;
+    float lse2[2], row_d[2];
+    backward_row_stats(lse2, row_d, lse, D, bh, rows, row_first, lane);
+    const uint32_t q_group = m.own0 + 64 * HOPPER_ROW_BYTES * group, do_group = m.own1 + 64 * HOPPER_ROW_BYTES * group;
+    float dq[HS / 8][4] = {};
+
+    tma::mbarrier_wait(m.own_full, 0);
+    for (int tile = 0; tile < num_tiles; tile++) {
+        const int s = tile % STAGES, key0 = tile * BN;
+        tma::mbarrier_wait(&m.full[s], (tile / STAGES) & 1);
+        if (group_active && (!CAUSAL || key0 <= group_first + 63))
+            dq_tile<BN, CAUSAL>(dq, q_group, do_group, m.tiles0[s], m.tiles1[s], lse2, row_d, key0, row_first, lane,
+                                T, scale_log2);
+        tma::mbarrier_arrive(&m.empty[s]);
+    }
+    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax);
+}
+
+template <bool CAUSAL, typename GradT>
+inline void attention_backward_tma_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
+                                          const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv,
+                                          const float* lse, const float* D, int B, const AttentionRows& rows, int NH,
+                                          cudaStream_t stream, float* amax) {
+    constexpr int HS = HOPPER_HS;
+    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
+    const uint64_t C = (uint64_t)NH * HS, qkv_bytes = 3 * C * sizeof(floatX);
+    // as the forward's maps, ending at the last sequence's row T - 1
+    const uint64_t q_rows = (uint64_t)(B - 1) * rows.q_rows + rows.T;
+    const uint64_t kv_rows = (uint64_t)(B - 1) * rows.kv_rows + rows.T;
+    auto map = [&](const floatX* base, uint64_t n_rows, uint64_t cols, uint64_t row_bytes, uint32_t box_rows) {
+        return tma::make_tensor_map_2d(base, n_rows, cols, row_bytes, box_rows, HS, tma::Swizzle::Bytes128);
+    };
+    constexpr int OWN = HOPPER_BM, TILE = TmaBackward::TILE;
+    constexpr size_t smem = TmaBackward::SMEM_BYTES;
+    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    auto dkv = attention_backward_dkv_tma_kernel<CAUSAL, GradT>;
+    set_smem_limit(dkv, smem, "attention_backward (wgmma, TMA)", HS);
+    LLMC_LAUNCH(dkv, grid, TmaBackward::THREADS, smem, stream)(
+        map(kv_qkv, kv_rows, 3 * C, qkv_bytes, OWN), map(q_qkv, q_rows, 3 * C, qkv_bytes, TILE),
+        map(dout, q_rows, C, C * sizeof(floatX), TILE), grad_k, grad_k_ld, lse, D, rows, NH, scale_log2, scale, amax);
+    CUDA_CHECK_LAUNCH();
+    auto dq = attention_backward_dq_tma_kernel<CAUSAL, GradT>;
+    set_smem_limit(dq, smem, "attention_backward (wgmma, TMA)", HS);
+    LLMC_LAUNCH(dq, grid, TmaBackward::THREADS, smem, stream)(
+        map(q_qkv, q_rows, 3 * C, qkv_bytes, OWN), map(dout, q_rows, C, C * sizeof(floatX), OWN),
+        map(kv_qkv, kv_rows, 3 * C, qkv_bytes, TILE), grad_q, grad_q_ld, lse, D, rows, NH, scale_log2, scale, amax);
     CUDA_CHECK_LAUNCH();
 }
 

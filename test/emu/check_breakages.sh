@@ -169,6 +169,20 @@ breakage tma-expect-bytes llmc/kernels/attention_hopper_tma.cuh "bench attention
     "attention forward (TMA): K's barrier armed with half the tile's bytes" \
     '            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES);' \
     '            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES / 2);'
+breakage tma-dkv-floats-early llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
+    "attention backward (TMA): the producer stores a tile's lse and D before the stage is free" \
+    '            if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
+            // lse and D of the tile' \
+    '            // lse and D of the tile'
+breakage tma-dkv-one-arrival llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
+    "attention backward (TMA): the dK/dV stages' full barriers expect one arrival, not the 32 storing threads'" \
+    '    init_backward_barriers(m, 32);' \
+    '    init_backward_barriers(m, 1);'
+breakage tma-dq-no-full-wait llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
+    "attention backward (TMA): the dQ kernel's consumers read K and V without waiting for their copies" \
+    '        tma::mbarrier_wait(&m.full[s], (tile / STAGES) & 1);
+        if (group_active && (!CAUSAL || key0 <= group_first + 63))' \
+    '        if (group_active && (!CAUSAL || key0 <= group_first + 63))'
 breakage wgmma-dkv-diagonal llmc/kernels/attention_hopper.cuh "bench attention_backward" \
     "attention backward (wgmma): each key's own query masked out of dK, dV (the diagonal)" \
     '                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;

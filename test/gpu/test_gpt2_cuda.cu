@@ -178,7 +178,7 @@ TEST_CASE("with the wgmma attention kernels (head size 64, with or without the T
             }
         }
         // the wgmma kernels may round differently from mma.sync's (tiles of 128 keys, not 64); the
-        // TMA-fed forward runs the same arithmetic as the wgmma one, on the same tiles: the same bits
+        // TMA-fed kernels run the same arithmetic as the wgmma ones, on the same tiles: the same bits
         CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 1e-2);
         CHECK(grads[2] == grads[1]);
     }
