@@ -146,9 +146,9 @@ breakage wgmma-refill-barrier llmc/kernels/attention_hopper.cuh "bench attention
     '        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2' \
     '        // (no barrier)'
 breakage wgmma-dq-operand llmc/kernels/attention_hopper.cuh "bench attention_backward" \
-    "attention backward (wgmma): dQ += dS V instead of dS K" \
-    '            wgmma_a_b<BN>(dq, ds_frag, k_tile);' \
-    '            wgmma_a_b<BN>(dq, ds_frag, v_tile);'
+    "attention backward (wgmma, and TMA: dq_tile): dQ += dS V instead of dS K" \
+    '    wgmma_a_b<BN>(dq, ds_frag, k_tile);' \
+    '    wgmma_a_b<BN>(dq, ds_frag, v_tile);'
 breakage wgmma-dkv-float-buffer llmc/kernels/attention_hopper.cuh "bench attention_backward" \
     "attention backward (wgmma): the next tile's lse copied over the one in use" \
     '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);' \
@@ -184,19 +184,9 @@ breakage tma-dq-no-full-wait llmc/kernels/attention_hopper_tma.cuh "bench attent
         if (group_active && (!CAUSAL || key0 <= group_first + 63))' \
     '        if (group_active && (!CAUSAL || key0 <= group_first + 63))'
 breakage wgmma-dkv-diagonal llmc/kernels/attention_hopper.cuh "bench attention_backward" \
-    "attention backward (wgmma): each key's own query masked out of dK, dV (the diagonal)" \
-    '                    pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;
-                }
-            }
-            uint32_t p_frag[BQ / 16][4];
-            acc_to_a<BQ>(p_frag, pt);
-            wgmma_a_b<BQ>(dv, p_frag, do_tile);' \
-    '                    pt[n][e] = needs_mask && ((CAUSAL && query <= key) || query >= T) ? 0.0f : p;
-                }
-            }
-            uint32_t p_frag[BQ / 16][4];
-            acc_to_a<BQ>(p_frag, pt);
-            wgmma_a_b<BQ>(dv, p_frag, do_tile);'
+    "attention backward (wgmma, and TMA: backward_probabilities_t): each key's own query masked out of dK, dV" \
+    '            pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;' \
+    '            pt[n][e] = needs_mask && ((CAUSAL && query <= key) || query >= T) ? 0.0f : p;'
 breakage cp-async-wait-count llmc/kernels/attention.cuh "bench attention_forward" \
     "attention forward: cp.async.wait_group 2 instead of 1 (the tile in use may still be in flight)" \
     '        cp_async_wait<1>();  // everything but the tile just requested has landed' \
