@@ -4,10 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
 #include "llmc/cpu/moe.h"
+#include "test/fixture_reader.h"
 #include "test/rel_error.h"
 
 using namespace llmc;
@@ -15,16 +15,6 @@ using namespace llmc;
 namespace {
 
 const char* FIXTURE = "test/fixtures/moe_cases.bin";
-
-struct Reader {
-    FILE* f;
-    template <typename T>
-    std::vector<T> read(size_t n) {
-        std::vector<T> v(n);
-        REQUIRE(fread(v.data(), sizeof(T), n, f) == n);
-        return v;
-    }
-};
 
 struct Case {
     cpu::MoeShape shape;
@@ -36,9 +26,7 @@ struct Case {
 };
 
 std::vector<Case> read_cases() {
-    FILE* f = fopen(FIXTURE, "rb");
-    REQUIRE(f != nullptr);
-    Reader r{f};
+    FixtureReader r(FIXTURE);
     const std::vector<int32_t> header = r.read<int32_t>(4);
     REQUIRE(header[0] == 20261125);
     REQUIRE(header[1] == 1);
@@ -59,7 +47,7 @@ std::vector<Case> read_cases() {
         c.drouter = r.read<float>(E * C), c.dfcw = r.read<float>(E * F * C), c.dfcb = r.read<float>(E * F);
         c.dfcprojw = r.read<float>(E * C * F), c.dfcprojb = r.read<float>(E * C);
     }
-    fclose(f);
+    CHECK(r.at_end());
     return cases;
 }
 

@@ -274,6 +274,73 @@ inline void dots_with_transposed(float* out, const float* x, const float* yt, in
     }
 }
 
+// One head of one sequence in a qkv buffer: q, k and v at position 0, the next position `row` floats
+// on. GPT-2's heads (below) and grouped-query attention's (cpu/llama_ops.h, where query heads share
+// a kv head) differ only in where these point; both run one query position at a time through the
+// two functions after it, so their arithmetic is the same, operation for operation.
+struct AttentionHead {
+    const float *q, *k, *v;
+    size_t row;
+    int T, hs;
+};
+
+// Query position t: a[t2] = the softmax over t2 <= t of scale * q.k[t2], and o = sum_t2 a[t2] v[t2].
+// kt is the head's keys transposed by transpose_head.
+inline void attention_query_forward(float* o, float* a, const AttentionHead& head, const float* kt, int t,
+                                    float scale) {
+    const int hs = head.hs;
+    dots_with_transposed(a, head.q + t * head.row, kt, head.T, hs, t + 1);
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int t2 = 0; t2 <= t; t2++) mx = std::max(mx, a[t2]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int t2 = 0; t2 <= t; t2++) {
+        a[t2] = fast_exp((a[t2] - mx) * scale);
+        sum += a[t2];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+    std::fill(o, o + hs, 0.0f);
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float* v = head.v + t2 * head.row;
+        const float w = a[t2];
+#pragma omp simd
+        for (int d = 0; d < hs; d++) o[d] += w * v[d];
+    }
+}
+
+// Query position t's share of the gradients, from dO (its rows of dout) and a (its probabilities):
+// added to dq at t and to dk and dv at every t2 <= t (dq, dk, dv point at position 0, `row` floats
+// apart, as in head). vt is the head's values transposed; datt is scratch of T floats.
+inline void attention_query_backward(float* dq, float* dk, float* dv, float* datt, const float* dO, const float* a,
+                                     const AttentionHead& head, const float* vt, int t, float scale) {
+    const int hs = head.hs;
+    const size_t row = head.row;
+    const float* q = head.q + t * row;
+    float* dqt = dq + t * row;
+    // through out = sum_t2 a[t2] v[t2]
+    dots_with_transposed(datt, dO, vt, head.T, hs, t + 1);
+    float a_datt = 0.0f;
+#pragma omp simd reduction(+ : a_datt)
+    for (int t2 = 0; t2 <= t; t2++) a_datt += a[t2] * datt[t2];
+    // through the softmax, then the scaled dot products
+    for (int t2 = 0; t2 <= t; t2++) {
+        const float w = a[t2];
+        const float dpre = w * (datt[t2] - a_datt) * scale;
+        const float* k = head.k + t2 * row;
+        float* dkt = dk + t2 * row;
+        float* dvt = dv + t2 * row;
+#pragma omp simd
+        for (int d = 0; d < hs; d++) {
+            dvt[d] += w * dO[d];
+            dqt[d] += dpre * k[d];
+            dkt[d] += dpre * q[d];
+        }
+    }
+}
+
 inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt((float)hs);
@@ -285,31 +352,11 @@ inline void attention_forward(float* out, float* att, const float* qkv, int B, i
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 const float* base = qkv + (size_t)b * T * row + h * hs;
-                transpose_head(kt.data(), base + C, row, T, hs);
-                for (int t = 0; t < T; t++) {
-                    float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                    dots_with_transposed(a, base + t * row, kt.data(), T, hs, t + 1);
-                    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-                    for (int t2 = 0; t2 <= t; t2++) mx = std::max(mx, a[t2]);
-                    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        a[t2] = fast_exp((a[t2] - mx) * scale);
-                        sum += a[t2];
-                    }
-                    const float inv = 1.0f / sum;
-#pragma omp simd
-                    for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
-                    float* o = out + ((size_t)b * T + t) * C + h * hs;
-                    std::fill(o, o + hs, 0.0f);
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        const float* v = base + t2 * row + 2 * C;
-                        const float w = a[t2];
-#pragma omp simd
-                        for (int d = 0; d < hs; d++) o[d] += w * v[d];
-                    }
-                }
+                const AttentionHead head{base, base + C, base + 2 * C, row, T, hs};
+                transpose_head(kt.data(), head.k, row, T, hs);
+                for (int t = 0; t < T; t++)
+                    attention_query_forward(out + ((size_t)b * T + t) * C + h * hs,
+                                            att + (((size_t)b * NH + h) * T + t) * T, head, kt.data(), t, scale);
             }
         }
     }
@@ -329,38 +376,18 @@ inline void attention_backward(float* dqkv, const float* dout, const float* att,
             for (int h = 0; h < NH; h++) {
                 const float* base = qkv + (size_t)b * T * row + h * hs;
                 float* dbase = dqkv + (size_t)b * T * row + h * hs;
-                transpose_head(vt.data(), base + 2 * C, row, T, hs);
+                const AttentionHead head{base, base + C, base + 2 * C, row, T, hs};
+                transpose_head(vt.data(), head.v, row, T, hs);
                 for (int t = 0; t < T; t++) {
                     float* dr = dbase + t * row;
                     std::fill(dr, dr + hs, 0.0f);
                     std::fill(dr + C, dr + C + hs, 0.0f);
                     std::fill(dr + 2 * C, dr + 2 * C + hs, 0.0f);
                 }
-                for (int t = 0; t < T; t++) {
-                    const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                    const float* dO = dout + ((size_t)b * T + t) * C + h * hs;
-                    const float* q = base + t * row;
-                    float* dq = dbase + t * row;
-                    // through out = sum_t2 a[t2] v[t2]
-                    dots_with_transposed(datt.data(), dO, vt.data(), T, hs, t + 1);
-                    float a_datt = 0.0f;
-#pragma omp simd reduction(+ : a_datt)
-                    for (int t2 = 0; t2 <= t; t2++) a_datt += a[t2] * datt[t2];
-                    // through the softmax, then the scaled dot products
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        const float w = a[t2];
-                        const float dpre = w * (datt[t2] - a_datt) * scale;
-                        const float* k = base + t2 * row + C;
-                        float* dk = dbase + t2 * row + C;
-                        float* dv = dk + C;
-#pragma omp simd
-                        for (int d = 0; d < hs; d++) {
-                            dv[d] += w * dO[d];
-                            dq[d] += dpre * k[d];
-                            dk[d] += dpre * q[d];
-                        }
-                    }
-                }
+                for (int t = 0; t < T; t++)
+                    attention_query_backward(dbase, dbase + C, dbase + 2 * C, datt.data(),
+                                             dout + ((size_t)b * T + t) * C + h * hs,
+                                             att + (((size_t)b * NH + h) * T + t) * T, head, vt.data(), t, scale);
             }
         }
     }
