@@ -13,7 +13,7 @@
 
 #include "llmc/ckpt/shard_state.h"
 #include "llmc/numerics/fp8.h"
-#include "llmc/models/gpt2/config.h"  // ModelConfig: the one architecture so far
+#include "llmc/models/model_config.h"
 #include "llmc/params/layout.h"
 #include "llmc/utils.h"
 
