@@ -313,7 +313,7 @@ void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std:
 
 // ---- --tune: versions 2-6 timed on this card, the fastest per T written as attention_table.h ----
 
-const char* const TABLE_HEAD = R"(// attention_table.h: the attention forward kernel measured fastest, per card and sequence length
+const char* const TABLE_HEAD = R"(// attention_table.h: the attention forward kernel measured fastest, per card and T
 // (attention_tuning.h reads it when the kernels are left to choose: set_attention_kernels(Auto)).
 //
 // Written by the attention workbench on the card itself, in one run:

@@ -1,9 +1,10 @@
 // attention_hopper_tma.cuh: attention_hopper.cuh's kernels with their loads taken off the threads
-// that compute (FlashAttention-3's warp specialization): the forward here, the backward below. A block is three warpgroups: one producer, whose
-// single elected thread copies Q once and each tile of K and V with TMA (cp.async.bulk.tensor, the
-// 128-byte swizzle made by the copy engine, not by the threads) into a ring of shared-memory stages,
-// and two consumers of 64 query rows each, which run the same products and the same online softmax
-// as attention_hopper.cuh's forward (softmax_tile, finish_rows). Nothing but mbarriers orders them:
+// that compute (FlashAttention-3's warp specialization): the forward here, the backward below. A
+// forward block is three warpgroups: one producer, whose single elected thread copies Q once and
+// each tile of K and V with TMA (cp.async.bulk.tensor, the 128-byte swizzle made by the copy engine,
+// not by the threads) into a ring of shared-memory stages, and two consumers of 64 query rows each,
+// which run the same products and the same online softmax as attention_hopper.cuh's forward
+// (softmax_tile, finish_rows). Nothing but mbarriers orders them:
 //   full[s]  (K and V apart, so S = Q K^T starts while V still lands): the producer arms it with the
 //            tile's bytes (arrive.expect_tx); the copy completes it; a consumer waits on it
 //   empty[s] every consumer thread arrives once its products on stage s have retired (wgmma's wait);
@@ -57,9 +58,9 @@ struct TmaForward {
     static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + HOPPER_Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;
 };
 
-// Grid (B*NH, query tiles of 128), TmaForward<STAGES>::THREADS threads. q_map: the query side's qkv as a
-// ((B - 1) q_rows + T, 3C) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's, with
-// kv_rows, boxes of KEYS rows; both in the 128-byte swizzle.
+// Grid (B*NH, query tiles of 128), TmaForward<STAGES>::THREADS threads. q_map: the query side's qkv
+// as a ((B - 1) q_rows + T, 3C) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's,
+// with kv_rows, boxes of KEYS rows; both in the 128-byte swizzle.
 template <int STAGES_, bool CAUSAL>
 __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
     attention_forward_tma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
@@ -207,13 +208,16 @@ struct TmaBackward {
     // own, then full and empty per stage
     static constexpr uint32_t OWN_BYTES = 2 * HOPPER_Q_BYTES;
     static constexpr uint32_t STAGE_BYTES = 2 * HOPPER_TILE_BYTES + 2 * TILE * sizeof(float);
+    // stages start 1024 bytes apart, so each one's tiles stay on the swizzle's boundary
+    static constexpr uint32_t STAGE_STRIDE =
+        (STAGE_BYTES + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
     static constexpr int BARRIERS = 1 + 2 * STAGES;
-    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + OWN_BYTES + STAGES * STAGE_BYTES + 8 * BARRIERS;
+    // Up to 1023 bytes to the first 1024-byte boundary, the own tiles, the stages, the barriers.
+    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + OWN_BYTES + STAGES * STAGE_STRIDE + 8 * BARRIERS;
 };
 
 // The shared-memory plan of a TmaBackward block: the two own tiles, the stages (two tiles each, then
-// the floats), the barriers; tiles on 1024-byte boundaries (STAGE_BYTES is a multiple of 1024 plus
-// the floats' 512 bytes, so each stage's tiles are placed from an aligned base of their own).
+// the floats), the barriers; tiles on 1024-byte boundaries.
 struct TmaBackwardSmem {
     uint8_t* smem;
     uint32_t raw, own0, own1, tiles0[TmaBackward::STAGES], tiles1[TmaBackward::STAGES];
@@ -225,27 +229,18 @@ struct TmaBackwardSmem {
     __device__ explicit TmaBackwardSmem(uint8_t* base) : smem(base), raw(smem_addr(base)) {
         own0 = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
         own1 = own0 + HOPPER_Q_BYTES;
-        uint32_t at_bytes = own1 + HOPPER_Q_BYTES;
+        const uint32_t stages = own1 + HOPPER_Q_BYTES;
         for (int s = 0; s < TmaBackward::STAGES; s++) {
-            tiles0[s] = at_bytes;
-            tiles1[s] = at_bytes + HOPPER_TILE_BYTES;
-            floats[s] = reinterpret_cast<float*>(at(at_bytes + 2 * HOPPER_TILE_BYTES));
-            // the next stage's tiles from the next 1024-byte boundary
-            at_bytes = (at_bytes + TmaBackward::STAGE_BYTES + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES *
-                       HOPPER_ATOM_BYTES;
+            tiles0[s] = stages + s * TmaBackward::STAGE_STRIDE;
+            tiles1[s] = tiles0[s] + HOPPER_TILE_BYTES;
+            floats[s] = reinterpret_cast<float*>(at(tiles1[s] + HOPPER_TILE_BYTES));
         }
-        own_full = reinterpret_cast<uint64_t*>(at(at_bytes));
+        own_full = reinterpret_cast<uint64_t*>(at(stages + TmaBackward::STAGES * TmaBackward::STAGE_STRIDE));
         full = own_full + 1;
         empty = full + TmaBackward::STAGES;
     }
     __device__ uint8_t* at(uint32_t shared) const { return smem + (shared - raw); }
 };
-// The stages' alignment pads (at most 1023 bytes each) are within the slack SMEM_BYTES leaves.
-static_assert(TmaBackward::STAGES * (TmaBackward::STAGE_BYTES + HOPPER_ATOM_BYTES) + TmaBackward::OWN_BYTES +
-                      HOPPER_ATOM_BYTES + 8 * TmaBackward::BARRIERS <=
-                  TmaBackward::SMEM_BYTES + TmaBackward::STAGES * HOPPER_ATOM_BYTES,
-              "the plan fits");
-
 // Sets up the barriers (thread 0) before any thread uses them: own_full and full[] expect `full_arrivals`.
 __device__ inline void init_backward_barriers(const TmaBackwardSmem& m, uint32_t full_arrivals) {
     if (threadIdx.x == 0) {

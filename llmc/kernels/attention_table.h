@@ -1,4 +1,4 @@
-// attention_table.h: the attention forward kernel measured fastest, per card and sequence length
+// attention_table.h: the attention forward kernel measured fastest, per card and T
 // (attention_tuning.h reads it when the kernels are left to choose: set_attention_kernels(Auto)).
 //
 // Written by the attention workbench on the card itself, in one run:
