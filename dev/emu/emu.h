@@ -9,7 +9,8 @@
 //     H100 (132 SMs, 80 GB, compute capability 9.0), and kernel launches;
 //   - fibers: every CUDA thread of a block is a fiber (boost.context), so __syncthreads, __syncwarp,
 //     warp shuffles and votes, static and dynamic __shared__ memory and the built-in indices behave as
-//     on a GPU; blocks run in parallel on OpenMP threads;
+//     on a GPU; blocks run in parallel on OpenMP threads; dynamic shared memory starts only 16-byte
+//     aligned (CUDA's promise, DYNAMIC_SHARED_OFFSET), so a kernel that assumes more is caught;
 //   - ptx.h: an emulated body for each inline-PTX wrapper llmc has (cp.async, ldmatrix, mma.sync
 //     m16n8k16 bf16, ex2.approx, Hopper's wgmma with shared-memory descriptors, mbarrier, TMA's
 //     cp.async.bulk.tensor, setmaxnreg), written from the PTX ISA's tables and definitions; a thread

@@ -50,8 +50,11 @@ constexpr size_t EXCHANGE_BYTES = 64;
 // thread_local like the kernels' static __shared__ variables, so both lie in this OS thread's TLS
 // block, well inside a 4 GB window centred on the arena. Aligned to 1024 bytes so that a static
 // __shared__ variable's shared address (an offset from the arena) has the alignment of its pointer,
-// as the swizzled layouts of TMA and wgmma need (their patterns repeat every 1024 bytes).
-thread_local unsigned char shared_arena[232448] __attribute__((aligned(1024)));
+// as the swizzled layouts of TMA and wgmma need (their patterns repeat every 1024 bytes). A block's
+// dynamic shared memory starts DYNAMIC_SHARED_OFFSET bytes in: CUDA promises it 16-byte alignment
+// only, so a kernel that needs more (a 1024-byte swizzle pattern) must round its base up itself, and
+// one that forgets, or does not count the rounding in its size, fails here.
+thread_local unsigned char shared_arena[232448 + 1024] __attribute__((aligned(1024)));
 
 struct Fiber;
 
@@ -304,7 +307,7 @@ void run_block(const BlockTask& task, uint3 block_idx, Schedule schedule, uint64
     w.schedule = schedule;
     w.threads = threads;
     // Shared memory starts as garbage on a GPU: NaN bytes here, so a read before a write shows.
-    memset(shared_arena, 0xff, std::min(task.shared_bytes, sizeof shared_arena));
+    memset(dynamic_shared_base(), 0xff, block_dynamic_shared_bytes());
     for (int i = 0; i < threads; i++) {
         Fiber& f = w.fibers[i];
         f.state.thread_idx = uint3{(unsigned)i % bd.x, (unsigned)i / bd.x % bd.y, (unsigned)i / (bd.x * bd.y)};
@@ -492,7 +495,9 @@ size_t program_tls_bytes() {
 
 bool in_shared_memory(const void* p, size_t bytes) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p), arena = reinterpret_cast<uintptr_t>(shared_arena);
-    if (a >= arena && a < arena + sizeof shared_arena) return a + bytes <= arena + block_dynamic_shared_bytes();
+    if (a >= arena && a < arena + sizeof shared_arena)
+        return a >= arena + DYNAMIC_SHARED_OFFSET &&
+               a + bytes <= arena + DYNAMIC_SHARED_OFFSET + block_dynamic_shared_bytes();
 #if defined(__x86_64__)
     static const size_t tls_bytes = program_tls_bytes();
     uintptr_t tp;
@@ -502,7 +507,7 @@ bool in_shared_memory(const void* p, size_t bytes) {
     return ((a - shared_window_base()) >> 32) == 0;  // elsewhere: only the shared window is known
 }
 
-unsigned char* dynamic_shared_base() { return shared_arena; }
+unsigned char* dynamic_shared_base() { return shared_arena + DYNAMIC_SHARED_OFFSET; }
 uintptr_t shared_window_base() {
     uintptr_t arena = reinterpret_cast<uintptr_t>(shared_arena);
     asm("" : "+r"(arena));  // else g++ folds the offset into a 32-bit TLS relocation, which it overflows
@@ -513,7 +518,9 @@ PendingCopies& this_thread_copies() { return running_fiber("cp.async").copies; }
 WgmmaWarp& wgmma_warp(int warp) { return this_worker().wgmma[warp]; }
 WgmmaWarpgroup& wgmma_warpgroup(int group) { return this_worker().warpgroups[group]; }
 int block_threads() { return this_worker().threads; }
-size_t block_dynamic_shared_bytes() { return std::min(this_worker().task->shared_bytes, sizeof shared_arena); }
+size_t block_dynamic_shared_bytes() {
+    return std::min(this_worker().task->shared_bytes, sizeof shared_arena - DYNAMIC_SHARED_OFFSET);
+}
 bool copies_land_at_issue() { return worker && worker->schedule != Schedule::Forward; }
 
 [[noreturn]] void device_fault(const char* what, const char* message) {

@@ -89,6 +89,9 @@ WgmmaWarpgroup& wgmma_warpgroup(int group);
 // The running block's threads and dynamic shared memory bytes (the launch's).
 int block_threads();
 size_t block_dynamic_shared_bytes();
+// Where a block's dynamic shared memory starts in the shared arena (whose shared address is 2^31, the
+// low 18 bits of which, all a wgmma descriptor holds, are 0): 16 bytes in, CUDA's only promise.
+constexpr size_t DYNAMIC_SHARED_OFFSET = 16;
 
 // ---- mbarrier and TMA (ptx.cpp) ----
 // The emulator's contents of a CUtensorMap's 128 opaque bytes, as its cuTensorMapEncodeTiled

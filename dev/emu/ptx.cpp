@@ -211,12 +211,12 @@ uint32_t operand_address(const Descriptor& d, bool mn_major, int mn, int k) {
 }
 
 // The operand's element, from dynamic shared memory: a descriptor holds 18 bits of a shared address,
-// which the emulator reads as an offset in the block's dynamic shared memory (whose shared window
-// address is 2^31, 18 low bits zero), so a wgmma operand must be there; beyond the launch's dynamic
-// shared memory it faults.
+// which the emulator reads as an offset in the shared arena (whose shared window address is 2^31, 18
+// low bits zero; the block's dynamic shared memory starts DYNAMIC_SHARED_OFFSET bytes in), so a
+// wgmma operand must be there; outside the launch's dynamic shared memory it faults.
 float operand_element(const Descriptor& d, bool mn_major, int mn, int k, const char* operand) {
-    const uint32_t a = operand_address(d, mn_major, mn, k);
-    if ((size_t)a + 2 > block_dynamic_shared_bytes()) {
+    const uint32_t a = operand_address(d, mn_major, mn, k);  // from the arena's start
+    if (a < DYNAMIC_SHARED_OFFSET || (size_t)a + 2 > DYNAMIC_SHARED_OFFSET + block_dynamic_shared_bytes()) {
         char message[200];
         snprintf(message, sizeof message,
                  "%s element (%d, %d) at shared offset %u lies beyond the block's %zu bytes of dynamic "
@@ -225,7 +225,7 @@ float operand_element(const Descriptor& d, bool mn_major, int mn, int k, const c
         device_fault("wgmma.mma_async", message);
     }
     uint16_t bits;
-    memcpy(&bits, dynamic_shared_base() + a, 2);
+    memcpy(&bits, dynamic_shared_base() - DYNAMIC_SHARED_OFFSET + a, 2);
     return __bfloat162float(__ushort_as_bfloat16(bits));
 }
 
@@ -431,7 +431,8 @@ void wgmma_mma_async_rs(float* d, int n, const uint32_t* a, uint64_t desc_b, boo
 
 void wgmma_check_descriptor(uint32_t shared_address, uint32_t lbo_bytes, uint32_t sbo_bytes) {
     const char* what = "wgmma descriptor";
-    const uint32_t dynamic_start = 1u << 31;  // shared_window_base(): the arena at 2^31
+    // shared_window_base(): the arena at 2^31, the block's dynamic shared memory a little after it
+    const uint32_t dynamic_start = (1u << 31) + DYNAMIC_SHARED_OFFSET;
     if (shared_address < dynamic_start || shared_address - dynamic_start >= block_dynamic_shared_bytes())
         device_fault(what,
                      "the operand is not in the block's dynamic shared memory: the emulator reads a descriptor's 18 "

@@ -376,7 +376,10 @@ template <bool EMPTY, int STAGES, int TILES>
 __global__ void tma_ring_kernel(uint16_t* out, const __grid_constant__ CUtensorMap map) {
     constexpr int BOX = 8 * TMA_COLS;
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
-    uint16_t* stages = dynamic_shared_memory<uint16_t>();
+    // dynamic shared memory is 16-byte aligned (the emulator's is, deliberately, no more); a copy's
+    // destination needs 128
+    unsigned char* dynamic = dynamic_shared_memory<unsigned char>();
+    uint16_t* stages = reinterpret_cast<uint16_t*>(dynamic + (128 - __cvta_generic_to_shared(dynamic) % 128) % 128);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) llmc::tma::mbarrier_init(&full[s], 1), llmc::tma::mbarrier_init(&empty[s], 32);
         llmc::tma::fence_barrier_init();
@@ -412,7 +415,7 @@ int run_tma_ring() {
     uint16_t* d_out = child_device_copy(std::vector<uint16_t>(TILES * BOX, 0));
     const CUtensorMap map = llmc::tma::make_tensor_map_2d(d_tensor, 8 * TILES, TMA_COLS, TMA_COLS * 2, 8, TMA_COLS,
                                                           llmc::tma::Swizzle::None);
-    LLMC_LAUNCH((tma_ring_kernel<EMPTY, STAGES, TILES>), 1, 64, STAGES * BOX * 2, 0)(d_out, map);
+    LLMC_LAUNCH((tma_ring_kernel<EMPTY, STAGES, TILES>), 1, 64, STAGES * BOX * 2 + 128, 0)(d_out, map);
     child_check(cudaGetLastError() == cudaSuccess, "the launch was refused");
     const std::vector<uint16_t> out = child_host_copy(d_out, TILES * BOX);
     for (int i = 0; i < TILES * BOX; i++) child_check(out[i] == tensor[i], "a consumer read a wrong element");
