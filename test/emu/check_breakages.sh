@@ -183,6 +183,14 @@ breakage tma-dq-no-full-wait llmc/kernels/attention_hopper_tma.cuh "bench attent
     '        tma::mbarrier_wait(&m.full[s], (tile / STAGES) & 1);
         if (group_active && (!CAUSAL || key0 <= group_first + 63))' \
     '        if (group_active && (!CAUSAL || key0 <= group_first + 63))'
+breakage tma-backward-smem-size llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
+    "attention backward (TMA): the shared memory asked for leaves out the stages' pads to 1024 bytes" \
+    '    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + OWN_BYTES + STAGES * STAGE_STRIDE + 8 * BARRIERS;' \
+    '    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + OWN_BYTES + STAGES * STAGE_BYTES + 8 * BARRIERS;'
+breakage tma-forward-base-pad llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
+    "attention forward (TMA): the shared memory asked for leaves out the base's pad to 1024 bytes" \
+    '    static constexpr size_t SMEM_BYTES = HOPPER_ATOM_BYTES + HOPPER_Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;' \
+    '    static constexpr size_t SMEM_BYTES = HOPPER_Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS;'
 breakage wgmma-dkv-diagonal llmc/kernels/attention_hopper.cuh "bench attention_backward" \
     "attention backward (wgmma, and TMA: backward_probabilities_t): each key's own query masked out of dK, dV" \
     '            pt[n][e] = needs_mask && ((CAUSAL && query < key) || query >= T) ? 0.0f : p;' \
