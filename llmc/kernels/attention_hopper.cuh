@@ -176,6 +176,31 @@ __device__ inline uint64_t mn_major_desc(uint32_t tile, int k) {
     return wgmma::descriptor(tile + 16 * HOPPER_ROW_BYTES * k, 0, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);
 }
 
+// The two kinds of product every kernel here runs, each issued, committed and waited for.
+// acc (64 x N) = A (64 x 64, a K-major tile) B^T (B: N rows of 64, a K-major tile): 4 steps along HS.
+template <int N>
+__device__ inline void wgmma_a_bt(float (&acc)[N / 8][4], uint32_t a_tile, uint32_t b_tile) {
+    float (&flat)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < HOPPER_HS / 16; k++)
+        wgmma::mma_ss<N, false, false>(flat, k_major_desc(a_tile, k), k_major_desc(b_tile, k), k > 0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(flat);
+}
+// acc (64 x 64) += A (64 x K, register fragments) B (K rows of 64, an MN-major tile): K/16 steps.
+template <int K>
+__device__ inline void wgmma_a_b(float (&acc)[HOPPER_HS / 8][4], const uint32_t (&a)[K / 16][4], uint32_t b_tile) {
+    float (&flat)[HOPPER_HS / 2] = reinterpret_cast<float (&)[HOPPER_HS / 2]>(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < K / 16; k++) wgmma::mma_rs<HOPPER_HS, true>(flat, a[k], mn_major_desc(b_tile, k), true);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(flat);
+}
+
 // One tile of the forward's online softmax, for this warp's 16 rows (row_first ..) against keys key0
 // .. key0 + BN - 1: the scores s (S's accumulators) masked, the rows' running max and sum updated, o
 // rescaled to the new max, and the probabilities rounded into p, the A fragments of P V.
@@ -284,7 +309,6 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
 
     const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group;
     float o[HS / 8][4] = {};
-    float (&o_flat)[HS / 2] = reinterpret_cast<float (&)[HS / 2]>(o);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
     for (int tile = 0; tile < num_tiles; tile++) {
@@ -303,24 +327,10 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
         if (group_active && (!CAUSAL || key0 <= group_first + 63)) {
             const uint32_t k_tile = k_s + buf * KV_BYTES, v_tile = v_s + buf * KV_BYTES;
             float s[BN / 8][4];
-            float (&s_flat)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s);
-            wgmma::fence();
-#pragma unroll
-            for (int k = 0; k < HS / 16; k++)
-                wgmma::mma_ss<BN, false, false>(s_flat, k_major_desc(q_group, k), k_major_desc(k_tile, k), k > 0);
-            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(s_flat);
-
+            wgmma_a_bt<BN>(s, q_group, k_tile);
             uint32_t p[BN / 16][4];
             softmax_tile<BN, CAUSAL>(p, s, o, row_max, row_sum, key0, row_first, lane, T, scale_log2);
-
-            wgmma::fence();  // o was rescaled by this thread
-#pragma unroll
-            for (int k = 0; k < BN / 16; k++) wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);
-            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(o_flat);
+            wgmma_a_b<BN>(o, p, v_tile);  // its fence orders o's rescaling before the product
         }
         __syncthreads();  // the next iteration refills buffer `buf` with tile + 2
     }
@@ -357,30 +367,6 @@ constexpr uint32_t HOPPER_TILE_BYTES = HOPPER_BACKWARD_TILE * HOPPER_ROW_BYTES;
 constexpr size_t HOPPER_BACKWARD_SMEM_BYTES =
     2 * HOPPER_Q_BYTES + 4 * HOPPER_TILE_BYTES + 4 * HOPPER_BACKWARD_TILE * sizeof(float) + HOPPER_ATOM_BYTES;
 
-// acc (64 x N) = A (64 x 64, a K-major tile) B^T (B: N rows of 64, a K-major tile): 4 steps along HS.
-template <int N>
-__device__ inline void wgmma_a_bt(float (&acc)[N / 8][4], uint32_t a_tile, uint32_t b_tile) {
-    float (&flat)[N / 2] = reinterpret_cast<float (&)[N / 2]>(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < HOPPER_HS / 16; k++)
-        wgmma::mma_ss<N, false, false>(flat, k_major_desc(a_tile, k), k_major_desc(b_tile, k), k > 0);
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(flat);
-}
-// acc (64 x 64) += A (64 x K, register fragments) B (K rows of 64, an MN-major tile): K/16 steps.
-template <int K>
-__device__ inline void wgmma_a_b(float (&acc)[HOPPER_HS / 8][4], const uint32_t (&a)[K / 16][4], uint32_t b_tile) {
-    float (&flat)[HOPPER_HS / 2] = reinterpret_cast<float (&)[HOPPER_HS / 2]>(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < K / 16; k++) wgmma::mma_rs<HOPPER_HS, true>(flat, a[k], mn_major_desc(b_tile, k), true);
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(flat);
-}
-
 // The backward's tile steps and epilogues, shared by these kernels and attention_hopper_tma.cuh's.
 
 // P^T of this warp's 16 keys (key_first ..) against the query tile q0 .. q0 + BQ - 1, in place of
@@ -415,6 +401,30 @@ __device__ __forceinline__ void backward_ds_t(float (&pt)[BQ / 8][4], const floa
 #pragma unroll
         for (int e = 0; e < 4; e++) pt[n][e] *= dpt[n][e] - (e % 2 ? d_pair.y : d_pair.x);
     }
+}
+
+// One query tile of the dK/dV kernel for a warpgroup's 64 keys (k_group, v_group: its rows of K and
+// V) against the tile's queries from q0 (q_tile, do_tile: Q and dO; lse_tile, d_tile: their floats):
+// S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q.
+template <int BQ, bool CAUSAL>
+__device__ __forceinline__ void dkv_tile(float (&dk)[HOPPER_HS / 8][4], float (&dv)[HOPPER_HS / 8][4],
+                                         uint32_t k_group, uint32_t v_group, uint32_t q_tile, uint32_t do_tile,
+                                         const float* lse_tile, const float* d_tile, int q0, int key_first, int lane,
+                                         int T, float scale_log2) {
+    const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
+    float pt[BQ / 8][4];  // rows: keys, columns: queries
+    wgmma_a_bt<BQ>(pt, k_group, q_tile);
+    backward_probabilities_t<BQ, CAUSAL>(pt, lse_tile, q0, key_first, lane, T, needs_mask, scale_log2);
+    uint32_t p_frag[BQ / 16][4];
+    acc_to_a<BQ>(p_frag, pt);
+    wgmma_a_b<BQ>(dv, p_frag, do_tile);
+
+    float dpt[BQ / 8][4];
+    wgmma_a_bt<BQ>(dpt, v_group, do_tile);
+    backward_ds_t<BQ>(pt, dpt, d_tile, lane);
+    uint32_t ds_frag[BQ / 16][4];
+    acc_to_a<BQ>(ds_frag, pt);
+    wgmma_a_b<BQ>(dk, ds_frag, q_tile);
 }
 
 // The dK/dV kernel's end for this warp's 16 keys (key_first < T): dK (scaled) and dV written or added.
@@ -550,20 +560,8 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
             const uint32_t q_tile = q_s + buf * HOPPER_TILE_BYTES, do_tile = do_s + buf * HOPPER_TILE_BYTES;
             const float* lse_tile = lse_s + buf * BQ;
             const float* d_tile = d_s + buf * BQ;
-            const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
-            float pt[BQ / 8][4];  // rows: keys, columns: queries
-            wgmma_a_bt<BQ>(pt, k_group, q_tile);
-            backward_probabilities_t<BQ, CAUSAL>(pt, lse_tile, q0, key_first, lane, T, needs_mask, scale_log2);
-            uint32_t p_frag[BQ / 16][4];
-            acc_to_a<BQ>(p_frag, pt);
-            wgmma_a_b<BQ>(dv, p_frag, do_tile);
-
-            float dpt[BQ / 8][4];
-            wgmma_a_bt<BQ>(dpt, v_group, do_tile);
-            backward_ds_t<BQ>(pt, dpt, d_tile, lane);
-            uint32_t ds_frag[BQ / 16][4];
-            acc_to_a<BQ>(ds_frag, pt);
-            wgmma_a_b<BQ>(dk, ds_frag, q_tile);
+            dkv_tile<BQ, CAUSAL>(dk, dv, k_group, v_group, q_tile, do_tile, lse_tile, d_tile, q0, key_first, lane, T,
+                                 scale_log2);
         }
         __syncthreads();  // the next iteration refills buffer `buf`
     }

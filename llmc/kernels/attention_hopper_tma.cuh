@@ -124,7 +124,6 @@ __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
     const bool group_active = group_first < T;
     const uint32_t q_group = q_s + 64 * HOPPER_ROW_BYTES * group;
     float o[HS / 8][4] = {};
-    float (&o_flat)[HS / 2] = reinterpret_cast<float (&)[HS / 2]>(o);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
     tma::mbarrier_wait(q_full, 0);
@@ -141,25 +140,11 @@ __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
         tma::mbarrier_wait(&k_full[s], parity);
         if (active) {
             float s_acc[BN / 8][4];
-            float (&s_flat)[BN / 2] = reinterpret_cast<float (&)[BN / 2]>(s_acc);
-            wgmma::fence();
-#pragma unroll
-            for (int k = 0; k < HS / 16; k++)
-                wgmma::mma_ss<BN, false, false>(s_flat, k_major_desc(q_group, k), k_major_desc(k_tile, k), k > 0);
-            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(s_flat);
+            wgmma_a_bt<BN>(s_acc, q_group, k_tile);
             softmax_tile<BN, CAUSAL>(p, s_acc, o, row_max, row_sum, key0, row_first, lane, T, scale_log2);
         }
         tma::mbarrier_wait(&v_full[s], parity);
-        if (active) {
-            wgmma::fence();  // o was rescaled by this thread
-#pragma unroll
-            for (int k = 0; k < BN / 16; k++) wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);
-            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(o_flat);
-        }
+        if (active) wgmma_a_b<BN>(o, p, v_tile);  // its fence orders o's rescaling before the product
         tma::mbarrier_arrive(&empty[s]);  // this thread's products on the stage have retired
     }
     if (row_first < T) finish_rows(out, lse, o, row_max, row_sum, b, h, NH, rows, row_first, lane, amax);
@@ -320,22 +305,8 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
         // warpgroup-uniform: some query of the tile sees some key of the warpgroup (a warpgroup with
         // nothing to do still waits for the tile, so its arrival never counts towards a later use)
         if (group_active && (!CAUSAL || q0 + BQ - 1 >= group_first)) {
-            const uint32_t q_tile = m.tiles0[s], do_tile = m.tiles1[s];
-            const float* lse_tile = m.floats[s];
-            const float* d_tile = m.floats[s] + BQ;
-            const bool needs_mask = (CAUSAL && q0 < key_first + 15) || q0 + BQ > T;
-            float pt[BQ / 8][4];  // rows: keys, columns: queries
-            wgmma_a_bt<BQ>(pt, k_group, q_tile);
-            backward_probabilities_t<BQ, CAUSAL>(pt, lse_tile, q0, key_first, lane, T, needs_mask, scale_log2);
-            uint32_t p_frag[BQ / 16][4];
-            acc_to_a<BQ>(p_frag, pt);
-            wgmma_a_b<BQ>(dv, p_frag, do_tile);
-            float dpt[BQ / 8][4];
-            wgmma_a_bt<BQ>(dpt, v_group, do_tile);
-            backward_ds_t<BQ>(pt, dpt, d_tile, lane);
-            uint32_t ds_frag[BQ / 16][4];
-            acc_to_a<BQ>(ds_frag, pt);
-            wgmma_a_b<BQ>(dk, ds_frag, q_tile);
+            dkv_tile<BQ, CAUSAL>(dk, dv, k_group, v_group, m.tiles0[s], m.tiles1[s], m.floats[s], m.floats[s] + BQ,
+                                 q0, key_first, lane, T, scale_log2);
         }
         tma::mbarrier_arrive(&m.empty[s]);  // this thread's products on the stage have retired
     }

@@ -131,16 +131,20 @@ breakage wgmma-k-step llmc/kernels/attention_hopper.cuh "bench attention_forward
     '    return wgmma::descriptor(tile + 32 * k, 16, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);' \
     '    return wgmma::descriptor(tile + 16 * k, 16, HOPPER_ATOM_BYTES, wgmma::Swizzle::Bytes128);'
 breakage wgmma-v-not-transposed llmc/kernels/attention_hopper.cuh "bench attention_forward" \
-    "attention forward (wgmma): V read K-major (its keys as if contiguous) instead of MN-major" \
-    'wgmma::mma_rs<HS, true>(o_flat, p[k], mn_major_desc(v_tile, k), true);' \
-    'wgmma::mma_rs<HS, false>(o_flat, p[k], mn_major_desc(v_tile, k), true);'
+    "wgmma_a_b (every wgmma kernel's P V, and the backward's): V read K-major instead of MN-major" \
+    'wgmma::mma_rs<HOPPER_HS, true>(flat, a[k], mn_major_desc(b_tile, k), true);' \
+    'wgmma::mma_rs<HOPPER_HS, false>(flat, a[k], mn_major_desc(b_tile, k), true);'
 breakage wgmma-no-wait llmc/kernels/attention_hopper.cuh "bench attention_forward" \
-    "attention forward (wgmma): the scores read before wgmma.wait_group retires their product" \
-    '            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(s_flat);' \
-    '            wgmma::commit_group();
-            wgmma::fence_operands(s_flat);'
+    "wgmma_a_bt (every wgmma kernel's S, and the backward's): read before wgmma.wait_group retires it" \
+    '    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(flat);
+}
+// acc (64 x 64) += A' \
+    '    wgmma::commit_group();
+    wgmma::fence_operands(flat);
+}
+// acc (64 x 64) += A'
 breakage wgmma-refill-barrier llmc/kernels/attention_hopper.cuh "bench attention_forward" \
     "attention forward (wgmma): no barrier before the next tile is copied over the one just read" \
     '        __syncthreads();  // the next iteration refills buffer `buf` with tile + 2' \
