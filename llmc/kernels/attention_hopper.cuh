@@ -121,18 +121,6 @@ inline bool attention_on_wgmma(int HS) {
     return has;
 }
 
-// The current device's name (cudaDeviceProp::name, the tuned tables' key); asked once.
-inline const char* device_name() {
-    static const std::string name = [] {
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        cudaDeviceProp prop{};
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        return std::string(prop.name);
-    }();
-    return name.c_str();
-}
-
 // The forward kernel for head size HS and sequences of T rows, as dev/cuda/attention_forward numbers
 // them: 2 mma.sync (attention.cuh), 3 and 4 wgmma with tiles of 128 and 64 keys, 5 and 6 wgmma fed by
 // TMA through 2 and 3 stages (attention_hopper_tma.cuh). Wgmma runs FORWARD_KEYS' shape, Tma version

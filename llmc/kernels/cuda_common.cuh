@@ -60,6 +60,19 @@ using floatX = __nv_bfloat16;
 #define LLMC_LAUNCH(kernel, grid, block, shared_bytes, stream) kernel<<<grid, block, shared_bytes, stream>>>
 #endif
 
+// The current device's name (cudaDeviceProp::name, the key of the kernels' tuned tables); asked
+// once: a rank uses one device.
+inline const char* device_name() {
+    static const std::string name = [] {
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        return std::string(prop.name);
+    }();
+    return name.c_str();
+}
+
 // The block's dynamic shared memory (the launch's shared_bytes), 16-byte aligned, as a T array.
 template <typename T>
 __device__ inline T* dynamic_shared_memory() {
