@@ -230,6 +230,7 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_p
 	test/mpi/run_zero_tests.sh $(BUILD)/test_zero ./train_gpt_cpu
 	test/mpi/run_tp_tests.sh $(BUILD)/test_tp ./train_gpt_cpu
 	test/mpi/run_pp_tests.sh $(BUILD)/test_pp ./train_gpt_cpu
+	test/mpi/run_llama_tests.sh ./train_gpt_cpu
 	test/mpi/run_moe_tests.sh ./train_gpt_cpu
 	test/mpi/run_fp8_tests.sh ./train_gpt_cpu
 	test/mpi/run_cp_tests.sh $(BUILD)/test_cp ./train_gpt_cpu

@@ -24,7 +24,7 @@
 #include "llmc/failures/exit_codes.h"
 #include "llmc/failures/faults.h"
 #include "llmc/failures/health.h"
-#include "llmc/models/gpt2/model_file.h"
+#include "llmc/models/model_file.h"
 #include "llmc/numerics/rng.h"
 #include "llmc/text/sampler.h"
 #include "llmc/planning/step_plan.h"
@@ -47,12 +47,12 @@ using namespace llmc;
 static void resolve(RunConfig& cfg, int world_size) {
     if (!cfg.model_shape.empty()) apply_model_shape(cfg);
     ModelConfig file_config;
-    bool from_file = !is_model_preset(cfg.model);
+    bool from_file = !is_llama_preset(cfg.model);  // a preset of either family, or a file
     if (from_file) {
         try {
             file_config = read_model_header(cfg.model);
         } catch (const Error& e) {
-            fail(strformat("-e '%s' is not a preset (d4 d6 d12 d24 d36 d48) and not a usable model file: %s",
+            fail(strformat("-e '%s' is not a preset (d4 d6 d12 d24 d36 d48 llama3-8b llama3-70b llama3-405b) and not a usable model file: %s",
                            cfg.model.c_str(), e.what()));
         }
     }
@@ -119,9 +119,14 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                                       m.moe_top_k, m.moe_every, m.moe_shared ? " + shared" : "",
                                       cfg.capacity_factor > 0 ? strformat("%g", cfg.capacity_factor).c_str() : "dropless")
                           : "";
-        printf("model: %s | L %d | heads %d | C %d | vocab %d (padded %d) | max T %d | %.2fM parameters%s\n",
-               cfg.model.c_str(), m.num_layers, m.num_heads, m.channels, m.vocab_size, m.padded_vocab_size,
-               m.max_seq_len, num_params(m) / 1e6, experts.c_str());
+        // a Llama says its family and what only it has: kv heads, the SwiGLU width, the RoPE base
+        const bool llama = m.arch == ModelArch::Llama;
+        const std::string family = llama ? " (llama)" : "";
+        const std::string kv = llama ? strformat(" (%d kv)", m.kv_head_count()) : "";
+        const std::string mlp = llama ? strformat(" | SwiGLU %d | RoPE base %g", m.mlp_hidden(), m.rope_theta) : "";
+        printf("model: %s%s | L %d | heads %d%s | C %d%s | vocab %d (padded %d) | max T %d | %.2fM parameters%s\n",
+               cfg.model.c_str(), family.c_str(), m.num_layers, m.num_heads, kv.c_str(), m.channels, mlp.c_str(),
+               m.vocab_size, m.padded_vocab_size, m.max_seq_len, num_params(m) / 1e6, experts.c_str());
         printf("batch: B %d x T %d x %d data-parallel rank(s) x %d accumulation = %d tokens per step, %d steps, "
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,

@@ -1,7 +1,7 @@
 // model.h: the interface between the train loop and a model implementation.
 //
 // The train loop (host C++, no CUDA) drives a Model through this narrow interface; the CPU
-// reference (gpt2_cpu.h, fp32) and the CUDA model (bf16) both implement it. Buffers named here are
+// reference (models/cpu_model.h, fp32) and the CUDA model (bf16) both implement it. Buffers named here are
 // the flat buffers of params/layout.h's ParamLayout, so an optimizer "shard" is just a range
 // [begin, end) of element indices, which is what ZeRO needs.
 #pragma once

@@ -18,7 +18,7 @@
 #include "llmc/ckpt/checkpoint.h"
 #include "llmc/dist/zero_plan.h"
 #include "llmc/training/metrics.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 
 using namespace llmc;
 using Catch::Contains;
@@ -94,7 +94,7 @@ RunConfig tiny_run(const std::string& dir) {
 }
 
 // A model with a non-trivial optimizer state: a few AdamW steps on random tokens.
-void train_a_little(GPT2CPU& model, int steps, uint64_t seed) {
+void train_a_little(CPUModel& model, int steps, uint64_t seed) {
     std::mt19937 gen((unsigned)seed);
     std::vector<int> tokens(2 * 8 + 1);
     for (int s = 0; s < steps; s++) {
@@ -106,7 +106,7 @@ void train_a_little(GPT2CPU& model, int steps, uint64_t seed) {
 }
 
 // Checkpoints of the model's state after each of `steps`, written by one writer, all complete.
-void write_checkpoints(const RunConfig& cfg, GPT2CPU& model, Communicator& comm, std::initializer_list<int> steps) {
+void write_checkpoints(const RunConfig& cfg, CPUModel& model, Communicator& comm, std::initializer_list<int> steps) {
     CheckpointWriter writer(cfg, run_config_json(cfg), model.sharded_state(), model.layout(), comm);
     for (int step : steps) writer.save(TrainState{step, {}, {}});
     writer.finish();
@@ -186,7 +186,7 @@ TEST_CASE("checkpoint: a checkpoint written and resumed in one process restores 
         RunConfig cfg = tiny_run(dir.path);
         cfg.ckpt_sync = sync;
         LocalComm comm;
-        GPT2CPU model(cfg.model_config, 2, 8);
+        CPUModel model(cfg.model_config, 2, 8);
         model.init_random(1);
         train_a_little(model, 3, 1);
         TrainState t{5, DataLoaderState{1, 2, 3, 0}, {1, 2, 3, 0xFFFFFFFFFFFFFFFFull}};
@@ -217,7 +217,7 @@ TEST_CASE("checkpoint: a checkpoint written and resumed in one process restores 
         REQUIRE(p->manifest.model.channels == 32);
         check_resume_compatible(*p, cfg);
 
-        GPT2CPU other(cfg.model_config, 2, 8);
+        CPUModel other(cfg.model_config, 2, 8);
         other.init_random(2);
         train_a_little(other, 1, 2);
         REQUIRE(snapshot(other.sharded_state()) != snapshot(model.sharded_state()));
@@ -236,7 +236,7 @@ TEST_CASE("checkpoint: a resumed run must keep the model shape, seed, B*T, total
     TempDir dir;
     RunConfig cfg = tiny_run(dir.path);
     LocalComm comm;
-    GPT2CPU model(cfg.model_config, 2, 8);
+    CPUModel model(cfg.model_config, 2, 8);
     model.init_random(1);
     write_checkpoints(cfg, model, comm, {5});
     ResumePoint p = *find_resume_checkpoint(cfg, comm);
@@ -264,7 +264,7 @@ TEST_CASE("checkpoint: a resumed run must keep the model shape, seed, B*T, total
     // A model of another shape cannot read it at all.
     ModelConfig wider = tiny_model();
     wider.channels = 64;
-    GPT2CPU big(wider, 2, 8);
+    CPUModel big(wider, 2, 8);
     REQUIRE_THROWS_WITH(load_checkpoint(p, big.sharded_state(), big.layout()),
                         Contains("tensor 'wte' has shape [128,32]; this model's is [128,64]"));
 }
@@ -273,7 +273,7 @@ TEST_CASE("checkpoint: damaged checkpoints are named and skipped for the previou
     TempDir dir;
     RunConfig cfg = tiny_run(dir.path);
     LocalComm comm;
-    GPT2CPU model(cfg.model_config, 2, 8);
+    CPUModel model(cfg.model_config, 2, 8);
     model.init_random(1);
     write_checkpoints(cfg, model, comm, {5, 10});
     const std::string newest = dir.path + "/ckpt_00000010";
@@ -346,7 +346,7 @@ TEST_CASE("checkpoint: retention keeps the newest -nk and every -nm-th step, and
     cfg.checkpoint_keep = 2;
     cfg.checkpoint_major = 4;
     LocalComm comm;
-    GPT2CPU model(cfg.model_config, 2, 8);
+    CPUModel model(cfg.model_config, 2, 8);
     model.init_random(1);
     std::filesystem::create_directories(dir.path + "/ckpt_00000003");  // an incomplete leftover
     write_checkpoints(cfg, model, comm, {1, 2, 3, 4, 5, 6, 7, 8, 9});

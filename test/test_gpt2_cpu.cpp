@@ -1,4 +1,4 @@
-// Tests of the fp32 CPU GPT-2 (llmc/models/gpt2/gpt2_cpu.h) against the float64 PyTorch oracle written by
+// Tests of the fp32 CPU GPT-2 (llmc/models/cpu_model.h) against the float64 PyTorch oracle written by
 // dev/ref/make_fixture.py, plus the model file format, init, AdamW ranges and determinism.
 // Comparisons use relative error per tensor, ||a - b|| / ||b||, which is +inf whenever `a` holds a
 // NaN or an infinity, so a broken computation can never pass.
@@ -13,14 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "llmc/models/gpt2/gpt2_cpu.h"
-#include "llmc/models/gpt2/model_file.h"
+#include "llmc/models/cpu_model.h"
+#include "llmc/models/model_file.h"
 #include "llmc/text/sampler.h"
 #include "llmc/utils.h"
 #include "test/file_order.h"
+#include "test/model_fixture.h"
 #include "test/rel_error.h"
 
 using namespace llmc;
+using namespace llmc::test;
 
 namespace {
 
@@ -28,55 +30,6 @@ const char* MODEL_PATH = "test/fixtures/gpt2_tiny_model.bin";
 const char* STATE_PATH = "test/fixtures/gpt2_tiny_state.bin";
 const char* MOE_MODEL_PATH = "test/fixtures/gpt2_moe_tiny_model.bin";  // make_fixture.py --moe
 const char* MOE_STATE_PATH = "test/fixtures/gpt2_moe_tiny_state.bin";
-constexpr int STATE_MAGIC = 20241121, STATE_VERSION = 1;
-
-// Everything in gpt2_tiny_state.bin (see make_fixture.py for the layout), or its MoE twin's.
-struct Fixture {
-    std::string model_path;
-    ModelConfig config;
-    int B = 0, T = 0, steps = 0;
-    AdamWConfig opt;
-    float grad_clip = 0.0f;
-    MoeOptions moe;  // the auxiliary losses' weights (MoE fixture)
-    std::vector<int> inputs, targets;
-    std::vector<float> logits, grads, losses;
-    float loss = 0.0f;
-
-    Fixture(const char* model, const char* state) : model_path(model), config(read_model_header(model)) {
-        File f(state, "rb");
-        int32_t header[256];
-        f.read(header, 256, "state header");
-        if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION)
-            fail(strformat("'%s': bad magic/version %d/%d", state, header[0], header[1]));
-        B = header[2];
-        T = header[3];
-        steps = header[4];
-        float hyper[8];
-        f.read(hyper, 8, "hyperparameters");
-        opt.lr = hyper[0];
-        opt.beta1 = hyper[1];
-        opt.beta2 = hyper[2];
-        opt.eps = hyper[3];
-        opt.weight_decay = hyper[4];
-        grad_clip = hyper[5];
-        moe.balance_coef = hyper[6];
-        moe.z_coef = hyper[7];
-        const size_t BT = (size_t)B * T;
-        inputs.resize(BT);
-        targets.resize(BT);
-        logits.resize(BT * config.vocab_size);
-        grads.resize(num_params(config));
-        losses.resize(steps);
-        f.read(inputs.data(), BT, "inputs");
-        f.read(targets.data(), BT, "targets");
-        f.read(logits.data(), logits.size(), "logits");
-        f.read(&loss, 1, "loss");
-        f.read(grads.data(), grads.size(), "grads");
-        f.read(losses.data(), losses.size(), "losses");
-        if (f.tell() != f.size()) fail(strformat("'%s' has trailing bytes", state));
-    }
-};
-
 const Fixture& fixture() {
     static const Fixture f(MODEL_PATH, STATE_PATH);
     return f;
@@ -84,14 +37,6 @@ const Fixture& fixture() {
 const Fixture& moe_fixture() {
     static const Fixture f(MOE_MODEL_PATH, MOE_STATE_PATH);
     return f;
-}
-
-// The fixture's model, loaded from its file, with its auxiliary losses' weights.
-std::unique_ptr<GPT2CPU> load_model(const Fixture& fx) {
-    auto model = std::make_unique<GPT2CPU>(fx.config, fx.B, fx.T);
-    model->load(fx.model_path);
-    model->set_moe_options(fx.moe);
-    return model;
 }
 
 std::vector<char> read_bytes(const std::string& path) {
@@ -111,21 +56,6 @@ std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() / ("llmc_test_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
-// Tensor t, all layers together, in a buffer in model file (llm.c) order: [begin, begin + size).
-struct FileRange {
-    size_t begin, size;
-};
-FileRange file_range(const ParamLayout& layout, int t) {
-    return {layout.file_begin(t), layout.file_size(t)};
-}
-
-// A flat (bucket-major) buffer rearranged into model file order.
-std::vector<float> in_file_order(const ParamLayout& layout, const float* flat) {
-    std::vector<float> out(layout.num_params);
-    to_file_order(layout, flat, out.data());
-    return out;
-}
-
 // Restores the OpenMP thread count when a test changes it.
 struct ThreadCount {
     int saved = omp_get_max_threads();
@@ -135,25 +65,11 @@ struct ThreadCount {
 
 }  // namespace
 
-void check_forward(const Fixture& fx) {
-    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
-    GPT2CPU& model = *loaded;
-    const float loss = model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B, fx.T);
-    CHECK(rel_error(loss, fx.loss) <= 1e-5);
-
-    // the model's logits rows are Vp wide; the fixture's hold the V real columns
-    const int V = fx.config.vocab_size, Vp = fx.config.padded_vocab_size;
-    std::vector<float> logits((size_t)fx.B * fx.T * V);
-    for (int r = 0; r < fx.B * fx.T; r++)
-        std::copy(model.logits() + (size_t)r * Vp, model.logits() + (size_t)r * Vp + V, logits.begin() + (size_t)r * V);
-    CHECK(rel_error(logits.data(), fx.logits.data(), logits.size()) <= 1e-4);
-}
-
 TEST_CASE("forward logits and loss match the PyTorch reference", "[gpt2]") { check_forward(fixture()); }
 
 TEST_CASE("next_token_logits is the last position's row of the causal forward", "[gpt2]") {
     const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
+    CPUModel model(fx.config, fx.B, fx.T);
     model.load(MODEL_PATH);
     const int V = fx.config.vocab_size;
     std::vector<float> out(fx.config.padded_vocab_size);
@@ -168,7 +84,7 @@ TEST_CASE("next_token_logits is the last position's row of the causal forward", 
 
 TEST_CASE("generate hands each token to the caller as it is drawn (--prompt prints them as they come)", "[gpt2]") {
     const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
+    CPUModel model(fx.config, fx.B, fx.T);
     model.load(MODEL_PATH);
     std::vector<int> tokens = {fx.inputs[0], fx.inputs[1]};
     std::vector<int> handed;
@@ -184,39 +100,7 @@ TEST_CASE("generate hands each token to the caller as it is drawn (--prompt prin
     CHECK(again == tokens);  // the callback changes nothing drawn
 }
 
-void check_gradients(const Fixture& fx) {
-    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
-    GPT2CPU& model = *loaded;
-    model.zero_grad();
-    const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
-    CHECK(rel_error(loss, fx.loss) <= 1e-5);
-    // the fixture stores gradients in model file order
-    const ParamLayout layout = GPT2Params::layout(fx.config);
-    const std::vector<float> grads = in_file_order(layout, model.grads());
-    for (int t = 0; t < layout.num_tensors(); t++) {
-        const std::string tensor = layout.name(t);
-        CAPTURE(tensor);
-        const FileRange r = file_range(layout, t);
-        CHECK(rel_error(grads.data() + r.begin, fx.grads.data() + r.begin, r.size) <= 1e-4);
-    }
-}
-
 TEST_CASE("gradients match the PyTorch reference tensor by tensor", "[gpt2]") { check_gradients(fixture()); }
-
-void check_adamw_steps(const Fixture& fx) {
-    const std::unique_ptr<GPT2CPU> loaded = load_model(fx);
-    Model& m = *loaded;  // drive it only through the interface the train loop uses
-    for (int step = 1; step <= fx.steps; step++) {
-        CAPTURE(step);
-        m.zero_grad();
-        const float loss = m.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
-        CHECK(rel_error(loss, fx.losses[step - 1]) <= 1e-5);
-        // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
-        const double norm = std::sqrt(m.grad_norm_squared());
-        const double coef = fx.grad_clip / (norm + 1e-6);
-        m.adamw_step(fx.opt, step, coef < 1.0 ? (float)coef : 1.0f);
-    }
-}
 
 TEST_CASE("ten AdamW steps with grad clipping follow the PyTorch losses", "[gpt2]") { check_adamw_steps(fixture()); }
 
@@ -233,7 +117,7 @@ TEST_CASE("a mixture-of-experts GPT-2 matches PyTorch: logits, loss, every gradi
 
 TEST_CASE("a mixture-of-experts model file is version 103, round-trips, and is refused as another shape", "[gpt2][moe]") {
     const Fixture& fx = moe_fixture();
-    const std::unique_ptr<GPT2CPU> model = load_model(fx);
+    const std::unique_ptr<CPUModel> model = load_model(fx);
     const std::string path = temp_path("moe.bin");
     model->save(path);
     CHECK(read_bytes(path) == read_bytes(fx.model_path));
@@ -254,7 +138,7 @@ TEST_CASE("two half micro-batches with grad_scale 0.5 accumulate the full batch 
     const Fixture& fx = fixture();
     REQUIRE(fx.B % 2 == 0);
     const int half = fx.B / 2;
-    GPT2CPU full(fx.config, fx.B, fx.T), accum(fx.config, half, fx.T);
+    CPUModel full(fx.config, fx.B, fx.T), accum(fx.config, half, fx.T);
     full.load(MODEL_PATH);
     accum.load(MODEL_PATH);
     full.zero_grad();
@@ -282,7 +166,7 @@ TEST_CASE("results are bitwise reproducible, whatever the thread count", "[gpt2]
     const size_t n = num_params(fx.config);
     auto run = [&](int threads, std::vector<float>& grads, std::vector<float>& params) {
         ThreadCount tc(threads);
-        GPT2CPU model(fx.config, fx.B, fx.T);
+        CPUModel model(fx.config, fx.B, fx.T);
         model.load(MODEL_PATH);
         float loss = 0.0f;
         AdamWConfig opt = fx.opt;
@@ -310,7 +194,7 @@ TEST_CASE("results are bitwise reproducible, whatever the thread count", "[gpt2]
 
 TEST_CASE("evaluate leaves the gradients untouched", "[gpt2]") {
     const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
+    CPUModel model(fx.config, fx.B, fx.T);
     model.load(MODEL_PATH);
     model.zero_grad();
     model.forward_backward(fx.inputs.data(), fx.targets.data(), fx.B, fx.T, 1.0f, true);
@@ -323,7 +207,7 @@ TEST_CASE("evaluate leaves the gradients untouched", "[gpt2]") {
 
 TEST_CASE("bad batches are rejected with the offending value", "[gpt2]") {
     const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, fx.B, fx.T);
+    CPUModel model(fx.config, fx.B, fx.T);
     model.load(MODEL_PATH);
     std::vector<int> tokens = fx.inputs;
     tokens[3] = fx.config.vocab_size;
@@ -331,12 +215,12 @@ TEST_CASE("bad batches are rejected with the offending value", "[gpt2]") {
                         Catch::Contains("inputs[3] = 500"));
     REQUIRE_THROWS_WITH(model.evaluate(fx.inputs.data(), fx.targets.data(), fx.B + 1, fx.T),
                         Catch::Contains("B = 5"));
-    REQUIRE_THROWS_WITH(GPT2CPU(fx.config, 1, fx.config.max_seq_len + 1), Catch::Contains("max_T"));
+    REQUIRE_THROWS_WITH(CPUModel(fx.config, 1, fx.config.max_seq_len + 1), Catch::Contains("max_T"));
 }
 
 TEST_CASE("model files round-trip exactly", "[gpt2]") {
     const Fixture& fx = fixture();
-    GPT2CPU model(fx.config, 1, 8);
+    CPUModel model(fx.config, 1, 8);
     model.load(MODEL_PATH);
     const std::string path = temp_path("roundtrip.bin");
     model.save(path);
@@ -352,7 +236,7 @@ TEST_CASE("model files round-trip exactly", "[gpt2]") {
     std::vector<float> flat(layout.num_params);
     from_file_order(layout, file_order.data(), flat.data());
     CHECK(std::memcmp(flat.data(), model.params(), flat.size() * sizeof(float)) == 0);
-    GPT2CPU again(read_model_header(path), 1, 8);
+    CPUModel again(read_model_header(path), 1, 8);
     again.load(path);
     CHECK(std::memcmp(model.params(), again.params(), model.num_params() * sizeof(float)) == 0);
     std::remove(path.c_str());
@@ -389,7 +273,7 @@ TEST_CASE("llm.c's bf16 model file (version 5) is written rounded to nearest eve
     write_model_file(again, fx.config, back.data(), MODEL_FILE_VERSION_BF16);
     CHECK(read_bytes(again) == bytes);
     // a model starts from it (-e file.bin)
-    GPT2CPU model(read_model_header(path), 1, 8);
+    CPUModel model(read_model_header(path), 1, 8);
     model.load(path);
     CHECK(std::memcmp(model.params(), back.data(), n * sizeof(float)) == 0);
     // a truncated bf16 file names its dtype
@@ -446,7 +330,7 @@ TEST_CASE("model file errors name the file and the problem", "[gpt2]") {
         other.num_layers += 1;
         REQUIRE_THROWS_WITH(read_model_file(path, other, params.data()),
                             Catch::Contains("num_layers is 2 in the file, expected 3"));
-        GPT2CPU model(other, 1, 8);
+        CPUModel model(other, 1, 8);
         REQUIRE_THROWS_WITH(model.load(path), Catch::Contains("num_layers"));
     }
     SECTION("invalid shape in the header") {
@@ -620,7 +504,7 @@ TEST_CASE("with zero experts beside it, a shared-expert MoE model is its dense G
     const Fixture& fx = fixture();
     ModelConfig c = fx.config;
     c.num_experts = 2, c.moe_top_k = 1, c.moe_every = 1, c.moe_shared = 1;
-    GPT2CPU dense(fx.config, fx.B, fx.T), moe(c, fx.B, fx.T);
+    CPUModel dense(fx.config, fx.B, fx.T), moe(c, fx.B, fx.T);
     dense.load(MODEL_PATH);
     moe.init_random(1);
     moe.set_moe_options({0, 0, 0});

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/train_loop.h"
 
 using namespace llmc;
@@ -34,7 +34,7 @@ TEST_CASE("a short CPU training run lowers the validation loss well below ln(voc
     cfg.sample_tokens = 8;
     resolve_run_config(cfg, 1, nullptr);
 
-    GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len);
     model.init_random(cfg.seed);
     LocalComm comm;
     TrainSummary summary = Trainer(cfg, model, comm, std::string(dir) + "/metrics.jsonl").run();
@@ -129,7 +129,7 @@ TEST_CASE("a one-step run reports that step's throughput, not 0 tok/s", "[traini
     cfg.val_every = 0;
     cfg.sample_every = 0;
     resolve_run_config(cfg, 1, nullptr);
-    GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len);
+    CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len);
     model.init_random(cfg.seed);
     LocalComm comm;
     const TrainSummary summary = Trainer(cfg, model, comm, "").run();  // "": no metrics file

@@ -1,4 +1,4 @@
-// cpu_step: training throughput of the CPU model (GPT2CPU): forward + backward + AdamW per step,
+// cpu_step: training throughput of the CPU model (CPUModel): forward + backward + AdamW per step,
 // and the packed GEMM alone on the model's own matmul shapes.
 //
 // Build and run from the repository root:
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 
 using namespace llmc;
 using Clock = std::chrono::steady_clock;
@@ -22,7 +22,7 @@ static double seconds_since(Clock::time_point t0) {
 
 static void bench_step(const std::string& preset, int B, int T, int steps) {
     const ModelConfig config = model_preset(preset);
-    GPT2CPU model(config, B, T);
+    CPUModel model(config, B, T);
     model.init_random(1);
     Rng rng(2);
     std::vector<int> inputs(B * T), targets(B * T);

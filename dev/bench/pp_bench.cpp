@@ -1,5 +1,5 @@
-// pp_bench: the pipeline's bubble, measured. Each rank runs one stage of a GPT2CPU pipeline and
-// counts the time it waits on its neighbours (GPT2CPU::take_pipeline_wait_ms: every receive and the
+// pp_bench: the pipeline's bubble, measured. Each rank runs one stage of a CPUModel pipeline and
+// counts the time it waits on its neighbours (CPUModel::take_pipeline_wait_ms: every receive and the
 // loss broadcast, so the bubble plus the messages' own time) over the step's wall time. Printed per
 // micro-batch count m and schedule next to the formula's bubble, (P - 1) / (m + P - 1) / V, which
 // assumes every stage takes the same time per micro-batch.
@@ -15,7 +15,7 @@
 
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 
 using namespace llmc;
 using Clock = std::chrono::steady_clock;
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
             for (int m : {4, 8, 16}) {
                 if (V > 1 && (P < 2 || m % P != 0)) continue;
                 PipelineParallel pipe{make_pipeline_split(c.num_layers, P, V), m};
-                GPT2CPU model(c, B, T, groups.dp(), 0, groups.tp(), false, groups.pp(), pipe);
+                CPUModel model(c, B, T, groups.dp(), 0, groups.tp(), false, groups.pp(), pipe);
                 model.init_random(1);
                 Rng rng(2);
                 std::vector<int> inputs((size_t)m * B * T), targets(inputs.size());

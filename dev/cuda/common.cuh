@@ -3,7 +3,7 @@
 // A workbench file holds numbered versions of one kernel (version 1 the simplest correct one, the
 // highest the one llmc/ uses). For each version it fills fresh random inputs, poisons the outputs
 // (every byte 0xFF, which is NaN in both bf16 and fp32, so an element the kernel forgot to write
-// fails), runs it, compares against the CPU reference of llmc/models/gpt2/gpt2_cpu.h, and times it with CUDA
+// fails), runs it, compares against the CPU reference of llmc/models/cpu_model.h, and times it with CUDA
 // events against a floor: bytes moved / memory bandwidth, or FLOPs / the dense bf16 peak.
 //
 //   ./layernorm            check and time every version

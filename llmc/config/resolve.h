@@ -16,26 +16,13 @@
 #include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
-#include "llmc/models/gpt2/params.h"
+#include "llmc/models/family.h"
+#include "llmc/models/llama/config.h"
 #include "llmc/numerics/fp8.h"
 #include "llmc/training/schedule.h"
 #include "llmc/utils.h"
 
 namespace llmc {
-
-// Tensor parallelism over tp ranks cuts the heads, the MLP's 4C hidden units and the padded
-// vocabulary into tp equal parts (params.h says which tensors), so each must divide.
-inline void check_tensor_parallel_shape(const ModelConfig& m, int tp) {
-    if (tp == 1) return;
-    auto divides = [&](const char* what, long long n) {
-        if (n % tp != 0)
-            fail(strformat("--tp %d must divide the model's %s (%lld): tensor parallelism gives each rank an equal part",
-                           tp, what, n));
-    };
-    divides("head count", m.num_heads);
-    divides("MLP width 4 x channels", 4LL * m.channels);
-    divides("padded vocabulary", m.padded_vocab_size);
-}
 
 // How the resolved config cuts the model's layers into pipeline stages (one stage without --pp).
 inline PipelineSplit pipeline_split(const RunConfig& cfg) {
@@ -99,6 +86,14 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
         cfg.model_config = *model_from_file;
         require(!cfg.num_layers && !cfg.num_heads && !cfg.channels && !cfg.max_seq_len,
                 "--num-layers/--num-heads/--channels/--max-seq-len override presets only, but -e names a model file");
+        if (cfg.given.count("arch"))
+            require(parse_arch(cfg.arch, "--arch") == model_from_file->arch,
+                    strformat("--arch %s, but -e names a model file that holds a %s model", cfg.arch.c_str(),
+                              arch_name(model_from_file->arch)));
+        cfg.arch = arch_name(model_from_file->arch);
+        require(!cfg.kv_heads && !cfg.ffn_hidden && !cfg.rope_theta,
+                "--kv-heads/--ffn-hidden/--rope-theta shape a preset, but -e names a model file, whose header says "
+                "its shape");
         for (const char* flag : {"experts", "top_k", "moe_every", "moe_shared"})
             require(!cfg.given.count(flag), strformat("--%s shapes a preset, but -e names a model file, whose header "
                                                      "says its experts", flag == std::string("top_k") ? "top-k" : flag));
@@ -108,16 +103,40 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
         require(cfg.num_layers >= 0 && cfg.num_heads >= 0 && cfg.channels >= 0 && cfg.max_seq_len >= 0,
                 strformat("--num-layers/--num-heads/--channels/--max-seq-len must be positive (or 0: the preset's), "
                           "got %d/%d/%d/%d", cfg.num_layers, cfg.num_heads, cfg.channels, cfg.max_seq_len));
-        ModelConfig m = model_preset(cfg.model, 1024, cfg.vocab_size);
+        const bool published = !is_model_preset(cfg.model) && is_llama_preset(cfg.model);  // llama3-*
+        if (published && !cfg.given.count("arch")) cfg.arch = "llama";
+        const ModelArch arch = parse_arch(cfg.arch, "--arch");
+        require(arch == ModelArch::Llama || !published,
+                strformat("-e %s is a Llama shape, but --arch is gpt2", cfg.model.c_str()));
+        require(arch == ModelArch::Llama || (!cfg.kv_heads && !cfg.ffn_hidden && !cfg.rope_theta),
+                "--kv-heads/--ffn-hidden/--rope-theta shape a Llama model: give --arch llama");
+        require(cfg.kv_heads >= 0 && cfg.ffn_hidden >= 0 && cfg.rope_theta >= 0,
+                strformat("--kv-heads, --ffn-hidden and --rope-theta must be positive (or 0: the preset's), got "
+                          "%d, %d, %g", cfg.kv_heads, cfg.ffn_hidden, cfg.rope_theta));
+        // (the published Llama 3 shapes were trained at 8192 tokens; a Llama has no position table, so
+        // max_seq_len only bounds -t)
+        ModelConfig m = arch == ModelArch::Llama ? llama_preset(cfg.model, published ? 8192 : 1024, cfg.vocab_size)
+                                                 : model_preset(cfg.model, 1024, cfg.vocab_size);
         if (cfg.num_layers) m.num_layers = cfg.num_layers;
         if (cfg.num_heads) m.num_heads = cfg.num_heads;
         if (cfg.channels) m.channels = cfg.channels;
         if (cfg.max_seq_len) m.max_seq_len = cfg.max_seq_len;
+        if (arch == ModelArch::Llama) {  // a changed shape derives its kv heads and MLP width anew
+            if (cfg.num_heads) m.kv_heads = llama_kv_heads(m.num_heads);
+            if (cfg.channels) m.ffn_hidden = llama_ffn_hidden(m.channels);
+            if (cfg.kv_heads) m.kv_heads = cfg.kv_heads;
+            if (cfg.ffn_hidden) m.ffn_hidden = cfg.ffn_hidden;
+            if (cfg.rope_theta) m.rope_theta = cfg.rope_theta;
+        }
         m.num_experts = cfg.experts, m.moe_top_k = cfg.top_k, m.moe_every = cfg.moe_every, m.moe_shared = cfg.moe_shared;
         cfg.model_config = m;
     }
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
+    if (cfg.model_config.arch == ModelArch::Llama)
+        require(cfg.cp == 1, strformat("a Llama model trains with data, tensor and pipeline parallelism (-z 0-3, --tp, "
+                                       "--pp), not yet context parallelism (ring attention has no grouped key/value "
+                                       "heads or rotary positions yet): drop --cp %d", cfg.cp));
     const int experts = cfg.model_config.num_experts;
     if (experts > 0)
         require(cfg.cp == 1,

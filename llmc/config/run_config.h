@@ -22,6 +22,10 @@ struct RunConfig {
     std::string model = "d4";
     int num_layers = 0, num_heads = 0, channels = 0, max_seq_len = 0;  // 0: the preset's value
     int vocab_size = 50257;
+    // the family (models/family.h) and what only Llama's shape has: 0 is the preset's value
+    std::string arch = "gpt2";
+    int kv_heads = 0, ffn_hidden = 0;
+    float rope_theta = 0;
     // mixture of experts (a preset's; a model file's header says its own): cpu/moe.h
     int experts = 0, top_k = 2, moe_every = 1, moe_shared = 0;
     float capacity_factor = 0;     // 0: dropless
@@ -72,10 +76,10 @@ struct RunConfig {
     float restart_s = 600;        // seconds from a failure to training again, restores not included
     float storage_gbps = 1;       // shared storage's read and write bandwidth per node, GB/s
     float local_recovers = 0.9f;  // share of failures the local tier restarts from
-    // tensor parallelism (gpt2_cpu.h)
+    // tensor parallelism (models/cpu_model.h)
     int tp = 1;                   // ranks per tensor-parallel group: world = dp x pp x cp x tp
     int sequence_parallel = 1;    // with tp > 1: LayerNorms and the residual stream on 1/tp of the tokens
-    // pipeline parallelism (pipeline_schedule.h, gpt2_cpu.h)
+    // pipeline parallelism (pipeline_schedule.h, models/cpu_model.h)
     int pp = 1;                           // pipeline stages: world = dp x pp x cp x tp
     std::string pp_schedule = "1f1b";     // 1f1b | interleaved
     int pp_virtual = 1;                   // chunks of layers per rank (interleaved: at least 2)

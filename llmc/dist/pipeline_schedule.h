@@ -1,5 +1,5 @@
 // pipeline_schedule.h: how a pipeline cuts the layers (PipelineSplit) and the order each rank runs
-// its passes in (PipeSchedule: plain lists of actions, one list per rank). GPT2CPU::run_schedule
+// its passes in (PipeSchedule: plain lists of actions, one list per rank). CPUModel::run_schedule
 // executes them.
 //
 // The idea: with pipeline parallelism the model's layers are cut into stages on different ranks, and

@@ -18,7 +18,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/planning/planner.h"
 
 namespace llmc {
@@ -62,7 +62,7 @@ struct CpuBackend {
         if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
-            auto model = std::make_unique<GPT2CPU>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(),
+            auto model = std::make_unique<CPUModel>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(),
                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
                                                    pipeline_of(cfg), groups.cp(), groups.ep(), &groups.expert_data());
             model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
@@ -93,8 +93,8 @@ struct CpuBackend {
 
     // (Every expert-parallel rank holds an equal block of the experts: rank 0's speaks for all.)
     static ParamLayout stage_layout(const RunConfig& cfg, int tp_rank, int pp_rank) {
-        return GPT2Params::layout(cfg.model_config, {tp_rank, cfg.dims.tp},
-                                  GPT2Params::stage_slice(pipeline_split(cfg), pp_rank), {0, cfg.dims.ep});
+        return model_layout(cfg.model_config, {tp_rank, cfg.dims.tp},
+                            model_stage_slice(cfg.model_config, pipeline_split(cfg), pp_rank), {0, cfg.dims.ep});
     }
     // ZeRO's plan for rank `zero_rank` of the data x context group; its experts' buckets are sharded
     // over its expert data group (dp / ep ranks; rank zero_rank / ep in it).
@@ -109,7 +109,7 @@ struct CpuBackend {
         const TensorParallel tp{cfg.dims.tp, tp_rank, cfg.dims.tp > 1 && cfg.sequence_parallel};
         ZeroPlan zero = zero_plan(cfg, stage_layout(cfg, tp_rank, pp_rank), zero_rank);
         std::vector<BufferSpec> buffers =
-            GPT2CPU::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
+            CPUModel::memory_specs(zero, cfg.model_config, cfg.batch_size, cfg.seq_len, tp,
                                   pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp, cfg.dims.ep);
         return plan_memory(cfg, zero, buffers, HostMemory::precision, pp_rank);
     }

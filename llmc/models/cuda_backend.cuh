@@ -45,7 +45,7 @@ struct CudaBackend {
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
     // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
-        refuse_experts_with(cfg);
+        refuse_unsupported(cfg);
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -87,7 +87,7 @@ struct CudaBackend {
     // speaks for all), under pipeline parallelism the first rank of every stage (each holds other
     // layers), and a line with the activations of every -r setting.
     static std::string plan_report(const RunConfig& cfg) {
-        refuse_experts_with(cfg);
+        refuse_unsupported(cfg);
         const ZeroPlan zero = zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0);
         std::string out = memory_plan_report(
             cfg, zero, memory_plan(cfg, 0, 0, 0),
@@ -147,7 +147,12 @@ struct CudaBackend {
     }
 
     // The CUDA model's experts (kernels/moe.cuh) run with data and expert parallelism (ZeRO 0-3) only.
-    static void refuse_experts_with(const RunConfig& cfg) {
+    // What the CUDA model does not run yet: a Llama model (the CPU model trains it: train_gpt_cpu), and
+    // a mixture of experts with tensor, pipeline or context parallelism.
+    static void refuse_unsupported(const RunConfig& cfg) {
+        if (cfg.model_config.arch != ModelArch::GPT2)
+            fail(strformat("-e %s --arch %s: the CUDA model is GPT-2 only so far; train_gpt_cpu trains and plans "
+                           "a Llama model", cfg.model.c_str(), arch_name(cfg.model_config.arch)));
         if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1))
             fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d: the CUDA model runs a mixture of experts "
                            "with data and expert parallelism (-z 0-3, --ep) only; drop them, or train with "

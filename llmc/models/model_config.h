@@ -97,6 +97,9 @@ struct ModelConfig {
         }
         if (kv_heads < 0 || kv_head_count() > num_heads || num_heads % kv_head_count() != 0)
             fail(strformat("model config: kv_heads (%d) must divide num_heads (%d)", kv_heads, num_heads));
+        if (head_size() % 2 != 0)
+            fail(strformat("model config: RoPE rotates pairs of a head's channels, so the head size (channels %d / "
+                           "heads %d = %d) must be even", channels, num_heads, head_size()));
         if (ffn_hidden < 0 || ffn_hidden > kMaxChannels * 8)
             fail(strformat("model config: ffn_hidden must be in [0, %d] (0: 4 x channels), got %d", kMaxChannels * 8,
                            ffn_hidden));

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/models/gpt2/params.h"
+#include "llmc/models/family.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -24,7 +24,7 @@ struct ModelShape {
     bool swiglu = false;  // false: GELU MLP (two matrices); true: SwiGLU (three)
     int vocab = 0;
     bool tied = true;        // the head reuses the token embedding
-    bool is_gpt2 = false;    // a preset: its model FLOPs are params.h's count, exactly as the MFU line's
+    bool is_built = false;   // a model llmc builds: its FLOPs are family.h's count, exactly as the MFU line's
     // Mixture of experts (GPT-2's --experts; 0: dense): every moe_every-th layer has `experts` MLPs,
     // each token visiting top_k of them (and the shared one, with moe_shared), chosen by a router.
     int experts = 0, top_k = 0, moe_every = 1;
@@ -45,20 +45,22 @@ struct ModelShape {
     }
 };
 
-// GPT-2 as llmc builds it: GELU MLP of 4C, tied embedding, the padded vocabulary.
+// A model as llmc builds it: GPT-2 (a GELU MLP of 4C, a tied embedding) or Llama (its kv heads, a
+// SwiGLU MLP of ffn_hidden, an untied head), with the padded vocabulary.
 inline ModelShape shape_of(const ModelConfig& m) {
     ModelShape s;
-    s.layers = m.num_layers, s.hidden = m.channels, s.heads = s.kv_heads = m.num_heads;
-    s.ffn_hidden = 4 * m.channels, s.vocab = m.padded_vocab_size, s.is_gpt2 = true;
+    s.layers = m.num_layers, s.hidden = m.channels, s.heads = m.num_heads, s.kv_heads = m.kv_head_count();
+    s.ffn_hidden = m.mlp_hidden(), s.vocab = m.padded_vocab_size, s.is_built = true;
+    s.swiglu = m.arch == ModelArch::Llama, s.tied = m.arch != ModelArch::Llama;
     if (m.num_experts > 0)
         s.experts = m.num_experts, s.top_k = m.moe_top_k, s.moe_every = m.moe_every, s.moe_shared = m.moe_shared;
     return s;
 }
 
 // Model FLOPs per trained token, counted as mfu.h counts them: 6 per multiplying weight (forward
-// 2, backward 4) plus causal attention's 6 L C T. For a preset it is params.h's own function.
+// 2, backward 4) plus causal attention's 6 L C T. For a model llmc builds it is family.h's own function.
 inline double shape_flops_per_token(const ModelShape& s, const ModelConfig& m, int T) {
-    if (s.is_gpt2) return model_flops_per_token(m, T);
+    if (s.is_built) return model_flops_per_token(m, T);
     return 6.0 * (s.layers * s.layer_matmul_params() + (double)s.vocab * s.hidden) + 6.0 * s.layers * (double)s.hidden * T;
 }
 

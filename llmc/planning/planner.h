@@ -37,7 +37,7 @@ struct MemoryPlan {
 };
 
 // Bytes one rank of pipeline stage `pp_rank` sends in its tensor-parallel group per micro-batch
-// (forward and backward) for the layers it holds, as the CPU model (gpt2_cpu.h) communicates: with
+// (forward and backward) for the layers it holds, as the CPU model (models/cpu_model.h) communicates: with
 // sequence parallelism, per layer 6 all-gathers and 4 reduce-scatters of the B x T x C activations
 // (forward: gather before qkv and fc, reduce-scatter after the two projections; backward: the
 // mirror, with the LayerNorm outputs gathered again) and an all-reduce of its 4 LayerNorm weight

@@ -54,7 +54,7 @@ inline StepEstimate estimate_run(const RunConfig& cfg, const Topology& t) {
 
 // A rank's bytes from its memory plan, the parameter-sized parts scaled to the shape's parameters.
 inline double shape_memory_bytes(const MemoryPlan& plan, const ModelShape& s, const ModelConfig& m) {
-    const double ratio = s.is_gpt2 ? 1.0 : s.params() / (double)num_params(m);
+    const double ratio = s.is_built ? 1.0 : s.params() / (double)num_params(m);
     double bytes = 0;
     for (int k = 0; k < (int)MemoryKind::Count; k++)
         bytes += plan.bytes[k] * ((MemoryKind)k == MemoryKind::Activations ? 1.0 : ratio);
@@ -77,7 +77,7 @@ inline double peak_rank_bytes(const RunConfig& cfg, const StagePlan& stage_plan)
 inline double checkpoint_rank_bytes(RunConfig cfg, const StagePlan& stage_plan) {
     cfg.checkpoint_every = 1;
     const ModelShape s = run_shape(cfg);
-    const double ratio = s.is_gpt2 ? 1.0 : s.params() / (double)num_params(cfg.model_config);
+    const double ratio = s.is_built ? 1.0 : s.params() / (double)num_params(cfg.model_config);
     return most_over_stages(cfg, [&](int stage) { return ratio * stage_plan(cfg, stage).snapshot_bytes; });
 }
 

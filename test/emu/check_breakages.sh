@@ -419,7 +419,7 @@ breakage fp8-gather-local-version llmc/dist/zero.h "fp8-gather-fault" \
     "ZeroEngine::prefetch_params: the packing decided on the rank's own parameter version (a flipped bit makes one rank pack, and exchange, alone)" \
     'codec_->pack(bucket, params_shard_, shared_params_version_)' 'codec_->pack(bucket, params_shard_, params_version_)'
 
-# 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against GPT2CPU).
+# 10. Mixture of experts (kernels/moe.cuh; the workbench against cpu/moe.h, the model against CPUModel).
 breakage moe-top-k-ties-high llmc/kernels/moe.cuh "bench moe" \
     "moe_route_kernel: ties in the top-K go to the higher expert index, not the lower" \
     'if (!taken && (best < 0 || p[e] > p[best])) best = e;' \

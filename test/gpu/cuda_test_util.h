@@ -18,7 +18,7 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/models/cpu_backend.h"
 #include "llmc/models/cuda_backend.cuh"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
@@ -52,7 +52,7 @@ inline std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
 inline RunResult train_references(const RunConfig& rc, GPT2CUDA& model, RunResult* cpu) {
     LocalComm local;
     const RunResult cuda = train_cuda(rc, local, nullptr, model);
-    GPT2CPU cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
+    CPUModel cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
     cpu_model.set_moe_options({rc.capacity_factor, rc.moe_balance_coef, rc.moe_z_coef});
     *cpu = train(rc, local, nullptr, cpu_model);
     check(cuda.losses.back() < cuda.losses.front(),

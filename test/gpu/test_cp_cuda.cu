@@ -11,12 +11,12 @@
 // ranks is dp 2 x cp 2; "cp2.tp2", "cp2.tp2.sp0" and "pp2.cp2" use 4 ranks each.
 // The ranks share the node's GPUs (--gpu-comm mpi: StagedComm); the device communicators and the
 // model are made by CudaBackend::make_model, exactly as train_gpt makes them. Every rank also trains
-// the two 1-rank references itself (B = batch x dp, the very same tokens): the CUDA model and GPT2CPU.
+// the two 1-rank references itself (B = batch x dp, the very same tokens): the CUDA model and CPUModel.
 // Then, for ZeRO stages 0-3 (dp x cp meshes) or 0 and 3 (meshes with tp or pp), it checks:
 //   - the bytes allocated per memory kind: equal to the memory plan's for this rank (activations of
 //     T / cp rows per sequence, and the ring's buffers);
 //   - the 10 per-step losses: relative difference at most 2e-4 from the 1-rank CUDA run, from the CPU
-//     run and from the CPU model's run of the same mesh (GPT2CPU's ring attention). Tighter than the
+//     run and from the CPU model's run of the same mesh (CPUModel's ring attention). Tighter than the
 //     tp test's 1e-2: the loss of this small model is nearly uniform, and a broken ring (keys and
 //     values not forwarded) moves it by only 8e-4, a correct one by 2e-5 (emulated);
 //   - the final parameters, gathered whole: relative difference at most 2e-2 from the 1-rank CUDA
@@ -36,7 +36,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/train_loop.h"
 #include "test/gpu/cuda_test_util.h"
@@ -99,9 +99,9 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, const
     return cfg;
 }
 
-// The CPU model's run of the same mesh: GPT2CPU on the same groups (ring attention in fp32).
+// The CPU model's run of the same mesh: CPUModel on the same groups (ring attention in fp32).
 RunResult train_cpu_mesh(const RunConfig& cfg, const ProcessGroups& groups) {
-    GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), cfg.zero_stage, groups.tp(),
+    CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), cfg.zero_stage, groups.tp(),
                   cfg.dims.tp > 1 && cfg.sequence_parallel, groups.pp(), pipeline_of(cfg), groups.cp());
     return train(cfg, groups.dp(), &groups.world(), model);
 }

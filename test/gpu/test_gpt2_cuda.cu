@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "test/catch_session.h"
 #include "test/gpu/shape_only_comm.h"
@@ -76,7 +76,7 @@ std::vector<float> master_of(GPT2CUDA& m) {
 }
 
 // The evaluation loss and the next-token logits of the same weights on the two models, within 1e-2.
-void check_evaluation_matches(GPT2CUDA& gpu, GPT2CPU& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
+void check_evaluation_matches(GPT2CUDA& gpu, CPUModel& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
     CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
                     cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
     std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
@@ -120,7 +120,7 @@ TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every 
     // (4, 64): whole attention tiles; (3, 37): ragged ones. 50-row classifier chunks: several, ragged.
     for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
         const Batch batch = random_batch(c, B, T, 7 + B);
-        GPT2CPU cpu(c, B, T);
+        CPUModel cpu(c, B, T);
         std::copy(weights.begin(), weights.end(), cpu.params());
         cpu.zero_grad();
         const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -154,7 +154,7 @@ TEST_CASE("with the wgmma attention kernels (head size 64, with or without the T
     // reaches into the next sequence's rows (and, for the last, past the matrix)
     for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
         const Batch batch = random_batch(c, B, T, 7 + B);
-        GPT2CPU cpu(c, B, T);
+        CPUModel cpu(c, B, T);
         std::copy(weights.begin(), weights.end(), cpu.params());
         cpu.zero_grad();
         const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -189,7 +189,7 @@ TEST_CASE("evaluation loss and next-token logits match the CPU reference within 
     const std::vector<float> weights = bf16_exact_init(c, 5);
     const int B = 2, T = 40;
     const Batch batch = random_batch(c, B, T, 11);
-    GPT2CPU cpu(c, B, T);
+    CPUModel cpu(c, B, T);
     std::copy(weights.begin(), weights.end(), cpu.params());
     GPT2CUDA gpu(c, B, T);
     gpu.set_master_weights(weights.data());
@@ -200,7 +200,7 @@ TEST_CASE("10 AdamW steps track the CPU reference: every loss within 2e-2") {
     const ModelConfig c = test_config();
     const std::vector<float> weights = bf16_exact_init(c, 3);
     const int B = 4, T = 64;
-    GPT2CPU cpu(c, B, T);
+    CPUModel cpu(c, B, T);
     std::copy(weights.begin(), weights.end(), cpu.params());
     GPT2CUDA gpu(c, B, T);
     gpu.set_master_weights(weights.data());
@@ -418,7 +418,7 @@ GPT2CUDAOptions fp8_options(Recompute r, Fp8Scaling scaling = Fp8Scaling::Curren
 // One training step of the CPU model from `weights`, FP8 simulated or not; its gradients.
 std::vector<float> cpu_step_grads(const ModelConfig& c, const std::vector<float>& weights, const Batch& batch, int B,
                                   int T, bool fp8, float* loss) {
-    GPT2CPU cpu(c, B, T);
+    CPUModel cpu(c, B, T);
     cpu.set_fp8_options({fp8, Fp8Scaling::Current, 4});
     std::copy(weights.begin(), weights.end(), cpu.params());
     cpu.zero_grad();
@@ -624,7 +624,7 @@ TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it
     const int B = 2, T = 64;
     GPT2CUDA gpu(c, B, T, fp8_options(Recompute::None, Fp8Scaling::Delayed));
     gpu.set_master_weights(weights.data());
-    GPT2CPU cpu(c, B, T);
+    CPUModel cpu(c, B, T);
     cpu.set_fp8_options({true, Fp8Scaling::Delayed, 4});
     std::copy(weights.begin(), weights.end(), cpu.params());
     for (int step = 1; step <= 3; step++) {
@@ -721,7 +721,7 @@ TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, r
         const ParamLayout layout = GPT2Params::layout(c);
         const Batch batch = random_batch(c, B, T, 17);
         const GPT2CUDAOptions o = moe_options(m);
-        GPT2CPU cpu(c, B, T);
+        CPUModel cpu(c, B, T);
         cpu.set_moe_options(o.moe);
         std::copy(weights.begin(), weights.end(), cpu.params());
         cpu.zero_grad();

@@ -9,7 +9,7 @@
 // CudaBackend::make_model, as train_gpt makes it. The model: 2 layers, 2 heads of 32, vocabulary
 // 250 padded to 256, T 32, both blocks with 4 experts, top 2, capacity factor 1 (tokens dropped).
 // The capacity and the balance loss count each forward's tokens, so the 1-rank references (the CUDA
-// model and GPT2CPU, trained by every rank itself) take the mesh's batch as N micro-batches of the
+// model and CPUModel, trained by every rank itself) take the mesh's batch as N micro-batches of the
 // ranks' size: the same groups of tokens are routed together. For every ZeRO stage it checks:
 //   - the bytes allocated per memory kind (the expert activations included): equal to the plan's;
 //   - the 10 per-step losses within 2e-4 relative of the 1-rank CUDA run's (and the reference's

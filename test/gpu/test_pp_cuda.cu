@@ -12,7 +12,7 @@
 // communicators and the model are made by CudaBackend::make_model, exactly as train_gpt makes them.
 // Every rank also trains the two 1-rank references itself (a LocalComm model whose micro-batch is
 // the dp groups' micro-batches side by side, B = batch x dp, so it reads the very same tokens): the
-// CUDA model and GPT2CPU. Then, for ZeRO stages 0-3, it checks:
+// CUDA model and CPUModel. Then, for ZeRO stages 0-3, it checks:
 //   - the bytes allocated per memory kind: equal to CudaBackend::memory_plan's for this rank's
 //     stage (whose activations hold as many micro-batches as the schedule keeps in flight there);
 //   - the 10 per-step losses: relative difference at most 1e-2 (bf16) from the 1-rank CUDA run and
@@ -37,7 +37,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "llmc/dist/bootstrap.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/numerics/rng.h"
 #include "llmc/train_loop.h"
 #include "llmc/utils.h"
@@ -91,7 +91,7 @@ struct RunResult {
 
 // Trains `model` from its seed with `cfg` (dp: the data-parallel group; world: every rank, or null
 // when dp is the world) and gathers the result on every rank.
-inline RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CPU& model) {
+inline RunResult train(const RunConfig& cfg, Communicator& dp, Communicator* world, CPUModel& model) {
     model.init_random(cfg.seed);
     RunResult r;
     r.losses = Trainer(cfg, model, dp, "", world).run().train_losses;

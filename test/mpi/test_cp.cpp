@@ -23,7 +23,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cpu_backend.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/planning/planner.h"
 #include "llmc/numerics/rng.h"
 #include "llmc/train_loop.h"
@@ -100,7 +100,7 @@ RunConfig make_config(const std::string& shard, int stage, int world_size, int c
 
 // Sampling's next-token logits of two fresh models from the same seed: `model` on the mesh, and the
 // 1-rank `reference`, for prompts of 5 and 29 tokens (padded to what the split cuts).
-void check_next_token_logits(GPT2CPU& model, GPT2CPU& reference, uint64_t seed, const std::string& what) {
+void check_next_token_logits(CPUModel& model, CPUModel& reference, uint64_t seed, const std::string& what) {
     model.init_random(seed);
     reference.init_random(seed);
     const size_t Vp = model.config().padded_vocab_size;
@@ -124,7 +124,7 @@ void check_model(Communicator& world, int cp, int tp, const std::string& shard) 
     const int W = world.world_size(), dp = W / (cp * tp);
     LocalComm local;
     RunConfig reference_cfg = make_config(shard, 0, 1, 1, 1, 0, 2 * dp);
-    GPT2CPU reference_model(reference_cfg.model_config, 2 * dp, 32, local, 0);
+    CPUModel reference_model(reference_cfg.model_config, 2 * dp, 32, local, 0);
     const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
     for (int stage = 0; stage <= 3; stage++) {
         for (int sp : tp > 1 ? std::vector<int>{1, 0} : std::vector<int>{0}) {
@@ -133,7 +133,7 @@ void check_model(Communicator& world, int cp, int tp, const std::string& shard) 
             const std::string what = strformat("dp %d x cp %d x tp %d%s, ZeRO-%d over dp x cp", dp, cp, tp,
                                                tp == 1 ? "" : sp ? " (sequence parallel)" : " (no sequence parallel)",
                                                stage);
-            GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), stage, groups.tp(), sp,
+            CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(), stage, groups.tp(), sp,
                           groups.pp(), {}, groups.cp());
             const MemoryPlan plan = CpuBackend::memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), 0);
             for (int k = 0; k < (int)MemoryKind::Count; k++)

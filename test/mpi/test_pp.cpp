@@ -27,7 +27,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cpu_backend.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
         // The 1-rank reference, computed on every rank.
         LocalComm local;
         RunConfig reference_cfg = make_config(shard, 0, 1, 1, 1, 1, "", 2 * dp);
-        GPT2CPU reference_model(reference_cfg.model_config, 2 * dp, 16, local, 0);
+        CPUModel reference_model(reference_cfg.model_config, 2 * dp, 16, local, 0);
         const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
         check(reference.losses.back() < reference.losses.front() - 0.1f,
               strformat("the reference run does not learn: loss %.4f -> %.4f", reference.losses.front(),
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
                                                edges ? ", a communicator per edge" : "", stage);
             PipelineParallel pipe = pipeline_of(cfg);
             pipe.edge_links = edges;
-            GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), true,
+            CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), true,
                           groups.pp(), pipe);
 
             const MemoryPlan plan =

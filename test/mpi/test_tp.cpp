@@ -22,7 +22,7 @@
 
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
         // The 1-rank reference, computed on every rank.
         LocalComm local;
         RunConfig reference_cfg = make_config(shard, 0, 1, 1, 0, 2 * dp);
-        GPT2CPU reference_model(reference_cfg.model_config, 2 * dp, 16, local, 0);
+        CPUModel reference_model(reference_cfg.model_config, 2 * dp, 16, local, 0);
         const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
         check(reference.losses.back() < reference.losses.front() - 0.2f,
               strformat("the reference run does not learn: loss %.4f -> %.4f", reference.losses.front(),
@@ -79,13 +79,13 @@ int main(int argc, char** argv) {
                 ProcessGroups groups(*comm, cfg.dims);
                 const std::string what =
                     strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
-                GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), sp);
+                CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp(), stage, groups.tp(), sp);
 
                 const ParamLayout layout = GPT2Params::layout(cfg.model_config, {groups.tp().rank(), tp});
                 const ZeroPlan zero(layout, stage, groups.dp().rank(), dp);
                 const TensorParallel tensor{tp, groups.tp().rank(), sp == 1 && tp > 1};
                 const MemoryPlan plan =
-                    plan_memory(cfg, zero, GPT2CPU::memory_specs(zero, cfg.model_config, 2, 16, tensor));
+                    plan_memory(cfg, zero, CPUModel::memory_specs(zero, cfg.model_config, 2, 16, tensor));
                 for (int k = 0; k < (int)MemoryKind::Count; k++)
                     check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
                           strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],

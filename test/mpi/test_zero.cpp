@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "llmc/dist/bootstrap.h"
-#include "llmc/models/gpt2/gpt2_cpu.h"
+#include "llmc/models/cpu_model.h"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
         // The 1-rank reference, computed on every rank.
         LocalComm local;
         RunConfig reference_cfg = make_config(shard, 0, 1, 2 * W);
-        GPT2CPU reference_model(reference_cfg.model_config, 2 * W, 16, local, 0);
+        CPUModel reference_model(reference_cfg.model_config, 2 * W, 16, local, 0);
         const RunResult reference = train(reference_cfg, local, nullptr, reference_model);
         const size_t num_params = reference.params.size();
         check(num_params % 2 && num_params % 3 && num_params % 4,
@@ -72,12 +72,12 @@ int main(int argc, char** argv) {
 
         for (int stage = 0; stage <= 3; stage++) {
             RunConfig cfg = make_config(shard, stage, W, 2);
-            GPT2CPU model(cfg.model_config, cfg.batch_size, cfg.seq_len, *comm, stage);
+            CPUModel model(cfg.model_config, cfg.batch_size, cfg.seq_len, *comm, stage);
             const std::string what = strformat("%d rank(s), ZeRO-%d", W, stage);
 
             const ParamLayout layout = GPT2Params::layout(cfg.model_config);
             const ZeroPlan zero(layout, stage, comm->rank(), W);
-            const MemoryPlan plan = plan_memory(cfg, zero, GPT2CPU::memory_specs(zero, cfg.model_config, 2, 16));
+            const MemoryPlan plan = plan_memory(cfg, zero, CPUModel::memory_specs(zero, cfg.model_config, 2, 16));
             for (int k = 0; k < (int)MemoryKind::Count; k++)
                 check(plan.bytes[k] == model.allocated_bytes((MemoryKind)k),
                       strformat("%s: planned %zu bytes of %s, allocated %zu", what.c_str(), plan.bytes[k],

@@ -1,5 +1,5 @@
 // gpt2_cuda.cuh: GPT2CUDA, the product's model: GPT-2 training on GPUs in bf16 with llmc's own
-// kernels, behind the same Model interface as the fp32 CPU reference (gpt2_cpu.h).
+// kernels, behind the same Model interface as the fp32 CPU reference (models/cpu_model.h).
 //
 // Memory. The parameters, gradients and optimizer state belong to the same ZeRO engine as the CPU
 // model's (dist/zero.h), here with device memory (dist/device_memory.cuh), laid out from the same
@@ -32,7 +32,7 @@
 // StagedComm over the local communicator, where every collective is a copy or nothing.
 //
 // Tensor parallelism (Megatron-LM, with Korthikanti et al.'s sequence parallelism): the same cut and
-// the same math as GPT2CPU's (gpt2_cpu.h), on a device communicator of the tensor-parallel group.
+// the same math as CPUModel's (models/cpu_model.h), on a device communicator of the tensor-parallel group.
 // Each rank holds its piece of the model (GPT2Params::layout with its TpShard): its heads of qkv and
 // the attention projection, its 4C/tp hidden units of the MLP, its Vp/tp rows of wte. Column-
 // parallel products (qkv, fc) read all B x T rows of a LayerNorm output, gathered from every rank's
@@ -50,7 +50,7 @@
 // gathers and reductions, the classifier's statistics and the LayerNorm weight-gradient sums are
 // exposed (each is needed by the very next kernel), and counted in take_exposed_comm_ms.
 //
-// Context parallelism (--cp, docs/context-parallel.md): as GPT2CPU's, each rank runs every layer on
+// Context parallelism (--cp, docs/context-parallel.md): as CPUModel's, each rank runs every layer on
 // 2 of the 2 x cp chunks of each sequence (context_parallel.h), with their global positions in the
 // embedding; attention is ring attention over the context group's device communicator from
 // attention.cuh's ring-pair kernels (ring_attention_forward/backward below); the loss is the mean
@@ -61,14 +61,14 @@
 // the stages' messages carry the rank's rows.
 //
 // Mixture of experts (ModelConfig::num_experts, kernels/moe.cuh): a block with experts routes its
-// ln2 rows and runs its experts in place of the MLP (or beside it, the shared expert), as GPT2CPU
+// ln2 rows and runs its experts in place of the MLP (or beside it, the shared expert), as CPUModel
 // does; its routing and the experts' activations are kept per MoE block in an allocation of their
 // own, sized for dropless routing of max_B x max_T tokens (or the capacity's cap), which backward
 // reads whatever the recomputation setting (-r 3 re-runs a block's forward up to its MLP only). The
 // forward of each MoE block waits for its routing's row counts (one stream synchronisation, see
 // moe.cuh). With data parallelism (ZeRO 0-3) and expert parallelism (--ep: this rank holds a block
 // of the experts; each block's rows go to their experts' ranks and back, ExpertRows below, the
-// routes' counts over the host group as GPT2CPU sends them); tensor, pipeline and context
+// routes' counts over the host group as CPUModel sends them); tensor, pipeline and context
 // parallelism are refused.
 //
 // Determinism: every kernel reduces in a fixed order and cuBLASLt runs one cached algorithm per
@@ -98,7 +98,7 @@
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/fp8_linears.cuh"
-#include "llmc/models/gpt2/model_file.h"
+#include "llmc/models/model_file.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
 #include "llmc/dist/context_parallel.h"
@@ -312,7 +312,7 @@ public:
     // The whole model's fp32 master weights in its ParamLayout order (whole_num_params() floats), on
     // every rank; a collective where they are sharded or cut. Each rank puts the elements it holds
     // first-hand (ParamLayout::is_primary) into a zeroed whole and sums over the tensor-parallel and
-    // pipeline groups fill in the rest exactly (x + 0 is x), as GPT2CPU::get_whole_params does.
+    // pipeline groups fill in the rest exactly (x + 0 is x), as CPUModel::get_whole_params does.
     void get_master_weights(float* whole) {
         if (layout_.is_whole()) {
             engine_.get_params(whole);
@@ -654,7 +654,7 @@ private:
     }
 
     // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (moe.cuh), or both (the
-    // shared expert beside the routed ones, added after it as GPT2CPU adds them). `for_backward`: a
+    // shared expert beside the routed ones, added after it as CPUModel adds them). `for_backward`: a
     // whole-block recomputation, which stops before the dense projection and leaves the experts'
     // activations as the forward kept them.
     void mlp_forward(const CudaActivationLayout& a, int l, int BT, bool for_backward) {
@@ -987,7 +987,7 @@ private:
     // ---- mixture of experts (kernels/moe.cuh) ----
 
     // One MoE block's expert-parallel exchange (moe.cuh's MoeExchange): the routes' counts over the
-    // host group (ExpertExchange, as GPT2CPU's), the rows over the device group in bf16, and between
+    // host group (ExpertExchange, as CPUModel's), the rows over the device group in bf16, and between
     // the order they arrive in and the experts' order a copy per block of rows, on the stream.
     class ExpertRows : public MoeExchange {
     public:

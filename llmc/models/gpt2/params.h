@@ -116,29 +116,9 @@ struct GPT2Params {
     }
 };
 
-inline size_t num_params(const ModelConfig& c) { return GPT2Params::layout(c).num_params; }
-
-// GPT-2's random initialisation of the flat parameter buffer (num_params(config) floats).
+// GPT-2's random initialisation of the flat parameter buffer (its layout's floats).
 inline void init_gpt2_params(const ModelConfig& config, float* params, uint64_t seed) {
     init_params(GPT2Params::layout(config), params, seed);
-}
-
-// Model FLOPs per trained token at sequence length T, the figure MFU is measured against: 6 per
-// parameter that multiplies (forward 2, backward 4; all but the position embedding, and of each
-// block's experts only the top-k a token visits), plus causal attention's QK^T and PV: 4 T C per
-// layer forward at full length, halved by the mask, times 3 for forward and backward.
-inline double model_flops_per_token(const ModelConfig& c, int T) {
-    double multiplying = (double)num_params(c) - (double)c.max_seq_len * c.channels;
-    const double expert = 8.0 * c.channels * c.channels + 5.0 * c.channels;  // one expert's MLP
-    for (int l = 0; l < c.num_layers; l++)
-        if (c.is_moe_layer(l)) multiplying -= (double)(c.num_experts - c.moe_top_k) * expert;
-    return 6.0 * multiplying + 6.0 * c.num_layers * (double)c.channels * T;
-}
-
-// Of those, the FLOPs of every block's four products (qkv, attention projection, fc, fc projection):
-// what --fp8 runs in FP8.
-inline double fp8_flops_per_token(const ModelConfig& c) {
-    return 6.0 * 12.0 * c.channels * (double)c.channels * c.num_layers;
 }
 
 }  // namespace llmc

@@ -3,9 +3,11 @@
 // layout (params/layout.h), the init, AdamW and ZeRO read it as they read GPT-2's.
 //
 // Buckets: the token embedding [wte]; one bucket per block [attn_norm wq wkv wo mlp_norm wgateup
-// wdown]; the head [norm_f lm_head]. Nothing is resident: the embedding is untied, read at the
-// start of the forward pass and written at the end of backward, and the head is used at the turn.
-// No biases. Two products are fused as the kernels run them: wkv is k's rows then v's (each
+// wdown]; the head [norm_f lm_head]. Both are resident, as GPT-2's embeddings and final norm are:
+// the embedding is read at the start of the forward pass and its gradient written at the end of
+// backward, the head is used at the turn, and neither is part of the layer walk that rotates the
+// blocks' buckets under ZeRO-3 (a step holds wte and lm_head gathered, as GPT-2's tied wte). No
+// biases. Two products are fused as the kernels run them: wkv is k's rows then v's (each
 // kv_heads x head size), wgateup the gate's rows then up's (each ffn_hidden); q stays a tensor of
 // its own, since it has more heads than k and v under grouped-query attention, and the two are
 // adjacent in every layout, so one product over [wq; wkv] computes q, k and v.
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "llmc/dist/pipeline_schedule.h"
 #include "llmc/models/model_config.h"
 #include "llmc/params/init.h"
 #include "llmc/params/layout.h"
@@ -45,7 +48,7 @@ struct LlamaParams {
         const TensorSplit rows{TensorSplit::Rows, 1}, two_blocks{TensorSplit::Rows, 2}, cols{TensorSplit::Cols, 1};
         ParamTable t;
         t.num_layers = c.num_layers;
-        t.groups = {{"embedding", false, false}, {"layers", true, false}, {"head", false, false}};
+        t.groups = {{"embedding", false, true}, {"layers", true, false}, {"head", false, true}};
         t.tensors = {
             {"wte", {Vp, C}, EMBEDDING, true, vocab_rows, rows},
             {"attn_norm", {C}, LAYERS, false, ones},
@@ -62,6 +65,17 @@ struct LlamaParams {
     }
     static ParamLayout layout(const ModelConfig& c, TpShard tp = {}, StageSlice stage = {}) {
         return ParamLayout(table(c), tp, std::move(stage));
+    }
+    // What pipeline rank `rank` holds: its chunks' layers, the embedding where it runs the first
+    // virtual stage, the head where it runs the last (untied: no copies). The whole model without a
+    // pipeline.
+    static StageSlice stage_slice(const PipelineSplit& split, int rank) {
+        if (split.virtual_stages() == 1) return {};
+        StageSlice s;
+        s.layers = split.rank_layers(rank);
+        s.groups = {split.holds_first(rank), true, split.holds_last(rank)};
+        s.copies = {false, false, false};
+        return s;
     }
 };
 

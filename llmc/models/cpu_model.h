@@ -1,6 +1,16 @@
-// gpt2_cpu.h: GPT2CPU, the fp32 CPU reference implementation of llmc::Model (forward, backward,
+// models/cpu_model.h: CPUModel, the fp32 CPU reference implementation of llmc::Model (forward, backward,
 // AdamW), fast enough to be the project's default trainer on a small multicore machine. Its layers
-// are llmc/cpu/ops.h; this file wires them into GPT-2 and owns the activation memory.
+// are llmc/cpu/ops.h (and cpu/llama_ops.h); this file wires them into a model of either family and
+// owns the activation memory.
+//
+// Two families, one layer walk (models/family.h): both are pre-norm transformers whose block is
+// residual += proj(attention(qkv(norm1(x)))); residual += down(act(up(norm2(x)))), so the walk is
+// written once, and what differs is in four places: the norm (GPT-2's LayerNorm with bias, Llama's
+// RMSNorm), the positions (GPT-2 adds wpe to the embedding, Llama rotates q and k in place after the
+// qkv product, RoPE), the attention (Llama's key/value heads serve groups of query heads) and the
+// MLP's activation (GELU of 4C units, SwiGLU of two ffn_hidden-wide halves). Which tensor plays each
+// part is the family's BlockTensors; GPT-2's biases and wpe are tensors Llama lacks (-1: null), and
+// GPT-2's head is its tied wte where Llama's is lm_head.
 //
 // Memory: parameters, gradients and the AdamW moments are one flat buffer each in ParamLayout's
 // bucket-major order, reached only through param(tensor, layer) and grad(tensor, layer); activations
@@ -40,6 +50,7 @@
 #include <vector>
 
 #include "llmc/cpu/fp8_linear.h"
+#include "llmc/cpu/llama_ops.h"
 #include "llmc/cpu/moe.h"
 #include "llmc/cpu/ops.h"
 #include "llmc/cpu/ring_attention.h"
@@ -49,8 +60,8 @@
 #include "llmc/dist/pipeline_stage.h"
 #include "llmc/dist/zero.h"
 #include "llmc/model.h"
-#include "llmc/models/gpt2/model_file.h"
-#include "llmc/models/gpt2/params.h"
+#include "llmc/models/family.h"
+#include "llmc/models/model_file.h"
 #include "llmc/utils.h"
 
 namespace llmc {
@@ -80,7 +91,8 @@ struct ActivationLayout {
     float *inputs, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *row_loss;
     // shared backward scratch: gradients of the residual stream and of one layer's intermediates
-    float *dresidual, *dC, *d3C, *d4C;
+    // (d3C: of qkv, d4C: of the MLP's up product, dhidden: of its activation's output, SwiGLU only)
+    float *dresidual, *dC, *d3C, *d4C, *dhidden;
     // tensor parallelism only (empty otherwise): a LayerNorm output gathered to all B x T rows, a
     // row-parallel product's partial sum, the gathered residual gradient, the reduced gradient of a
     // LayerNorm output (sequence parallel), every rank's cross-entropy statistics, and the LayerNorm
@@ -107,6 +119,7 @@ struct ActivationLayout {
                      const StageShape& stage = {}, int slot = 0, bool ring_attention = false)
         : slot(slot) {
         const size_t BT = (size_t)B * T, C = c.channels, NH = c.num_heads / tp.size;
+        const BlockWidths w(c, tp.size);
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT), Cl = C / tp.size;
         const bool split = tp.size > 1, sp = tp.sequence_parallel, head = stage.head, pipe = stage.pipelined;
@@ -125,17 +138,17 @@ struct ActivationLayout {
         auto share = [&](float*& p, size_t count) { take(p, count, false); };
         keep(inputs, stage.chunks * n * C);
         keep(ln1, L * n * C);
-        keep(ln1_mean, L * n);
+        keep(ln1_mean, L * n);  // LayerNorm's only; RMSNorm leaves it unused
         keep(ln1_rstd, L * n);
-        keep(qkv, L * BT * 3 * Cl);
+        keep(qkv, L * BT * w.qkv);
         keep(atty, L * BT * Cl);
         keep(att, ring_attention ? L * B * NH * T : L * B * NH * T * T);
         keep(residual2, L * n * C);
         keep(ln2, L * n * C);
         keep(ln2_mean, L * n);
         keep(ln2_rstd, L * n);
-        keep(fch, L * BT * 4 * Cl);
-        keep(fch_gelu, L * BT * 4 * Cl);
+        keep(fch, L * BT * w.up);
+        keep(fch_gelu, L * BT * w.hidden);
         keep(residual3, L * n * C);
         keep(lnf, head ? n * C : 0);
         keep(lnf_mean, head ? n : 0);
@@ -144,8 +157,9 @@ struct ActivationLayout {
         keep(row_loss, head ? BT : 0);
         share(dresidual, n * C);
         share(dC, BT * C);
-        share(d3C, BT * 3 * Cl);
-        share(d4C, BT * 4 * Cl);
+        share(d3C, BT * w.qkv);
+        share(d4C, BT * w.up);
+        share(dhidden, w.swiglu ? BT * w.hidden : 0);
         share(full, sp ? BT * C : 0);
         share(partial, split ? BT * C : 0);
         share(dfull, sp ? BT * C : 0);
@@ -164,7 +178,7 @@ struct ActivationLayout {
     }
 };
 
-class GPT2CPU : public Model, private PipelineStage {
+class CPUModel : public Model, private PipelineStage {
 public:
     // A model sharded over `dp` by ZeRO stage `zero_stage` (see zero.h); when `tp` has more than one
     // rank, cut over it by tensor parallelism (sequence parallel if asked; see TensorParallel); when
@@ -175,29 +189,33 @@ public:
     // group of data-parallel ranks that hold the same experts, ProcessGroups::expert_data(), which
     // ZeRO reduces them over; null: dp).
     // Every entry point takes whole sequences of max_T or fewer tokens, the same on every context rank.
-    GPT2CPU(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
+    CPUModel(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
             Communicator& tp = local_communicator(), bool sequence_parallel = false,
             Communicator& pp = local_communicator(), const PipelineParallel& pipe = {},
             Communicator& cp = local_communicator(), Communicator& ep = local_communicator(),
             Communicator* expert_data = nullptr)
         : config_(validated(config)), tp_comm_(tp),
           tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
-          pipe_(checked_pipeline("GPT2CPU", config.num_layers, pp, pipe)),
-          layout_(GPT2Params::layout(config, {tp.rank(), tp.world_size()},
-                                     GPT2Params::stage_slice(pipe_.split, pp.rank()), {ep.rank(), ep.world_size()})),
+          pipe_(checked_pipeline("CPUModel", config.num_layers, pp, pipe)),
+          layout_(model_layout(config, {tp.rank(), tp.world_size()}, model_stage_slice(config, pipe_.split, pp.rank()),
+                               {ep.rank(), ep.world_size()})),
           stage_(pipeline_stage_shape(pipe_, pp.rank())), max_B_(max_B), max_T_(max_T),
           engine_(layout_,
                   ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size(), 1, (expert_data ? *expert_data : dp).rank(),
                            (expert_data ? *expert_data : dp).world_size()),
                   dp, memory_),
           dp_comm_(dp), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp), ep_comm_(ep) {
-        if (max_B < 1) fail(strformat("GPT2CPU: max_B must be >= 1, got %d", max_B));
+        if (max_B < 1) fail(strformat("CPUModel: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
-            fail(strformat("GPT2CPU: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
+            fail(strformat("CPUModel: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
-        ContextSplit::check(max_T, cp_.size, "GPT2CPU");
+        ContextSplit::check(max_T, cp_.size, "CPUModel");
+        check_tensor_parallel_shape(config_, tp_.size);
+        if (config_.arch == ModelArch::Llama && cp_.size > 1)
+            fail("CPUModel: context parallelism (--cp) is GPT-2's only for now: ring attention has no grouped "
+                 "key/value heads or rotary positions yet");
         if (tp_.sequence_parallel && max_T / cp_.size % tp_.size != 0)
-            fail(strformat("GPT2CPU: sequence parallelism over %d ranks needs T / cp (%d / %d) divisible by them",
+            fail(strformat("CPUModel: sequence parallelism over %d ranks needs T / cp (%d / %d) divisible by them",
                            tp_.size, max_T, cp_.size));
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
@@ -208,7 +226,7 @@ public:
         acts_.assign(activation_floats(config_, max_B, max_T, tp_, stage_, cp_.size), 0.0f);
     }
     // A single-rank model (stage 0, nothing to communicate).
-    GPT2CPU(const ModelConfig& config, int max_B, int max_T) : GPT2CPU(config, max_B, max_T, local_communicator(), 0) {}
+    CPUModel(const ModelConfig& config, int max_B, int max_T) : CPUModel(config, max_B, max_T, local_communicator(), 0) {}
 
     // The activation buffer's length for a max_B x max_T model on a context group of cp ranks (the
     // planner reads the same function).
@@ -308,7 +326,7 @@ public:
                            bool last_micro_batch) override {
         check_batch(inputs, targets, B, T, "forward_backward");
         if (stage_.pipelined)
-            fail("GPT2CPU: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
+            fail("CPUModel: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
         const LocalBatch local = local_batch(inputs, targets, B, T);
         const ActivationLayout a = activations(B, local.T, 0);
         const float loss = forward_chunk(a, 0, local.inputs, local.targets, B, local.T, Pass::Train, grad_scale);
@@ -397,7 +415,7 @@ private:
     template <typename T>
     T* unsharded(T* p) {
         if (engine_.plan().world_size != 1 || engine_.plan().stage != 0 || !layout_.is_whole())
-            fail("GPT2CPU: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor or "
+            fail("CPUModel: params()/grads() need an unsharded single-rank model (stage 0, 1 rank, no tensor or "
                  "pipeline parallelism)");
         return p;
     }
@@ -408,8 +426,9 @@ private:
 
     // Parameters and gradients are reached only through the bucket view (zero.h), so the model
     // never knows how they are sharded.
-    const float* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
-    float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
+    // A tensor the family lacks (-1 in BlockTensors: GPT-2's biases in Llama) is null.
+    const float* param(int tensor, int layer = 0) const { return tensor < 0 ? nullptr : buckets_.param(tensor, layer); }
+    float* grad(int tensor, int layer = 0) const { return tensor < 0 ? nullptr : buckets_.grad(tensor, layer); }
     void release_all() { buckets_.release_all(); }
 
     void reset(const std::vector<float>& local) {
@@ -472,7 +491,8 @@ private:
         const int n = tp_.rows(BT);
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < n; r++)
-            for (int c = 0; c < C; c++) out[(size_t)r * C + c] = base[(size_t)r * C + c] + sum[(size_t)r * C + c] + bias[c];
+            for (int c = 0; c < C; c++)
+                out[(size_t)r * C + c] = base[(size_t)r * C + c] + sum[(size_t)r * C + c] + (bias ? bias[c] : 0.0f);
     }
     // Block l's product `product`, out = base + inp W^T + bias: in fp32, or through the FP8 simulation.
     void linear_forward(int l, Fp8Product product, float* out, const float* inp, const float* weight,
@@ -491,10 +511,12 @@ private:
     int vocab_real() const {
         return std::clamp(config_.vocab_size - vocab_begin(), 0, config_.padded_vocab_size / tp_.size);
     }
-    // Where a layer's LayerNorm weight gradients accumulate: straight into the gradient buffer, or,
+    // Where a layer's norm weight gradients accumulate: straight into the gradient buffer, or,
     // under sequence parallelism (each rank saw only its rows, so each holds a partial sum), into a
-    // scratch that finish_layernorm_grads sums over the group and adds in.
+    // scratch that finish_layernorm_grads sums over the group and adds in. Null for a tensor the
+    // family lacks (RMSNorm's bias).
     float* layernorm_grad(const ActivationLayout& a, int tensor, int layer, int slot) {
+        if (tensor < 0) return nullptr;
         return tp_.sequence_parallel ? a.dln_weights + (size_t)slot * config_.channels : grad(tensor, layer);
     }
     void start_layernorm_grads(const ActivationLayout& a) {
@@ -506,8 +528,9 @@ private:
         tp_wait(tp_comm_.all_reduce_sum(a.dln_weights, tensors.size() * C, CommDtype::F32));
         int slot = 0;
         for (auto [tensor, layer] : tensors) {
-            float* g = grad(tensor, layer);
             const float* d = a.dln_weights + slot++ * C;
+            if (tensor < 0) continue;
+            float* g = grad(tensor, layer);
             for (size_t c = 0; c < C; c++) g[c] += d[c];
         }
     }
@@ -575,17 +598,17 @@ private:
     }
 
     // One step of a pipeline-parallel model (run_pipeline_step): returns the sum of the micro-batch
-    // losses, computed by the last stage and broadcast to the others. Then the tied embedding's two
-    // copies, the first stage's and the last's, each holding a part of its gradient, both get the
-    // sum, so both take the same AdamW update and stay equal.
+    // losses, computed by the last stage and broadcast to the others. Then GPT-2's tied embedding's
+    // two copies, the first stage's and the last's, each holding a part of its gradient, both get
+    // the sum, so both take the same AdamW update and stay equal.
     double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
         step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_comm_.rank();
         double loss_sum = run_pipeline_step(*this, pipe_.split, rank, m, stage_.slots, message_bytes(B * T), links_);
         wait(pp_comm_.broadcast(&loss_sum, sizeof(loss_sum), pipe_.split.last_rank()));
-        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0) {
+        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0 && tensors_.tied()) {
             size_t count = 0;
-            float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
+            float* mine = engine_.update_grads(layout_.bucket_of(tensors_.wte), &count);
             sum_with_peer(*this, pp_comm_, mine, count, peer, activation_base(), acts_.size() - 16, pp_comm_);
         }
         return loss_sum;
@@ -602,33 +625,26 @@ private:
         moe_grad_scale_ = grad_scale;  // every chunk's MoE blocks weigh their losses' gradients by it
         last_T_ = T;
         const PipelineChunk& ch = chunks_[chunk];
-        const int C = config_.channels;
-        const int Cl = C / tp_.size, V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T;
-        const int n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's token rows
+        const int C = config_.channels, Cl = C / tp_.size, QKV = (int)widths_.qkv;
+        const int V = config_.vocab_size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
         float* x = chunk_input(a, chunk, BT);
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         buckets_.acquire_resident();
-        if (ch.embedding) {
-            if (tp_.size == 1) {
-                cpu::encoder_forward(x, inputs, param(P::WTE), param(P::WPE), B, T, C, positions());
-            } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
-                cpu::embedding_forward_range(a.partial, inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C);
-                cpu::add_positions(x, reduce_rows(a.partial, x, BT, C), param(P::WPE), row0, n, T, C, positions());
-            }
-        }
+        if (ch.embedding) embedding_forward(a, x, inputs, B, T);
         for (int l = ch.begin; l < ch.end; l++) {
             buckets_.enter_layer(l, Walk::Forward, ch.begin, ch.end);
             const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;  // this layer's slices
             const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
-            cpu::layernorm_forward(a.ln1 + nc, a.ln1_mean + l * n, a.ln1_rstd + l * n, residual, param(P::LN1W, l),
-                                   param(P::LN1B, l), n, C);
-            linear_forward(l, FP8_QKV, a.qkv + 3 * bc, gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l),
-                           param(P::QKVB, l), nullptr, BT, C, 3 * Cl);
+            norm_forward(a.ln1 + nc, a.ln1_mean + l * n, a.ln1_rstd + l * n, residual, P.norm1_w, P.norm1_b, l, n);
+            float* qkv = a.qkv + (size_t)l * BT * QKV;
+            linear_forward(l, FP8_QKV, qkv, gather_rows(a.ln1 + nc, a.full, BT, C), param(P.qkv_w, l),
+                           param(P.qkv_b, l), nullptr, BT, C, QKV);
+            if (rotary()) rope(qkv, B, T, 1.0f);
             attention_forward(a, l, B, T);
-            row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2 + nc, a.atty + bc, param(P::ATTPROJW, l),
-                                 param(P::ATTPROJB, l), residual, BT, Cl, C);
-            cpu::layernorm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc,
-                                   param(P::LN2W, l), param(P::LN2B, l), n, C);
+            row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2 + nc, a.atty + bc, param(P.attproj_w, l),
+                                 param(P.attproj_b, l), residual, BT, Cl, C);
+            norm_forward(a.ln2 + nc, a.ln2_mean + l * n, a.ln2_rstd + l * n, a.residual2 + nc, P.norm2_w, P.norm2_b,
+                         l, n);
             mlp_forward(a, l, BT);
             buckets_.leave_layer(l, Walk::Forward);
         }
@@ -636,15 +652,14 @@ private:
             if (pass != Pass::Train) release_all();
             return 0.0f;
         }
-        cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), param(P::LNFW), param(P::LNFB),
-                               n, C);
+        norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), P.normf_w, P.normf_b, 0, n);
         const float* lnf = gather_rows(a.lnf, a.full, BT, C);
         if (pass == Pass::LastLogits) {
-            cpu::matmul_forward(a.logits, lnf + (size_t)logits_row * C, param(P::WTE), nullptr, nullptr, 1, C, Vl);
+            cpu::matmul_forward(a.logits, lnf + (size_t)logits_row * C, param(P.head), nullptr, nullptr, 1, C, Vl);
             release_all();
             return 0.0f;
         }
-        cpu::matmul_forward(a.logits, lnf, param(P::WTE), nullptr, nullptr, BT, C, Vl);
+        cpu::matmul_forward(a.logits, lnf, param(P.head), nullptr, nullptr, BT, C, Vl);
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
         if (pass != Pass::Train) release_all();
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here (and
@@ -667,25 +682,79 @@ private:
         return (float)(total / group_rows);
     }
 
-    // Layer l's causal self-attention of the B x T rows' qkv into atty: over this rank's rows, or
-    // around the context group's ring (`att` then holds the log-sum-exps).
-    void attention_forward(const ActivationLayout& a, int l, int B, int T) {
-        const int Cl = config_.channels / tp_.size, NH = config_.num_heads / tp_.size;
-        const size_t bc = (size_t)l * B * T * Cl;
-        if (cp_.size == 1)
-            cpu::attention_forward(a.atty + bc, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
-        else
-            ring_.forward(a.atty + bc, a.att + (size_t)l * B * NH * T, a.qkv + 3 * bc, a.ring, B, T, Cl, NH);
+    // ---- what differs between the families (family.h), each behind one call of the walk ----
+
+    // The embedding of this rank's rows into x: the token's wte row, plus (GPT-2) its position's wpe
+    // row; vocabulary-parallel under tensor parallelism (each rank embeds the tokens it holds rows
+    // for, and the sum has them all).
+    void embedding_forward(const ActivationLayout& a, float* x, const int* inputs, int B, int T) {
+        const BlockTensors& P = tensors_;
+        const int C = config_.channels, BT = B * T, n = tp_.rows(BT), row0 = tp_.sequence_parallel ? tp_.rank * n : 0;
+        const int v_end = vocab_begin() + config_.padded_vocab_size / tp_.size;
+        if (tp_.size == 1 && P.wpe >= 0) {
+            cpu::encoder_forward(x, inputs, param(P.wte), param(P.wpe), B, T, C, positions());
+            return;
+        }
+        float* rows = tp_.size == 1 ? x : a.partial;
+        cpu::embedding_forward_range(rows, inputs, param(P.wte), vocab_begin(), v_end, BT, C);
+        if (tp_.size == 1) return;
+        const float* sum = reduce_rows(a.partial, x, BT, C);
+        if (P.wpe >= 0) cpu::add_positions(x, sum, param(P.wpe), row0, n, T, C, positions());
+        else if (sum != x) std::copy(sum, sum + (size_t)n * C, x);
     }
-    // Its backward: d3C from dC (the gradient of atty).
-    void attention_backward(const ActivationLayout& a, int l, int B, int T) {
-        const int Cl = config_.channels / tp_.size, NH = config_.num_heads / tp_.size;
-        const size_t bc = (size_t)l * B * T * Cl;
-        if (cp_.size == 1)
-            cpu::attention_backward(a.d3C, a.dC, a.att + (size_t)l * B * NH * T * T, a.qkv + 3 * bc, B, T, Cl, NH);
+    // A pre-norm of n rows of C: GPT-2's LayerNorm (weight and bias; mean and rstd kept) or Llama's
+    // RMSNorm (weight; rstd kept). `layer` picks the weights of a per-layer norm.
+    void norm_forward(float* out, float* mean, float* rstd, const float* inp, int weight, int bias, int layer, int n) {
+        if (widths_.layernorm)
+            cpu::layernorm_forward(out, mean, rstd, inp, param(weight, layer), param(bias, layer), n, config_.channels);
         else
-            ring_.backward(a.d3C, a.dC, a.atty + bc, a.att + (size_t)l * B * NH * T, a.qkv + 3 * bc, a.ring, a.rowsum,
-                           B, T, Cl, NH);
+            cpu::rmsnorm_forward(out, rstd, inp, param(weight, layer), n, config_.channels);
+    }
+    // Its backward: dinp += the input's gradient, dweight (and dbias) += the parameters'.
+    void norm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, int weight,
+                       int layer, const float* mean, const float* rstd, int n) {
+        if (widths_.layernorm)
+            cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, param(weight, layer), mean, rstd, n,
+                                    config_.channels);
+        else
+            cpu::rmsnorm_backward(dinp, dweight, dout, inp, param(weight, layer), rstd, n, config_.channels);
+    }
+    // Llama's rotary positions: q and k of every row of a qkv buffer rotated in place by sign x their
+    // positions' angles (+1 forward, -1 backward on the gradient), at the sequence's global positions.
+    bool rotary() const { return config_.arch == ModelArch::Llama; }
+    void rope(float* qkv, int B, int T, float sign) {
+        cpu::rope_rotate(qkv, B, T, widths_.heads, widths_.kv_heads, widths_.head_size, config_.rope_theta,
+                         positions(), sign);
+    }
+
+    // Layer l's causal self-attention of the B x T rows' qkv into atty: over this rank's rows, or
+    // around the context group's ring (`att` then holds the log-sum-exps). Llama's kv heads each
+    // serve a group of query heads (with as many kv heads as heads it is GPT-2's attention).
+    void attention_forward(const ActivationLayout& a, int l, int B, int T) {
+        const int Cl = config_.channels / tp_.size, NH = widths_.heads;
+        const size_t bc = (size_t)l * B * T * Cl;
+        const float* qkv = a.qkv + (size_t)l * B * T * widths_.qkv;
+        float* att = a.att + (size_t)l * B * NH * T * (cp_.size == 1 ? T : 1);
+        if (cp_.size > 1)
+            ring_.forward(a.atty + bc, att, qkv, a.ring, B, T, Cl, NH);
+        else if (widths_.kv_heads != NH)
+            cpu::gqa_attention_forward(a.atty + bc, att, qkv, B, T, NH, widths_.kv_heads, widths_.head_size);
+        else
+            cpu::attention_forward(a.atty + bc, att, qkv, B, T, Cl, NH);
+    }
+    // Its backward: d3C (the gradient of layer l's qkv, before RoPE) from dC (the gradient of atty).
+    void attention_backward(const ActivationLayout& a, int l, int B, int T) {
+        const int Cl = config_.channels / tp_.size, NH = widths_.heads;
+        const size_t bc = (size_t)l * B * T * Cl;
+        const float* qkv = a.qkv + (size_t)l * B * T * widths_.qkv;
+        const float* att = a.att + (size_t)l * B * NH * T * (cp_.size == 1 ? T : 1);
+        if (cp_.size > 1)
+            ring_.backward(a.d3C, a.dC, a.atty + bc, att, qkv, a.ring, a.rowsum, B, T, Cl, NH);
+        else if (widths_.kv_heads != NH)
+            cpu::gqa_attention_backward(a.d3C, a.dC, att, qkv, B, T, NH, widths_.kv_heads, widths_.head_size);
+        else
+            cpu::attention_backward(a.d3C, a.dC, att, qkv, B, T, Cl, NH);
+        if (rotary()) rope(a.d3C, B, T, -1.0f);
     }
 
     // Backward of the Pass::Train forward of the same chunk and batch in slot `a`: from the dlogits
@@ -698,25 +767,27 @@ private:
     // gathered to all rows first (gather_rows), the mirror of the forward.
     void backward_chunk(const ActivationLayout& a, int chunk, const int* inputs, int B, int T, bool last_micro_batch) {
         const PipelineChunk& ch = chunks_[chunk];
-        const int C = config_.channels;
+        const int C = config_.channels, QKV = (int)widths_.qkv;
         const int Cl = C / tp_.size, Vl = config_.padded_vocab_size / tp_.size, BT = B * T, n = tp_.rows(BT);
         const float* x = chunk_input(a, chunk, BT);
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         buckets_.acquire_resident();  // a pipeline may have run other passes since this chunk's forward
         if (ch.head) {
-            const int embedding = layout_.bucket_of(P::WTE), final_norm = layout_.bucket_of(P::LNFW);
-            buckets_.take_grads(embedding);
+            // GPT-2's head is its tied wte, whose bucket (the embeddings) the head's gradient enters
+            const int final_norm = layout_.bucket_of(P.normf_w);
+            if (P.tied()) buckets_.take_grads(layout_.bucket_of(P.wte));
             buckets_.take_grads(final_norm);
             float* dlogits = a.logits;
-            cpu::matmul_backward(a.dC, grad(P::WTE), nullptr, dlogits, gather_rows(a.lnf, a.full, BT, C),
-                                 param(P::WTE), BT, C, Vl);
-            if (!ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);  // the head's part of wte
+            cpu::matmul_backward(a.dC, grad(P.head), nullptr, dlogits, gather_rows(a.lnf, a.full, BT, C),
+                                 param(P.head), BT, C, Vl);
+            if (P.tied() && !ch.embedding)
+                buckets_.grads_ready(layout_.bucket_of(P.wte), last_micro_batch);  // the head's part of wte
             std::fill(a.dresidual, a.dresidual + (size_t)n * C, 0.0f);
             start_layernorm_grads(a);
-            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
-                                    reduce_rows(a.dC, a.dln, BT, C), chunk_output(a, ch, BT), param(P::LNFW),
-                                    a.lnf_mean, a.lnf_rstd, n, C);
-            finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
+            norm_backward(a.dresidual, layernorm_grad(a, P.normf_w, 0, 0), layernorm_grad(a, P.normf_b, 0, 1),
+                          reduce_rows(a.dC, a.dln, BT, C), chunk_output(a, ch, BT), P.normf_w, 0, a.lnf_mean,
+                          a.lnf_rstd, n);
+            finish_layernorm_grads(a, {{P.normf_w, 0}, {P.normf_b, 0}});
             buckets_.grads_ready(final_norm, last_micro_batch);
         }
         for (int l = ch.end - 1; l >= ch.begin; l--) {
@@ -725,26 +796,26 @@ private:
             const float* residual = l == ch.begin ? x : a.residual3 + nc - (size_t)n * C;
             start_layernorm_grads(a);
             mlp_backward(a, l, BT);  // dresidual is d(residual3[l]); a.dC becomes d(ln2[l])
-            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN2W, l, 0), layernorm_grad(a, P::LN2B, l, 1),
-                                    reduce_rows(a.dC, a.dln, BT, C), a.residual2 + nc, param(P::LN2W, l),
-                                    a.ln2_mean + l * n, a.ln2_rstd + l * n, n, C);
+            norm_backward(a.dresidual, layernorm_grad(a, P.norm2_w, l, 0), layernorm_grad(a, P.norm2_b, l, 1),
+                          reduce_rows(a.dC, a.dln, BT, C), a.residual2 + nc, P.norm2_w, l, a.ln2_mean + l * n,
+                          a.ln2_rstd + l * n, n);
             // dresidual is now d(residual2[l]); the attention projection reads atty
-            linear_backward(l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l),
-                            gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P::ATTPROJW, l), BT, Cl, C);
+            linear_backward(l, FP8_ATTPROJ, a.dC, grad(P.attproj_w, l), grad(P.attproj_b, l),
+                            gather_rows(a.dresidual, a.dfull, BT, C), a.atty + bc, param(P.attproj_w, l), BT, Cl, C);
             attention_backward(a, l, B, T);
-            linear_backward(l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C,
-                            gather_rows(a.ln1 + nc, a.full, BT, C), param(P::QKVW, l), BT, C, 3 * Cl);
-            cpu::layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
-                                    reduce_rows(a.dC, a.dln, BT, C), residual, param(P::LN1W, l), a.ln1_mean + l * n,
-                                    a.ln1_rstd + l * n, n, C);
-            finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
+            linear_backward(l, FP8_QKV, a.dC, grad(P.qkv_w, l), grad(P.qkv_b, l), a.d3C,
+                            gather_rows(a.ln1 + nc, a.full, BT, C), param(P.qkv_w, l), BT, C, QKV);
+            norm_backward(a.dresidual, layernorm_grad(a, P.norm1_w, l, 2), layernorm_grad(a, P.norm1_b, l, 3),
+                          reduce_rows(a.dC, a.dln, BT, C), residual, P.norm1_w, l, a.ln1_mean + l * n,
+                          a.ln1_rstd + l * n, n);
+            finish_layernorm_grads(a, {{P.norm2_w, l}, {P.norm2_b, l}, {P.norm1_w, l}, {P.norm1_b, l}});
             buckets_.leave_layer(l, Walk::Backward, last_micro_batch);
         }
         if (ch.embedding) {
-            // This rank's vocabulary rows of wte; wpe whole (from all rows, the same on every rank).
-            const int embedding = layout_.bucket_of(P::WTE);
-            if (!ch.head) buckets_.take_grads(embedding);
-            cpu::encoder_backward(grad(P::WTE), grad(P::WPE), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T,
+            // This rank's vocabulary rows of wte; GPT-2's wpe whole (from all rows, the same on every rank).
+            const int embedding = layout_.bucket_of(P.wte);
+            if (!(ch.head && P.tied())) buckets_.take_grads(embedding);
+            cpu::encoder_backward(grad(P.wte), grad(P.wpe), gather_rows(a.dresidual, a.dfull, BT, C), inputs, B, T,
                                   C, vocab_begin(), vocab_begin() + Vl, positions());
             buckets_.grads_ready(embedding, last_micro_batch);
         }
@@ -752,19 +823,20 @@ private:
         release_all();
     }
 
-    // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (cpu/moe.h), or both
-    // (the shared expert beside the routed ones).
+    // Block l's MLP, residual3 = residual2 + MLP(ln2): the family's dense MLP (GPT-2's GELU, Llama's
+    // SwiGLU), the experts' (cpu/moe.h, GPT-2's), or both (the shared expert beside the routed ones).
     void mlp_forward(const ActivationLayout& a, int l, int BT) {
-        using P = GPT2Params;
-        const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
-        const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
+        const BlockTensors& P = tensors_;
+        const int C = config_.channels, n = tp_.rows(BT), U = (int)widths_.up, H = (int)widths_.hidden;
+        const size_t nc = (size_t)l * n * C, bu = (size_t)l * BT * U, bh = (size_t)l * BT * H;
         const float* residual = a.residual2 + nc;
         const float* ln2 = gather_rows(a.ln2 + nc, a.full, BT, C);  // all B x T rows
-        if (layout_.has(P::FCW, l)) {
-            linear_forward(l, FP8_FC, a.fch + 4 * bc, ln2, param(P::FCW, l), param(P::FCB, l), nullptr, BT, C, 4 * Cl);
-            cpu::gelu_forward(a.fch_gelu + 4 * bc, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3 + nc, a.fch_gelu + 4 * bc, param(P::FCPROJW, l),
-                                 param(P::FCPROJB, l), residual, BT, 4 * Cl, C);
+        if (layout_.has(P.up_w, l)) {
+            linear_forward(l, FP8_FC, a.fch + bu, ln2, param(P.up_w, l), param(P.up_b, l), nullptr, BT, C, U);
+            if (widths_.swiglu) cpu::swiglu_forward(a.fch_gelu + bh, a.fch + bu, BT, H);
+            else cpu::gelu_forward(a.fch_gelu + bh, a.fch + bu, (size_t)BT * H);
+            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3 + nc, a.fch_gelu + bh, param(P.down_w, l),
+                                 param(P.down_b, l), residual, BT, H, C);
             residual = a.residual3 + nc;
         }
         if (!is_moe_layer(l)) return;
@@ -778,21 +850,22 @@ private:
         for (size_t i = 0; i < (size_t)n * C; i++) out[i] = residual[i] + moe[i];
     }
     // Backward of block l's MLP: from a.dresidual = d(residual3[l]) to d(ln2[l]) in a.dC (under
-    // tensor parallelism a partial sum over the group, which the LayerNorm's backward reduces).
+    // tensor parallelism a partial sum over the group, which the norm's backward reduces).
     void mlp_backward(const ActivationLayout& a, int l, int BT) {
-        using P = GPT2Params;
-        const int C = config_.channels, Cl = C / tp_.size, n = tp_.rows(BT);
-        const size_t nc = (size_t)l * n * C, bc = (size_t)l * BT * Cl;
-        const bool dense = layout_.has(P::FCW, l);
+        const BlockTensors& P = tensors_;
+        const int C = config_.channels, n = tp_.rows(BT), U = (int)widths_.up, H = (int)widths_.hidden;
+        const size_t nc = (size_t)l * n * C, bu = (size_t)l * BT * U, bh = (size_t)l * BT * H;
+        const bool dense = layout_.has(P.up_w, l);
         // all B x T rows of d(residual3[l]) and of ln2[l]
         const float* dout = gather_rows(a.dresidual, a.dfull, BT, C);
         const float* ln2 = gather_rows(a.ln2 + nc, a.full, BT, C);
-        if (dense) {  // the fc projection reads fch_gelu
-            linear_backward(l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), dout, a.fch_gelu + 4 * bc,
-                            param(P::FCPROJW, l), BT, 4 * Cl, C);
-            cpu::gelu_backward(a.d4C, a.fch + 4 * bc, (size_t)BT * 4 * Cl);
-            linear_backward(l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, ln2, param(P::FCW, l), BT, C,
-                            4 * Cl);
+        if (dense) {  // the down projection reads the activation's output; GELU's gradient is in place
+            float* dhidden = widths_.swiglu ? a.dhidden : a.d4C;
+            linear_backward(l, FP8_FCPROJ, dhidden, grad(P.down_w, l), grad(P.down_b, l), dout, a.fch_gelu + bh,
+                            param(P.down_w, l), BT, H, C);
+            if (widths_.swiglu) cpu::swiglu_backward(a.d4C, a.dhidden, a.fch + bu, BT, H);
+            else cpu::gelu_backward(a.d4C, a.fch + bu, (size_t)BT * H);
+            linear_backward(l, FP8_FC, a.dC, grad(P.up_w, l), grad(P.up_b, l), a.d4C, ln2, param(P.up_w, l), BT, C, U);
         }
         if (!is_moe_layer(l)) return;
         moe_dx_.resize((size_t)BT * C);
@@ -888,7 +961,9 @@ private:
     Communicator& pp_comm_;                     // the pipeline group
     PipelineParallel pipe_;
     ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
-    ParamLayout whole_layout_{GPT2Params::table(config_)};
+    ParamLayout whole_layout_{model_param_table(config_)};
+    BlockTensors tensors_ = block_tensors(config_);  // which tensor plays each part of a block (family.h)
+    BlockWidths widths_{config_, tp_.size};          // this rank's widths of a block's activations
     StageShape stage_;
     std::vector<PipelineChunk> chunks_;         // this rank's chunks of layers, in virtual-stage order
     PipelineLinks links_;                       // the stages' messages: on pp_comm_ and splits of it

@@ -1,12 +1,16 @@
-// model_file.h: reads and writes llm.c's GPT-2 model file, version 3 (fp32 parameters) or version 5
-// (bf16 parameters, as llm.c's train_gpt2.py writes them for its CUDA trainer).
+// models/model_file.h: reads and writes a model file: llm.c's GPT-2 model file, version 3 (fp32
+// parameters) or version 5 (bf16 parameters, as llm.c's train_gpt2.py writes them for its CUDA
+// trainer), and llmc's extensions of it, whose version numbers llm.c refuses:
+//   a GPT-2 mixture of experts   version 103 (fp32) or 105 (bf16), header[8..11] = num_experts,
+//                                moe_top_k, moe_every, moe_shared; the experts' tensors
+//                                (gpt2/params.h) after GPT-2's.
+//   a Llama model                version 203 (fp32) or 205 (bf16), header[12..14] = kv_heads,
+//                                ffn_hidden, rope_theta (the float's bits); llama/params.h's tensors.
+// A dense GPT-2 is always written as llm.c's 3 or 5. The version says which family a file holds.
 //
-// llmc's extension for mixture-of-experts models: version 103 (fp32) or 105 (bf16), a number llm.c
-// refuses, with header[8..11] = num_experts, moe_top_k, moe_every, moe_shared, and the experts'
-// tensors (params.h) after GPT-2's. A dense model is always written as llm.c's 3 or 5.
-//
-// Layout: an int32[256] header, then every parameter as fp32 or bf16 in llm.c's tensor-major order
-// (the table's file order, padded wte rows included), nothing after. bf16 is written rounded to
+// Layout: an int32[256] header (header[2..7]: max_seq_len, vocab_size, num_layers, num_heads,
+// channels, padded_vocab_size), then every parameter as fp32 or bf16 in the family table's
+// tensor-major order (the table's file order, padded vocabulary rows included), nothing after. bf16 is written rounded to
 // nearest even (PyTorch's .to(torch.bfloat16)) and read exactly. In memory the flat buffer is bucket-major (see ParamLayout), so
 // reading and writing stream the file sequentially, slice by slice, each slice landing at (or coming
 // from) its flat offset; no full-size temporary. Because the header carries the whole shape, a reader
@@ -27,14 +31,15 @@
 #include "llmc/numerics/bf16.h"
 #include "llmc/failures/exit_codes.h"
 #include "llmc/data/llmc_header.h"
-#include "llmc/models/gpt2/params.h"
+#include "llmc/models/family.h"
 #include "llmc/utils.h"
 
 namespace llmc {
 
 constexpr int MODEL_FILE_VERSION_FP32 = 3;
 constexpr int MODEL_FILE_VERSION_BF16 = 5;
-constexpr int MODEL_FILE_VERSION_MOE = 100;  // added to 3 or 5 for a mixture-of-experts model
+constexpr int MODEL_FILE_VERSION_MOE = 100;    // added to 3 or 5 for a mixture-of-experts model
+constexpr int MODEL_FILE_VERSION_LLAMA = 200;  // added to 3 or 5 for a Llama model
 
 namespace detail {
 
@@ -43,13 +48,20 @@ namespace detail {
 inline ModelConfig read_model_header(File& f, int* version = nullptr) {
     const std::string& path = f.path();
     const LlmcHeader header = read_llmc_header(f, MODEL_FILE_MAGIC);
-    const bool moe = header[1] > MODEL_FILE_VERSION_MOE;
-    const int dtype_version = moe ? header[1] - MODEL_FILE_VERSION_MOE : header[1];
+    const bool llama = header[1] > MODEL_FILE_VERSION_LLAMA;
+    const bool moe = !llama && header[1] > MODEL_FILE_VERSION_MOE;
+    const int dtype_version = header[1] - (llama ? MODEL_FILE_VERSION_LLAMA : moe ? MODEL_FILE_VERSION_MOE : 0);
     if (dtype_version != MODEL_FILE_VERSION_FP32 && dtype_version != MODEL_FILE_VERSION_BF16)
-        fail_llmc_version(f, MODEL_FILE_MAGIC, header[1], "3 (fp32) or 5 (bf16), or 103 or 105 with experts");
+        fail_llmc_version(f, MODEL_FILE_MAGIC, header[1],
+                          "3 (fp32) or 5 (bf16), 103 or 105 with experts, 203 or 205 for Llama");
     if (version) *version = dtype_version;
     ModelConfig c;
     if (moe) c.num_experts = header[8], c.moe_top_k = header[9], c.moe_every = header[10], c.moe_shared = header[11];
+    if (llama) {
+        c.arch = ModelArch::Llama;
+        c.kv_heads = header[12], c.ffn_hidden = header[13];
+        std::memcpy(&c.rope_theta, &header[14], sizeof(float));
+    }
     c.max_seq_len = header[2];
     c.vocab_size = header[3];
     c.num_layers = header[4];
@@ -91,7 +103,8 @@ inline std::string describe_parameter(const ParamLayout& layout, const ModelConf
     if (spec.shape.size() != 2) return where + strformat(" element %zu", i);
     const size_t row = i / spec.shape[1];
     where += strformat(" row %zu column %zu", row, i % spec.shape[1]);
-    if (s.tensor == GPT2Params::WTE && row >= (size_t)c.vocab_size)
+    const bool vocab_rows = spec.name == "wte" || spec.name == "lm_head";
+    if (vocab_rows && row >= (size_t)c.vocab_size)
         where += strformat(" (a padding row of the vocabulary: ids >= vocab_size %d)", c.vocab_size);
     return where;
 }
@@ -134,14 +147,22 @@ inline void read_model_file(const std::string& path, const ModelConfig& expected
     check("num_heads", got.num_heads, expected.num_heads);
     check("channels", got.channels, expected.channels);
     check("padded_vocab_size", got.padded_vocab_size, expected.padded_vocab_size);
+    if (got.arch != expected.arch)
+        fail(strformat("'%s' does not match the model: it holds a %s model, expected %s (--arch)", path.c_str(),
+                       arch_name(got.arch), arch_name(expected.arch)));
     check("num_experts", got.num_experts, expected.num_experts);
+    check("kv_heads", got.kv_head_count(), expected.kv_head_count());
+    check("ffn_hidden", got.mlp_hidden(), expected.mlp_hidden());
+    if (got.rope_theta != expected.rope_theta && expected.arch == ModelArch::Llama)
+        fail(strformat("'%s' does not match the model: rope_theta is %g in the file, expected %g", path.c_str(),
+                       got.rope_theta, expected.rope_theta));
     if (expected.num_experts > 0) {
         check("moe_top_k", got.moe_top_k, expected.moe_top_k);
         check("moe_every", got.moe_every, expected.moe_every);
         check("moe_shared", got.moe_shared, expected.moe_shared);
     }
 
-    const ParamLayout layout = GPT2Params::layout(expected);
+    const ParamLayout layout = model_layout(expected);
     const bool bf16 = version == MODEL_FILE_VERSION_BF16;  // the header read checked the file's size
     std::vector<uint16_t> bits;
     for (const ParamLayout::Segment& s : layout.file_order_segments()) {
@@ -168,7 +189,7 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     config.validate();
     if (version != MODEL_FILE_VERSION_FP32 && version != MODEL_FILE_VERSION_BF16)
         fail(strformat("write_model_file '%s': version %d is not 3 (fp32) or 5 (bf16)", path.c_str(), version));
-    const ParamLayout layout = GPT2Params::layout(config);
+    const ParamLayout layout = model_layout(config);
     for (const ParamLayout::Segment& s : layout.segments()) {
         const std::string bad = detail::first_non_finite(layout, config, s, params + s.begin);
         if (!bad.empty())
@@ -177,10 +198,16 @@ inline void write_model_file(const std::string& path, const ModelConfig& config,
     }
     LlmcHeader header = {};
     header[0] = MODEL_FILE_MAGIC;
-    header[1] = version + (config.num_experts > 0 ? MODEL_FILE_VERSION_MOE : 0);
+    header[1] = version + (config.arch == ModelArch::Llama ? MODEL_FILE_VERSION_LLAMA
+                           : config.num_experts > 0        ? MODEL_FILE_VERSION_MOE
+                                                           : 0);
     if (config.num_experts > 0) {
         header[8] = config.num_experts, header[9] = config.moe_top_k;
         header[10] = config.moe_every, header[11] = config.moe_shared;
+    }
+    if (config.arch == ModelArch::Llama) {
+        header[12] = config.kv_head_count(), header[13] = config.mlp_hidden();
+        std::memcpy(&header[14], &config.rope_theta, sizeof(float));
     }
     header[2] = config.max_seq_len;
     header[3] = config.vocab_size;
