@@ -73,7 +73,7 @@ MPI_INC    = $(eval MPI_INC := $(filter -I%,$(shell $(MPICXX) --showme:compile 2
 MPI_LIBS   = $(eval MPI_LIBS := $(filter-out -lmpi_cxx,$(shell $(MPICXX) --showme:link 2>/dev/null)))$(MPI_LIBS)
 endif
 
-.PHONY: all deps train test test-sanitize test-mpi test-slurm test-gpu gpu-tests bench cuda-workbench data default-data clean
+.PHONY: all deps train train-llama test test-sanitize test-mpi test-slurm test-gpu gpu-tests bench cuda-workbench data default-data clean
 all: deps $(TARGETS)
 
 # Missing Debian packages are installed (as root) or named (otherwise) by scripts/install_deps.sh.
@@ -128,6 +128,13 @@ train: train_gpt_cpu data
 	./train_gpt_cpu
 	@$(PYTHON) dev/plot_metrics.py out/metrics.jsonl -o out/curves.png || \
 	    echo "make train: no out/curves.png (see above); the training itself finished"
+
+# The same default run with the default model made a Llama (--arch llama: RMSNorm, RoPE, grouped-query
+# attention, SwiGLU, an untied head), into out_llama/.
+train-llama: train_gpt_cpu data
+	./train_gpt_cpu --arch llama -o out_llama
+	@$(PYTHON) dev/plot_metrics.py out_llama/metrics.jsonl -o out_llama/curves.png || \
+	    echo "make train-llama: no out_llama/curves.png (see above); the training itself finished"
 
 # ---- tests ----
 TEST_SRCS := $(wildcard test/*.cpp)

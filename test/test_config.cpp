@@ -378,3 +378,30 @@ TEST_CASE("a run's own config.json, \"resolved\" included, is accepted back by -
     CHECK(a == b);
     remove(path.c_str());
 }
+
+TEST_CASE("--arch llama makes a preset a Llama; its shape flags follow or override it", "[config][llama]") {
+    const RunConfig d12 = parse({"--arch", "llama", "-e", "d12"});
+    CHECK(d12.model_config.arch == ModelArch::Llama);
+    CHECK(d12.model_config.kv_head_count() == 3);
+    CHECK(d12.model_config.mlp_hidden() == 2048);
+    CHECK(d12.model_config.rope_theta == 500000.0f);
+    // new heads and channels derive new kv heads and MLP width, unless given
+    const RunConfig wider = parse({"--arch", "llama", "-e", "d12", "--num-heads", "8", "--channels", "512"});
+    CHECK(wider.model_config.kv_head_count() == 2);
+    CHECK(wider.model_config.mlp_hidden() == 1536);
+    const RunConfig given = parse({"--arch", "llama", "--kv-heads", "4", "--ffn-hidden", "640", "--rope-theta", "1e4"});
+    CHECK(given.model_config.kv_head_count() == 4);
+    CHECK(given.model_config.mlp_hidden() == 640);
+    CHECK(given.model_config.rope_theta == 10000.0f);
+    // the published shapes are Llama's without --arch, with Llama 3's context and vocabulary
+    const RunConfig llama8b = parse({"-e", "llama3-8b", "-t", "8192", "-b", "1", "--plan", "8"});
+    CHECK(llama8b.arch == "llama");
+    CHECK(llama8b.model_config.num_layers == 32);
+    CHECK(llama8b.model_config.vocab_size == 128256);
+    CHECK(num_params(llama8b.model_config) == 8030261248ull);
+    CHECK(parse({}).model_config.arch == ModelArch::GPT2);  // the default is unchanged
+    CHECK_THROWS_WITH(parse({"--kv-heads", "2"}), Contains("give --arch llama"));
+    CHECK_THROWS_WITH(parse({"--arch", "gpt2", "-e", "llama3-8b"}), Contains("is a Llama shape, but --arch is gpt2"));
+    CHECK_THROWS_WITH(parse({"--arch", "mamba"}), Contains("--arch must be gpt2 or llama, got 'mamba'"));
+    CHECK_THROWS_WITH(parse({"--arch", "llama", "--kv-heads", "3"}), Contains("kv_heads (3) must divide num_heads (4)"));
+}

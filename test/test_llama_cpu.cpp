@@ -103,3 +103,18 @@ TEST_CASE("a Llama model's shape is checked where it is cut", "[llama]") {
     c.ffn_hidden = 161;
     CHECK_THROWS_WITH(check_tensor_parallel_shape(c, 2), Catch::Contains("MLP width (--ffn-hidden) (161)"));
 }
+
+TEST_CASE("a Llama model allocates what its memory plan says, per kind", "[llama]") {
+    const Fixture& fx = llama_fixture();
+    for (int stage : {0, 3}) {
+        CAPTURE(stage);
+        CPUModel model(fx.config, fx.B, fx.T, local_communicator(), stage);
+        const ZeroPlan zero(model_layout(fx.config), stage, 0, 1);
+        size_t planned[(int)MemoryKind::Count] = {};
+        for (const BufferSpec& b : CPUModel::memory_specs(zero, fx.config, fx.B, fx.T)) planned[(int)b.kind] += b.bytes();
+        for (int k = 0; k < (int)MemoryKind::Count; k++) {
+            CAPTURE(memory_kind_name((MemoryKind)k));
+            CHECK(planned[k] == model.allocated_bytes((MemoryKind)k));
+        }
+    }
+}

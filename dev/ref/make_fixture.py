@@ -180,6 +180,32 @@ def header(values):
     return h
 
 
+def state_bytes(B, T, hyper, inputs, targets, logits, loss, grads, losses):
+    """The state file (the layout in the docstring): the batch, the first forward and backward, and the
+    losses of the AdamW steps; hyper is the 8 floats after the header."""
+    return b"".join([
+        header([STATE_MAGIC, STATE_VERSION, B, T, len(losses)]).tobytes(),
+        np.array(hyper, dtype=np.float32).tobytes(),
+        inputs.numpy().astype(np.int32).tobytes(),
+        targets.numpy().astype(np.int32).tobytes(),
+        logits.tobytes(),
+        np.array([loss], dtype=np.float32).tobytes(),
+        grads.tobytes(),
+        np.array(losses, dtype=np.float32).tobytes(),
+    ])
+
+
+def write_files(out_dir, files):
+    """Each (name, bytes) into out_dir, whole or not at all (a temporary file renamed)."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name, data in files:
+        path = os.path.join(out_dir, name)
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path} ({len(data)} bytes)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="test/fixtures")
@@ -221,25 +247,11 @@ def main():
               f"{' (clipped)' if norm > GRAD_CLIP else ''}")
         opt.step()
 
-    state_bytes = b"".join([
-        header([STATE_MAGIC, STATE_VERSION, B, T, STEPS]).tobytes(),
-        np.array([LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP] + ([MOE_BALANCE_COEF, MOE_Z_COEF] if moe else [0, 0]),
-                 dtype=np.float32).tobytes(),
-        inputs.numpy().astype(np.int32).tobytes(),
-        targets.numpy().astype(np.int32).tobytes(),
-        logits0.tobytes(),
-        np.array([loss0], dtype=np.float32).tobytes(),
-        grads0.tobytes(),
-        np.array(losses, dtype=np.float32).tobytes(),
-    ])
-    os.makedirs(args.out_dir, exist_ok=True)
+    state = state_bytes(B, T, [LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP]
+                        + ([MOE_BALANCE_COEF, MOE_Z_COEF] if moe else [0, 0]),
+                        inputs, targets, logits0, loss0, grads0, losses)
     prefix = "gpt2_moe_tiny" if moe else "gpt2_tiny"
-    for name, data in [(prefix + "_model.bin", model_bytes), (prefix + "_state.bin", state_bytes)]:
-        path = os.path.join(args.out_dir, name)
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path} ({len(data)} bytes)")
+    write_files(args.out_dir, [(prefix + "_model.bin", model_bytes), (prefix + "_state.bin", state)])
 
 
 if __name__ == "__main__":

@@ -26,15 +26,15 @@ Run with Debian's python (torch 1.13 CPU): /usr/bin/python3 dev/ref/make_llama_m
 """
 import argparse
 import math
-import os
 import struct
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from make_fixture import header, state_bytes, write_files  # the files' layout, shared with GPT-2's
+
 MODEL_MAGIC, MODEL_VERSION = 20240326, 203
-STATE_MAGIC, STATE_VERSION = 20241121, 1
 
 MAX_SEQ_LEN, VOCAB, PADDED_VOCAB, LAYERS, HEADS, KV_HEADS, CHANNELS, FFN = 32, 500, 512, 2, 4, 2, 64, 160
 ROPE_THETA = 10000.0
@@ -122,12 +122,6 @@ def flat_fp32(tensors):
     return np.concatenate(parts)
 
 
-def header(values):
-    h = np.zeros(256, dtype=np.int32)
-    h[: len(values)] = values
-    return h
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="test/fixtures")
@@ -164,23 +158,9 @@ def main():
         print(f"step {step}: loss {float(loss):.6f} grad norm {norm:.4f}{' (clipped)' if norm > GRAD_CLIP else ''}")
         opt.step()
 
-    state_bytes = b"".join([
-        header([STATE_MAGIC, STATE_VERSION, B, T, STEPS]).tobytes(),
-        np.array([LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP, 0, 0], dtype=np.float32).tobytes(),
-        inputs.numpy().astype(np.int32).tobytes(),
-        targets.numpy().astype(np.int32).tobytes(),
-        logits0.tobytes(),
-        np.array([loss0], dtype=np.float32).tobytes(),
-        grads0.tobytes(),
-        np.array(losses, dtype=np.float32).tobytes(),
-    ])
-    os.makedirs(args.out_dir, exist_ok=True)
-    for name, data in [("llama_tiny_model.bin", model_bytes), ("llama_tiny_state.bin", state_bytes)]:
-        path = os.path.join(args.out_dir, name)
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path} ({len(data)} bytes)")
+    state = state_bytes(B, T, [LR, BETA1, BETA2, EPS, WEIGHT_DECAY, GRAD_CLIP, 0, 0], inputs, targets, logits0,
+                        loss0, grads0, losses)
+    write_files(args.out_dir, [("llama_tiny_model.bin", model_bytes), ("llama_tiny_state.bin", state)])
 
 
 if __name__ == "__main__":
