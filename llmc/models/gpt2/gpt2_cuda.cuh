@@ -53,7 +53,7 @@
 // Context parallelism (--cp, docs/context-parallel.md): as CPUModel's, each rank runs every layer on
 // 2 of the 2 x cp chunks of each sequence (context_parallel.h), with their global positions in the
 // embedding; attention is ring attention over the context group's device communicator from
-// attention.cuh's ring-pair kernels (ring_attention_forward/backward below); the loss is the mean
+// attention.cuh's ring-pair kernels (CudaRingAttention, models/ring_attention.cuh); the loss is the mean
 // over the group's rows, and the data-parallel communicator the model is given is the data x
 // context group's, so ZeRO sums the context ranks' partial gradients. With tensor parallelism the
 // ring runs per tensor rank over its heads (sequence parallelism cuts a context rank's rows again
@@ -108,6 +108,7 @@
 #include "llmc/dist/staged_comm.cuh"
 #include "llmc/models/gpt2/activations.cuh"
 #include "llmc/models/parallel_groups.h"
+#include "llmc/models/ring_attention.cuh"
 
 namespace llmc {
 
@@ -423,7 +424,7 @@ public:
     double take_exposed_comm_ms() override {
         const double tp_ms = tp_exposed_ms_;
         tp_exposed_ms_ = 0;
-        return engine_.take_exposed_comm_ms() + fp8_.take_exposed_comm_ms() + tp_ms;
+        return engine_.take_exposed_comm_ms() + fp8_.take_exposed_comm_ms() + tp_ms + ring_.take_wait_ms();
     }
     ShardedState& sharded_state() override { return engine_; }
     size_t allocated_bytes(MemoryKind kind) const override {
@@ -1176,7 +1177,7 @@ private:
             attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, stream_.get(),
                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_INPUT));
         else
-            ring_attention_forward(a, l, B, T, NH, HS);
+            ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());
     }
     // Its backward, into a.d3C from the output's gradient in a.dC.
     void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
@@ -1185,106 +1186,13 @@ private:
             attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS,
                                stream_.get(), fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
         else
-            ring_attention_backward(a, l, B, T, NH, HS);
+            ring_.backward(a.d3C, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, HS,
+                           stream_.get());
     }
 
-    // Calls fn(query half, key half, causal) for every pair of this rank's two query chunks with the
-    // two key chunks of `source` (the rank whose keys and values are in hand) that carries causal work.
-    template <typename Fn>
-    void for_each_ring_pair(int source, Fn fn) const {
-        for (int q_half = 0; q_half < 2; q_half++)
-            for (int k_half = 0; k_half < 2; k_half++) {
-                const BlockWork work = block_work(cp_.chunk_of(q_half), ContextSplit::chunk_of(source, cp_.size, k_half));
-                if (work != BlockWork::None) fn(q_half, k_half, work == BlockWork::Diagonal);
-            }
-    }
-    // The rank whose keys and values this rank holds at ring step `step`: its own, then its predecessors'.
-    int ring_source(int step) const { return (cp_.rank - step + cp_.size) % cp_.size; }
-    // The block in hand at `step` (whole qkv rows of B x T): at step 0 the layer's own qkv, then what
-    // arrived into the ring buffers, which alternate when there are two.
-    const floatX* ring_block(const CudaActivationLayout& a, const floatX* qkv, int step, size_t block) const {
-        return step == 0 ? qkv : a.ring_kv + (size_t)((step - 1) % 2) * block;
-    }
-    floatX* ring_incoming(const CudaActivationLayout& a, int step, size_t block) const {
-        return a.ring_kv + (size_t)(step % 2) * block;
-    }
-    // Sends `bytes` at `held` to the next rank of the ring and receives the previous rank's into
-    // `incoming`, once the compute issued so far is done with both (before_messages).
-    void ring_pass(const void* held, void* incoming, size_t bytes, CommHandle& sent, CommHandle& arrived) {
-        before_messages(cp_comm_);
-        sent = cp_comm_.send(held, bytes, (cp_.rank + 1) % cp_.size);
-        arrived = cp_comm_.recv(incoming, bytes, (cp_.rank + cp_.size - 1) % cp_.size);
-    }
-
-    // Layer l's attention around the context group's ring: in cp steps each rank runs its query
-    // chunks against the key/value block in hand (its own, then its predecessors') while that block
-    // is already on its way to the next rank and the previous rank's is arriving; each pair's out and
-    // lse are merged into the fp32 running result through the log-sum-exp. The keys and values travel
-    // as whole qkv rows (the pair kernels read them in qkv's layout). a.lse.at(l) ends as the final lse.
-    void ring_attention_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
-        cudaStream_t s = stream_.get();
-        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C;
-        const AttentionRows rows{(int)S, T, T};
-        const floatX* qkv = a.qkv.at(l);
-        float* lse = a.lse.at(l);
-        int merged[2] = {0, 0};  // pairs merged so far, per query half
-        for (int step = 0; step < cp_.size; step++) {
-            const floatX* held = ring_block(a, qkv, step, block);
-            CommHandle sent, arrived;
-            if (step < cp_.size - 1)
-                ring_pass(held, ring_incoming(a, step, block), block * sizeof(floatX), sent, arrived);
-            for_each_ring_pair(ring_source(step), [&](int q_half, int k_half, bool causal) {
-                const size_t q = q_half * S, k = k_half * S;
-                attention_forward_pair(a.pair_out + q * C, a.pair_lse + q, qkv + q * 3 * C, held + k * 3 * C, B, rows,
-                                       causal, NH, HS, s);
-                attention_merge(a.ring_acc + q * C, lse + q, a.pair_out + q * C, a.pair_lse + q,
-                                merged[q_half]++ == 0, B, (int)S, T, NH, HS, s);
-            });
-            ring_wait(sent);
-            ring_wait(arrived);
-        }
-        attention_merge_finish(a.atty.at(l), a.ring_acc, (size_t)B * T * C, s);
-    }
-
-    // Its backward into a.d3C, from dout in a.dC: the blocks go round again, each pair's gradients
-    // recomputed from the final lse; dq sums in a.ring_acc, and alongside each block travels its fp32
-    // dk, dv accumulator, to which every rank adds its queries' share before passing it on, so after
-    // cp hops it is home, whole. The accumulator's hop waits for the block's backward (its content),
-    // so only the key/value transfer is hidden.
-    void ring_attention_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
-        cudaStream_t s = stream_.get();
-        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C, grads = (size_t)B * T * 2 * C;
-        const AttentionRows rows{(int)S, T, T};
-        const floatX* qkv = a.qkv.at(l);
-        const float* lse = a.lse.at(l);
-        float* D = a.scratch;  // rowsum(dout * out) of the query rows, in lse's layout
-        float* dkv[2] = {a.ring_dkv, a.ring_dkv + grads};
-        attention_backward_rowdot(D, a.dC, a.atty.at(l), B, T, NH, HS, s);
-        CUDA_CHECK(cudaMemsetAsync(a.ring_acc, 0, (size_t)B * T * C * sizeof(float), s));
-        CUDA_CHECK(cudaMemsetAsync(dkv[0], 0, grads * sizeof(float), s));
-        for (int step = 0; step < cp_.size; step++) {
-            const floatX* held = ring_block(a, qkv, step, block);
-            float* dkv_held = dkv[step % 2];
-            CommHandle sent, arrived;
-            if (step < cp_.size - 1)
-                ring_pass(held, ring_incoming(a, step, block), block * sizeof(floatX), sent, arrived);
-            for_each_ring_pair(ring_source(step), [&](int q_half, int k_half, bool causal) {
-                const size_t q = q_half * S, k = k_half * S;
-                attention_backward_pair(a.ring_acc + q * C, dkv_held + k * 2 * C, a.dC + q * C, qkv + q * 3 * C,
-                                        held + k * 3 * C, lse + q, D + q, B, rows, causal, NH, HS, s);
-            });
-            ring_wait(sent);
-            ring_wait(arrived);
-            // The accumulator goes where its block goes next; after the last step, home.
-            ring_pass(dkv_held, dkv[(step + 1) % 2], grads * sizeof(float), sent, arrived);
-            ring_wait(sent);
-            ring_wait(arrived);
-        }
-        attention_backward_pair_finish(a.d3C, a.ring_acc, dkv[cp_.size % 2], B, T, NH, HS, s);
-    }
-    void ring_wait(CommHandle& h) {
-        h.wait();
-        tp_exposed_ms_ += h.wait_ms();  // counted with the other exposed communication
+    // The ring's buffers in the activation layout (models/ring_attention.cuh).
+    static RingBuffers ring_buffers(const CudaActivationLayout& a) {
+        return {a.ring_kv, a.pair_out, a.pair_lse, a.ring_acc, a.ring_dkv, a.scratch};
     }
 
     // ---- pipeline parallelism: this rank's part of a step (pipeline_stage.h runs the schedule) ----
@@ -1415,6 +1323,7 @@ private:
     Communicator& cp_host_;  // the context group: host buffers
     Communicator& cp_comm_;  // the context group: device buffers (ring attention)
     ContextSplit cp_;        // this rank's positions of the batch under way
+    CudaRingAttention ring_{cp_comm_, cp_};  // attention around the context group (--cp)
     Communicator& ep_host_;  // the expert group: host buffers (the routes' counts)
     Communicator& ep_comm_;  // the expert group: device buffers (the rows)
     Communicator& expert_data_;  // the data-parallel ranks with this rank's experts: device buffers
