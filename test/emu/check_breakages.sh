@@ -441,6 +441,34 @@ breakage moe-shared-expert-gradient-lost llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
     'moe_backward(matmul_, a.dC, dense, g,' \
     'moe_backward(matmul_, a.dC, false, g,'
 
+# 11. Llama's elementwise layers (kernels/rmsnorm.cuh, rope.cuh, swiglu.cuh; dev/cuda/llama_layers.cu
+# against cpu/llama_ops.h).
+breakage rmsnorm-no-eps llmc/kernels/rmsnorm.cuh "bench llama_layers" \
+    "rmsnorm forward: rstd = 1 / sqrt(mean(x^2)), eps left out (rows of small scale are where it shows)" \
+    'const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C + RMSNORM_EPS);' \
+    'const float s = 1.0f / sqrtf(warp_reduce_sum(squares) / C);'
+breakage rmsnorm-backward-no-mean-term llmc/kernels/rmsnorm.cuh "bench llama_layers" \
+    "rmsnorm backward: dinp without the term through rstd's dependence on the whole row (norm * mean(dnorm * norm))" \
+    '(dnorm - norm * dnorm_norm_mean) * s);' \
+    'dnorm * s);'
+breakage rmsnorm-backward-barrier llmc/kernels/rmsnorm.cuh "bench llama_layers" \
+    "rmsnorm backward: the block sums its warps' shared-memory slices before every warp has written its own" \
+    'rmsnorm_backward_write_partial(float* partials, const float* warp_slices, int C) {
+    __syncthreads();' \
+    'rmsnorm_backward_write_partial(float* partials, const float* warp_slices, int C) {'
+breakage rope-adjacent-pairs llmc/kernels/rope.cuh "bench llama_layers" \
+    "rope: channel i rotated with its neighbour (the adjacent pairs of Meta's layout) instead of channel i + HS/2" \
+    'const float x0 = __bfloat162float(lo[k]), x1 = __bfloat162float(hi[k]);' \
+    'const float x0 = __bfloat162float(lo[k]), x1 = __bfloat162float(lo[k ^ 1]);'
+breakage rope-positions-ignored llmc/kernels/rope.cuh "bench llama_layers" \
+    "rope_table: the given (context-parallel, global) positions ignored, every sequence at 0..T-1" \
+    'const double pos = positions ? positions[t] : t;' \
+    'const double pos = t;'
+breakage swiglu-backward-no-sigmoid-derivative llmc/kernels/swiglu.cuh "bench llama_layers" \
+    "swiglu backward: dgate = dout * up * sigmoid(gate), silu's derivative without its g s (1 - s) term" \
+    'dk * __bfloat162float(u[k]) * s * (1.0f + gk * (1.0f - s))' \
+    'dk * __bfloat162float(u[k]) * s'
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"
