@@ -317,3 +317,4 @@ test-gpu: $(GPU_TESTS) cuda-workbench train_gpt train_gpt_cpu default-data
 	test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
 	test/gpu/run_gpu_moe_tests.sh $(BUILD)/test_moe_cuda ./train_gpt ./train_gpt_cpu
+	test/gpu/run_gpu_llama_tests.sh ./train_gpt ./train_gpt_cpu

@@ -358,6 +358,7 @@ for stage in "${STAGES[@]}"; do
         step gpu_ckpt.log 90 test/gpu/run_gpu_ckpt_tests.sh ./train_gpt ./train_gpt_cpu
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
         step gpu_moe.log 90 test/gpu/run_gpu_moe_tests.sh build/test_moe_cuda ./train_gpt ./train_gpt_cpu
+        step gpu_llama.log 60 test/gpu/run_gpu_llama_tests.sh ./train_gpt ./train_gpt_cpu
         step train_smoke.log 60 ./train_gpt -x 30 -v 10 -s 0 -o "$RUNS/train_smoke"
         keep_run_files train_smoke
         # memcheck and racecheck close the stage, unless the call names `sanitize` to place them
@@ -448,6 +449,8 @@ for stage in "${STAGES[@]}"; do
         step bench_d36.log 90 build/bench_train_step -e d36 -t 1024 -r 2 --steps 5
         # the mixture of experts (issue 27): d12 with 8 experts, top 2, in every block
         step bench_d12_moe.log 90 build/bench_train_step -e d12 -t 1024 --experts 8 --top-k 2 --profile
+        # a Llama (issue 38): d12's depth as a Llama (3 kv heads, SwiGLU 2048), beside GPT-2's d12 above
+        step bench_d12_llama.log 60 build/bench_train_step -e d12 -t 1024 -b 32 --arch llama --profile
         ;;
     esac
 done

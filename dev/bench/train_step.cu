@@ -8,6 +8,7 @@
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //   build/bench_train_step -e d12 --experts 8 --top-k 2  every block's MLP as 8 experts, top 2 (moe.cuh)
 //   build/bench_train_step -e d12 --attention wgmma    attention on Hopper's warpgroup products
+//   build/bench_train_step -e d12 --arch llama         the same depth as a Llama (models/llama/config.h)
 //                                                      (attention_hopper.cuh; mma: attention.cuh's, the
 //                                                      default; tma: wgmma with the forward fed by a
 //                                                      producer warpgroup, attention_hopper_tma.cuh;
@@ -45,6 +46,7 @@
 #include "dev/bench/batch_sweep.h"
 #include "llmc/planning/mfu.h"
 #include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/llama/config.h"
 
 using namespace llmc;
 
@@ -63,13 +65,14 @@ struct Args {
     std::string fp8 = "off";  // off, current or delayed
     int experts = 0, top_k = 2;  // a mixture of experts in every block (0: dense)
     std::string attention = "mma";  // mma, wgmma, tma or auto (set_attention_kernels)
+    std::string arch = "gpt2";      // the preset's family: gpt2 or llama (models/llama/config.h)
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
     fprintf(stderr,
             "%s\nusage: %s [-e d4|d6|d12|d24|d36|d48] [-t T] [-b B (0: largest that fits)] [-r 0..3] [--steps N] "
             "[--warmup N] [--profile] [--peak-tflops X] [--fp8 off|current|delayed] [--experts E [--top-k K]] "
-            "[--attention mma|wgmma|tma|auto]\n"
+            "[--attention mma|wgmma|tma|auto] [--arch gpt2|llama]\n"
             "       %s --best [--best-budget-s S] [--best-min-b B] [--best-min-gain X] (and the flags above but "
             "-b, -r)\n",
             why.c_str(), prog, prog);
@@ -96,6 +99,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--peak-tflops") a.peak_tflops = atof(value());
         else if (f == "--fp8") a.fp8 = value();
         else if (f == "--attention") a.attention = value();
+        else if (f == "--arch") a.arch = value();
         else if (f == "--experts") a.experts = atoi(value());
         else if (f == "--top-k") a.top_k = atoi(value());
         else if (f == "--best") a.best = true;
@@ -348,7 +352,9 @@ int main(int argc, char** argv) {
     std::string why;
     if (!cuda_device_present(&why)) return no_gpu_exit_status("bench_train_step", why);
     try {
-        ModelConfig c = model_preset(args.model, std::max(1024, args.T));
+        const int max_T = std::max(1024, args.T);
+        ModelConfig c = parse_arch(args.arch, "--arch") == ModelArch::Llama ? llama_preset(args.model, max_T)
+                                                                             : model_preset(args.model, max_T);
         c.num_experts = args.experts, c.moe_top_k = args.top_k;
         GPT2CUDAOptions o;
         o.recompute = (Recompute)args.recompute;

@@ -261,7 +261,7 @@ public:
     void prepare(const int* host_tokens, int B, int T, cudaStream_t stream, int vocab_begin = 0,
                  int vocab_end = INT_MAX);
 
-    // For the tokens of the last prepare() (same B and T): dwte (Vp x C) += ..., dwpe (maxT x C) += ...
+    // For the tokens of the last prepare() (same B and T): dwte (Vp x C) += ..., dwpe (maxT x C; null: none) += ...
     // positions: as encoder_forward's.
     void backward(float* dwte, float* dwpe, const floatX* dout, int B, int T, int C, cudaStream_t stream,
                   const int* positions = nullptr);
@@ -403,10 +403,12 @@ inline void EncoderBackward::backward(float* dwte, float* dwpe, const floatX* do
         CUDA_CHECK_LAUNCH();
     }
 
-    const int threads = 256;
-    const int wpe_blocks = (int)ceil_div((size_t)T * (C / x128::size), (size_t)threads);
-    LLMC_LAUNCH(encoder_backward_wpe_kernel, wpe_blocks, threads, 0, stream)(dwpe, dout, positions, B, T, C);
-    CUDA_CHECK_LAUNCH();
+    if (dwpe) {  // a model without a position table (Llama: rotary positions) passes null
+        const int threads = 256;
+        const int wpe_blocks = (int)ceil_div((size_t)T * (C / x128::size), (size_t)threads);
+        LLMC_LAUNCH(encoder_backward_wpe_kernel, wpe_blocks, threads, 0, stream)(dwpe, dout, positions, B, T, C);
+        CUDA_CHECK_LAUNCH();
+    }
     CUDA_CHECK(cudaEventRecord(consumed_.get(), stream));
 }
 

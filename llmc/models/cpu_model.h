@@ -721,7 +721,7 @@ private:
     }
     // Llama's rotary positions: q and k of every row of a qkv buffer rotated in place by sign x their
     // positions' angles (+1 forward, -1 backward on the gradient), at the sequence's global positions.
-    bool rotary() const { return config_.arch == ModelArch::Llama; }
+    bool rotary() const { return widths_.rotary; }
     void rope(float* qkv, int B, int T, float sign) {
         cpu::rope_rotate(qkv, B, T, widths_.heads, widths_.kv_heads, widths_.head_size, config_.rope_theta,
                          positions(), sign);

@@ -142,17 +142,18 @@ struct CudaBackend {
     static ZeroPlan zero_plan_of(const RunConfig& cfg, int zero_rank, const TpShape& tp, int pp_rank) {
         const int ep = cfg.dims.ep;
         return GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
-                                   GPT2Params::stage_slice(pipeline_split(cfg), pp_rank), {zero_rank % ep, ep},
+                                   model_stage_slice(cfg.model_config, pipeline_split(cfg), pp_rank), {zero_rank % ep, ep},
                                    zero_rank / ep, zero_world(cfg) / ep);
     }
 
-    // The CUDA model's experts (kernels/moe.cuh) run with data and expert parallelism (ZeRO 0-3) only.
-    // What the CUDA model does not run yet: a Llama model (the CPU model trains it: train_gpt_cpu), and
-    // a mixture of experts with tensor, pipeline or context parallelism.
+    // What the CUDA model does not run yet: a Llama with tensor, pipeline or context parallelism or
+    // FP8 (train_gpt_cpu runs those), and a mixture of experts (kernels/moe.cuh) with tensor,
+    // pipeline or context parallelism.
     static void refuse_unsupported(const RunConfig& cfg) {
-        if (cfg.model_config.arch != ModelArch::GPT2)
-            fail(strformat("-e %s --arch %s: the CUDA model is GPT-2 only so far; train_gpt_cpu trains and plans "
-                           "a Llama model", cfg.model.c_str(), arch_name(cfg.model_config.arch)));
+        if (cfg.model_config.arch == ModelArch::Llama && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1 || cfg.fp8))
+            fail(strformat("--arch llama with --tp %d / --pp %d / --cp %d / --fp8 %d: the CUDA model runs a Llama with "
+                           "data parallelism (-z 0-3) and recomputation (-r) so far; drop them, or train with "
+                           "train_gpt_cpu", cfg.dims.tp, cfg.dims.pp, cfg.dims.cp, cfg.fp8));
         if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1))
             fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d: the CUDA model runs a mixture of experts "
                            "with data and expert parallelism (-z 0-3, --ep) only; drop them, or train with "

@@ -52,11 +52,11 @@ inline BlockTensors block_tensors(const ModelConfig& c) {
 struct BlockWidths {
     int heads, kv_heads, head_size;
     size_t qkv, up, hidden;
-    bool layernorm, swiglu;  // GPT-2's LayerNorm and GELU, or Llama's RMSNorm and SwiGLU
+    bool layernorm, swiglu, rotary;  // GPT-2's LayerNorm and GELU, or Llama's RMSNorm, SwiGLU and RoPE
     BlockWidths(const ModelConfig& c, int tp = 1)
         : heads(c.num_heads / tp), kv_heads(c.kv_head_count() / tp), head_size(c.head_size()),
           qkv((size_t)(heads + 2 * kv_heads) * head_size), layernorm(c.arch == ModelArch::GPT2),
-          swiglu(c.arch == ModelArch::Llama) {
+          swiglu(c.arch == ModelArch::Llama), rotary(c.arch == ModelArch::Llama) {
         hidden = (size_t)c.mlp_hidden() / tp;
         up = swiglu ? 2 * hidden : hidden;
     }

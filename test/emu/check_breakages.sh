@@ -469,6 +469,16 @@ breakage swiglu-backward-no-sigmoid-derivative llmc/kernels/swiglu.cuh "bench ll
     'dk * __bfloat162float(u[k]) * s * (1.0f + gk * (1.0f - s))' \
     'dk * __bfloat162float(u[k]) * s'
 
+# 12. A Llama on the CUDA model (test_gpt2_cuda's Llama cases against the CPU model).
+breakage gqa-reduce-first-head-only llmc/kernels/gqa.cuh "gpt2" \
+    "gqa_reduce: each kv head's dk, dv take only the first query head of its group" \
+    'for (int g = 0; g < G; g++) {' \
+    'for (int g = 0; g < 1; g++) {'
+breakage llama-cuda-no-rope-backward llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
+    "GPT2CUDA::attention_layer_backward: the qkv gradient is not rotated back (RoPE's backward skipped)" \
+    '        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());' \
+    ''
+
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
         printf '%-32s %-24s %s\n' "$n" "${test_of[$n]}" "${what_of[$n]}"

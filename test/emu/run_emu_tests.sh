@@ -17,7 +17,9 @@
 #      against the CPU trainer and 2 ranks at ZeRO-3 against 1 (test/gpu/run_gpu_moe_tests.sh; the MoE
 #      model and kernels themselves are in 2 and 3);
 #   7. FP8 products: the CUDA trainer against the CPU model's simulation, over 2 ranks, resumed
-#      (test/gpu/run_gpu_fp8_tests.sh).
+#      (test/gpu/run_gpu_fp8_tests.sh);
+#   8. a Llama: the CUDA trainer against the CPU trainer, ZeRO-3 on 2 ranks and -r 3 against 1 rank,
+#      resumed (test/gpu/run_gpu_llama_tests.sh).
 # Prints each part's seconds; any failure stops it with a non-zero exit.
 #   test/emu/run_emu_tests.sh [BUILD_DIR]   (default build/emu; the trainers are ./train_gpt_emu, ./train_gpt_cpu)
 set -euo pipefail
@@ -64,4 +66,5 @@ part "pipeline parallelism" test/gpu/run_gpu_pp_tests.sh "$emu/test_pp_cuda" ./t
 part "context parallelism" test/gpu/run_gpu_cp_tests.sh "$emu/test_cp_cuda" ./train_gpt_emu ./train_gpt_cpu
 part "mixture of experts" test/gpu/run_gpu_moe_tests.sh "$emu/test_moe_cuda" ./train_gpt_emu ./train_gpt_cpu
 part "FP8 products" test/gpu/run_gpu_fp8_tests.sh ./train_gpt_emu ./train_gpt_cpu
+part "a Llama" test/gpu/run_gpu_llama_tests.sh ./train_gpt_emu ./train_gpt_cpu
 echo "run_emu_tests.sh: all emulated CUDA tests passed ($((SECONDS - start)) s)"

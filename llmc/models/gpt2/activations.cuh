@@ -11,8 +11,10 @@
 #include "llmc/kernels/attention.cuh"
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/layernorm.cuh"
+#include "llmc/kernels/rmsnorm.cuh"
 #include "llmc/model.h"
 #include "llmc/models/gpt2/config.h"
+#include "llmc/models/family.h"
 #include "llmc/models/gpt2/fp8_linears.cuh"
 #include "llmc/models/parallel_groups.h"
 #include "llmc/numerics/fp8.h"
@@ -61,6 +63,12 @@ struct CudaActivationLayout {
     float* row_loss;                                     // (BT)
     int *inputs, *targets;                               // (BT) token ids on the device
     floatX *dresidual, *dC, *d3C, *d4C;                  // backward: residual-stream and layer gradients
+    // A Llama only (family.h; no bytes for GPT-2): the gradient of SwiGLU's output (dhidden), the
+    // qkv rows expanded to a kv head per query head and their gradient (grouped-query attention on
+    // the multi-head kernels, kernels/gqa.cuh; only where kv heads < heads), and RoPE's cos/sin table
+    // for the T positions of the pass (kernels/rope.cuh).
+    floatX *dhidden, *gqa_qkv, *gqa_dqkv;
+    float* rope;
     float* scratch;                                      // kernel scratch (bias/LN partials, attention D)
     // Tensor parallelism only (no bytes otherwise): a LayerNorm output gathered to all BT rows (full),
     // a row-parallel product's partial sum (partial), the gathered residual gradient (dfull), a
@@ -98,6 +106,10 @@ struct CudaActivationLayout {
         const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size;
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;
         const size_t NH = c.num_heads / tp.size;
+        // a block's widths on this rank: a qkv row, the MLP's input product and its activation's
+        // output (GPT-2: 3 C_l, 4 C_l, 4 C_l; Llama: its kv heads' and SwiGLU's, family.h)
+        const BlockWidths w(c, tp.size);
+        const bool grouped = w.kv_heads != w.heads;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT);
         const bool split = tp.size > 1, sp = tp.sequence_parallel, head = stage.head, pipe = stage.pipelined;
         const size_t chunk_rows = std::min(BT, (size_t)o.classifier_chunk_rows);
@@ -130,14 +142,14 @@ struct CudaActivationLayout {
         layered(ln1, n * C, r < 2);
         layered(ln1_mean, n, r < 3);
         layered(ln1_rstd, n, r < 3);
-        layered(qkv, BT * 3 * Cl, r < 3);
+        layered(qkv, BT * w.qkv, r < 3);
         layered(atty, BT * Cl, r < 3);
         layered(lse, NH * BT, r < 3);
         layered(ln2, n * C, r < 2);
         layered(ln2_mean, n, r < 3);
         layered(ln2_rstd, n, r < 3);
-        layered(fch, BT * 4 * Cl, r < 3);
-        layered(fch_gelu, BT * 4 * Cl, r < 1);
+        layered(fch, BT * w.up, r < 3);
+        layered(fch_gelu, BT * w.hidden, r < 1);
         take(lnf, head ? n * C : 0, true);
         take(lnf_mean, head ? n : 0, true);
         take(lnf_rstd, head ? n : 0, true);
@@ -147,12 +159,18 @@ struct CudaActivationLayout {
         take(targets, BT, false);
         take(dresidual, n * C, false);
         take(dC, BT * C, false);
-        take(d3C, BT * 3 * Cl, false);
-        take(d4C, BT * 4 * Cl, false);
-        size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, 4 * (int)Cl),
-                                          matmul_backward_scratch_floats((int)BT, 3 * (int)Cl),
+        take(d3C, BT * w.qkv, false);
+        take(d4C, BT * w.up, false);
+        take(dhidden, w.swiglu ? BT * w.hidden : 0, false);
+        take(gqa_qkv, grouped ? BT * 3 * Cl : 0, false);
+        take(gqa_dqkv, grouped ? BT * 3 * Cl : 0, false);
+        take(rope, w.rotary ? (size_t)T * w.head_size : 0, false);
+        size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, (int)w.up),
+                                          matmul_backward_scratch_floats((int)BT, (int)w.hidden),
+                                          matmul_backward_scratch_floats((int)BT, (int)w.qkv),
                                           matmul_backward_scratch_floats((int)BT, (int)C),
-                                          layernorm_backward_scratch_floats((int)BT, (int)C),
+                                          w.layernorm ? layernorm_backward_scratch_floats((int)BT, (int)C)
+                                                      : rmsnorm_backward_scratch_floats((int)BT, (int)C),
                                           attention_backward_scratch_floats(B, T, (int)NH)});
         take(scratch, scratch_floats, false);
         take(full, sp ? BT * C : 0, false);

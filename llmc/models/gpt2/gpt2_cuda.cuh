@@ -90,8 +90,12 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/encoder.cuh"
 #include "llmc/kernels/gelu.cuh"
+#include "llmc/kernels/gqa.cuh"
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
+#include "llmc/kernels/rmsnorm.cuh"
+#include "llmc/kernels/rope.cuh"
+#include "llmc/kernels/swiglu.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/dist/expert_parallel.h"
 #include "llmc/kernels/moe.cuh"
@@ -99,6 +103,7 @@
 #include "llmc/model.h"
 #include "llmc/models/gpt2/fp8_linears.cuh"
 #include "llmc/models/model_file.h"
+#include "llmc/models/family.h"
 #include "llmc/models/gpt2/params.h"
 #include "llmc/kernels/phase_timer.cuh"
 #include "llmc/dist/context_parallel.h"
@@ -126,7 +131,7 @@ public:
     static ZeroPlan zero_plan(const ModelConfig& c, int stage, int rank, int world_size, const TpShape& tp = {},
                               const StageSlice& slice = {}, EpShard ep = {}, int expert_rank = -1,
                               int expert_world_size = -1) {
-        return ZeroPlan(GPT2Params::layout(c, {tp.rank, tp.size}, slice, ep), effective_stage(stage, world_size), rank,
+        return ZeroPlan(model_layout(c, {tp.rank, tp.size}, slice, ep), effective_stage(stage, world_size), rank,
                         world_size, SHARD_ALIGN, expert_rank, expert_world_size);
     }
 
@@ -139,8 +144,8 @@ public:
           pp_host_(pp.host ? *pp.host : local_communicator()),
           pipe_(checked_pipeline("GPT2CUDA", config.num_layers, pp_host_, pp.pipe)),
           stage_(pipeline_stage_shape(pipe_, pp_host_.rank())),
-          layout_(GPT2Params::layout(config, {tp_.rank, tp_.size}, GPT2Params::stage_slice(pipe_.split, pp_host_.rank()),
-                                     ep.shard())),
+          layout_(model_layout(config, {tp_.rank, tp_.size},
+                               model_stage_slice(config, pipe_.split, pp_host_.rank()), ep.shard())),
           max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
@@ -191,6 +196,11 @@ public:
                                cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
                                cp_host_.world_size()));
         }
+        if (config.arch == ModelArch::Llama && (tp_.size > 1 || stage_.pipelined || cp_.size > 1 || options.fp8.enabled))
+            fail(strformat("GPT2CUDA: a Llama runs with data parallelism (-z 0-3) and recomputation so far, not yet "
+                           "tensor, pipeline or context parallelism or FP8 (tp %d, pipelined %d, cp %d, fp8 %d): "
+                           "train_gpt_cpu runs those", tp_.size, (int)stage_.pipelined, cp_.size,
+                           (int)options.fp8.enabled));
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         matmul_.force_split_k(options.split_k);
@@ -494,8 +504,9 @@ private:
 
     // Parameters and gradients are reached only through the bucket view (zero.h), so the model
     // never knows how they are sharded.
-    const floatX* param(int tensor, int layer = 0) const { return buckets_.param(tensor, layer); }
-    float* grad(int tensor, int layer = 0) const { return buckets_.grad(tensor, layer); }
+    // A tensor the family lacks (-1 in BlockTensors: GPT-2's biases and wpe in a Llama) is null.
+    const floatX* param(int tensor, int layer = 0) const { return tensor < 0 ? nullptr : buckets_.param(tensor, layer); }
+    float* grad(int tensor, int layer = 0) const { return tensor < 0 ? nullptr : buckets_.grad(tensor, layer); }
     void release_all() { buckets_.release_all(); }
 
     // Copies the batch to the device through pinned memory, once the previous upload has left it.
@@ -534,23 +545,32 @@ private:
         const int C = config_.channels, V = config_.vocab_size;
         const int Vp = config_.padded_vocab_size, Vl = vocab_cols(), BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         if (ch.embedding || ch.head) upload_tokens(a, inputs, targets, BT);
         if (ch.embedding && cp_.size > 1)  // a.positions: the global position of each of the rank's rows
             CUDA_CHECK(cudaMemcpyAsync(a.positions, batcher_.positions().data(), T * sizeof(int), cudaMemcpyHostToDevice,
                                        s));
         buckets_.acquire_resident();
+        if (widths_.rotary && ch.end > ch.begin) {  // RoPE's angles of this pass's T positions
+            PhaseScope phase(timer_, "rope", s);
+            rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);
+        }
         if (ch.embedding) {
             PhaseScope phase(timer_, "encoder", s);
             floatX* x = chunk_input(a, chunk, BT);
-            if (tp_.size == 1) {
-                encoder_forward(x, a.inputs, param(P::WTE), param(P::WPE), B, T, C, s, a.positions);
+            if (tp_.size == 1 && P.wpe >= 0) {
+                encoder_forward(x, a.inputs, param(P.wte), param(P.wpe), B, T, C, s, a.positions);
+            } else if (tp_.size == 1) {  // a Llama's embedding: the token's row, no position table
+                embedding_forward_range(x, a.inputs, param(P.wte), 0, Vp, BT, C, s);
             } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
-                embedding_forward_range(a.partial, a.inputs, param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,
+                embedding_forward_range(a.partial, a.inputs, param(P.wte), vocab_begin(), vocab_begin() + Vl, BT, C,
                                         s);
                 tp_wait(reduce_rows(a.partial, x, BT, C));
                 const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
-                add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s, a.positions);
+                if (P.wpe >= 0) add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s, a.positions);
+                else if (reduced(a.partial, x) != x)
+                    CUDA_CHECK(cudaMemcpyAsync(x, a.partial, (size_t)n * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                               s));
             }
         }
         for (int l = ch.begin; l < ch.end; l++) {
@@ -563,26 +583,23 @@ private:
             if (pass != Pass::Train) release_all();
             return;
         }
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), param(P::LNFW), param(P::LNFB),
-                              n, C, s);
-        }
+        norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, chunk_output(a, ch, BT), P.normf_w, P.normf_b, 0, n);
         const floatX* lnf = gather_rows(a.lnf, a.full, BT, C);  // all BT rows
         if (pass == Pass::LastLogits) {
             {
                 PhaseScope phase(timer_, LM_HEAD_PHASE, s);
                 const int row = logits_row < 0 ? BT - 1 : logits_row;
-                matmul_forward(matmul_, a.logits, nullptr, lnf + (size_t)row * C, param(P::WTE), nullptr, nullptr, 1,
+                matmul_forward(matmul_, a.logits, nullptr, lnf + (size_t)row * C, param(P.head), nullptr, nullptr, 1,
                                C, Vl, s);
             }
             release_all();
             return;
         }
         const bool train = pass == Pass::Train;
-        // The lm head's backward runs here, chunk by chunk, so the embedding gradient buffer is
-        // taken now (under ZeRO-2 this zeroes a fresh one) and backward_chunk adds the encoder's share.
-        if (train) buckets_.take_grads(layout_.bucket_of(P::WTE));
+        // The lm head's backward runs here, chunk by chunk, so its gradient buffer is taken now (under
+        // ZeRO-2 this zeroes a fresh one): GPT-2's tied wte, to which backward_chunk adds the
+        // encoder's share; a Llama's lm_head, in the final norm's bucket.
+        if (train) buckets_.take_grads(layout_.bucket_of(P.head));
         // The whole backward is linear in the loss gradient, so grad_scale enters once, here. The loss
         // is the mean over the context group's rows (each rank's weight gradients its part of the sum).
         const float dloss = grad_scale / ((float)BT * cp_.size);
@@ -592,7 +609,7 @@ private:
             const floatX* lnf_rows = lnf + (size_t)r0 * C;
             {
                 PhaseScope phase(timer_, LM_HEAD_PHASE, s);
-                matmul_forward(matmul_, a.logits, nullptr, lnf_rows, param(P::WTE), nullptr, nullptr, rows, C, Vl, s);
+                matmul_forward(matmul_, a.logits, nullptr, lnf_rows, param(P.head), nullptr, nullptr, rows, C, Vl, s);
             }
             if (tp_.size == 1) {
                 PhaseScope phase(timer_, "classifier", s);
@@ -613,8 +630,8 @@ private:
             if (train) {
                 PhaseScope phase(timer_, LM_HEAD_BACKWARD_PHASE, s);
                 // the lm head has no bias, so no bias-gradient scratch
-                matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P::WTE), nullptr, nullptr, a.logits, lnf_rows,
-                                param(P::WTE), nullptr, rows, C, Vl, s);
+                matmul_backward(matmul_, a.dC + (size_t)r0 * C, grad(P.head), nullptr, nullptr, a.logits, lnf_rows,
+                                param(P.head), nullptr, rows, C, Vl, s);
             }
         }
         // Training keeps the embeddings and final norm for backward; an evaluation is done with them.
@@ -626,32 +643,72 @@ private:
     // Under tensor parallelism the LayerNorms run on this rank's n rows, qkv and fc (column-parallel)
     // on all BT rows gathered, and the two projections (row-parallel) are reduced over the group.
     void layer_forward(const CudaActivationLayout& a, int l, int B, int T, bool for_backward) {
-        const int C = config_.channels, NH = config_.num_heads / tp_.size, HS = config_.head_size();
+        const int C = config_.channels, NH = widths_.heads, HS = widths_.head_size;
         const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         const floatX* residual = layer_input(a, l, B * T);
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_forward(a.ln1.at(l), a.ln1_mean.at(l), a.ln1_rstd.at(l), residual, param(P::LN1W, l),
-                              param(P::LN1B, l), n, C, s, fp8_fused_amax(l, FP8_QKV, FP8_INPUT));
-        }
+        norm_forward(a.ln1.at(l), a.ln1_mean.at(l), a.ln1_rstd.at(l), residual, P.norm1_w, P.norm1_b, l, n,
+                     fp8_fused_amax(l, FP8_QKV, FP8_INPUT));
         const floatX* ln1 = gather_rows(a.ln1.at(l), a.full, BT, C);
         {
             PhaseScope phase(timer_, matmul_phase(FP8_QKV, false), s);
-            linear_forward(a, l, FP8_QKV, a.qkv.at(l), nullptr, ln1, param(P::QKVW, l), param(P::QKVB, l), nullptr,
-                           BT, C, 3 * Cl);
+            linear_forward(a, l, FP8_QKV, a.qkv.at(l), nullptr, ln1, param(P.qkv_w, l), param(P.qkv_b, l), nullptr,
+                           BT, C, (int)widths_.qkv);
+        }
+        if (widths_.rotary) {  // a Llama's q and k rotated in place; what is kept is rotated
+            PhaseScope phase(timer_, "rope", s);
+            rope_forward(a.qkv.at(l), a.rope, B, T, NH, widths_.kv_heads, HS, s);
         }
         attention_layer_forward(a, l, B, T, NH, HS);
-        row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2.at(l), a.atty.at(l), param(P::ATTPROJW, l),
-                             param(P::ATTPROJB, l), residual, BT, Cl, C);
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            float* amax = layout_.has(P::FCW, l) ? fp8_fused_amax(l, FP8_FC, FP8_INPUT) : nullptr;
-            layernorm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), param(P::LN2W, l),
-                              param(P::LN2B, l), n, C, s, amax);
-        }
+        row_parallel_forward(a, l, FP8_ATTPROJ, a.residual2.at(l), a.atty.at(l), param(P.attproj_w, l),
+                             param(P.attproj_b, l), residual, BT, Cl, C);
+        float* amax = layout_.has(P.up_w, l) ? fp8_fused_amax(l, FP8_FC, FP8_INPUT) : nullptr;
+        norm_forward(a.ln2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), a.residual2.at(l), P.norm2_w, P.norm2_b, l, n,
+                     amax);
         mlp_forward(a, l, BT, for_backward);
+    }
+
+    // ---- what differs between the families (family.h), each behind one call of the walk ----
+
+    // A pre-norm of n rows: GPT-2's LayerNorm (weight and bias; mean and rstd kept) or a Llama's
+    // RMSNorm (weight; rstd kept). `layer` picks a per-layer norm's weights; `amax` as the kernels'.
+    void norm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, int weight, int bias, int layer, int n,
+                      float* amax = nullptr) {
+        PhaseScope phase(timer_, "layernorm", stream_.get());
+        if (widths_.layernorm)
+            layernorm_forward(out, mean, rstd, inp, param(weight, layer), param(bias, layer), n, config_.channels,
+                              stream_.get(), amax);
+        else
+            rmsnorm_forward(out, rstd, inp, param(weight, layer), n, config_.channels, stream_.get(), amax);
+    }
+    // Its recomputation from the kept statistics (-r 2).
+    void norm_recompute(floatX* out, const floatX* inp, const float* mean, const float* rstd, int weight, int bias,
+                        int layer, int n) {
+        if (widths_.layernorm)
+            layernorm_recompute(out, inp, mean, rstd, param(weight, layer), param(bias, layer), n, config_.channels,
+                                stream_.get());
+        else
+            rmsnorm_recompute(out, inp, rstd, param(weight, layer), n, config_.channels, stream_.get());
+    }
+    // Its backward: dinp += the input's gradient, dweight (and dbias) += the parameters'.
+    void norm_backward(const CudaActivationLayout& a, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                       const floatX* inp, int weight, int layer, const float* mean, const float* rstd, int n,
+                       float* amax = nullptr) {
+        PhaseScope phase(timer_, "layernorm", stream_.get());
+        if (widths_.layernorm)
+            layernorm_backward(dinp, dweight, dbias, a.scratch, dout, inp, param(weight, layer), mean, rstd, n,
+                               config_.channels, stream_.get(), amax);
+        else
+            rmsnorm_backward(dinp, dweight, a.scratch, dout, inp, param(weight, layer), rstd, n, config_.channels,
+                             stream_.get(), amax);
+    }
+    // The MLP's activation of its input product (fch) into fch_gelu: GELU, or SwiGLU of the gate and up
+    // halves.
+    void mlp_activation(const CudaActivationLayout& a, int l, int BT, float* amax) {
+        PhaseScope phase(timer_, widths_.swiglu ? "swiglu" : "gelu", stream_.get());
+        if (widths_.swiglu) swiglu_forward(a.fch_gelu.at(l), a.fch.at(l), BT, (int)widths_.hidden, stream_.get(), amax);
+        else gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * widths_.hidden, stream_.get(), amax);
     }
 
     // Block l's MLP, residual3 = residual2 + MLP(ln2): GPT-2's, the experts' (moe.cuh), or both (the
@@ -659,30 +716,29 @@ private:
     // whole-block recomputation, which stops before the dense projection and leaves the experts'
     // activations as the forward kept them.
     void mlp_forward(const CudaActivationLayout& a, int l, int BT, bool for_backward) {
-        const int C = config_.channels, Cl = C / tp_.size;
+        const int C = config_.channels, U = (int)widths_.up, H = (int)widths_.hidden;
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         const floatX* ln2 = gather_rows(a.ln2.at(l), a.full, BT, C);
-        const bool dense = layout_.has(P::FCW, l);
-        if (dense && options_.recompute == Recompute::None) {
+        const bool dense = layout_.has(P.up_w, l);
+        if (dense && options_.recompute == Recompute::None && !widths_.swiglu) {
+            // GPT-2's GELU in the product's epilogue (SwiGLU pairs two columns: its own kernel)
             PhaseScope phase(timer_, matmul_phase(FP8_FC, false), s);
-            linear_forward(a, l, FP8_FC, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P::FCW, l), param(P::FCB, l),
-                           nullptr, BT, C, 4 * Cl);
+            linear_forward(a, l, FP8_FC, a.fch_gelu.at(l), a.fch.at(l), ln2, param(P.up_w, l), param(P.up_b, l),
+                           nullptr, BT, C, U);
         } else if (dense) {
-            // GELU as its own kernel, so that backward's recomputation reproduces it bit for bit
+            // the activation as its own kernel, so that backward's recomputation reproduces it bit for bit
             {
                 PhaseScope phase(timer_, matmul_phase(FP8_FC, false), s);
-                linear_forward(a, l, FP8_FC, a.fch.at(l), nullptr, ln2, param(P::FCW, l), param(P::FCB, l), nullptr,
-                               BT, C, 4 * Cl);
+                linear_forward(a, l, FP8_FC, a.fch.at(l), nullptr, ln2, param(P.up_w, l), param(P.up_b, l), nullptr,
+                               BT, C, U);
             }
-            PhaseScope phase(timer_, "gelu", s);
-            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s,
-                         for_backward ? nullptr : fp8_fused_amax(l, FP8_FCPROJ, FP8_INPUT));
+            mlp_activation(a, l, BT, for_backward ? nullptr : fp8_fused_amax(l, FP8_FCPROJ, FP8_INPUT));
         }
         if (for_backward) return;
         if (dense)
-            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3.at(l), a.fch_gelu.at(l), param(P::FCPROJW, l),
-                                 param(P::FCPROJB, l), a.residual2.at(l), BT, 4 * Cl, C);
+            row_parallel_forward(a, l, FP8_FCPROJ, a.residual3.at(l), a.fch_gelu.at(l), param(P.down_w, l),
+                                 param(P.down_b, l), a.residual2.at(l), BT, H, C);
         if (!is_moe_layer(l)) return;
         PhaseScope phase(timer_, "experts", s);
         const int b = moe_index_[l];
@@ -698,16 +754,23 @@ private:
     }
     // Its backward on one rank: from dresidual = d(residual3[l]) to d(ln2[l]) in dC.
     void mlp_backward(const CudaActivationLayout& a, int l, int BT) {
-        const int C = config_.channels;
+        const int C = config_.channels, U = (int)widths_.up, H = (int)widths_.hidden;
         cudaStream_t s = stream_.get();
         using P = GPT2Params;
-        const bool dense = layout_.has(P::FCW, l);
-        if (dense) {  // the MLP projection read fch_gelu, whose GELU came from fch
-            linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.dresidual,
-                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * C, C);
-            linear_backward(a, l, FP8_FC, a.dC, grad(P::FCW, l), grad(P::FCB, l), a.d4C, a.ln2.at(l),
-                            param(P::FCW, l), nullptr, BT, C, 4 * C);
+        const BlockTensors& t = tensors_;
+        const bool dense = layout_.has(t.up_w, l);
+        if (dense && !widths_.swiglu) {  // the MLP projection read fch_gelu, whose GELU (in its epilogue) came from fch
+            linear_backward(a, l, FP8_FCPROJ, a.d4C, grad(t.down_w, l), grad(t.down_b, l), a.dresidual,
+                            a.fch_gelu.at(l), param(t.down_w, l), a.fch.at(l), BT, H, C);
+        } else if (dense) {  // SwiGLU's backward as its own kernel, from fch's gate and up halves
+            linear_backward(a, l, FP8_FCPROJ, a.dhidden, grad(t.down_w, l), grad(t.down_b, l), a.dresidual,
+                            a.fch_gelu.at(l), param(t.down_w, l), nullptr, BT, H, C);
+            PhaseScope phase(timer_, "swiglu", s);
+            swiglu_backward(a.d4C, a.dhidden, a.fch.at(l), BT, H, s);
         }
+        if (dense)
+            linear_backward(a, l, FP8_FC, a.dC, grad(t.up_w, l), grad(t.up_b, l), a.d4C, a.ln2.at(l),
+                            param(t.up_w, l), nullptr, BT, C, U);
         if (!is_moe_layer(l)) return;
         PhaseScope phase(timer_, "experts", s);
         const int b = moe_index_[l];
@@ -757,7 +820,7 @@ private:
     // l's fc projection's output gradient: a layer of the chunk with a dense MLP (its backward casts
     // it next, on this rank), else null.
     float* residual_grad_amax(int l, const PipelineChunk& ch) {
-        if (l < ch.begin || l >= ch.end || !layout_.has(GPT2Params::FCPROJW, l)) return nullptr;
+        if (l < ch.begin || l >= ch.end || !layout_.has(tensors_.down_w, l)) return nullptr;
         return fp8_fused_amax(l, FP8_FCPROJ, FP8_GRAD);
     }
 
@@ -785,9 +848,9 @@ private:
 
     // Rebuilds what layer l's backward needs and the forward did not keep.
     void recompute_layer(const CudaActivationLayout& a, int l, int B, int T) {
-        const int C = config_.channels, BT = B * T, n = tp_.rows(BT), Cl = C / tp_.size;
+        const int BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         switch (options_.recompute) {
         case Recompute::None:
             return;
@@ -799,17 +862,14 @@ private:
         case Recompute::GeluLayerNorm: {
             PhaseScope phase(timer_, "layernorm", s);
             const floatX* residual = layer_input(a, l, B * T);
-            layernorm_recompute(a.ln1.at(l), residual, a.ln1_mean.at(l), a.ln1_rstd.at(l), param(P::LN1W, l),
-                                param(P::LN1B, l), n, C, s);
-            layernorm_recompute(a.ln2.at(l), a.residual2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), param(P::LN2W, l),
-                                param(P::LN2B, l), n, C, s);
+            norm_recompute(a.ln1.at(l), residual, a.ln1_mean.at(l), a.ln1_rstd.at(l), P.norm1_w, P.norm1_b, l, n);
+            norm_recompute(a.ln2.at(l), a.residual2.at(l), a.ln2_mean.at(l), a.ln2_rstd.at(l), P.norm2_w, P.norm2_b, l,
+                           n);
         }
             [[fallthrough]];
-        case Recompute::Gelu: {
-            if (!layout_.has(P::FCW, l)) return;  // experts only: they keep their own GELU output
-            PhaseScope phase(timer_, "gelu", s);
-            gelu_forward(a.fch_gelu.at(l), a.fch.at(l), (size_t)BT * 4 * Cl, s);
-        }
+        case Recompute::Gelu:
+            if (!layout_.has(P.up_w, l)) return;  // experts only: they keep their own GELU output
+            mlp_activation(a, l, BT, nullptr);
         }
     }
 
@@ -824,19 +884,24 @@ private:
         const PipelineChunk& ch = chunks_[chunk];
         const int C = config_.channels, BT = B * T, n = tp_.rows(BT);
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
-        // The tied embedding's and the final norm's buckets, where this stage holds them (a middle
-        // stage holds neither, the first no final norm).
-        const int embedding = ch.embedding || ch.head ? layout_.bucket_of(P::WTE) : -1;
-        const int final_norm = ch.head ? layout_.bucket_of(P::LNFW) : -1;
+        const BlockTensors& P = tensors_;
+        // The embedding's and the final norm's buckets, where this stage holds them (a middle stage
+        // holds neither, the first no final norm; the last GPT-2's tied embedding too).
+        const int embedding = ch.embedding || (ch.head && P.tied()) ? layout_.bucket_of(P.wte) : -1;
+        const int final_norm = ch.head ? layout_.bucket_of(P.normf_w) : -1;
+        if (widths_.rotary && ch.end > ch.begin) {  // the table the forward used: other passes may have run since
+            PhaseScope phase(timer_, "rope", s);
+            rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);
+        }
         // The encoder's backward groups the batch's positions by token: on the host now, uploaded
         // while the layers' backward runs.
         if (ch.embedding)
             encoder_backward_.prepare(inputs, B, T, s, vocab_begin(), vocab_begin() + vocab_cols());
         buckets_.acquire_resident();  // a pipeline may have run other passes since this chunk's forward
         if (ch.head) {
-            if (!ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);  // the head's part of wte
-            buckets_.take_grads(final_norm);
+            if (P.tied() && !ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);  // the head's part of wte
+            // (a Llama's lm_head shares the final norm's bucket, which the head's forward took)
+            if (P.tied()) buckets_.take_grads(final_norm);
             CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, (size_t)n * C * sizeof(floatX), s));
             const floatX* dlnf = a.dC;
             if (tp_.size > 1) {  // each rank's dlnf is a partial sum over its vocabulary columns
@@ -844,14 +909,11 @@ private:
                 dlnf = reduced(a.dC, a.dln);
             }
             start_layernorm_grads(a);
-            {
-                PhaseScope phase(timer_, "layernorm", s);
-                // dresidual becomes the last layer's fc projection's output gradient
-                layernorm_backward(a.dresidual, layernorm_grad(a, P::LNFW, 0, 0), layernorm_grad(a, P::LNFB, 0, 1),
-                                   a.scratch, dlnf, chunk_output(a, ch, BT), param(P::LNFW), a.lnf_mean, a.lnf_rstd, n,
-                                   C, s, residual_grad_amax(ch.end - 1, ch));
-            }
-            finish_layernorm_grads(a, {{P::LNFW, 0}, {P::LNFB, 0}});
+            // dresidual becomes the last layer's fc projection's output gradient
+            norm_backward(a, a.dresidual, layernorm_grad(a, P.normf_w, 0, 0), layernorm_grad(a, P.normf_b, 0, 1), dlnf,
+                          chunk_output(a, ch, BT), P.normf_w, 0, a.lnf_mean, a.lnf_rstd, n,
+                          residual_grad_amax(ch.end - 1, ch));
+            finish_layernorm_grads(a, {{P.normf_w, 0}, {P.normf_b, 0}});
             buckets_.grads_ready(final_norm, last_micro_batch);
         }
         for (int l = ch.end - 1; l >= ch.begin; l--) {
@@ -865,10 +927,10 @@ private:
         if (ch.embedding) {
             // This rank's vocabulary rows of wte (prepare() kept only their positions); wpe whole,
             // from all rows' gradients (the same on every tensor-parallel rank).
-            if (!ch.head) buckets_.take_grads(embedding);
+            if (!(ch.head && P.tied())) buckets_.take_grads(embedding);
             const floatX* dresidual = gather_rows(a.dresidual, a.dfull, BT, C);
             PhaseScope phase(timer_, "encoder", s);
-            encoder_backward_.backward(grad(P::WTE), grad(P::WPE), dresidual, B, T, C, s, a.positions);
+            encoder_backward_.backward(grad(P.wte), grad(P.wpe), dresidual, B, T, C, s, a.positions);
         }
         if (ch.embedding) buckets_.grads_ready(embedding, last_micro_batch);
         // Drain the compute stream first, so that what the engine then waits for is only the
@@ -880,33 +942,21 @@ private:
 
     // One layer's backward on one rank, from dresidual = d(residual3[l]); l is a layer of chunk ch.
     void layer_backward(const CudaActivationLayout& a, const PipelineChunk& ch, int l, int B, int T) {
-        const int C = config_.channels, NH = config_.num_heads, HS = C / NH, BT = B * T;
-        cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const int C = config_.channels, NH = widths_.heads, HS = widths_.head_size, BT = B * T;
+        const BlockTensors& P = tensors_;
         const floatX* residual = layer_input(a, l, B * T);
         mlp_backward(a, l, BT);  // dresidual is d(residual3[l]); dC becomes d(ln2[l])
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, grad(P::LN2W, l), grad(P::LN2B, l), a.scratch, a.dC, a.residual2.at(l),
-                               param(P::LN2W, l), a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, C, s,
-                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_GRAD));
-        }
+        norm_backward(a, a.dresidual, grad(P.norm2_w, l), grad(P.norm2_b, l), a.dC, a.residual2.at(l), P.norm2_w, l,
+                      a.ln2_mean.at(l), a.ln2_rstd.at(l), BT, fp8_fused_amax(l, FP8_ATTPROJ, FP8_GRAD));
         // dresidual is now d(residual2[l]); the attention projection read atty
-        {
-            linear_backward(a, l, FP8_ATTPROJ, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.dresidual,
-                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, C, C);
-        }
-        attention_layer_backward(a, l, B, T, NH, HS);
-        {
-            linear_backward(a, l, FP8_QKV, a.dC, grad(P::QKVW, l), grad(P::QKVB, l), a.d3C, a.ln1.at(l),
-                            param(P::QKVW, l), nullptr, BT, C, 3 * C);
-        }
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, grad(P::LN1W, l), grad(P::LN1B, l), a.scratch, a.dC, residual,
-                               param(P::LN1W, l), a.ln1_mean.at(l), a.ln1_rstd.at(l), BT, C, s,
-                               residual_grad_amax(l - 1, ch));  // dresidual becomes d(residual3[l - 1])
-        }
+        linear_backward(a, l, FP8_ATTPROJ, a.dC, grad(P.attproj_w, l), grad(P.attproj_b, l), a.dresidual,
+                        a.atty.at(l), param(P.attproj_w, l), nullptr, BT, C, C);
+        attention_layer_backward(a, l, B, T, NH, HS);  // d3C: the gradient of qkv (before RoPE)
+        linear_backward(a, l, FP8_QKV, a.dC, grad(P.qkv_w, l), grad(P.qkv_b, l), a.d3C, a.ln1.at(l),
+                        param(P.qkv_w, l), nullptr, BT, C, (int)widths_.qkv);
+        norm_backward(a, a.dresidual, grad(P.norm1_w, l), grad(P.norm1_b, l), a.dC, residual, P.norm1_w, l,
+                      a.ln1_mean.at(l), a.ln1_rstd.at(l), BT,
+                      residual_grad_amax(l - 1, ch));  // dresidual becomes d(residual3[l - 1])
     }
 
     // One layer's backward under tensor parallelism, the mirror of layer_forward: each row-parallel
@@ -1126,6 +1176,7 @@ private:
     // under sequence parallelism (each rank saw only its rows, so each holds a partial sum), into a
     // scratch that finish_layernorm_grads sums over the group and adds in.
     float* layernorm_grad(const CudaActivationLayout& a, int tensor, int layer, int slot) {
+        if (tensor < 0) return nullptr;  // RMSNorm's bias
         return tp_.sequence_parallel ? a.dln_weights + (size_t)slot * config_.channels : grad(tensor, layer);
     }
     void start_layernorm_grads(const CudaActivationLayout& a) {
@@ -1138,7 +1189,10 @@ private:
         tp_wait(after_compute(
             [&] { return tp_comm_.all_reduce_sum(a.dln_weights, tensors.size() * C, CommDtype::F32); }));
         int slot = 0;
-        for (auto [tensor, layer] : tensors) add_into(grad(tensor, layer), a.dln_weights + slot++ * C, C, stream_.get());
+        for (auto [tensor, layer] : tensors) {
+            const float* sum = a.dln_weights + slot++ * C;
+            if (tensor >= 0) add_into(grad(tensor, layer), sum, C, stream_.get());
+        }
     }
 
     // The mean of the last forward's BT row losses (group_mean).
@@ -1171,23 +1225,37 @@ private:
     }
 
     // Layer l's attention over this rank's NH heads: the plain kernel, or the ring over the context group.
+    // A Llama's grouped kv heads are expanded to one per query head first (kernels/gqa.cuh).
     void attention_layer_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
         if (cp_.size == 1)
-            attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, HS, stream_.get(),
+            attention_forward(a.atty.at(l), a.lse.at(l), attention_qkv(a, l, B * T), B, T, NH, HS, stream_.get(),
                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_INPUT));
         else
             ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());
     }
     // Its backward, into a.d3C from the output's gradient in a.dC.
+    // A Llama's: the expanded rows' gradient summed back over each kv head's group, then rotated back
+    // (RoPE's backward), so that d3C is the gradient of the qkv product's output.
     void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
+        const bool grouped = widths_.kv_heads != NH;
         if (cp_.size == 1)
-            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS,
-                               stream_.get(), fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
+            attention_backward(grouped ? a.gqa_dqkv : a.d3C, a.scratch, a.dC, attention_qkv(a, l, B * T),
+                               a.atty.at(l), a.lse.at(l), B, T, NH, HS, stream_.get(),
+                               fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
         else
             ring_.backward(a.d3C, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, HS,
                            stream_.get());
+        if (grouped) gqa_reduce(a.d3C, a.gqa_dqkv, (size_t)B * T, NH, widths_.kv_heads, HS, stream_.get());
+        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());
+    }
+    // Layer l's qkv rows as the attention kernels read them: as kept, or with grouped kv heads
+    // expanded to one per query head (into scratch: backward expands them again).
+    const floatX* attention_qkv(const CudaActivationLayout& a, int l, int BT) {
+        if (widths_.kv_heads == widths_.heads) return a.qkv.at(l);
+        gqa_expand(a.gqa_qkv, a.qkv.at(l), BT, widths_.heads, widths_.kv_heads, widths_.head_size, stream_.get());
+        return a.gqa_qkv;
     }
 
     // The ring's buffers in the activation layout (models/ring_attention.cuh).
@@ -1291,9 +1359,9 @@ private:
         if (stage_.head)
             for (int mb = 0; mb < m; mb++) loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);
         wait(pp_host_.broadcast(&loss_sum, sizeof(loss_sum), pipe_.split.last_rank()));
-        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0) {
+        if (const int peer = pipe_.split.tied_embedding_peer(rank); peer >= 0 && tensors_.tied()) {
             size_t count = 0;
-            float* mine = engine_.update_grads(layout_.bucket_of(GPT2Params::WTE), &count);
+            float* mine = engine_.update_grads(layout_.bucket_of(tensors_.wte), &count);
             sum_with_peer(*this, pp_comm_, mine, count, peer, reinterpret_cast<float*>(acts_.get()),
                           acts_.bytes() / sizeof(float), pp_host_);
         }
@@ -1309,7 +1377,9 @@ private:
     StageShape stage_;
     std::vector<PipelineChunk> chunks_;  // this rank's chunks of layers, in virtual-stage order
     ParamLayout layout_;  // this rank's piece (the whole model without tensor or pipeline parallelism)
-    ParamLayout whole_layout_{GPT2Params::table(config_)};
+    ParamLayout whole_layout_{model_param_table(config_)};
+    BlockTensors tensors_ = block_tensors(config_);  // which tensor plays each part of a block (family.h)
+    BlockWidths widths_{config_, tp_.size};          // this rank's widths of a block's activations
     int max_B_, max_T_;
     GPT2CUDAOptions options_;
     int last_B_ = 1, last_T_ = 1;
