@@ -44,7 +44,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "tokenizer", &RunConfig::tokenizer, "tokenizer file for decoding samples (\"\" disables sampling)"},
         {"-o", "output_dir", &RunConfig::output_dir, "directory for config.json, metrics.jsonl, model.bin and the checkpoints ckpt_<step>/"},
         {"-e", "model", &RunConfig::model, "preset d4 d6 d12 d24 d36 d48 (either family; with --arch llama also llama3-8b llama3-70b llama3-405b), or a model file to start from (its header says its family and shape)"},
-        {"", "arch", &RunConfig::arch, "model family of a preset: gpt2 (LayerNorm, learned positions, GELU MLP, tied head) or llama (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head; CPU model: data, tensor, pipeline parallelism, FP8; CUDA model: data parallelism and -r so far); the llama3-* presets are llama"},
+        {"", "arch", &RunConfig::arch, "model family of a preset: gpt2 (LayerNorm, learned positions, GELU MLP, tied head) or llama (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head; CPU model: data, tensor, pipeline parallelism, FP8; CUDA model: data, tensor, pipeline parallelism, -r); the llama3-* presets are llama"},
         {"", "kv_heads", &RunConfig::kv_heads, "with --arch llama: key/value heads, dividing the heads (0: the preset's, a quarter of the heads where they divide)"},
         {"", "ffn_hidden", &RunConfig::ffn_hidden, "with --arch llama: the SwiGLU MLP's width (0: the preset's, 8C/3 rounded up to a multiple of 256)"},
         {"", "rope_theta", &RunConfig::rope_theta, "with --arch llama: the rotary embedding's base (0: 500000, Llama 3's)"},

@@ -730,7 +730,7 @@ inline void matmul_backward_dweight_fp8(MatmulContext& ctx, float* dweight, cons
 // ---------------------------------------------------------------------------------------------
 // The epilogue of a row-parallel product (tensor parallelism), whose sum over the group arrives only
 // after the product: out (rows x C) = base + sum + bias in fp32, rounded once to bf16. out may be sum
-// (in place); bias (C) is broadcast over the rows. One thread per 8 channels.
+// (in place); bias (C) is broadcast over the rows, or null (none). One thread per 8 channels.
 
 __global__ void bias_residual_add_kernel(floatX* out, const floatX* sum, const floatX* bias, const floatX* base,
                                          int rows, int C) {
@@ -739,11 +739,18 @@ __global__ void bias_residual_add_kernel(floatX* out, const floatX* sum, const f
     if (index >= (size_t)rows * chunks) return;
     const size_t offset = index / chunks * C + (index % chunks) * x128::size;
     const int channel = (int)(index % chunks) * x128::size;
-    const x128 s = load128(sum + offset), r = load128(base + offset), b = load128(bias + channel);
+    const x128 s = load128(sum + offset), r = load128(base + offset);
     x128 result;
+    if (bias) {
+        const x128 b = load128(bias + channel);
 #pragma unroll
-    for (int i = 0; i < x128::size; i++)
-        result[i] = __float2bfloat16_rn(__bfloat162float(r[i]) + __bfloat162float(s[i]) + __bfloat162float(b[i]));
+        for (int i = 0; i < x128::size; i++)
+            result[i] = __float2bfloat16_rn(__bfloat162float(r[i]) + __bfloat162float(s[i]) + __bfloat162float(b[i]));
+    } else {  // a product without a bias (a Llama's)
+#pragma unroll
+        for (int i = 0; i < x128::size; i++)
+            result[i] = __float2bfloat16_rn(__bfloat162float(r[i]) + __bfloat162float(s[i]));
+    }
     store128(out + offset, result);
 }
 
@@ -752,7 +759,7 @@ inline void bias_residual_add(floatX* out, const floatX* sum, const floatX* bias
     if (rows < 1 || C < 8 || C % 8 != 0)
         fail(strformat("bias_residual_add: rows = %d, C = %d; expected rows >= 1 and C a positive multiple of 8", rows,
                        C));
-    if (!out || !sum || !bias || !base) fail("bias_residual_add: out, sum, bias and base must all be given");
+    if (!out || !sum || !base) fail("bias_residual_add: out, sum and base must all be given (bias may be null)");
     const int threads = 256;
     const size_t blocks = ceil_div((size_t)rows * (C / x128::size), (size_t)threads);
     if (blocks > (size_t)INT_MAX) fail(strformat("bias_residual_add: rows = %d x C = %d is too large", rows, C));

@@ -241,8 +241,8 @@ breakage vocab-slice-dlogits llmc/kernels/classifier.cuh "bench vocab_parallel" 
     '            if (col <= real) {'
 breakage vocab-slice-model-end llmc/models/gpt2/gpt2_cuda.cuh "tp" \
     "the model's embedding range ends one token early (vocab_begin + Vl - 1: the slice's last token gets 0)" \
-    'param(P::WTE), vocab_begin(), vocab_begin() + Vl, BT, C,' \
-    'param(P::WTE), vocab_begin(), vocab_begin() + Vl - 1, BT, C,'
+    'param(P.wte), vocab_begin(), vocab_begin() + Vl, BT, C,' \
+    'param(P.wte), vocab_begin(), vocab_begin() + Vl - 1, BT, C,'
 breakage vocab-slice-embedding llmc/kernels/encoder.cuh "bench vocab_parallel" \
     "embedding_forward_range: token vocab_end (the next slice's first) also taken as this slice's" \
     '    if (token >= vocab_begin && token < vocab_end) {' \
@@ -323,16 +323,16 @@ breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench atten
 # 8. Context parallelism with tensor and pipeline parallelism (the CUDA model's meshes).
 breakage cp-tp-plain-attention-backward llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
     "layer_backward_tensor_parallel: attention's backward over the rank's own rows, not around the ring" \
-    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+    '                            a.atty.at(l), param(P.attproj_w, l), nullptr, BT, Cl, C, s);
         }
         attention_layer_backward(a, l, B, T, NH, HS);' \
-    '                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+    '                            a.atty.at(l), param(P.attproj_w, l), nullptr, BT, Cl, C, s);
         }
         attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);'
 breakage cp-tp-embedding-positions llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
     "the vocabulary-parallel embedding adds the positions of rows 0..T-1, not the rank's global positions" \
-    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s, a.positions);' \
-    'add_positions(x, reduced(a.partial, x), param(P::WPE), row0, n, T, C, s);'
+    'add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s, a.positions);' \
+    'add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s);'
 breakage cp-pp-loss-not-summed llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
     "run_schedule: each micro-batch's loss the mean of the rank's rows, not summed over the context group" \
     'loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);' \

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A Llama on the CUDA model (part of make test-gpu and make test-emu; the model itself against the
 # CPU model, kernel by kernel and step by step, is test_gpt2_cuda's "a Llama" cases): train_gpt with
-# the test model made a Llama (--arch llama: RMSNorm, RoPE, its heads sharing kv heads, SwiGLU, an
-# untied head), 8 steps of 16 sequences:
+# the test model made a Llama (--arch llama: RMSNorm, RoPE, SwiGLU, an untied head) of 128 channels
+# in 4 heads sharing 2 kv heads (so that 2 tensor ranks each hold a group), 8 steps of 16 sequences:
 #   1. one rank (two micro-batches of 8) follows train_gpt_cpu's run of the same data, seed and
 #      config (fp32 against bf16: within 2e-3 relative per step);
-#   2. two ranks of 8 sequences each (--gpu-comm mpi) at ZeRO-3, and -r 3 on one, reproduce the
-#      one-rank curve within LLMC_LLAMA_RANKS_LIMIT (default 1e-3);
+#   2. two ranks (--gpu-comm mpi) reproduce the one-rank curve within LLMC_LLAMA_RANKS_LIMIT
+#      (default 1e-3): data parallel at ZeRO-3 (8 sequences each), tensor parallel (--tp 2, with
+#      sequence parallelism), and pipeline parallel (--pp 2, interleaved, 2 chunks per rank);
 #   3. a checkpoint written at step 4, resumed by train_gpt, ends with the same model.bin bit for
 #      bit, and train_gpt_cpu continues it within 2e-3;
-#   4. what the CUDA model does not run with a Llama yet (--pp) is refused by name.
+#   4. what the CUDA model does not run with a Llama yet (--fp8) is refused by name.
 # Skips with a message where there is no GPU or no mpirun, except in a GPU session
 # (LLMC_GPU_SESSION=1), where either is a failure (exit 3 without a GPU, 1 without mpirun).
 #   test/gpu/run_gpu_llama_tests.sh ./train_gpt ./train_gpt_cpu
@@ -22,7 +23,7 @@ gpu_checks run_gpu_llama_tests.sh "$trainer" "$cpu_trainer"
 ranks_limit=${LLMC_LLAMA_RANKS_LIMIT:-1e-3}
 
 steps=8
-base=("${test_model[@]}" --arch llama -t "$test_T" -d $((16 * test_T)) -x "$steps" -v 0 -s 0 -l 1e-3)
+base=("${test_model[@]}" --arch llama --channels 128 --num-heads 4 --kv-heads 2 -t "$test_T" -d $((16 * test_T)) -x "$steps" -v 0 -s 0 -l 1e-3)
 
 # 1. one rank against the CPU trainer
 common=("${base[@]}")
@@ -30,22 +31,24 @@ cuda_trainer=$trainer trainer=$cpu_trainer
 run cpu 1 8
 trainer=$cuda_trainer common=("${base[@]}" --gpu-comm mpi)
 run one 1 8
-grep -q "^model: d4 (llama) |" "$dir/one.log" || { echo "FAIL the CUDA run does not say it is a Llama"; head -3 "$dir/one.log"; exit 1; }
+grep -q "^model: d4 (llama) | L 4 | heads 4 (2 kv) |" "$dir/one.log" || { echo "FAIL the CUDA run does not say it is a Llama"; head -3 "$dir/one.log"; exit 1; }
 compare cpu one 2e-3 "$steps"
 
-# 2. two ranks at ZeRO-3, and recomputation
+# 2. two ranks: data, tensor and pipeline parallel
 run z3 2 8 -z 3
 compare one z3 "$ranks_limit" "$steps"
-run r3 1 8 -r 3
-compare one r3 "$ranks_limit" "$steps"
+run tp2 2 16 --tp 2
+compare one tp2 "$ranks_limit" "$steps"
+run pp2 2 8 --pp 2 --pp-schedule interleaved --pp-virtual 2
+compare one pp2 "$ranks_limit" "$steps"
 
 # 3. a checkpoint resumed on the GPU (bitwise) and by the CPU model
 resume_check 4 "$steps" 2e-3 8
 
 # 4. the refusal
-if "$trainer" "${common[@]}" -b 8 --pp 2 --plan 2 > "$dir/refused.log" 2>&1; then
-    echo "FAIL --arch llama --pp 2 was not refused"; exit 1
+if "$trainer" "${common[@]}" -b 8 --fp8 1 --plan 1 > "$dir/refused.log" 2>&1; then
+    echo "FAIL --arch llama --fp8 1 was not refused"; exit 1
 fi
-grep -q "the CUDA model runs a Llama with data parallelism" "$dir/refused.log" ||
-    { echo "FAIL --arch llama --pp 2 refused, but not by name:"; cat "$dir/refused.log"; exit 1; }
-echo "ok --arch llama --pp 2 on the CUDA model is refused by name"
+grep -q "the CUDA model runs a Llama in bf16 so far" "$dir/refused.log" ||
+    { echo "FAIL --arch llama --fp8 1 refused, but not by name:"; cat "$dir/refused.log"; exit 1; }
+echo "ok --arch llama --fp8 1 on the CUDA model is refused by name"

@@ -196,11 +196,10 @@ public:
                                cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
                                cp_host_.world_size()));
         }
-        if (config.arch == ModelArch::Llama && (tp_.size > 1 || stage_.pipelined || cp_.size > 1 || options.fp8.enabled))
-            fail(strformat("GPT2CUDA: a Llama runs with data parallelism (-z 0-3) and recomputation so far, not yet "
-                           "tensor, pipeline or context parallelism or FP8 (tp %d, pipelined %d, cp %d, fp8 %d): "
-                           "train_gpt_cpu runs those", tp_.size, (int)stage_.pipelined, cp_.size,
-                           (int)options.fp8.enabled));
+        if (config.arch == ModelArch::Llama && (cp_.size > 1 || options.fp8.enabled))
+            fail(strformat("GPT2CUDA: a Llama runs with data, tensor and pipeline parallelism and recomputation so "
+                           "far, not yet context parallelism or FP8 (cp %d, fp8 %d): train_gpt_cpu runs FP8",
+                           cp_.size, (int)options.fp8.enabled));
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         matmul_.force_split_k(options.split_k);
@@ -461,9 +460,13 @@ private:
             fail(strformat("GPT2CUDA: head size channels / num_heads = %d must be 32, 64 or 128 (the attention "
                            "kernels' instantiations)",
                            c.head_size()));
+        if (c.arch == ModelArch::Llama && (c.mlp_hidden() / std::max(tp, 1)) % 8 != 0)
+            fail(strformat("GPT2CUDA: the SwiGLU width / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
+                           c.mlp_hidden(), tp));
         if (tp == 1) return c;
         if (tp < 1 || c.num_heads % tp != 0)
             fail(strformat("GPT2CUDA: --tp %d must be a positive divisor of num_heads (%d)", tp, c.num_heads));
+        check_tensor_parallel_shape(c, tp);  // a Llama's kv heads and MLP width too
         if ((c.channels / tp) % 8 != 0)
             fail(strformat("GPT2CUDA: channels / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
                            c.channels, tp));
@@ -971,68 +974,64 @@ private:
     // `full` holds ln2's rows, then ln1's: ln1's gather is issued after fc's weight gradient, the last
     // reader of ln2's, and the collective starts only after the kernels issued before it.
     void layer_backward_tensor_parallel(const CudaActivationLayout& a, int l, int B, int T) {
-        const int C = config_.channels, NH = config_.num_heads / tp_.size, HS = config_.head_size();
+        const int C = config_.channels, NH = widths_.heads, HS = widths_.head_size;
         const int Cl = C / tp_.size, BT = B * T, n = tp_.rows(BT);
+        const int QKV = (int)widths_.qkv, U = (int)widths_.up, H = (int)widths_.hidden;
         cudaStream_t s = stream_.get();
-        using P = GPT2Params;
+        const BlockTensors& P = tensors_;
         const floatX* residual = layer_input(a, l, B * T);
         const floatX* dresidual = gathered(a.dresidual, a.dfull);  // all BT rows, once gathered
         start_layernorm_grads(a);
-        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU came from fch
+        // dresidual is d(residual3[l]); the MLP projection read fch_gelu, whose GELU (or SwiGLU) came from fch
         CommHandle dresidual_rows = gather_rows_async(a.dresidual, a.dfull, BT, C);
         CommHandle ln2_rows = gather_rows_async(a.ln2.at(l), a.full, BT, C);
         tp_wait(dresidual_rows);
         {
             PhaseScope phase(timer_, matmul_phase(FP8_FCPROJ, true), s);
-            matmul_backward(matmul_, a.d4C, grad(P::FCPROJW, l), grad(P::FCPROJB, l), a.scratch, dresidual,
-                            a.fch_gelu.at(l), param(P::FCPROJW, l), a.fch.at(l), BT, 4 * Cl, C, s);
-            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d4C, nullptr, param(P::FCW, l), nullptr, BT,
-                            C, 4 * Cl, s);
+            // GPT-2's GELU backward in the product's epilogue; SwiGLU's its own kernel after it
+            matmul_backward(matmul_, widths_.swiglu ? a.dhidden : a.d4C, grad(P.down_w, l), grad(P.down_b, l),
+                            a.scratch, dresidual, a.fch_gelu.at(l), param(P.down_w, l),
+                            widths_.swiglu ? nullptr : a.fch.at(l), BT, H, C, s);
+            if (widths_.swiglu) swiglu_backward(a.d4C, a.dhidden, a.fch.at(l), BT, H, s);
+            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d4C, nullptr, param(P.up_w, l), nullptr, BT,
+                            C, U, s);
         }
         CommHandle dln2 = reduce_rows(a.dC, a.dln, BT, C);
         tp_wait(ln2_rows);
         {
             PhaseScope phase(timer_, matmul_phase(FP8_FC, true), s);
-            matmul_backward(matmul_, nullptr, grad(P::FCW, l), grad(P::FCB, l), a.scratch, a.d4C,
-                            gathered(a.ln2.at(l), a.full), nullptr, nullptr, BT, C, 4 * Cl, s);
+            matmul_backward(matmul_, nullptr, grad(P.up_w, l), grad(P.up_b, l), a.scratch, a.d4C,
+                            gathered(a.ln2.at(l), a.full), nullptr, nullptr, BT, C, U, s);
         }
         tp_wait(dln2);
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, layernorm_grad(a, P::LN2W, l, 0), layernorm_grad(a, P::LN2B, l, 1),
-                               a.scratch, reduced(a.dC, a.dln), a.residual2.at(l), param(P::LN2W, l),
-                               a.ln2_mean.at(l), a.ln2_rstd.at(l), n, C, s);
-        }
+        norm_backward(a, a.dresidual, layernorm_grad(a, P.norm2_w, l, 0), layernorm_grad(a, P.norm2_b, l, 1),
+                      reduced(a.dC, a.dln), a.residual2.at(l), P.norm2_w, l, a.ln2_mean.at(l), a.ln2_rstd.at(l), n);
         // dresidual is now d(residual2[l]); the attention projection read atty
         dresidual_rows = gather_rows_async(a.dresidual, a.dfull, BT, C);
         CommHandle ln1_rows = gather_rows_async(a.ln1.at(l), a.full, BT, C);
         tp_wait(dresidual_rows);
         {
             PhaseScope phase(timer_, matmul_phase(FP8_ATTPROJ, true), s);
-            matmul_backward(matmul_, a.dC, grad(P::ATTPROJW, l), grad(P::ATTPROJB, l), a.scratch, dresidual,
-                            a.atty.at(l), param(P::ATTPROJW, l), nullptr, BT, Cl, C, s);
+            matmul_backward(matmul_, a.dC, grad(P.attproj_w, l), grad(P.attproj_b, l), a.scratch, dresidual,
+                            a.atty.at(l), param(P.attproj_w, l), nullptr, BT, Cl, C, s);
         }
-        attention_layer_backward(a, l, B, T, NH, HS);
+        attention_layer_backward(a, l, B, T, NH, HS);  // d3C: the gradient of this rank's qkv (before RoPE)
         {
             PhaseScope phase(timer_, matmul_phase(FP8_QKV, true), s);
-            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d3C, nullptr, param(P::QKVW, l), nullptr, BT,
-                            C, 3 * Cl, s);
+            matmul_backward(matmul_, a.dC, nullptr, nullptr, nullptr, a.d3C, nullptr, param(P.qkv_w, l), nullptr, BT,
+                            C, QKV, s);
         }
         CommHandle dln1 = reduce_rows(a.dC, a.dln, BT, C);
         tp_wait(ln1_rows);
         {
             PhaseScope phase(timer_, matmul_phase(FP8_QKV, true), s);
-            matmul_backward(matmul_, nullptr, grad(P::QKVW, l), grad(P::QKVB, l), a.scratch, a.d3C,
-                            gathered(a.ln1.at(l), a.full), nullptr, nullptr, BT, C, 3 * Cl, s);
+            matmul_backward(matmul_, nullptr, grad(P.qkv_w, l), grad(P.qkv_b, l), a.scratch, a.d3C,
+                            gathered(a.ln1.at(l), a.full), nullptr, nullptr, BT, C, QKV, s);
         }
         tp_wait(dln1);
-        {
-            PhaseScope phase(timer_, "layernorm", s);
-            layernorm_backward(a.dresidual, layernorm_grad(a, P::LN1W, l, 2), layernorm_grad(a, P::LN1B, l, 3),
-                               a.scratch, reduced(a.dC, a.dln), residual, param(P::LN1W, l), a.ln1_mean.at(l),
-                               a.ln1_rstd.at(l), n, C, s);
-        }
-        finish_layernorm_grads(a, {{P::LN2W, l}, {P::LN2B, l}, {P::LN1W, l}, {P::LN1B, l}});
+        norm_backward(a, a.dresidual, layernorm_grad(a, P.norm1_w, l, 2), layernorm_grad(a, P.norm1_b, l, 3),
+                      reduced(a.dC, a.dln), residual, P.norm1_w, l, a.ln1_mean.at(l), a.ln1_rstd.at(l), n);
+        finish_layernorm_grads(a, {{P.norm2_w, l}, {P.norm2_b, l}, {P.norm1_w, l}, {P.norm1_b, l}});
     }
 
     // ---- mixture of experts (kernels/moe.cuh) ----
