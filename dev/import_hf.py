@@ -46,9 +46,9 @@ except ImportError as e:
     sys.exit(f"error: dev/import_hf.py needs numpy ({e}): install it (Debian: apt install python3-numpy; "
              f"elsewhere: pip install numpy) or run it with /usr/bin/python3")
 
-MODEL_MAGIC = 20240326
-HEADER_INTS = 256
-LLAMA_VERSION = 200  # added to 3 (fp32) or 5 (bf16) for a Llama file
+# The model file's header and bf16 rounding, as the export writes them (a sibling script in dev/).
+from export_hf import HEADER_INTS, LLAMA_VERSION, MODEL_MAGIC, to_bf16_bits  # noqa: E402
+
 # llmc's bounds on a shape (llmc/models/model_config.h, ModelConfig::validate).
 MAX_SEQ_LEN, MAX_VOCAB, MAX_LAYERS, MAX_CHANNELS = 1 << 20, 1 << 24, 1 << 12, 1 << 16
 GPT2_VOCAB = 50257
@@ -405,10 +405,9 @@ def check_tensors(arch, entries, skipped, ckpt, directory):
 def encode(t, dtype, hf_name):
     """float32 array -> the file's bytes: fp32 as is, or bf16 rounded to nearest even (PyTorch's
     .to(torch.bfloat16), llmc's write_model_file)."""
-    bits = np.ascontiguousarray(t, dtype="<f4").view(np.uint32)
     if dtype == "fp32":
-        return bits.tobytes()
-    bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+        return np.ascontiguousarray(t, dtype="<f4").tobytes()
+    bf16 = to_bf16_bits(t).astype("<u2")
     if np.any((bf16 & 0x7F80) == 0x7F80):  # all exponent bits set: a finite float32 rounded up to infinity
         fail(f"tensor '{hf_name}' has a value beyond bf16's range (|x| > 3.39e38); write it with --dtype fp32")
     return bf16.tobytes()

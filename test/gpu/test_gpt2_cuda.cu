@@ -38,9 +38,10 @@ ModelConfig test_config() {
     return c;
 }
 
+// The family's random init (family.h), rounded to bf16.
 std::vector<float> bf16_exact_init(const ModelConfig& c, uint64_t seed) {
     std::vector<float> full(num_params(c));
-    init_gpt2_params(c, full.data(), seed);
+    init_model_params(c, full.data(), seed);
     for (float& x : full) x = __bfloat162float(__float2bfloat16_rn(x));
     return full;
 }
@@ -113,13 +114,11 @@ void check_plan_equals_allocation(const ModelConfig& c, int B, int T, const GPT2
     }
 }
 
-}  // namespace
-
-TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every gradient tensor within 5e-2") {
-    const ModelConfig c = test_config();
-    const std::vector<float> weights = bf16_exact_init(c, 42);
-    const ParamLayout layout = GPT2Params::layout(c);
-    // (4, 64): whole attention tiles; (3, 37): ragged ones. 50-row classifier chunks: several, ragged.
+// One training step of either family on both models from the same weights: the loss within 1e-2,
+// every gradient tensor within 5e-2, at (4, 64) (whole attention tiles) and (3, 37) (ragged ones),
+// with 50-row classifier chunks (several, ragged); with `evaluation`, check_evaluation_matches too.
+void check_step_matches_cpu(const ModelConfig& c, const std::vector<float>& weights, bool evaluation) {
+    const ParamLayout layout = model_layout(c);
     for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
         const Batch batch = random_batch(c, B, T, 7 + B);
         CPUModel cpu(c, B, T);
@@ -140,7 +139,42 @@ TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every 
             INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
             CHECK(err <= 5e-2);
         }
+        if (evaluation) check_evaluation_matches(gpu, cpu, c, batch, B, T);
     }
+}
+
+// 10 AdamW steps (grad clipping at 1) of both models from the same weights (init seed 3) on two
+// batches, alternating, so the loss must fall: every loss within 2e-2.
+void check_adamw_steps_track_cpu(const ModelConfig& c) {
+    const std::vector<float> weights = bf16_exact_init(c, 3);
+    const int B = 4, T = 64;
+    CPUModel cpu(c, B, T);
+    std::copy(weights.begin(), weights.end(), cpu.params());
+    GPT2CUDA gpu(c, B, T);
+    gpu.set_master_weights(weights.data());
+    AdamWConfig opt;
+    opt.lr = 1e-3f;
+    opt.weight_decay = 0.1f;
+    for (int step = 1; step <= 10; step++) {
+        const Batch batch = random_batch(c, B, T, 100 + step % 2);
+        float losses[2];
+        Model* models[2] = {&gpu, &cpu};
+        for (int i = 0; i < 2; i++) {
+            models[i]->zero_grad();
+            losses[i] = models[i]->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+            const double norm = std::sqrt(models[i]->grad_norm_squared());
+            models[i]->adamw_step(opt, step, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
+        }
+        INFO("step " << step << ": loss gpu " << losses[0] << " cpu " << losses[1]);
+        CHECK(rel_error(losses[0], losses[1]) <= 2e-2);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("one training step matches the CPU reference: loss within 1e-2, every gradient tensor within 5e-2") {
+    const ModelConfig c = test_config();
+    check_step_matches_cpu(c, bf16_exact_init(c, 42), false);
 }
 
 TEST_CASE("with the wgmma attention kernels (head size 64, with or without the TMA-fed forward), a training step "
@@ -199,29 +233,7 @@ TEST_CASE("evaluation loss and next-token logits match the CPU reference within 
 }
 
 TEST_CASE("10 AdamW steps track the CPU reference: every loss within 2e-2") {
-    const ModelConfig c = test_config();
-    const std::vector<float> weights = bf16_exact_init(c, 3);
-    const int B = 4, T = 64;
-    CPUModel cpu(c, B, T);
-    std::copy(weights.begin(), weights.end(), cpu.params());
-    GPT2CUDA gpu(c, B, T);
-    gpu.set_master_weights(weights.data());
-    AdamWConfig opt;
-    opt.lr = 1e-3f;
-    opt.weight_decay = 0.1f;
-    for (int step = 1; step <= 10; step++) {
-        const Batch batch = random_batch(c, B, T, 100 + step % 2);  // two batches, alternating: loss must fall
-        float losses[2];
-        Model* models[2] = {&gpu, &cpu};
-        for (int i = 0; i < 2; i++) {
-            models[i]->zero_grad();
-            losses[i] = models[i]->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-            const double norm = std::sqrt(models[i]->grad_norm_squared());
-            models[i]->adamw_step(opt, step, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
-        }
-        INFO("step " << step << ": loss gpu " << losses[0] << " cpu " << losses[1]);
-        CHECK(rel_error(losses[0], losses[1]) <= 2e-2);
-    }
+    check_adamw_steps_track_cpu(test_config());
 }
 
 // The loss-tracking test above cannot see a wrong weight decay or bias correction (their effect on
@@ -800,41 +812,13 @@ ModelConfig llama_test_config() {
     return c;
 }
 
-std::vector<float> bf16_exact_llama_init(const ModelConfig& c, uint64_t seed) {
-    std::vector<float> full(num_params(c));
-    init_model_params(c, full.data(), seed);
-    for (float& x : full) x = __bfloat162float(__float2bfloat16_rn(x));
-    return full;
-}
-
 }  // namespace
 
 TEST_CASE("a Llama: a training step, evaluation and next-token logits match the CPU reference; -r 0-3 give "
           "bitwise equal gradients and allocate what the plan says") {
     const ModelConfig c = llama_test_config();
-    const std::vector<float> weights = bf16_exact_llama_init(c, 42);
-    const ParamLayout layout = model_layout(c);
-    for (auto [B, T] : {std::pair{4, 64}, std::pair{3, 37}}) {
-        const Batch batch = random_batch(c, B, T, 7 + B);
-        CPUModel cpu(c, B, T);
-        std::copy(weights.begin(), weights.end(), cpu.params());
-        cpu.zero_grad();
-        const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-
-        GPT2CUDA gpu(c, B, T, options(Recompute::None, 50));
-        gpu.set_master_weights(weights.data());
-        gpu.zero_grad();
-        const float gpu_loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-        INFO("B " << B << " T " << T << ": loss gpu " << gpu_loss << " cpu " << cpu_loss);
-        CHECK(rel_error(gpu_loss, cpu_loss) <= 1e-2);
-        const std::vector<float> g = grads_of(gpu);
-        for (const ParamLayout::Segment& s : layout.segments()) {
-            const double err = rel_error(g.data() + s.begin, cpu.grads() + s.begin, s.end - s.begin);
-            INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
-            CHECK(err <= 5e-2);
-        }
-        check_evaluation_matches(gpu, cpu, c, batch, B, T);
-    }
+    const std::vector<float> weights = bf16_exact_init(c, 42);
+    check_step_matches_cpu(c, weights, true);
     // SwiGLU is its own kernel at every setting and RMSNorm's recomputation its forward's bits: no
     // setting rounds differently, so all four agree bit for bit.
     const int B = 2, T = 50;
@@ -852,35 +836,13 @@ TEST_CASE("a Llama: a training step, evaluation and next-token logits match the 
 }
 
 TEST_CASE("a Llama: 10 AdamW steps track the CPU reference: every loss within 2e-2") {
-    const ModelConfig c = llama_test_config();
-    const std::vector<float> weights = bf16_exact_llama_init(c, 3);
-    const int B = 4, T = 64;
-    CPUModel cpu(c, B, T);
-    std::copy(weights.begin(), weights.end(), cpu.params());
-    GPT2CUDA gpu(c, B, T);
-    gpu.set_master_weights(weights.data());
-    AdamWConfig opt;
-    opt.lr = 1e-3f;
-    opt.weight_decay = 0.1f;
-    for (int step = 1; step <= 10; step++) {
-        const Batch batch = random_batch(c, B, T, 100 + step % 2);
-        float losses[2];
-        Model* models[2] = {&gpu, &cpu};
-        for (int i = 0; i < 2; i++) {
-            models[i]->zero_grad();
-            losses[i] = models[i]->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-            const double norm = std::sqrt(models[i]->grad_norm_squared());
-            models[i]->adamw_step(opt, step, norm > 1.0 ? (float)(1.0 / norm) : 1.0f);
-        }
-        INFO("step " << step << ": loss gpu " << losses[0] << " cpu " << losses[1]);
-        CHECK(rel_error(losses[0], losses[1]) <= 2e-2);
-    }
+    check_adamw_steps_track_cpu(llama_test_config());
 }
 
 TEST_CASE("a Llama model file saved by the CUDA model loads into the CPU model exactly") {
     const ModelConfig c = llama_test_config();
     GPT2CUDA gpu(c, 2, 32);
-    const std::vector<float> weights = bf16_exact_llama_init(c, 5);
+    const std::vector<float> weights = bf16_exact_init(c, 5);
     gpu.set_master_weights(weights.data());
     const std::string path = "/tmp/llmc_test_llama_cuda_" + std::to_string(getpid()) + ".bin";
     gpu.save(path);
