@@ -554,28 +554,14 @@ private:
             CUDA_CHECK(cudaMemcpyAsync(a.positions, batcher_.positions().data(), T * sizeof(int), cudaMemcpyHostToDevice,
                                        s));
         buckets_.acquire_resident();
-        if (widths_.rotary && ch.end > ch.begin) {  // RoPE's angles of this pass's T positions
+        // RoPE's angles of this pass's T positions, which backward (and its recomputation) reads too:
+        // any pass run between a forward and its backward (a pipeline's other micro-batches) has the
+        // same T and positions.
+        if (widths_.rotary && ch.end > ch.begin) {
             PhaseScope phase(timer_, "rope", s);
             rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);
         }
-        if (ch.embedding) {
-            PhaseScope phase(timer_, "encoder", s);
-            floatX* x = chunk_input(a, chunk, BT);
-            if (tp_.size == 1 && P.wpe >= 0) {
-                encoder_forward(x, a.inputs, param(P.wte), param(P.wpe), B, T, C, s, a.positions);
-            } else if (tp_.size == 1) {  // a Llama's embedding: the token's row, no position table
-                embedding_forward_range(x, a.inputs, param(P.wte), 0, Vp, BT, C, s);
-            } else {  // vocabulary-parallel: each rank embeds the tokens it holds rows for, the sum has them all
-                embedding_forward_range(a.partial, a.inputs, param(P.wte), vocab_begin(), vocab_begin() + Vl, BT, C,
-                                        s);
-                tp_wait(reduce_rows(a.partial, x, BT, C));
-                const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
-                if (P.wpe >= 0) add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s, a.positions);
-                else if (reduced(a.partial, x) != x)
-                    CUDA_CHECK(cudaMemcpyAsync(x, a.partial, (size_t)n * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
-                                               s));
-            }
-        }
+        if (ch.embedding) embedding_forward(a, chunk_input(a, chunk, BT), B, T);
         for (int l = ch.begin; l < ch.end; l++) {
             NvtxRange range("forward", l);
             buckets_.enter_layer(l, Walk::Forward, ch.begin, ch.end);
@@ -673,6 +659,29 @@ private:
     }
 
     // ---- what differs between the families (family.h), each behind one call of the walk ----
+
+    // The embedding of this rank's rows of the uploaded tokens (a.inputs) into x: the token's wte row,
+    // plus (GPT-2) its position's wpe row; vocabulary-parallel under tensor parallelism (each rank
+    // embeds the tokens it holds rows for, and the sum has them all).
+    void embedding_forward(const CudaActivationLayout& a, floatX* x, int B, int T) {
+        const BlockTensors& P = tensors_;
+        const int C = config_.channels, BT = B * T, n = tp_.rows(BT), Vl = vocab_cols();
+        cudaStream_t s = stream_.get();
+        PhaseScope phase(timer_, "encoder", s);
+        if (tp_.size == 1 && P.wpe >= 0) {
+            encoder_forward(x, a.inputs, param(P.wte), param(P.wpe), B, T, C, s, a.positions);
+        } else if (tp_.size == 1) {  // a Llama's embedding: the token's row, no position table
+            embedding_forward_range(x, a.inputs, param(P.wte), 0, config_.padded_vocab_size, BT, C, s);
+        } else {
+            embedding_forward_range(a.partial, a.inputs, param(P.wte), vocab_begin(), vocab_begin() + Vl, BT, C,
+                                    s);
+            tp_wait(reduce_rows(a.partial, x, BT, C));
+            const int row0 = tp_.sequence_parallel ? tp_.rank * n : 0;  // this rank's first token row
+            if (P.wpe >= 0) add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s, a.positions);
+            else if (reduced(a.partial, x) != x)
+                CUDA_CHECK(cudaMemcpyAsync(x, a.partial, (size_t)n * C * sizeof(floatX), cudaMemcpyDeviceToDevice, s));
+        }
+    }
 
     // A pre-norm of n rows: GPT-2's LayerNorm (weight and bias; mean and rstd kept) or a Llama's
     // RMSNorm (weight; rstd kept). `layer` picks a per-layer norm's weights; `amax` as the kernels'.
@@ -892,10 +901,6 @@ private:
         // holds neither, the first no final norm; the last GPT-2's tied embedding too).
         const int embedding = ch.embedding || (ch.head && P.tied()) ? layout_.bucket_of(P.wte) : -1;
         const int final_norm = ch.head ? layout_.bucket_of(P.normf_w) : -1;
-        if (widths_.rotary && ch.end > ch.begin) {  // the table the forward used: other passes may have run since
-            PhaseScope phase(timer_, "rope", s);
-            rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);
-        }
         // The encoder's backward groups the batch's positions by token: on the host now, uploaded
         // while the layers' backward runs.
         if (ch.embedding)
