@@ -133,10 +133,6 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     }
     cfg.model_config.validate();
     check_tensor_parallel_shape(cfg.model_config, cfg.tp);
-    if (cfg.model_config.arch == ModelArch::Llama)
-        require(cfg.cp == 1, strformat("a Llama model trains with data, tensor and pipeline parallelism (-z 0-3, --tp, "
-                                       "--pp), not yet context parallelism (ring attention has no grouped key/value "
-                                       "heads or rotary positions yet): drop --cp %d", cfg.cp));
     const int experts = cfg.model_config.num_experts;
     if (experts > 0)
         require(cfg.cp == 1,

@@ -410,10 +410,13 @@ struct BlockRows {
 using Rows = BlockRows<float>;
 using ConstRows = BlockRows<const float>;
 
+// Grouped-query attention (a Llama's kv heads): query head h reads key/value head h / group, and k, v
+// hold NH / group heads (group 1: one each, GPT-2's attention).
 struct AttentionBlock {
     ConstRows q, k, v;
     int B, NH, hs, rows;
     bool diagonal;  // causal within the block (query and key chunk the same), else every key
+    int group = 1;  // query heads per key/value head
     int keys_for(int t) const { return diagonal ? t + 1 : rows; }
 };
 
@@ -426,7 +429,8 @@ inline void attention_block_forward(Rows out, float* lse, size_t lse_stride, con
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < blk.B; b++) {
             for (int h = 0; h < blk.NH; h++) {
-                transpose_head(kt.data(), blk.k.of(b, 0, h, hs), blk.k.row, rows, hs);
+                const int kvh = h / blk.group;
+                transpose_head(kt.data(), blk.k.of(b, 0, kvh, hs), blk.k.row, rows, hs);
                 float* l = lse + ((size_t)b * blk.NH + h) * lse_stride;
                 for (int t = 0; t < rows; t++) {
                     const int n = blk.keys_for(t);
@@ -443,7 +447,7 @@ inline void attention_block_forward(Rows out, float* lse, size_t lse_stride, con
                     std::fill(o.begin(), o.end(), 0.0f);
                     for (int t2 = 0; t2 < n; t2++) {
                         const float w = p[t2];
-                        const float* v = blk.v.of(b, t2, h, hs);
+                        const float* v = blk.v.of(b, t2, kvh, hs);
 #pragma omp simd
                         for (int d = 0; d < hs; d++) o[d] += w * v[d];
                     }
@@ -475,7 +479,8 @@ inline void attention_rowsum(float* rowsum, const float* dout, const float* out,
 }
 
 // Adds the block's share to dq (the queries' rows), dk and dv (the keys' rows), from dout (the
-// queries' rows of the attention output's gradient), the final lse and rowsum of the queries.
+// queries' rows of the attention output's gradient), the final lse and rowsum of the queries. A
+// key/value head's gradient sums its group's query heads in head order (one thread per kv head).
 inline void attention_block_backward(Rows dq, Rows dk, Rows dv, ConstRows dout, const float* lse,
                                      const float* rowsum, size_t lse_stride, const AttentionBlock& blk) {
     const int hs = blk.hs, rows = blk.rows;
@@ -485,34 +490,36 @@ inline void attention_block_backward(Rows dq, Rows dk, Rows dv, ConstRows dout, 
         std::vector<float> kt((size_t)hs * rows), vt((size_t)hs * rows), s(rows), dp(rows);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < blk.B; b++) {
-            for (int h = 0; h < blk.NH; h++) {
-                transpose_head(kt.data(), blk.k.of(b, 0, h, hs), blk.k.row, rows, hs);
-                transpose_head(vt.data(), blk.v.of(b, 0, h, hs), blk.v.row, rows, hs);
-                const size_t at = ((size_t)b * blk.NH + h) * lse_stride;
-                for (int t = 0; t < rows; t++) {
-                    const int n = blk.keys_for(t);
-                    const float* q = blk.q.of(b, t, h, hs);
-                    const float* dO = dout.of(b, t, h, hs);
-                    float* dqt = dq.of(b, t, h, hs);
-                    dots_with_transposed(s.data(), q, kt.data(), rows, hs, n);
-                    dots_with_transposed(dp.data(), dO, vt.data(), rows, hs, n);
-                    const float l = lse[at + t], r = rowsum[at + t];
-                    // s becomes the probabilities, dp the scores' gradients
+            for (int kvh = 0; kvh < blk.NH / blk.group; kvh++) {
+                transpose_head(kt.data(), blk.k.of(b, 0, kvh, hs), blk.k.row, rows, hs);
+                transpose_head(vt.data(), blk.v.of(b, 0, kvh, hs), blk.v.row, rows, hs);
+                for (int h = kvh * blk.group; h < (kvh + 1) * blk.group; h++) {
+                    const size_t at = ((size_t)b * blk.NH + h) * lse_stride;
+                    for (int t = 0; t < rows; t++) {
+                        const int n = blk.keys_for(t);
+                        const float* q = blk.q.of(b, t, h, hs);
+                        const float* dO = dout.of(b, t, h, hs);
+                        float* dqt = dq.of(b, t, h, hs);
+                        dots_with_transposed(s.data(), q, kt.data(), rows, hs, n);
+                        dots_with_transposed(dp.data(), dO, vt.data(), rows, hs, n);
+                        const float l = lse[at + t], r = rowsum[at + t];
+                        // s becomes the probabilities, dp the scores' gradients
 #pragma omp simd
-                    for (int t2 = 0; t2 < n; t2++) {
-                        s[t2] = fast_exp(s[t2] * scale - l);
-                        dp[t2] = s[t2] * (dp[t2] - r) * scale;
-                    }
-                    for (int t2 = 0; t2 < n; t2++) {
-                        const float p = s[t2], ds = dp[t2];
-                        const float* k = blk.k.of(b, t2, h, hs);
-                        float* dkt = dk.of(b, t2, h, hs);
-                        float* dvt = dv.of(b, t2, h, hs);
+                        for (int t2 = 0; t2 < n; t2++) {
+                            s[t2] = fast_exp(s[t2] * scale - l);
+                            dp[t2] = s[t2] * (dp[t2] - r) * scale;
+                        }
+                        for (int t2 = 0; t2 < n; t2++) {
+                            const float p = s[t2], ds = dp[t2];
+                            const float* k = blk.k.of(b, t2, kvh, hs);
+                            float* dkt = dk.of(b, t2, kvh, hs);
+                            float* dvt = dv.of(b, t2, kvh, hs);
 #pragma omp simd
-                        for (int d = 0; d < hs; d++) {
-                            dqt[d] += ds * k[d];
-                            dkt[d] += ds * q[d];
-                            dvt[d] += p * dO[d];
+                            for (int d = 0; d < hs; d++) {
+                                dqt[d] += ds * k[d];
+                                dkt[d] += ds * q[d];
+                                dvt[d] += p * dO[d];
+                            }
                         }
                     }
                 }

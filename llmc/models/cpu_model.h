@@ -168,7 +168,7 @@ struct ActivationLayout {
         share(dln_weights, sp ? 4 * C : 0);
         share(recv, pipe ? n * C : 0);
         share(send_grad, pipe ? 2 * n * C : 0);
-        share(ring, ring_attention ? cpu::RingAttention::ring_floats(B, T, Cl) : 0);
+        share(ring, ring_attention ? cpu::RingAttention::ring_floats(B, T, w.kv_heads * w.head_size) : 0);
         share(rowsum, ring_attention ? B * NH * T : 0);
         total_floats = stage.slots * slot_floats + scratch_floats;
         for (const Take& t : takes) {
@@ -211,9 +211,6 @@ public:
                            max_T));
         ContextSplit::check(max_T, cp_.size, "CPUModel");
         check_tensor_parallel_shape(config_, tp_.size);
-        if (config_.arch == ModelArch::Llama && cp_.size > 1)
-            fail("CPUModel: context parallelism (--cp) is GPT-2's only for now: ring attention has no grouped "
-                 "key/value heads or rotary positions yet");
         if (tp_.sequence_parallel && max_T / cp_.size % tp_.size != 0)
             fail(strformat("CPUModel: sequence parallelism over %d ranks needs T / cp (%d / %d) divisible by them",
                            tp_.size, max_T, cp_.size));
@@ -736,7 +733,7 @@ private:
         const float* qkv = a.qkv + (size_t)l * B * T * widths_.qkv;
         float* att = a.att + (size_t)l * B * NH * T * (cp_.size == 1 ? T : 1);
         if (cp_.size > 1)
-            ring_.forward(a.atty + bc, att, qkv, a.ring, B, T, Cl, NH);
+            ring_.forward(a.atty + bc, att, qkv, a.ring, B, T, NH, widths_.kv_heads, widths_.head_size);
         else if (widths_.kv_heads != NH)
             cpu::gqa_attention_forward(a.atty + bc, att, qkv, B, T, NH, widths_.kv_heads, widths_.head_size);
         else
@@ -749,7 +746,8 @@ private:
         const float* qkv = a.qkv + (size_t)l * B * T * widths_.qkv;
         const float* att = a.att + (size_t)l * B * NH * T * (cp_.size == 1 ? T : 1);
         if (cp_.size > 1)
-            ring_.backward(a.d3C, a.dC, a.atty + bc, att, qkv, a.ring, a.rowsum, B, T, Cl, NH);
+            ring_.backward(a.d3C, a.dC, a.atty + bc, att, qkv, a.ring, a.rowsum, B, T, NH, widths_.kv_heads,
+                           widths_.head_size);
         else if (widths_.kv_heads != NH)
             cpu::gqa_attention_backward(a.d3C, a.dC, att, qkv, B, T, NH, widths_.kv_heads, widths_.head_size);
         else

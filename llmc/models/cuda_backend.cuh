@@ -146,13 +146,9 @@ struct CudaBackend {
                                    zero_rank / ep, zero_world(cfg) / ep);
     }
 
-    // What the CUDA model does not run yet: a Llama with FP8 (train_gpt_cpu simulates it; --cp is
-    // refused for a Llama by the config), and a mixture of experts (kernels/moe.cuh) with tensor,
+    // What the CUDA model does not run yet: a mixture of experts (kernels/moe.cuh) with tensor,
     // pipeline or context parallelism.
     static void refuse_unsupported(const RunConfig& cfg) {
-        if (cfg.model_config.arch == ModelArch::Llama && cfg.fp8)
-            fail("--arch llama with --fp8 1: the CUDA model runs a Llama in bf16 so far (data, tensor and pipeline "
-                 "parallelism, -r); drop --fp8, or train with train_gpt_cpu, which simulates it");
         if (cfg.model_config.num_experts > 0 && (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1))
             fail(strformat("--experts %d with --tp %d / --pp %d / --cp %d: the CUDA model runs a mixture of experts "
                            "with data and expert parallelism (-z 0-3, --ep) only; drop them, or train with "

@@ -469,7 +469,8 @@ breakage swiglu-backward-no-sigmoid-derivative llmc/kernels/swiglu.cuh "bench ll
     'dk * __bfloat162float(u[k]) * s * (1.0f + gk * (1.0f - s))' \
     'dk * __bfloat162float(u[k]) * s'
 
-# 12. A Llama on the CUDA model (test_gpt2_cuda's Llama cases against the CPU model).
+# 12. A Llama on the CUDA model (test_gpt2_cuda's Llama cases against the CPU model, FP8 products
+# included; test_cp_cuda's Llama step on cp 2).
 breakage gqa-reduce-first-head-only llmc/kernels/gqa.cuh "gpt2" \
     "gqa_reduce: each kv head's dk, dv take only the first query head of its group" \
     'for (int g = 0; g < G; g++) {' \
@@ -478,6 +479,22 @@ breakage llama-cuda-no-rope-backward llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
     "GPT2CUDA::attention_layer_backward: the qkv gradient is not rotated back (RoPE's backward skipped)" \
     '        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());' \
     ''
+breakage llama-fp8-qkv-first-tensor-only llmc/models/gpt2/fp8_gather.cuh "gpt2" \
+    "Fp8BlockWeights: the qkv product's FP8 copy sized by its query rows only (a Llama's wq without wkv)" \
+    'const size_t sizes[FP8_PRODUCTS] = {w.qkv * C, C * C, w.up * C, C * w.hidden};' \
+    'const size_t sizes[FP8_PRODUCTS] = {(size_t)w.heads * w.head_size * C, C * C, w.up * C, C * w.hidden};'
+breakage llama-fp8-qkv-grad-amax-before-reduce llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
+    "GPT2CUDA::attention_layer_backward: the qkv gradient's FP8 amax taken from the expanded, unrotated rows" \
+    'grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));' \
+    'fp8_fused_amax(l, FP8_QKV, FP8_GRAD));'
+breakage llama-cp-local-positions llmc/models/gpt2/gpt2_cuda.cuh "cp2" \
+    "GPT2CUDA::forward_chunk: RoPE at each rank's local positions 0..T/cp-1, not its rows' global ones" \
+    'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);' \
+    'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, nullptr, s);'
+breakage llama-cp-ring-unexpanded llmc/models/gpt2/gpt2_cuda.cuh "cp2" \
+    "GPT2CUDA::attention_layer_forward: the ring reads the kept qkv rows (2 kv heads) as if every head had its own" \
+    'ring_.forward(a.atty.at(l), a.lse.at(l), qkv, ring_buffers(a), B, T, NH, HS, stream_.get());' \
+    'ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());'
 
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do
@@ -508,7 +525,7 @@ targets_of() {
         gpt2) echo "$emu/test_gpt2_cuda" ;;
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
-        cp-mesh) echo "$emu/test_cp_cuda" ;;
+        cp-mesh | cp2) echo "$emu/test_cp_cuda" ;;
         dp-nccl | tp-nccl | ckpt | fp8-gather | fp8-gather-fault) echo "train_gpt_emu" ;;
         *) echo "check_breakages.sh: unknown test $1" >&2; exit 2 ;;
     esac
@@ -520,6 +537,7 @@ describe() {
         tp) echo "mpirun -np 2 $emu/test_tp_cuda DIR 2 (test/gpu/run_gpu_tp_tests.sh)" ;;
         pp) echo "mpirun -np 2 $emu/test_pp_cuda DIR 2 1 1 (test/gpu/run_gpu_pp_tests.sh)" ;;
         cp-mesh) echo "mpirun -np 4 $emu/test_cp_cuda DIR cp2.tp2 cp2.tp2.sp0 pp2.cp2 (test/gpu/run_gpu_cp_tests.sh)" ;;
+        cp2) echo "mpirun -np 2 $emu/test_cp_cuda DIR cp2 (test/gpu/run_gpu_cp_tests.sh)" ;;
         dp-nccl) echo "the 2-rank --gpu-comm nccl run against 1 rank (test/mpi/run_gpu_dp_tests.sh)" ;;
         tp-nccl) echo "the --tp 2 --gpu-comm nccl run against 1 rank (test/gpu/run_gpu_tp_tests.sh)" ;;
         ckpt) echo "a run resumed from its step-8 checkpoint against the uninterrupted run (test/gpu/run_gpu_ckpt_tests.sh)" ;;
@@ -538,6 +556,7 @@ run_test() {
         tp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_tp_cuda" "$d" 2 ;;
         pp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_pp_cuda" "$d" 2 1 1 ;;
         cp-mesh) timeout 600 mpirun --oversubscribe -np 4 "$emu/test_cp_cuda" "$d" cp2.tp2 cp2.tp2.sp0 pp2.cp2 ;;
+        cp2) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_cp_cuda" "$d" cp2 ;;
         dp-nccl)  # run_gpu_dp_tests.sh's 1-rank reference and its 2-rank NCCL run, compared by its lib.sh
             (
                 # shellcheck source=/dev/null  # the copy's test/gpu/lib.sh

@@ -7,10 +7,14 @@
 #      config (fp32 against bf16: within 2e-3 relative per step);
 #   2. two ranks (--gpu-comm mpi) reproduce the one-rank curve within LLMC_LLAMA_RANKS_LIMIT
 #      (default 1e-3): data parallel at ZeRO-3 (8 sequences each), tensor parallel (--tp 2, with
-#      sequence parallelism), and pipeline parallel (--pp 2, interleaved, 2 chunks per rank);
+#      sequence parallelism), pipeline parallel (--pp 2, interleaved, 2 chunks per rank) and context
+#      parallel (--cp 2: ring attention on the expanded kv heads, RoPE at the global positions; not
+#      emulated, where test_cp_cuda's Llama step checks every gradient of the same path instead);
 #   3. a checkpoint written at step 4, resumed by train_gpt, ends with the same model.bin bit for
 #      bit, and train_gpt_cpu continues it within 2e-3;
-#   4. what the CUDA model does not run with a Llama yet (--fp8) is refused by name.
+#   4. FP8 products (--fp8 1, delayed scaling) follow train_gpt_cpu's simulation of the same run
+#      within 1e-3, and ZeRO-3 on 2 ranks (the weights gathered as their codes) the 1-rank FP8 run
+#      within the ranks' limit.
 # Skips with a message where there is no GPU or no mpirun, except in a GPU session
 # (LLMC_GPU_SESSION=1), where either is a failure (exit 3 without a GPU, 1 without mpirun).
 #   test/gpu/run_gpu_llama_tests.sh ./train_gpt ./train_gpt_cpu
@@ -41,14 +45,21 @@ run tp2 2 16 --tp 2
 compare one tp2 "$ranks_limit" "$steps"
 run pp2 2 8 --pp 2 --pp-schedule interleaved --pp-virtual 2
 compare one pp2 "$ranks_limit" "$steps"
+if [ "${LLMC_EMULATED:-0}" != 1 ]; then  # emulated, test_cp_cuda's Llama step covers the ring (CI's time)
+    run cp2 2 8 --cp 2
+    compare one cp2 "$ranks_limit" "$steps"
+fi
 
 # 3. a checkpoint resumed on the GPU (bitwise) and by the CPU model
 resume_check 4 "$steps" 2e-3 8
 
-# 4. the refusal
-if "$trainer" "${common[@]}" -b 8 --fp8 1 --plan 1 > "$dir/refused.log" 2>&1; then
-    echo "FAIL --arch llama --fp8 1 was not refused"; exit 1
-fi
-grep -q "the CUDA model runs a Llama in bf16 so far" "$dir/refused.log" ||
-    { echo "FAIL --arch llama --fp8 1 refused, but not by name:"; cat "$dir/refused.log"; exit 1; }
-echo "ok --arch llama --fp8 1 on the CUDA model is refused by name"
+# 4. FP8 products (delayed scaling): the CPU model's simulation of the same run, and ZeRO-3 on 2
+# ranks with the weights' codes gathered against the 1-rank run
+common=("${base[@]}" --fp8 1 --fp8-scaling delayed)
+trainer=$cpu_trainer
+run cpu_fp8 1 8
+trainer=$cuda_trainer common=("${common[@]}" --gpu-comm mpi)
+run fp8 1 8
+compare cpu_fp8 fp8 1e-3 "$steps"
+run fp8_zero3 2 4 -z 3
+compare fp8 fp8_zero3 "$ranks_limit" "$steps"

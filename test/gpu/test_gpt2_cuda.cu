@@ -440,17 +440,13 @@ std::vector<float> cpu_step_grads(const ModelConfig& c, const std::vector<float>
     return std::vector<float>(cpu.grads(), cpu.grads() + num_params(c));
 }
 
-bool is_fp8_weight(int tensor) {
-    using P = GPT2Params;
-    return tensor == P::QKVW || tensor == P::ATTPROJW || tensor == P::FCW || tensor == P::FCPROJW;
-}
-
-}  // namespace
-
-TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than fp32, and its products quantized") {
-    const ModelConfig c = test_config();
-    const std::vector<float> weights = bf16_exact_init(c, 42);
-    const ParamLayout layout = GPT2Params::layout(c);
+// One training step of either family with FP8 products from `weights`: the GPU's gradients nearer
+// the CPU model's FP8 simulation than its fp32 ones, and its products quantized (every element of
+// the four products' operands counted, once).
+void check_fp8_step_nearer_simulation(const ModelConfig& c, const std::vector<float>& weights) {
+    const ParamLayout layout = model_layout(c);
+    const BlockWidths w(c);
+    const Fp8BlockWeights fp8_weights(c);
     const int B = 4, T = 64;
     const Batch batch = random_batch(c, B, T, 11);
     float cpu_fp8_loss = 0, cpu_loss = 0;
@@ -466,8 +462,12 @@ TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than 
         grads[fp8] = grads_of(gpu);
         if (!fp8) continue;
         const Fp8Stats stats = gpu.take_fp8_stats();
-        CHECK(stats.counts[FP8_FC][FP8_GRAD].elements == (uint64_t)c.num_layers * B * T * 4 * c.channels);
-        CHECK(stats.counts[FP8_QKV][FP8_WEIGHT].elements == (uint64_t)c.num_layers * 3 * c.channels * c.channels);
+        CHECK(stats.counts[FP8_FC][FP8_GRAD].elements == (uint64_t)c.num_layers * B * T * w.up);
+        CHECK(stats.counts[FP8_FCPROJ][FP8_INPUT].elements == (uint64_t)c.num_layers * B * T * w.hidden);
+        CHECK(stats.counts[FP8_QKV][FP8_WEIGHT].elements == (uint64_t)c.num_layers * w.qkv * c.channels);
+        // current scaling measures each operand as cast: nothing overflows (an amax taken from other
+        // values than the cast's, e.g. a Llama's qkv gradient before its reduction, would clip)
+        CHECK(stats.total().overflows == 0);
         CHECK(gpu.take_fp8_stats().total().elements == 0);
     }
     CHECK(rel_error(losses[1], cpu_fp8_loss) <= 1e-2);
@@ -483,7 +483,9 @@ TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than 
         const double err = rel_error(g, cpu_fp8.data() + s.begin, n);
         INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
         CHECK(err <= 0.15);
-        if (!is_fp8_weight(s.tensor)) continue;
+        if (std::find(std::begin(fp8_weights.tensor), std::end(fp8_weights.tensor), s.tensor) ==
+            std::end(fp8_weights.tensor))
+            continue;
         to_fp8 += err;
         to_fp32 += rel_error(g, cpu_fp32.data() + s.begin, n);
         to_bf16 += rel_error(g, grads[0].data() + s.begin, n);
@@ -492,6 +494,13 @@ TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than 
          << " to fp32, " << to_bf16 << " to the bf16 model");
     CHECK(to_fp8 < to_fp32);
     CHECK(to_bf16 > 0.5 * to_fp32);  // the products are quantized, not run in bf16
+}
+
+}  // namespace
+
+TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than fp32, and its products quantized") {
+    const ModelConfig c = test_config();
+    check_fp8_step_nearer_simulation(c, bf16_exact_init(c, 42));
 }
 
 TEST_CASE("weight gradients split along k: within 1e-5 of whole ones, not their bits, and the same bits every run") {
@@ -832,6 +841,68 @@ TEST_CASE("a Llama: a training step, evaluation and next-token logits match the 
         CHECK(grads[r] == grads[0]);
         GPT2CUDA gpu(c, B, T, options((Recompute)r));
         check_plan_equals_allocation(c, B, T, options((Recompute)r), gpu);
+    }
+}
+
+TEST_CASE("a Llama with FP8 products: a step nearer the CPU model's FP8 simulation than fp32; -r 0-3 bitwise "
+          "equal; the memory plan equals the allocation, at ZeRO-3 with the weights' codes gathered too") {
+    const ModelConfig c = llama_test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 42);
+    check_fp8_step_nearer_simulation(c, weights);
+    const int B = 2, T = 64;
+    const Batch batch = random_batch(c, B, T, 13);
+    auto delayed = [](Recompute r) { return fp8_options(r, Fp8Scaling::Delayed); };
+    std::vector<float> grads[4];
+    float losses[4];
+    step_per_recompute(c, weights, batch, B, T, delayed, losses, grads);
+    for (int r = 1; r <= 3; r++) {
+        INFO("-r " << r);
+        CHECK(grads[r] == grads[0]);  // SwiGLU is its own kernel at every setting
+        GPT2CUDA gpu(c, B, T, delayed((Recompute)r));
+        check_plan_equals_allocation(c, B, T, delayed((Recompute)r), gpu);
+    }
+    ShapeOnlyComm three(3);
+    DataParallel dp;
+    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
+    GPT2CUDAOptions o;
+    o.fp8 = {true, Fp8Scaling::Current, 4, true};
+    size_t planned[(int)MemoryKind::Count] = {};
+    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, GPT2CUDA::zero_plan(c, 3, 0, 3)))
+        planned[(int)s.kind] += s.bytes();
+    const GPT2CUDA gpu(c, 2, 64, o, dp);
+    for (int k = 0; k < (int)MemoryKind::Count; k++) {
+        INFO("ZeRO-3, rank 0 of 3: " << memory_kind_name((MemoryKind)k));
+        CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+    }
+}
+
+TEST_CASE("a Llama with FP8 products: amax measured by the kernels that write the operands gives the step its "
+          "own passes give") {
+    // RMSNorm (forward: the qkv and MLP inputs; backward: the projections' output gradients),
+    // attention (the output projection's input) and SwiGLU (the down projection's input) measure as
+    // they write; the qkv gradient (reduced over each kv head's group and rotated back after the
+    // attention's backward wrote it) and the gate/up gradient (SwiGLU's backward) are measured by
+    // their casts: 6 passes a layer of 12 at every -r, and bitwise the same gradients.
+    const ModelConfig c = llama_test_config();
+    const std::vector<float> weights = bf16_exact_init(c, 5);
+    const int B = 2, T = 32;
+    const Batch batch = random_batch(c, B, T, 3);
+    for (Recompute r : {Recompute::None, Recompute::Block}) {
+        std::vector<float> grads[2];
+        uint64_t passes[2];
+        for (bool fused : {false, true}) {
+            GPT2CUDA gpu(c, B, T, fp8_options(r));
+            gpu.set_fp8_fused_amax(fused);
+            gpu.set_master_weights(weights.data());
+            gpu.zero_grad();
+            gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+            grads[fused] = grads_of(gpu);
+            passes[fused] = gpu.fp8_amax_passes();
+        }
+        INFO("recompute " << (int)r);
+        CHECK(grads[1] == grads[0]);
+        CHECK(passes[0] == (uint64_t)12 * c.num_layers);
+        CHECK(passes[1] == (uint64_t)6 * c.num_layers);
     }
 }
 

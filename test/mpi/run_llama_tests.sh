@@ -3,7 +3,9 @@
 # untied head) trained by train_gpt_cpu under mpirun: every axis the CPU model gives it reproduces
 # the 1-rank run's losses and gradient norms (same_curve: 1e-5 and 1e-4 relative), for 8 steps:
 #   dp 2 with ZeRO-1 and ZeRO-3, tp 2 (sequence parallel), dp 2 x tp 2 with ZeRO-2, pp 2 (1F1B and
-#   interleaved, 2 chunks per rank), and a checkpoint of the 1-rank run resumed onto tp 2 with ZeRO-3;
+#   interleaved, 2 chunks per rank), cp 2 (ring attention with grouped kv heads, RoPE at each rank's
+#   global positions) alone, with dp 2 at ZeRO-3, with tp 2 and with pp 2, and a checkpoint of the
+#   1-rank run resumed onto tp 2 with ZeRO-3;
 # FP8 products train (a finite, falling loss); and what a Llama cannot do yet, or a shape that does not
 # divide, is refused by name. The PyTorch oracle for the model itself is test/test_llama_cpu.cpp's.
 #
@@ -51,6 +53,10 @@ same_as_one tp2 2 --tp 2
 same_as_one dp2_tp2_zero2 4 --tp 2 -z 2
 same_as_one pp2 2 --pp 2
 same_as_one pp2_interleaved 2 --pp 2 --pp-schedule interleaved --pp-virtual 2
+same_as_one cp2 2 --cp 2
+same_as_one dp2_cp2_zero3 4 --cp 2 -z 3
+same_as_one cp2_tp2 4 --cp 2 --tp 2
+same_as_one pp2_cp2 4 --pp 2 --cp 2 -z 1
 
 out="$dir/resumed"
 "${mpirun[@]}" -np 2 "$trainer" "${common[@]}" -x 8 --tp 2 -z 3 -o "$out" --resume-from "$dir/one/ckpt_00000004" \
@@ -64,8 +70,6 @@ curve "$dir/fp8/metrics.jsonl" | awk 'NR == 1 { first = $2 } END { exit !($2 < f
     { echo "FAILED: a Llama run with FP8 products does not learn"; curve "$dir/fp8/metrics.jsonl"; exit 1; }
 echo "ok a Llama run with FP8 products learns"
 
-expect_failure "a Llama with context parallelism" "not yet context parallelism" \
-    -np 2 "$trainer" "${common[@]}" -x 1 --cp 2 -o "$dir/bad"
 expect_failure "fewer kv heads than tensor ranks" "must divide the model's key/value head count" \
     -np 4 "$trainer" "${common[@]}" -x 1 --tp 4 -o "$dir/bad"
 expect_failure "Llama's shape flags on a GPT-2" "give --arch llama" \

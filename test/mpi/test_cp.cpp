@@ -5,7 +5,8 @@
 //
 // 1. Ring attention (cpu/ring_attention.h) on a context group of CP ranks, on random queries, keys,
 //    values and output gradients: each rank's rows of the output and of the qkv gradient are the
-//    plain attention's (cpu/ops.h) rows at the same global positions, within 1e-5 relative.
+//    plain attention's (cpu/ops.h; cpu/llama_ops.h's with 4 query heads sharing 2 key/value heads)
+//    rows at the same global positions, within 1e-5 relative.
 // 2. The model: every rank also trains the 1-rank reference (a LocalComm model whose micro-batch is
 //    the dp groups' micro-batches side by side, so it reads the very same tokens). For ZeRO stages
 //    0-3 over the dp x cp group (and with TP > 1, sequence parallelism on and off) the 20 losses
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/llama_ops.h"
 #include "llmc/cpu/ring_attention.h"
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
@@ -52,31 +54,38 @@ std::vector<float> local_rows(const std::vector<float>& whole, const ContextSpli
     return mine;
 }
 
-// Ring attention forward and backward over `cp` against the plain attention of the whole sequences.
-void check_ring_attention(Communicator& cp) {
-    const int B = 2, T = 8 * cp.world_size(), C = 12, NH = 3;
-    const std::vector<float> qkv = random_floats((size_t)B * T * 3 * C, 1);
+// Ring attention forward and backward over `cp` against the plain attention of the whole sequences:
+// with as many key/value heads as query heads (GPT-2's), or fewer, each serving a group (a Llama's).
+void check_ring_attention(Communicator& cp, int NH, int KVH) {
+    const int B = 2, T = 8 * cp.world_size(), HS = 4, C = NH * HS, row = (NH + 2 * KVH) * HS;
+    const std::vector<float> qkv = random_floats((size_t)B * T * row, 1);
     const std::vector<float> dout = random_floats((size_t)B * T * C, 2);
     std::vector<float> out((size_t)B * T * C), att((size_t)B * NH * T * T), dqkv(qkv.size());
-    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    cpu::attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH);
+    if (KVH == NH) {
+        cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+        cpu::attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH);
+    } else {
+        cpu::gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
+        cpu::gqa_attention_backward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
+    }
 
     const ContextSplit split{cp.world_size(), cp.rank(), T};
     const int Tl = split.local_len();
-    const std::vector<float> my_qkv = local_rows(qkv, split, B, 3 * C), my_dout = local_rows(dout, split, B, C);
+    const std::vector<float> my_qkv = local_rows(qkv, split, B, row), my_dout = local_rows(dout, split, B, C);
     std::vector<float> my_out((size_t)B * Tl * C), lse((size_t)B * NH * Tl), rowsum(lse.size());
-    std::vector<float> ring(cpu::RingAttention::ring_floats(B, Tl, C)), my_dqkv(my_qkv.size());
+    std::vector<float> ring(cpu::RingAttention::ring_floats(B, Tl, KVH * HS)), my_dqkv(my_qkv.size());
     cpu::RingAttention attention(cp);
-    attention.forward(my_out.data(), lse.data(), my_qkv.data(), ring.data(), B, Tl, C, NH);
+    attention.forward(my_out.data(), lse.data(), my_qkv.data(), ring.data(), B, Tl, NH, KVH, HS);
     attention.backward(my_dqkv.data(), my_dout.data(), my_out.data(), lse.data(), my_qkv.data(), ring.data(),
-                       rowsum.data(), B, Tl, C, NH);
+                       rowsum.data(), B, Tl, NH, KVH, HS);
     const double out_diff = relative_difference(my_out, local_rows(out, split, B, C));
-    const double grad_diff = relative_difference(my_dqkv, local_rows(dqkv, split, B, 3 * C));
+    const double grad_diff = relative_difference(my_dqkv, local_rows(dqkv, split, B, row));
+    const std::string what = strformat("ring attention over cp %d, %d heads (%d kv)", cp.world_size(), NH, KVH);
     check(out_diff <= 1e-5 && grad_diff <= 1e-5,
-          strformat("ring attention over cp %d: output differs from plain attention by %.3g, the qkv gradient by %.3g "
-                    "(limit 1e-5)", cp.world_size(), out_diff, grad_diff));
-    say(strformat("ring attention over cp %d: output and qkv gradient equal plain attention's (%.2g, %.2g)",
-                  cp.world_size(), out_diff, grad_diff));
+          strformat("%s: output differs from plain attention by %.3g, the qkv gradient by %.3g (limit 1e-5)",
+                    what.c_str(), out_diff, grad_diff));
+    say(strformat("%s: output and qkv gradient equal plain attention's (%.2g, %.2g)", what.c_str(), out_diff,
+                  grad_diff));
 }
 
 RunConfig make_config(const std::string& shard, int stage, int world_size, int cp, int tp, int sp, int batch_size) {
@@ -164,7 +173,8 @@ int main(int argc, char** argv) {
         dims.tp = tp;
         dims.dp = W / (cp * tp);
         ProcessGroups groups(*comm, dims);
-        check_ring_attention(groups.cp());
+        check_ring_attention(groups.cp(), 3, 3);
+        check_ring_attention(groups.cp(), 4, 2);
         const std::string shard = std::string(argv[1]) + "/cp_train_000000.bin";
         if (launch.rank == 0) write_shard(shard, 60000);
         comm->barrier().wait();

@@ -189,10 +189,11 @@ struct CudaActivationLayout {
         take(ring_acc, ring ? BT * Cl : 0, false);
         take(ring_dkv, ring ? 2 * BT * 2 * Cl : 0, false);
         const bool quantized = o.fp8.enabled;
-        take(fp8.input, quantized ? BT * 4 * Cl : 0, false);
-        take(fp8.input_t, quantized ? BT * 4 * Cl : 0, false);
-        take(fp8.grad, quantized ? BT * 4 * Cl : 0, false);
-        take(fp8.grad_t, quantized ? BT * 4 * Cl : 0, false);
+        const size_t widest = std::max({(size_t)Cl, w.qkv, w.up, w.hidden});  // a product's input or output row
+        take(fp8.input, quantized ? BT * widest : 0, false);
+        take(fp8.input_t, quantized ? BT * widest : 0, false);
+        take(fp8.grad, quantized ? BT * widest : 0, false);
+        take(fp8.grad_t, quantized ? BT * widest : 0, false);
         total_bytes = stage.slots * slot_bytes + scratch_bytes;
         for (const Take& t : takes)
             t.set(base ? base + (t.per_slot ? slot * slot_bytes : stage.slots * slot_bytes) + t.offset : nullptr);

@@ -26,18 +26,48 @@
 #include "llmc/dist/zero_plan.h"
 #include "llmc/numerics/fp8.h"
 #include "llmc/kernels/fp8.cuh"
-#include "llmc/models/gpt2/params.h"
+#include "llmc/models/family.h"
 #include "llmc/params/layout.h"
 
 namespace llmc {
 
+// A block's four FP8 products' weights (numerics/fp8.h's Fp8Product order: qkv, attention
+// projection, the MLP's input and output products) as the model's family names them (family.h's
+// BlockTensors: GPT-2's qkvw, attprojw, fcw, fcprojw; Llama's wq, wo, wgateup, wdown), with each
+// product's elements in a layer (OC x C; Llama's qkv product is wq and wkv, adjacent in every
+// layout, so more than its first tensor's size).
+struct Fp8BlockWeights {
+    int tensor[FP8_PRODUCTS] = {};
+    size_t size[FP8_PRODUCTS] = {};
+    Fp8BlockWeights() = default;
+    explicit Fp8BlockWeights(const ModelConfig& c) {
+        const BlockTensors t = block_tensors(c);
+        const BlockWidths w(c);
+        const size_t C = c.channels;
+        const int tensors[FP8_PRODUCTS] = {t.qkv_w, t.attproj_w, t.up_w, t.down_w};
+        const size_t sizes[FP8_PRODUCTS] = {w.qkv * C, C * C, w.up * C, C * w.hidden};
+        std::copy(tensors, tensors + FP8_PRODUCTS, tensor);
+        std::copy(sizes, sizes + FP8_PRODUCTS, size);
+    }
+    size_t per_layer() const { return before(FP8_PRODUCTS); }
+    // The elements of the products before p in a layer (where p's copy starts).
+    size_t before(int p) const {
+        size_t n = 0;
+        for (int q = 0; q < p; q++) n += size[q];
+        return n;
+    }
+    size_t largest() const { return *std::max_element(size, size + FP8_PRODUCTS); }
+};
+
 class Fp8WeightGather {
 public:
     Fp8WeightGather() = default;
-    // Every layer bucket of `plan` (over `layout`, a whole dense model's), on the model's stream.
-    Fp8WeightGather(const ParamLayout& layout, const ZeroPlan& plan, cudaStream_t stream)
+    // Every layer bucket of `plan` (over `layout`, a whole dense model's, whose FP8 weights are
+    // `weights`), on the model's stream.
+    Fp8WeightGather(const ParamLayout& layout, const Fp8BlockWeights& weights, const ZeroPlan& plan,
+                    cudaStream_t stream)
         : layers_(layout.num_layers()), stream_(stream) {
-        plan_buckets(layout, plan, &buckets_);
+        plan_buckets(layout, weights, plan, &buckets_);
         std::vector<Fp8Piece> pack, unpack;
         for (int b = 0; b < (int)buckets_.size(); b++) {
             Bucket& bk = buckets_[b];
@@ -72,17 +102,17 @@ public:
     Fp8WeightGather& operator=(Fp8WeightGather&&) = default;
 
     // Device bytes the constructor allocates for this layout and plan (the memory plan's line).
-    static size_t device_bytes(const ParamLayout& layout, const ZeroPlan& plan) {
+    static size_t device_bytes(const ParamLayout& layout, const Fp8BlockWeights& weights, const ZeroPlan& plan) {
         std::vector<Bucket> buckets;
-        plan_buckets(layout, plan, &buckets);
+        plan_buckets(layout, weights, plan, &buckets);
         const Sizes s = sizes_of(buckets, plan);
         return s.packed + 2 * (s.landing + s.codes) + s.pieces * sizeof(Fp8Piece);
     }
     // What one rank's gathers of every layer send less than bf16 would: (ranks - 1) chunks' worth
     // each, as a ring all-gather sends them (the planner's bytes).
-    static double bytes_saved(const ParamLayout& layout, const ZeroPlan& plan) {
+    static double bytes_saved(const ParamLayout& layout, const Fp8BlockWeights& weights, const ZeroPlan& plan) {
         std::vector<Bucket> buckets;
-        plan_buckets(layout, plan, &buckets);
+        plan_buckets(layout, weights, plan, &buckets);
         double saved = 0;
         for (int b = 0; b < (int)buckets.size(); b++)
             if (buckets[b].layer >= 0) {
@@ -92,9 +122,10 @@ public:
         return saved;
     }
     // Bytes one rank sends in a layer's gather, packed and as bf16 (the largest layer's; for the logs).
-    static std::pair<size_t, size_t> chunk_bytes(const ParamLayout& layout, const ZeroPlan& plan) {
+    static std::pair<size_t, size_t> chunk_bytes(const ParamLayout& layout, const Fp8BlockWeights& weights,
+                                                 const ZeroPlan& plan) {
         std::vector<Bucket> buckets;
-        plan_buckets(layout, plan, &buckets);
+        plan_buckets(layout, weights, plan, &buckets);
         std::pair<size_t, size_t> most{0, 0};
         for (int b = 0; b < (int)buckets.size(); b++)
             if (buckets[b].layer >= 0)
@@ -164,14 +195,15 @@ private:
 
     // Each bucket of the plan: a layer's packed, with its four weights coded, its packed slice after
     // the layer before's; the others not.
-    static void plan_buckets(const ParamLayout& layout, const ZeroPlan& plan, std::vector<Bucket>* out) {
+    static void plan_buckets(const ParamLayout& layout, const Fp8BlockWeights& fp8, const ZeroPlan& plan,
+                             std::vector<Bucket>* out) {
         out->assign(plan.buckets.size(), {});
         size_t packed_at = 0;
         for (int l = 0; l < layout.num_layers(); l++) {
             Bucket& bk = (*out)[layout.layer_bucket(l)];
             std::vector<ElementRange> weights;
-            for (int t : GPT2Params::LINEAR_WEIGHTS)
-                weights.push_back({layout.offset_in_bucket(t, l), layout.tensor_size(t)});
+            for (int p = 0; p < FP8_PRODUCTS; p++)
+                weights.push_back({layout.offset_in_bucket(fp8.tensor[p], l), fp8.size[p]});
             bk.layer = l;
             bk.plan = plan_packed_bucket(plan.buckets[layout.layer_bucket(l)], weights, sizeof(floatX));
             bk.packed_at = packed_at;

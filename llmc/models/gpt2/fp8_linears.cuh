@@ -73,9 +73,10 @@ public:
     // `C`: the channels; `copies`: where the weights' codes come from (Gathered: then gather_weights);
     // `dp_ranks`: the data-parallel ranks whose step amaxes delayed scaling takes the maximum of;
     // `stream`: the model's, on which every kernel runs (the host reads the state after it).
-    Fp8LinearsCUDA(int layers, int C, const Fp8Options& options, Fp8WeightCopies copies, int dp_ranks,
-                   cudaStream_t stream)
-        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), C_(C), copies_(copies), stream_(stream) {
+    Fp8LinearsCUDA(int layers, const Fp8BlockWeights& weights, const Fp8Options& options, Fp8WeightCopies copies,
+                   int dp_ranks, cudaStream_t stream)
+        : options_(options), tensors_(layers * FP8_TENSORS_PER_LAYER), block_weights_(weights), copies_(copies),
+          stream_(stream) {
         if (!options.enabled) return;
         if (options.history < 1) fail(strformat("--fp8-history must be >= 1 step, got %d", options.history));
         scales_ = DeviceBuffer<Fp8Scale>(tensors_, "FP8 scales");
@@ -90,7 +91,7 @@ public:
         for (int i = 0; i < tensors_; i++) largest[i] = fp8::info(fp8_format(i % FP8_OPERANDS)).largest;
         CUDA_CHECK(cudaMemcpy(largest_.get(), largest.data(), sizeof(float) * tensors_, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(clips_.get(), 0, sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER));
-        const size_t weight_bytes = weight_copy_bytes(layers, C, copies);
+        const size_t weight_bytes = weight_copy_bytes(layers, weights, copies);
         if (copies != Fp8WeightCopies::Gathered) weights_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights");
         weights_t_ = DeviceBuffer<uint8_t>(weight_bytes, "FP8 weights transposed");
         if (copies != Fp8WeightCopies::AtEachUse)
@@ -117,16 +118,17 @@ public:
                sizeof(Fp8Clip) * FP8_TENSORS_PER_LAYER + sizeof(float) * step_amax_floats(tensors, o, dp_ranks);
     }
     // The weights' FP8 copies and transposes this allocates (the memory plan's other line): every
-    // layer's four weights when cached, else the largest one's slot, 4C x C (gathered: the transpose's
-    // only, the codes being the gather's, Fp8WeightGather::device_bytes).
-    static size_t weight_bytes(int layers, int C, const Fp8Options& o, Fp8WeightCopies copies, int dp_ranks) {
+    // layer's four weights when cached, else the largest one's slot (GPT-2's 4C x C; gathered: the
+    // transpose's only, the codes being the gather's, Fp8WeightGather::device_bytes).
+    static size_t weight_bytes(int layers, const Fp8BlockWeights& w, const Fp8Options& o, Fp8WeightCopies copies,
+                               int dp_ranks) {
         if (!o.enabled) return 0;
         const size_t clips = sizeof(Fp8Clip) * layers * FP8_PRODUCTS;
         switch (copies) {
-        case Fp8WeightCopies::Cached: return 2 * weight_copy_bytes(layers, C, copies) + clips;
-        case Fp8WeightCopies::AtEachUse: return 2 * weight_copy_bytes(layers, C, copies);
+        case Fp8WeightCopies::Cached: return 2 * weight_copy_bytes(layers, w, copies) + clips;
+        case Fp8WeightCopies::AtEachUse: return 2 * weight_copy_bytes(layers, w, copies);
         case Fp8WeightCopies::Gathered:  // + every rank's amaxes and clipping counts (gather_weights)
-            return weight_copy_bytes(layers, C, copies) + clips +
+            return weight_copy_bytes(layers, w, copies) + clips +
                    (sizeof(float) + sizeof(Fp8Clip)) * layers * FP8_PRODUCTS * dp_ranks;
         }
         return 0;
@@ -147,7 +149,7 @@ public:
         if (copies_ != Fp8WeightCopies::Gathered || dp.world_size() != plan.world_size)
             fail("Fp8LinearsCUDA::gather_weights: made for other weight copies, or for another communicator");
         const size_t n = (size_t)layout.num_layers() * FP8_PRODUCTS * dp.world_size();
-        gather_ = Fp8WeightGather(layout, plan, stream_);
+        gather_ = Fp8WeightGather(layout, block_weights_, plan, stream_);
         dp_ = &dp;
         rank_amaxes_ = DeviceBuffer<float>(n, "FP8 gather's weight amaxes");
         rank_clips_ = DeviceBuffer<Fp8Clip>(n, "FP8 gather's clipping counts");
@@ -322,12 +324,11 @@ private:
 
     // A product's weight (OC x C): its FP8 copy's place when cached, product after product, layer
     // after layer (else one slot every product shares, at 0).
-    static size_t weight_copy_bytes(int layers, int C, Fp8WeightCopies copies) {
-        return (size_t)(copies == Fp8WeightCopies::Cached ? layers * 12 : 4) * C * C;
+    static size_t weight_copy_bytes(int layers, const Fp8BlockWeights& w, Fp8WeightCopies copies) {
+        return copies == Fp8WeightCopies::Cached ? layers * w.per_layer() : w.largest();
     }
     size_t weight_offset(int l, Fp8Product p) const {
-        constexpr int before[FP8_PRODUCTS] = {0, 3, 4, 8};  // in C x C: qkv 3, attproj 1, fc 4, fcproj 4
-        return ((size_t)l * 12 + before[p]) * C_ * C_;
+        return (size_t)l * block_weights_.per_layer() + block_weights_.before(p);
     }
 
     // How a cast takes its scale. Measure: current scaling (and delayed before its first step's end)
@@ -456,7 +457,8 @@ private:
     }
 
     Fp8Options options_;
-    int tensors_ = 0, C_ = 0;
+    int tensors_ = 0;
+    Fp8BlockWeights block_weights_;  // the products' weights and their sizes
     Fp8WeightCopies copies_ = Fp8WeightCopies::Cached;
     cudaStream_t stream_ = nullptr;
     PhaseTimer* timer_ = nullptr;  // none: the casts are not timed

@@ -196,10 +196,6 @@ public:
                                cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
                                cp_host_.world_size()));
         }
-        if (config.arch == ModelArch::Llama && (cp_.size > 1 || options.fp8.enabled))
-            fail(strformat("GPT2CUDA: a Llama runs with data, tensor and pipeline parallelism and recomputation so "
-                           "far, not yet context parallelism or FP8 (cp %d, fp8 %d): train_gpt_cpu runs FP8",
-                           cp_.size, (int)options.fp8.enabled));
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
             fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         matmul_.force_split_k(options.split_k);
@@ -224,8 +220,8 @@ public:
                                              "loss download");
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
         const Fp8WeightCopies fp8_copies = fp8_weight_copies(options_.fp8, engine_.plan());
-        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), config_.channels, options_.fp8, fp8_copies, comm_.world_size(),
-                              stream_.get());
+        fp8_ = Fp8LinearsCUDA(layout_.num_layers(), Fp8BlockWeights(config_), options_.fp8, fp8_copies,
+                              comm_.world_size(), stream_.get());
         fp8_.time_casts_in(&timer_);
         engine_.attach_replicated_state(&fp8_);
         if (fp8_gathers_codes(options_.fp8, engine_.plan())) {
@@ -242,12 +238,12 @@ public:
     static std::pair<size_t, size_t> fp8_gather_chunk_bytes(const ModelConfig& c, const ZeroPlan& plan,
                                                             const Fp8Options& o) {
         if (!fp8_gathers_codes(o, plan)) return {0, 0};
-        return Fp8WeightGather::chunk_bytes(GPT2Params::layout(c), plan);
+        return Fp8WeightGather::chunk_bytes(model_layout(c), Fp8BlockWeights(c), plan);
     }
     // What one rank's ZeRO-3 gathers send less with the weights as codes (the planner's bytes), or 0.
     static double fp8_gather_bytes_saved(const ModelConfig& c, const ZeroPlan& plan, const Fp8Options& o) {
         if (!fp8_gathers_codes(o, plan)) return 0;
-        return Fp8WeightGather::bytes_saved(GPT2Params::layout(c), plan);
+        return Fp8WeightGather::bytes_saved(model_layout(c), Fp8BlockWeights(c), plan);
     }
 
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
@@ -268,13 +264,14 @@ public:
         if (o.fp8.enabled) {
             const int layers = stage.layers < 0 ? c.num_layers : stage.layers;
             const Fp8WeightCopies copies = fp8_weight_copies(o.fp8, plan);
+            const Fp8BlockWeights weights(c);
             specs.push_back({"FP8 scales and amax histories", K::Activations,
                              Fp8LinearsCUDA::device_bytes(layers, o.fp8, plan.world_size), 1});
             specs.push_back({fp8_weight_copies_name(copies), K::Activations,
-                             Fp8LinearsCUDA::weight_bytes(layers, c.channels, o.fp8, copies, plan.world_size), 1});
+                             Fp8LinearsCUDA::weight_bytes(layers, weights, o.fp8, copies, plan.world_size), 1});
             if (copies == Fp8WeightCopies::Gathered)
                 specs.push_back({"FP8 gather (packed slices, landing, codes)", K::Activations,
-                                 Fp8WeightGather::device_bytes(GPT2Params::layout(c), plan), 1});
+                                 Fp8WeightGather::device_bytes(model_layout(c), weights, plan), 1});
         }
         if (c.num_experts > 0)
             specs.push_back({"expert activations", K::Activations, moe_bytes(c, max_B, max_T, o, ep), 1});
@@ -550,7 +547,8 @@ private:
         cudaStream_t s = stream_.get();
         const BlockTensors& P = tensors_;
         if (ch.embedding || ch.head) upload_tokens(a, inputs, targets, BT);
-        if (ch.embedding && cp_.size > 1)  // a.positions: the global position of each of the rank's rows
+        // a.positions: the global position of each of the rank's rows (the embedding's, and RoPE's)
+        if (cp_.size > 1 && (ch.embedding || widths_.rotary))
             CUDA_CHECK(cudaMemcpyAsync(a.positions, batcher_.positions().data(), T * sizeof(int), cudaMemcpyHostToDevice,
                                        s));
         buckets_.acquire_resident();
@@ -1229,14 +1227,16 @@ private:
     }
 
     // Layer l's attention over this rank's NH heads: the plain kernel, or the ring over the context group.
-    // A Llama's grouped kv heads are expanded to one per query head first (kernels/gqa.cuh).
+    // A Llama's grouped kv heads are expanded to one per query head first (kernels/gqa.cuh; around the
+    // ring too, which then carries the expanded rows).
     void attention_layer_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
+        const floatX* qkv = attention_qkv(a, l, B * T);
         if (cp_.size == 1)
-            attention_forward(a.atty.at(l), a.lse.at(l), attention_qkv(a, l, B * T), B, T, NH, HS, stream_.get(),
+            attention_forward(a.atty.at(l), a.lse.at(l), qkv, B, T, NH, HS, stream_.get(),
                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_INPUT));
         else
-            ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());
+            ring_.forward(a.atty.at(l), a.lse.at(l), qkv, ring_buffers(a), B, T, NH, HS, stream_.get());
     }
     // Its backward, into a.d3C from the output's gradient in a.dC.
     // A Llama's: the expanded rows' gradient summed back over each kv head's group, then rotated back
@@ -1244,13 +1244,14 @@ private:
     void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
         const bool grouped = widths_.kv_heads != NH;
+        const floatX* qkv = attention_qkv(a, l, B * T);
+        floatX* dqkv = grouped ? a.gqa_dqkv : a.d3C;
+        // (the qkv product's output gradient is what it writes only where no reduction or rotation follows)
         if (cp_.size == 1)
-            attention_backward(grouped ? a.gqa_dqkv : a.d3C, a.scratch, a.dC, attention_qkv(a, l, B * T),
-                               a.atty.at(l), a.lse.at(l), B, T, NH, HS, stream_.get(),
-                               fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
+            attention_backward(dqkv, a.scratch, a.dC, qkv, a.atty.at(l), a.lse.at(l), B, T, NH, HS, stream_.get(),
+                               grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
         else
-            ring_.backward(a.d3C, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, HS,
-                           stream_.get());
+            ring_.backward(dqkv, a.dC, qkv, a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());
         if (grouped) gqa_reduce(a.d3C, a.gqa_dqkv, (size_t)B * T, NH, widths_.kv_heads, HS, stream_.get());
         if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());
     }
