@@ -55,7 +55,7 @@ HAVE_EMU  := $(if $(NO_MPI),,$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h)
 # which the emulated build already proves (make/emu.mk: each one's device code by nvcc -ptx and
 # ptxas for sm_90a, its kernel table, and all of it by g++), and they took about 15 minutes of CI's
 # CPU to build a second time.
-GPU_TESTS := $(BUILD)/test_gpt2_cuda $(BUILD)/test_ptx $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda \
+GPU_TESTS := $(BUILD)/test_cuda_model $(BUILD)/test_ptx $(BUILD)/test_cuda_host $(BUILD)/test_tp_cuda $(BUILD)/test_pp_cuda \
              $(BUILD)/test_cp_cuda $(BUILD)/test_moe_cuda $(BUILD)/test_device_comm
 TARGETS   := train_gpt_cpu $(if $(HAVE_NVCC),train_gpt $(if $(NO_NCCL),,$(BUILD)/comm_nccl_check.o) \
              $(BUILD)/bench_train_step cuda-workbench)
@@ -260,7 +260,7 @@ include make/emu.mk
 
 # ---- CUDA: GPU tests, kernel workbench, benchmark ----
 # The GPU tests have their own main (it skips without a GPU); they link Catch2's implementation.
-$(BUILD)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
+$(BUILD)/test_cuda_model: test/gpu/test_cuda_model.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(BUILD)/test/catch_impl.o | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(CUDA_HOST_FLAGS) $< $(filter %.o,$^) -o $@ $(CUDA_LIBS)
 # The emulator's PTX test on the real instructions: a GPU session checks the emulated bodies against
@@ -307,7 +307,7 @@ bench: $(BUILD)/bench_train_step
 gpu-tests: $(GPU_TESTS)
 test-gpu: $(GPU_TESTS) cuda-workbench train_gpt train_gpt_cpu default-data
 	$(BUILD)/test_ptx
-	$(BUILD)/test_gpt2_cuda
+	$(BUILD)/test_cuda_model
 	$(BUILD)/test_device_comm
 	$(MAKE) --no-print-directory -C dev/cuda check
 	test/mpi/run_gpu_dp_tests.sh ./train_gpt

@@ -59,8 +59,8 @@ $(EMU_DIR)/test_cuda_host: test/gpu/test_cuda_host.cu test/gpu/shape_only_comm.h
                            $(BUILD)/test/test_main.o $(EMU_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
-$(EMU_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
-                           $(BUILD)/test/catch_impl.o $(EMU_OBJS) $(call emu_kernels,test_gpt2_cuda) | deps
+$(EMU_DIR)/test_cuda_model: test/gpu/test_cuda_model.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
+                           $(BUILD)/test/catch_impl.o $(EMU_OBJS) $(call emu_kernels,test_cuda_model) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 $(EMU_DIR)/test_%_cuda: test/gpu/test_%_cuda.cu test/gpu/cuda_test_util.h test/mpi/mpi_test_util.h $(HEADERS) \
@@ -101,7 +101,7 @@ $(EMU_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h $(H
 	@mkdir -p $(dir $@)
 	$(EMU_LINK)
 
-EMU_TESTS := $(addprefix $(EMU_DIR)/,test_emu test_ptx test_cublaslt test_nccl test_cuda_host test_gpt2_cuda \
+EMU_TESTS := $(addprefix $(EMU_DIR)/,test_emu test_ptx test_cublaslt test_nccl test_cuda_host test_cuda_model \
              test_tp_cuda test_pp_cuda test_cp_cuda test_moe_cuda test_device_comm)
 emu-build: $(EMU_TESTS) $(EMU_BENCHES) train_gpt_emu
 .PHONY: emu-build test-emu
@@ -121,7 +121,7 @@ EMU_SAN_LINK   = $(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -x c++ $< -x
 $(EMU_SAN_DIR)/lib/%.o: dev/emu/%.cpp $(EMU_HEADERS) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(EMU_SAN_FLAGS) $(MPI_INC) -c $< -o $@
-$(EMU_SAN_DIR)/test_gpt2_cuda: test/gpu/test_gpt2_cuda.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
+$(EMU_SAN_DIR)/test_cuda_model: test/gpu/test_cuda_model.cu test/rel_error.h test/gpu/shape_only_comm.h $(HEADERS) $(EMU_HEADERS) \
                                $(BUILD)/test/catch_impl.o $(EMU_SAN_OBJS) | deps
 	@mkdir -p $(dir $@)
 	$(EMU_SAN_LINK)
@@ -133,8 +133,8 @@ $(EMU_SAN_DIR)/cuda/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) test/rel_error.h
 	$(EMU_SAN_LINK)
 EMU_SAN_BENCHES := $(EMU_BENCHES:$(EMU_DIR)/%=$(EMU_SAN_DIR)/%)
 .PHONY: test-emu-sanitize
-test-emu-sanitize: $(EMU_SAN_DIR)/test_gpt2_cuda $(EMU_SAN_DIR)/test_ptx $(EMU_SAN_BENCHES)
+test-emu-sanitize: $(EMU_SAN_DIR)/test_cuda_model $(EMU_SAN_DIR)/test_ptx $(EMU_SAN_BENCHES)
 	$(SAN_ENV) OMP_WAIT_POLICY=passive $(EMU_SAN_DIR)/test_ptx
-	$(SAN_ENV) OMP_WAIT_POLICY=passive $(EMU_SAN_DIR)/test_gpt2_cuda
+	$(SAN_ENV) OMP_WAIT_POLICY=passive $(EMU_SAN_DIR)/test_cuda_model
 	@set -e; for b in $(EMU_SAN_BENCHES); do echo "== $$b --check"; $(SAN_ENV) OMP_WAIT_POLICY=passive $$b --check > $$b.log 2>&1 || \
 	    { cat $$b.log; exit 1; }; tail -1 $$b.log; done

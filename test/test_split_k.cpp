@@ -1,7 +1,7 @@
 // How a weight gradient's k is cut (llmc/kernels/split_k.h): the slices cover k exactly, the wave
 // model splits only outputs too small to fill the GPU and then fills its waves, the partials stay
 // within their buffer, and a forced split is honoured as far as k allows. (The products over the
-// slices are checked against the CPU reference in dev/cuda/matmul.cu and test/gpu/test_gpt2_cuda.cu.)
+// slices are checked against the CPU reference in dev/cuda/matmul.cu and test/gpu/test_cuda_model.cu.)
 #include <catch2/catch.hpp>
 
 #include "llmc/kernels/split_k.h"

@@ -1,5 +1,5 @@
 // gather_bench: ZeRO-3's all-gather of one layer, as bf16 against packed with its four weights as
-// FP8 codes (models/gpt2/fp8_gather.cuh), timed over the MPI communicator on host buffers. The
+// FP8 codes (models/cuda/fp8_gather.cuh), timed over the MPI communicator on host buffers. The
 // sizes are what the CUDA model's ZeRO plan gives a layer of GPT-2 124M (d12) and 1.5B (d48) on this
 // many ranks (dist/packed_gather.h's chunk for the packed gather, the shard for bf16); the median
 // of the repetitions is printed with the bytes each rank receives.

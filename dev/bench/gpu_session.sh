@@ -26,7 +26,8 @@
 #                                       of experts against the CPU trainer, a short run, compute-sanitizer
 #                                       memcheck and racecheck
 #   dev/bench/gpu_session.sh sanitize   memcheck and racecheck alone (when `test` ran out of budget)
-#   dev/bench/gpu_session.sh train      d4 default run against the CPU trainer, d12 at T = 1024
+#   dev/bench/gpu_session.sh train      d4 default run against the CPU trainer, d12 at T = 1024, d4 as a
+#                                       Llama, transformers loading the exports (dev/bench/hf_check.py)
 #   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA, and
 #                                       the measured rates as a --topology file (measured_topology.json)
 #   dev/bench/gpu_session.sh tp         tensor parallelism: test_tp_cuda (tp 2, dp 2 x tp 2) and the
@@ -38,14 +39,14 @@
 #                                       workbenches, test_cp_cuda (cp 2; cp 2 x tp 2, sp on and off;
 #                                       pp 2 x cp 2; dp 2 x cp 2) and the trainer's --cp runs and resumes
 #                                       against 1 rank (test/gpu/run_gpu_cp_tests.sh)
-#   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_gpt2_cuda's FP8 cases,
+#   dev/bench/gpu_session.sh fp8        FP8 products (issue 28): the workbench, test_cuda_model's FP8 cases,
 #                                       the trainer's --fp8 runs, d12 and d48 in bf16 and in FP8 (current and
 #                                       delayed scaling), each with its profile
 #   dev/bench/gpu_session.sh bench      the fastest B and -r for d12 and d48 (bench_train_step --best, with the
 #                                       winner's profile), PyTorch compiled, llm.c (.device/peers.sh, where the
 #                                       session carries one), then one table of the three side by side in the
 #                                       summary (dev/bench/side_by_side.py); d24, d36, d12 and d48 with --fp8,
-#                                       d12 with 8 experts
+#                                       d12 with 8 experts, d12 as a Llama in llmc and in PyTorch
 # Several stages may share a call (`train kernels`); they share its budget and run in the order named
 # (`test train sanitize` moves test's memcheck and racecheck after train).
 # Exit status: 0 when every step passed, 3 when there is no GPU, 1 otherwise.
@@ -126,7 +127,7 @@ fi
 # host code for any x86-64-v3 processor instead of -march=native (the device's CPU is not this one's).
 # The programs are packed into .device/prebuilt.tar.xz at their paths in the tree; on the device the
 # build step unpacks them in place and runs make only if one of them cannot load its libraries there.
-ALL_TARGETS="train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm
+ALL_TARGETS="train_gpt train_gpt_cpu build/test_cuda_model build/test_ptx build/test_cuda_host build/test_comm
              build/test_moe_cuda build/bench_train_step build/test_tp_cuda build/test_pp_cuda build/test_cp_cuda"
 if [ "${STAGES[0]}" = prebuild ]; then
     set -e
@@ -284,16 +285,16 @@ echo "make ${MAKEARGS[*]}" > "$LOGS/make_args.txt"
 targets=()
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/test_ptx build/test_cuda_host build/test_comm
+    test) targets+=(train_gpt train_gpt_cpu build/test_cuda_model build/test_ptx build/test_cuda_host build/test_comm
                     build/test_moe_cuda cuda-workbench) ;;
-    sanitize) targets+=(build/test_gpt2_cuda) ;;
+    sanitize) targets+=(build/test_cuda_model) ;;
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench build/test_ptx) ;;
     bench) targets+=(build/bench_train_step) ;;
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
     cp) targets+=(train_gpt train_gpt_cpu build/test_cp_cuda build/test_cuda_host cuda-workbench) ;;
-    fp8) targets+=(train_gpt train_gpt_cpu build/test_gpt2_cuda build/bench_train_step cuda-workbench) ;;
+    fp8) targets+=(train_gpt train_gpt_cpu build/test_cuda_model build/bench_train_step cuda-workbench) ;;
     esac
 done
 step probe.log 60 dev/bench/gpu_probe.sh
@@ -342,15 +343,15 @@ sanitize() {  # out-of-bounds accesses, uninitialised reads and shared-memory ra
     local san
     san=$(command -v compute-sanitizer || echo "$CUDA/bin/compute-sanitizer")
     if [ ! -x "$san" ]; then fail_step compute-sanitizer "not found"; return; fi
-    step memcheck.log 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 build/test_gpt2_cuda "one training step*"
-    step racecheck.log 180 "$san" --tool racecheck --error-exitcode 9 build/test_gpt2_cuda "one training step*"
+    step memcheck.log 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 build/test_cuda_model "one training step*"
+    step racecheck.log 180 "$san" --tool racecheck --error-exitcode 9 build/test_cuda_model "one training step*"
 }
 for stage in "${STAGES[@]}"; do
     case "$stage" in
     test)
         step test_cuda_host.log 30 build/test_cuda_host
         step test_ptx.log 30 build/test_ptx  # the emulator's PTX bodies against the hardware
-        step test_gpt2_cuda.log 120 build/test_gpt2_cuda
+        step test_cuda_model.log 120 build/test_cuda_model
         # every workbench, even after one fails (make -C dev/cuda check stops at the first)
         for b in dev/cuda/build/*; do step "check_$(basename "$b").log" 45 "$b" --check; done
         step mpi_comm.log 60 mpirun -np 2 build/test_comm  # the carried MPI, before the GPU runs lean on it
@@ -380,7 +381,7 @@ for stage in "${STAGES[@]}"; do
         for b in gelu layernorm; do  # the kernels that measure their outputs' amax for the casts
             step "check_$b.log" 45 "dev/cuda/build/$b" --check
         done
-        step test_gpt2_cuda_fp8.log 120 build/test_gpt2_cuda "FP8*"
+        step test_cuda_model_fp8.log 120 build/test_cuda_model "FP8*"
         step gpu_fp8.log 120 test/gpu/run_gpu_fp8_tests.sh ./train_gpt ./train_gpt_cpu
         # tokens/s with and without FP8 in the same call (issue 28), each with its profile: the casts
         # ("fp8 amax", "fp8 cast") are timed apart from the products
@@ -409,6 +410,13 @@ for stage in "${STAGES[@]}"; do
         step compare_d4.log 10 dev/bench/compare_losses.sh "$RUNS/train_d4_cpu" "$RUNS/train_d4" 20 2e-2
         step train_d12.log 150 ./train_gpt -e d12 -b 16 -t 1024 -x 60 -v 20 -s 0 -l 6e-4 -o "$RUNS/train_d12"
         keep_run_files train_d12
+        # the default run as a Llama (make train-llama), then transformers loading both GPU-trained
+        # models and the test fixtures through dev/export_hf.py (issue 38): its logits against the
+        # float64 reference test/test_export_hf.py holds to llmc's CPU model
+        step train_d4_llama.log 120 ./train_gpt --arch llama -o "$RUNS/train_d4_llama"
+        keep_run_files train_d4_llama
+        step hf_check.log 90 python3 dev/bench/hf_check.py "$RUNS/train_d4/model.bin" "$RUNS/train_d4_llama/model.bin" \
+            test/fixtures/gpt2_tiny_model.bin test/fixtures/llama_tiny_model.bin
         ;;
     kernels)
         # the wgmma attention is not yet the default: first whether the card agrees with the emulator
@@ -451,6 +459,8 @@ for stage in "${STAGES[@]}"; do
         step bench_d12_moe.log 90 build/bench_train_step -e d12 -t 1024 --experts 8 --top-k 2 --profile
         # a Llama (issue 38): d12's depth as a Llama (3 kv heads, SwiGLU 2048), beside GPT-2's d12 above
         step bench_d12_llama.log 60 build/bench_train_step -e d12 -t 1024 -b 32 --arch llama --profile
+        # and PyTorch's Llama of the same shape and batch, compiled, on the same card
+        step torch_d12_llama.log 150 python3 dev/bench/torch_gpt2.py --arch llama --model d12 -t 1024 -b 32
         ;;
     esac
 done

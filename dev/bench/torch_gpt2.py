@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""PyTorch GPT-2 training-throughput baseline, for comparison with llmc.
+"""PyTorch GPT-2 (or Llama) training-throughput baseline, for comparison with llmc.
 
 Measures tokens/s, step time, MFU and peak GPU memory of GPT-2 training steps in plain PyTorch:
 fp32 params + bf16 autocast, SDPA causal attention (flash), fused AdamW, torch.compile, random
 token batches already on the GPU (no data loading). Each timed step is forward, cross-entropy
 loss, backward, clip_grad_norm_(1.0), optimizer step, zero_grad(set_to_none=True).
 Warm-up steps (compilation included) are not timed. For measurement only.
+--arch llama makes the preset a Llama as llmc's --arch llama does (llmc/models/llama/config.h):
+RMSNorm, rotate-half RoPE (base 500000), kv heads = the largest divisor of the heads at most a
+quarter of them, SwiGLU 8C/3 rounded up to 256, no biases, an untied head; the kv heads are
+repeated for SDPA (as Hugging Face's LlamaForCausalLM does).
 
 Run from the repo root, e.g.:
   python3 dev/bench/torch_gpt2.py --model d12 -t 1024 --find-max-batch
   python3 dev/bench/torch_gpt2.py --model d48 -b 8 --checkpoint
 CPU smoke test (no GPU needed):
   python3 dev/bench/torch_gpt2.py --model tiny -b 2 -t 32 --steps 2 --warmup 1 --no-compile --device cpu
+  python3 dev/bench/torch_gpt2.py --arch llama --model tiny -b 2 -t 32 --steps 2 --warmup 1 --no-compile --device cpu
 """
 import argparse
 import gc
@@ -88,6 +93,101 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def causal_attention(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.size(-2)  # torch < 2.0 (CPU smoke runs only)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
+def llama_kv_heads(heads):  # llmc/models/llama/config.h
+    for kv in range(heads // 4, 1, -1):
+        if heads % kv == 0:
+            return kv
+    return 1
+
+
+def llama_ffn_hidden(channels):
+    return (8 * channels // 3 + 255) // 256 * 256
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate_half(x):
+    h = x.size(-1) // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, NH, KV, F_hidden):
+        super().__init__()
+        self.nh, self.kv, self.hs = NH, KV, C // NH
+        self.attn_norm = RMSNorm(C)
+        self.wq = nn.Linear(C, C, bias=False)
+        self.wkv = nn.Linear(C, 2 * KV * self.hs, bias=False)
+        self.wo = nn.Linear(C, C, bias=False)
+        self.mlp_norm = RMSNorm(C)
+        self.wgateup = nn.Linear(C, 2 * F_hidden, bias=False)
+        self.wdown = nn.Linear(F_hidden, C, bias=False)
+
+    def attn(self, x, cos, sin):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.nh, self.hs).transpose(1, 2)
+        k, v = (t.view(B, T, self.kv, self.hs).transpose(1, 2) for t in self.wkv(x).split(self.kv * self.hs, dim=2))
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        group = self.nh // self.kv
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self.wo(causal_attention(q, k, v).transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        gate, up = self.wgateup(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.wdown(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, L, C, NH, max_T, checkpoint=False, theta=500000.0):
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.embed = nn.Embedding(PADDED_VOCAB, C)
+        self.blocks = nn.ModuleList(LlamaBlock(C, NH, llama_kv_heads(NH), llama_ffn_hidden(C)) for _ in range(L))
+        self.norm = RMSNorm(C)
+        self.lm_head = nn.Linear(C, PADDED_VOCAB, bias=False)
+        hs = C // NH
+        inv = 1.0 / theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+        angles = torch.outer(torch.arange(max_T, dtype=torch.float64), inv)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith(("wo.weight", "wdown.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.embed(idx)
+        cos, sin = self.cos[:T], self.sin[:T]
+        for block in self.blocks:
+            if self.checkpoint and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 def default_peak_tflops(device):
     if device.type != "cuda":
         return None
@@ -104,8 +204,12 @@ def setup(args, device, B):
     L, C, NH = PRESETS[args.model]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    model = GPT2(L, C, NH, args.seq_len, checkpoint=args.checkpoint).to(device)
-    n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    if args.arch == "llama":  # what llmc counts: every parameter but the looked-up embedding
+        model = Llama(L, C, NH, args.seq_len, checkpoint=args.checkpoint).to(device)
+        n_params = sum(p.numel() for p in model.parameters()) - model.embed.weight.numel()
+    else:
+        model = GPT2(L, C, NH, args.seq_len, checkpoint=args.checkpoint).to(device)
+        n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     extra = {"fused": True} if device.type == "cuda" else {}
@@ -190,6 +294,7 @@ def main():
                "matmuls, forward+backward (12*L*C*T), halved for the causal mask. "
                "The JSON line's mfu is a fraction (0.451 = 45.1%).")
     p.add_argument("--model", default="d12", choices=list(PRESETS))
+    p.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"], help="the preset's family, as llmc's --arch")
     p.add_argument("-b", "--batch-size", type=int, default=8)
     p.add_argument("-t", "--seq-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20, help="timed steps")
@@ -243,10 +348,10 @@ def main():
 
     mfu_s = f"MFU {100 * mfu:.1f}% (peak {peak:g} TFLOP/s)" if mfu is not None else "MFU n/a"
     mem_s = f"peak mem {peak_mem_gib:.1f} GiB" if peak_mem_gib is not None else "peak mem n/a"
-    print(f"torch {args.model} B={B} T={T} compile={int(args.compile)} ckpt={int(args.checkpoint)}: "
+    print(f"torch {args.model} ({args.arch}) B={B} T={T} compile={int(args.compile)} ckpt={int(args.checkpoint)}: "
           f"{tokens_per_s:.0f} tok/s, step {step_ms:.1f} ms, {mfu_s}, {mem_s} (last loss {loss.item():.4f})")
     print(json.dumps({
-        "impl": "torch", "model": args.model, "B": B, "T": T, "compile": int(args.compile),
+        "impl": "torch", "model": args.model, "arch": args.arch, "B": B, "T": T, "compile": int(args.compile),
         "ckpt": int(args.checkpoint), "steps": args.steps, "tokens_per_s": round(tokens_per_s, 1),
         "step_ms": round(step_ms, 3), "mfu": round(mfu, 4) if mfu is not None else None, "peak_tflops": peak,
         "peak_mem_gib": round(peak_mem_gib, 3) if peak_mem_gib is not None else None,

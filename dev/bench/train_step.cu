@@ -45,7 +45,7 @@
 
 #include "dev/bench/batch_sweep.h"
 #include "llmc/planning/mfu.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/models/llama/config.h"
 
 using namespace llmc;
@@ -134,7 +134,7 @@ Args parse(int argc, char** argv) {
 }
 
 struct Run {
-    std::unique_ptr<GPT2CUDA> model;
+    std::unique_ptr<CUDAModel> model;
     std::vector<int> inputs, targets;
 };
 
@@ -149,10 +149,10 @@ void one_step(Run& run, int B, int T, int step) {
 }
 
 // A model and batch of B x T, or nothing when it does not fit (out of GPU memory).
-bool try_make(Run& run, const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o) {
+bool try_make(Run& run, const ModelConfig& c, int B, int T, const CUDAModelOptions& o) {
     run.model.reset();  // the previous model's memory, before the next one asks for its own
     try {
-        run.model = std::make_unique<GPT2CUDA>(c, B, T, o);
+        run.model = std::make_unique<CUDAModel>(c, B, T, o);
         run.model->init_random(1337);
         std::mt19937 rng(1);
         std::uniform_int_distribution<int> token(0, c.vocab_size - 1);
@@ -226,7 +226,7 @@ void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
 }
 
 // The micro-batch -b 0 runs: the largest of these that fits, 0 when none does.
-int largest_batch_that_fits(Run& run, const ModelConfig& c, int T, const GPT2CUDAOptions& o) {
+int largest_batch_that_fits(Run& run, const ModelConfig& c, int T, const CUDAModelOptions& o) {
     for (int B : {128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 2, 1})
         if (try_make(run, c, B, T, o)) return B;
     return 0;
@@ -261,7 +261,7 @@ std::string model_name(const Args& args) {
 }
 
 // One configuration: -b B, or the largest that fits (-b 0).
-void run_one(const Args& args, const ModelConfig& c, const GPT2CUDAOptions& o, const std::string& device) {
+void run_one(const Args& args, const ModelConfig& c, const CUDAModelOptions& o, const std::string& device) {
     Run run;
     int B = args.B;
     if (B > 0) {
@@ -306,7 +306,7 @@ void print_sweep_end(const SweepResult& sweep, const SweepLimits& limits) {
 }
 
 // --best: the sweep of batch_sweep.h, a row per try as it ends, then the winner's line (and its profile).
-void run_best(const Args& args, const ModelConfig& c, const GPT2CUDAOptions& o, const std::string& device) {
+void run_best(const Args& args, const ModelConfig& c, const CUDAModelOptions& o, const std::string& device) {
     printf("bench_train_step --best on %s: %s, T %d, fp8 %s; B doubling from %d, -r 0..3 each only where the "
            "lower ones run out of memory; per try 1 untimed, %d warm-up and %d timed steps",
            device.c_str(), model_name(args).c_str(), args.T, args.fp8.c_str(), args.sweep.min_B, args.warmup,
@@ -317,7 +317,7 @@ void run_best(const Args& args, const ModelConfig& c, const GPT2CUDAOptions& o, 
     Run run;
     const SweepResult sweep = sweep_batch_and_recompute(args.sweep, [&](int B, int recompute) {
         const auto start = std::chrono::steady_clock::now();
-        GPT2CUDAOptions tried = o;
+        CUDAModelOptions tried = o;
         tried.recompute = (Recompute)recompute;
         TrialMeasure m;
         if (try_make(run, c, B, args.T, tried)) m = time_steps(run, c, B, args, tried.fp8.enabled);
@@ -338,7 +338,7 @@ void run_best(const Args& args, const ModelConfig& c, const GPT2CUDAOptions& o, 
     if (args.profile) {
         Args winner = args;
         winner.recompute = best->recompute;
-        GPT2CUDAOptions winner_options = o;
+        CUDAModelOptions winner_options = o;
         winner_options.recompute = (Recompute)best->recompute;
         if (!try_make(run, c, best->B, args.T, winner_options)) fail("the winner no longer fits in GPU memory");
         print_profile(run, c, best->B, winner);
@@ -356,7 +356,7 @@ int main(int argc, char** argv) {
         ModelConfig c = parse_arch(args.arch, "--arch") == ModelArch::Llama ? llama_preset(args.model, max_T)
                                                                              : model_preset(args.model, max_T);
         c.num_experts = args.experts, c.moe_top_k = args.top_k;
-        GPT2CUDAOptions o;
+        CUDAModelOptions o;
         o.recompute = (Recompute)args.recompute;
         o.fp8 = {args.fp8 != "off", args.fp8 == "delayed" ? Fp8Scaling::Delayed : Fp8Scaling::Current, 16};
         set_attention_kernels(parse_attention_kernels(args.attention, "--attention"));

@@ -5,7 +5,7 @@
 //      element-by-element path for ragged shapes), fp8_current_scale (16-byte loads),
 //      fp8_delayed_update, and the products matmul_forward_fp8 / matmul_backward_dinp_fp8 /
 //      matmul_backward_dweight_fp8 (cuBLASLt, TN); ZeRO-3's weights gathered as codes
-//      (models/gpt2/fp8_gather.cuh: fp8_pieces_amax, fp8_pack, fp8_unpack, fp8_scales_from_ranks,
+//      (models/cuda/fp8_gather.cuh: fp8_pieces_amax, fp8_pack, fp8_unpack, fp8_scales_from_ranks,
 //      fp8_clip_sum) and the byte transpose the backward makes of them (fp8_transpose)
 //   version 1 of the cast, timed beside it: 32 x 32 tiles, one element a thread (the first GPU
 //      session's, 2026-11-26)
@@ -33,7 +33,7 @@
 #include "llmc/cpu/fp8_linear.h"
 #include "llmc/kernels/fp8.cuh"
 #include "llmc/kernels/matmul.cuh"
-#include "llmc/models/gpt2/fp8_gather.cuh"
+#include "llmc/models/cuda/fp8_gather.cuh"
 
 using bench::DeviceBuffer;
 using llmc::floatX;
@@ -285,7 +285,7 @@ void check_transpose(std::mt19937_64& rng) {
     }
 }
 
-// ZeRO-3's gather of a layer with its weights as codes (models/gpt2/fp8_gather.cuh) for every rank
+// ZeRO-3's gather of a layer with its weights as codes (models/cuda/fp8_gather.cuh) for every rank
 // of a group, run one after another on this device: each rank measures and packs its slices of every
 // layer (its own Fp8WeightGather, as rank r's model makes it), the chunks are laid side by side as an
 // all-gather would, and rank 0 unpacks them. Against the host: the scale of each weight from the amax
@@ -308,7 +308,7 @@ struct GatherGroup {
         params[layout.offset(llmc::GPT2Params::FCW, 1) + 5] = 30.0f;
         for (int r = 0; r < world; r++) {
             plans.emplace_back(layout, 3, r, world, align);
-            gathers.emplace_back(layout, plans[r], (cudaStream_t)0);
+            gathers.emplace_back(layout, llmc::Fp8BlockWeights(c), plans[r], (cudaStream_t)0);
             std::vector<float> shard(plans[r].shard_num_params, 0.0f);
             for (const llmc::ZeroPlan::Bucket& k : plans[r].buckets)
                 for (size_t i = k.owned_begin; i < k.owned_end; i++)

@@ -141,7 +141,7 @@ std::vector<float> random_weight(int C, std::mt19937_64& rng) {
     return w;
 }
 
-// The scratch sized for N rows must hold the partials of every call with fewer rows (GPT2CUDA sizes it
+// The scratch sized for N rows must hold the partials of every call with fewer rows (CUDAModel sizes it
 // once for max_B x max_T). Host arithmetic only.
 void check_scratch_bound(int N, int C) {
     const size_t floats = llmc::layernorm_backward_scratch_floats(N, C);

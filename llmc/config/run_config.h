@@ -34,7 +34,7 @@ struct RunConfig {
     int fp8 = 0;
     std::string fp8_scaling = "current";
     int fp8_history = 16;
-    int fp8_gather = 1;  // ZeRO-3: the weights' all-gather carries their FP8 codes (models/gpt2/fp8_gather.cuh)
+    int fp8_gather = 1;  // ZeRO-3: the weights' all-gather carries their FP8 codes (models/cuda/fp8_gather.cuh)
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T

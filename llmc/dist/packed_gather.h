@@ -1,5 +1,5 @@
 // packed_gather.h: how a bucket's parameters travel packed in ZeRO-3's all-gather, some of its
-// tensors as one byte an element (codes: the FP8 weights, models/gpt2/fp8_gather.cuh) and the others
+// tensors as one byte an element (codes: the FP8 weights, models/cuda/fp8_gather.cuh) and the others
 // as they are stored. Pure arithmetic on the ZeRO plan: no memory, no communication.
 //
 // ZeRO-3 gathers a bucket as equal slices, one per rank (zero_plan.h). Packed, rank r's slice

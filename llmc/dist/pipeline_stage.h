@@ -8,7 +8,7 @@
 // A model takes part through PipelineStage: its forward and backward of one chunk, where a chunk's
 // input and output live in an activation slot, a buffer messages land in, and how its memory is
 // copied and ordered against communication. CPUModel's buffers are host memory and every call is
-// synchronous; GPT2CUDA's are device memory behind a stream, and before_messages() orders the
+// synchronous; CUDAModel's are device memory behind a stream, and before_messages() orders the
 // communicator after the work issued so far.
 #pragma once
 

@@ -24,7 +24,7 @@
 // data-parallel communicator; set_expert_parallel gives the engine that group.
 //
 // A bucket may travel packed in stage 3's gathers (GatherCodec: the CUDA model's FP8 weights as one
-// byte an element, models/gpt2/fp8_gather.cuh): each rank packs its slice, the packed chunks are
+// byte an element, models/cuda/fp8_gather.cuh): each rank packs its slice, the packed chunks are
 // gathered, and the codec unpacks them once the gather has landed.
 //
 // One engine serves both models. Where its buffers live and how data moves in them is a Memory

@@ -350,7 +350,7 @@ inline void fp8_transpose(uint8_t* qt, const uint8_t* q, int rows, int cols, cud
 }
 
 // ---------------------------------------------------------------------------------------------
-// ZeRO-3's weights gathered in FP8 (models/gpt2/fp8_gather.cuh; the layout is dist/packed_gather.h's).
+// ZeRO-3's weights gathered in FP8 (models/cuda/fp8_gather.cuh; the layout is dist/packed_gather.h's).
 // A rank packs its slice of each layer: the weights' elements as E4M3 codes, with the weight's scale,
 // and the other parameters as bf16; the ranks' packed chunks are all-gathered and unpacked into the
 // weights' codes and the layer's bf16 buffer. Each kernel walks a table of pieces, a block row

@@ -372,7 +372,7 @@ __global__ void moe_router_weight_backward_kernel(float* drouter, const float* d
 }
 
 // ---------------------------------------------------------------------------------------------
-// Expert parallelism (GPT2CUDA's ExpertRows, over the expert group): after the routing, this rank's
+// Expert parallelism (CUDAModel's ExpertRows, over the expert group): after the routing, this rank's
 // assignments' rows go to the ranks of their experts, and the rows of this rank's experts come in.
 
 class MoeExchange {

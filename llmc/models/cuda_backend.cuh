@@ -25,7 +25,7 @@
 #include "llmc/planning/mfu.h"
 #include "llmc/model.h"
 #include "llmc/models/backend.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/planning/planner.h"
 #ifndef LLMC_NO_NCCL
 #include "llmc/dist/comm_nccl.cuh"
@@ -34,10 +34,10 @@
 namespace llmc {
 
 struct CudaBackend {
-    // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (GPT2CUDA::zero_plan). ZeRO's
+    // One rank has nothing to shard: the CUDA model runs ZeRO-0 there (CUDAModel::zero_plan). ZeRO's
     // group is the data x context group (context ranks' gradients add up like data-parallel ones).
     static int effective_zero_stage(const RunConfig& cfg) {
-        return GPT2CUDA::effective_stage(cfg.zero_stage, zero_world(cfg));
+        return CUDAModel::effective_stage(cfg.zero_stage, zero_world(cfg));
     }
     static int zero_world(const RunConfig& cfg) { return cfg.dims.dp * cfg.dims.cp; }
 
@@ -76,7 +76,7 @@ struct CudaBackend {
             ep.expert_data = split_device_group(built, groups.expert_split(rank, true), groups.expert_data(),
                                                 "expert data");
         }
-        built.model = std::make_unique<GPT2CUDA>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp,
+        built.model = std::make_unique<CUDAModel>(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), dp, tp,
                                                  pp, cp, ep);
         const std::string gather = fp8_gather_line(cfg);
         if (world.rank() == 0 && !gather.empty()) printf("fp8: %s\n", gather.c_str());
@@ -116,7 +116,7 @@ struct CudaBackend {
 
     // --fp8 1 -z 3: what rank 0's gathers of a layer send with the weights as codes, or empty.
     static std::string fp8_gather_line(const RunConfig& cfg) {
-        const auto [packed, bf16] = GPT2CUDA::fp8_gather_chunk_bytes(
+        const auto [packed, bf16] = CUDAModel::fp8_gather_chunk_bytes(
             cfg.model_config, zero_plan_of(cfg, 0, tp_shape(cfg, 0), 0), options(cfg).fp8);
         if (packed == 0) return "";
         return strformat("ZeRO-3 gathers each layer's weights as FP8 codes: %s a rank and layer (bf16: %s, %.2fx)",
@@ -131,17 +131,17 @@ struct CudaBackend {
         const TpShape tp = tp_shape(cfg, tp_rank);
         const ZeroPlan zero = zero_plan_of(cfg, zero_rank, tp, pp_rank);
         return plan_memory(cfg, zero,
-                           GPT2CUDA::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
+                           CUDAModel::memory_specs(cfg.model_config, cfg.batch_size, cfg.seq_len, options(cfg), zero,
                                                   tp, pipeline_stage_shape(pipeline_of(cfg), pp_rank), cfg.dims.cp,
                                                   cfg.dims.ep),
                            DeviceMemory::precision, pp_rank,
-                           GPT2CUDA::fp8_gather_bytes_saved(cfg.model_config, zero, options(cfg).fp8));
+                           CUDAModel::fp8_gather_bytes_saved(cfg.model_config, zero, options(cfg).fp8));
     }
     // ZeRO's plan for data-parallel rank zero_rank (its place in the expert group and in the expert
     // data group follow from it: ep consecutive data-parallel ranks form an expert group).
     static ZeroPlan zero_plan_of(const RunConfig& cfg, int zero_rank, const TpShape& tp, int pp_rank) {
         const int ep = cfg.dims.ep;
-        return GPT2CUDA::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
+        return CUDAModel::zero_plan(cfg.model_config, cfg.zero_stage, zero_rank, zero_world(cfg), tp,
                                    model_stage_slice(cfg.model_config, pipeline_split(cfg), pp_rank), {zero_rank % ep, ep},
                                    zero_rank / ep, zero_world(cfg) / ep);
     }
@@ -156,8 +156,8 @@ struct CudaBackend {
                            cfg.model_config.num_experts, cfg.dims.tp, cfg.dims.pp, cfg.dims.cp));
     }
     // The model options of a config (recomputation, the experts' capacity and losses' weights, FP8).
-    static GPT2CUDAOptions options(const RunConfig& cfg) {
-        GPT2CUDAOptions o;
+    static CUDAModelOptions options(const RunConfig& cfg) {
+        CUDAModelOptions o;
         o.recompute = (Recompute)cfg.recompute;
         o.moe = {cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef};
         o.fp8 = fp8_options(cfg);

@@ -140,7 +140,7 @@ namespace llmc {
 
 // --fp8, --fp8-scaling, --fp8-history: which products run in FP8 and how their scales are chosen
 // (cpu/fp8_linear.h says what each means); --fp8-gather: how ZeRO-3 gathers the CUDA model's
-// weights (models/gpt2/fp8_gather.cuh; the same values either way, so the CPU model ignores it).
+// weights (models/cuda/fp8_gather.cuh; the same values either way, so the CPU model ignores it).
 enum class Fp8Scaling { Current, Delayed };
 struct Fp8Options {
     bool enabled = false;

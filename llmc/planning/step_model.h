@@ -8,7 +8,7 @@
 // group of consecutive ranks), then cp, then pp, then dp, so a group of stride s and size g stays
 // on NVLink while s x g ranks fit in a node, and crosses the network otherwise.
 //
-// What is exposed follows what the CUDA model (gpt2_cuda.cuh) and ZeroEngine (zero.h) overlap:
+// What is exposed follows what the CUDA model (cuda_model.cuh) and ZeroEngine (zero.h) overlap:
 //   tp   forward gathers and reductions are exposed (the next kernel needs them); in backward the
 //        LayerNorm rows' gathers and the input gradients' reductions run under the weight-gradient
 //        matmuls, the gathers of the residual's gradient are exposed;

@@ -23,7 +23,7 @@
 #     (default: every breakage but the known gaps; --list shows them all; --keep keeps the copy)
 # Cost on 2 cores with make -j1: about 10 minutes (5.5 without the baseline), most of it building
 # test_tp_cuda, test_pp_cuda and train_gpt_emu again after each breakage of a header they include;
-# the two FP8 weight-cast breakages add about 3 (test_gpt2_cuda rebuilt twice, 2026-11-26), the five FP8
+# the two FP8 weight-cast breakages add about 3 (test_cuda_model rebuilt twice, 2026-11-26), the five FP8
 # gather ones about 5 (train_gpt_emu rebuilt twice);
 # the four cp-mesh breakages add about 26 minutes (each rebuilds test_cp_cuda, 4-5 minutes on a
 # machine shared with other builds, and runs it on 4 ranks, 0.5-1.5 minutes).
@@ -209,7 +209,7 @@ breakage gelu-epilogue llmc/kernels/matmul.cuh "bench matmul" \
     "matmul_forward: the fc layer's GELU_AUX_BIAS epilogue replaced by BIAS (no GELU, pre_gelu unwritten)" \
     '(bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)' \
     '(bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)'
-breakage dgelu-epilogue llmc/kernels/matmul.cuh "gpt2" \
+breakage dgelu-epilogue llmc/kernels/matmul.cuh "model" \
     "matmul_backward: the DGELU epilogue dropped (the fc layer's dinp not multiplied by GELU')" \
     '        g.epilogue = pre_gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;' \
     '        g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;'
@@ -227,7 +227,7 @@ breakage split-k-sum llmc/kernels/matmul.cuh "bench matmul" \
     for (int s = 1; s < slices; s++) {' \
     '    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 1; s < slices; s++) {'
-breakage dweight-transpose llmc/kernels/matmul.cuh "gpt2" \
+breakage dweight-transpose llmc/kernels/matmul.cuh "model" \
     "matmul_backward: the weight gradient's dout operand not transposed" \
     '    g.transpose_b = true;
     g.b = dout;  // dout^T as a column-major (OC x BT); op_T makes it dout (BT x OC)' \
@@ -239,7 +239,7 @@ breakage vocab-slice-dlogits llmc/kernels/classifier.cuh "bench vocab_parallel" 
     "classifier_from_stats: the slice's first padding column (col == real) given a gradient" \
     '            if (col < real) {' \
     '            if (col <= real) {'
-breakage vocab-slice-model-end llmc/models/gpt2/gpt2_cuda.cuh "tp" \
+breakage vocab-slice-model-end llmc/models/cuda_model.cuh "tp" \
     "the model's embedding range ends one token early (vocab_begin + Vl - 1: the slice's last token gets 0)" \
     'param(P.wte), vocab_begin(), vocab_begin() + Vl, BT, C,' \
     'param(P.wte), vocab_begin(), vocab_begin() + Vl - 1, BT, C,'
@@ -257,8 +257,8 @@ breakage staged-order-after llmc/dist/staged_comm.cuh "tp" \
     "StagedComm::order_after: the host no longer waits for the compute stream before staging a collective" \
     '        if (world_size() > 1) CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(cuda_event)));' \
     '        (void)cuda_event;'
-breakage tp-after-compute llmc/models/gpt2/gpt2_cuda.cuh "tp" \
-    "GPT2CUDA::after_compute: tensor-parallel collectives no longer ordered after the compute stream" \
+breakage tp-after-compute llmc/models/cuda_model.cuh "tp" \
+    "CUDAModel::after_compute: tensor-parallel collectives no longer ordered after the compute stream" \
     '    CommHandle after_compute(Issue issue) {
         before_messages(tp_comm_);' \
     '    CommHandle after_compute(Issue issue) {'
@@ -321,7 +321,7 @@ breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench atten
     '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
 
 # 8. Context parallelism with tensor and pipeline parallelism (the CUDA model's meshes).
-breakage cp-tp-plain-attention-backward llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+breakage cp-tp-plain-attention-backward llmc/models/cuda_model.cuh "cp-mesh" \
     "layer_backward_tensor_parallel: attention's backward over the rank's own rows, not around the ring" \
     '                            a.atty.at(l), param(P.attproj_w, l), nullptr, BT, Cl, C, s);
         }
@@ -329,15 +329,15 @@ breakage cp-tp-plain-attention-backward llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh"
     '                            a.atty.at(l), param(P.attproj_w, l), nullptr, BT, Cl, C, s);
         }
         attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, HS, s);'
-breakage cp-tp-embedding-positions llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+breakage cp-tp-embedding-positions llmc/models/cuda_model.cuh "cp-mesh" \
     "the vocabulary-parallel embedding adds the positions of rows 0..T-1, not the rank's global positions" \
     'add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s, a.positions);' \
     'add_positions(x, reduced(a.partial, x), param(P.wpe), row0, n, T, C, s);'
-breakage cp-pp-loss-not-summed llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+breakage cp-pp-loss-not-summed llmc/models/cuda_model.cuh "cp-mesh" \
     "run_schedule: each micro-batch's loss the mean of the rank's rows, not summed over the context group" \
     'loss_sum += group_mean(pinned_losses_.get() + (size_t)mb * BT, BT);' \
     'loss_sum += mean_of(pinned_losses_.get() + (size_t)mb * BT, BT);'
-breakage cp-pp-batch-not-cut llmc/models/gpt2/gpt2_cuda.cuh "cp-mesh" \
+breakage cp-pp-batch-not-cut llmc/models/cuda_model.cuh "cp-mesh" \
     "forward_backward_step: the pipeline's micro-batches not cut to the rank's positions" \
     'return run_schedule(local.inputs, local.targets, micro_batches, B, local.T, grad_scale);' \
     'return run_schedule(inputs, targets, micro_batches, B, local.T, grad_scale);'
@@ -362,7 +362,7 @@ breakage fp8-delayed-history-short llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_delayed_update: the history's largest amax taken without its last slot" \
     'for (uint32_t h = 0; h < s.history_count; h++) m = fmaxf(m, ring[h]);' \
     'for (uint32_t h = 0; h + 1 < s.history_count; h++) m = fmaxf(m, ring[h]);'
-breakage fp8-weights-stale-after-adamw llmc/dist/zero.h "gpt2" \
+breakage fp8-weights-stale-after-adamw llmc/dist/zero.h "model" \
     "ZeroEngine::adamw_step: the parameter version not advanced, so the FP8 weights cast before the update stay in use" \
     '        params_version_++, shared_params_version_++;
         invalidate_gathered();
@@ -374,7 +374,7 @@ breakage fp8-weights-stale-after-adamw llmc/dist/zero.h "gpt2" \
     }
 
     // Drops every gathered'
-breakage fp8-weights-stale-after-set llmc/dist/zero.h "gpt2" \
+breakage fp8-weights-stale-after-set llmc/dist/zero.h "model" \
     "ZeroEngine::set_params: the parameter version not advanced, so new weights are multiplied as the old ones' FP8 copies" \
     '        params_version_++, shared_params_version_++;
         invalidate_gathered();
@@ -411,7 +411,7 @@ breakage fp8-gather-scale-stride llmc/kernels/fp8.cuh "bench fp8" \
 breakage fp8-gather-clips-one-rank llmc/kernels/fp8.cuh "bench fp8" \
     "fp8_clip_sum: rank 0's clipping counts taken for every rank's" \
     'const Fp8Clip& c = all[(size_t)r * tensors + i];' 'const Fp8Clip& c = all[i];'
-breakage fp8-gather-packed-once llmc/models/gpt2/fp8_linears.cuh "fp8-gather" \
+breakage fp8-gather-packed-once llmc/models/cuda/fp8_linears.cuh "fp8-gather" \
     "Fp8LinearsCUDA::pack: the slices packed once, never again after the weights or their scales change" \
     'if (version != packed_version_ || scales_epoch_ != packed_scales_epoch_) pack_weights(shard, version);' \
     'if (packed_version_ == 0) pack_weights(shard, version);'
@@ -436,8 +436,8 @@ breakage moe-no-router-weight-gradient llmc/kernels/moe.cuh "bench moe" \
     "moe_router_weight_backward_kernel: the router's weight gradient is not added" \
     '    drouter[i] += sum;' \
     '    (void)sum;'
-breakage moe-shared-expert-gradient-lost llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
-    "GPT2CUDA::mlp_backward: the experts' input gradient overwrites the shared expert's instead of adding to it" \
+breakage moe-shared-expert-gradient-lost llmc/models/cuda_model.cuh "model" \
+    "CUDAModel::mlp_backward: the experts' input gradient overwrites the shared expert's instead of adding to it" \
     'moe_backward(matmul_, a.dC, dense, g,' \
     'moe_backward(matmul_, a.dC, false, g,'
 
@@ -469,30 +469,30 @@ breakage swiglu-backward-no-sigmoid-derivative llmc/kernels/swiglu.cuh "bench ll
     'dk * __bfloat162float(u[k]) * s * (1.0f + gk * (1.0f - s))' \
     'dk * __bfloat162float(u[k]) * s'
 
-# 12. A Llama on the CUDA model (test_gpt2_cuda's Llama cases against the CPU model, FP8 products
+# 12. A Llama on the CUDA model (test_cuda_model's Llama cases against the CPU model, FP8 products
 # included; test_cp_cuda's Llama step on cp 2).
-breakage gqa-reduce-first-head-only llmc/kernels/gqa.cuh "gpt2" \
+breakage gqa-reduce-first-head-only llmc/kernels/gqa.cuh "model" \
     "gqa_reduce: each kv head's dk, dv take only the first query head of its group" \
     'for (int g = 0; g < G; g++) {' \
     'for (int g = 0; g < 1; g++) {'
-breakage llama-cuda-no-rope-backward llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
-    "GPT2CUDA::attention_layer_backward: the qkv gradient is not rotated back (RoPE's backward skipped)" \
+breakage llama-cuda-no-rope-backward llmc/models/cuda_model.cuh "model" \
+    "CUDAModel::attention_layer_backward: the qkv gradient is not rotated back (RoPE's backward skipped)" \
     '        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());' \
     ''
-breakage llama-fp8-qkv-first-tensor-only llmc/models/gpt2/fp8_gather.cuh "gpt2" \
+breakage llama-fp8-qkv-first-tensor-only llmc/models/cuda/fp8_gather.cuh "model" \
     "Fp8BlockWeights: the qkv product's FP8 copy sized by its query rows only (a Llama's wq without wkv)" \
     'const size_t sizes[FP8_PRODUCTS] = {w.qkv * C, C * C, w.up * C, C * w.hidden};' \
     'const size_t sizes[FP8_PRODUCTS] = {(size_t)w.heads * w.head_size * C, C * C, w.up * C, C * w.hidden};'
-breakage llama-fp8-qkv-grad-amax-before-reduce llmc/models/gpt2/gpt2_cuda.cuh "gpt2" \
-    "GPT2CUDA::attention_layer_backward: the qkv gradient's FP8 amax taken from the expanded, unrotated rows" \
+breakage llama-fp8-qkv-grad-amax-before-reduce llmc/models/cuda_model.cuh "model" \
+    "CUDAModel::attention_layer_backward: the qkv gradient's FP8 amax taken from the expanded, unrotated rows" \
     'grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));' \
     'fp8_fused_amax(l, FP8_QKV, FP8_GRAD));'
-breakage llama-cp-local-positions llmc/models/gpt2/gpt2_cuda.cuh "cp2" \
-    "GPT2CUDA::forward_chunk: RoPE at each rank's local positions 0..T/cp-1, not its rows' global ones" \
+breakage llama-cp-local-positions llmc/models/cuda_model.cuh "cp2" \
+    "CUDAModel::forward_chunk: RoPE at each rank's local positions 0..T/cp-1, not its rows' global ones" \
     'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);' \
     'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, nullptr, s);'
-breakage llama-cp-ring-unexpanded llmc/models/gpt2/gpt2_cuda.cuh "cp2" \
-    "GPT2CUDA::attention_layer_forward: the ring reads the kept qkv rows (2 kv heads) as if every head had its own" \
+breakage llama-cp-ring-unexpanded llmc/models/cuda_model.cuh "cp2" \
+    "CUDAModel::attention_layer_forward: the ring reads the kept qkv rows (2 kv heads) as if every head had its own" \
     'ring_.forward(a.atty.at(l), a.lse.at(l), qkv, ring_buffers(a), B, T, NH, HS, stream_.get());' \
     'ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());'
 
@@ -522,7 +522,7 @@ emu=build/emu
 targets_of() {
     case $1 in
         bench\ *) echo "$emu/cuda/${1#bench }" ;;
-        gpt2) echo "$emu/test_gpt2_cuda" ;;
+        model) echo "$emu/test_cuda_model" ;;
         tp) echo "$emu/test_tp_cuda" ;;
         pp) echo "$emu/test_pp_cuda" ;;
         cp-mesh | cp2) echo "$emu/test_cp_cuda" ;;
@@ -533,7 +533,7 @@ targets_of() {
 describe() {
     case $1 in
         bench\ *) echo "$emu/cuda/${1#bench } --check (LLMC_EMU_RACECHECK=1)" ;;
-        gpt2) echo "$emu/test_gpt2_cuda" ;;
+        model) echo "$emu/test_cuda_model" ;;
         tp) echo "mpirun -np 2 $emu/test_tp_cuda DIR 2 (test/gpu/run_gpu_tp_tests.sh)" ;;
         pp) echo "mpirun -np 2 $emu/test_pp_cuda DIR 2 1 1 (test/gpu/run_gpu_pp_tests.sh)" ;;
         cp-mesh) echo "mpirun -np 4 $emu/test_cp_cuda DIR cp2.tp2 cp2.tp2.sp0 pp2.cp2 (test/gpu/run_gpu_cp_tests.sh)" ;;
@@ -552,7 +552,7 @@ run_test() {
     d=$(mktemp -d "$scratch/run.XXXXXX")
     case $t in
         bench\ *) LLMC_EMU_RACECHECK=1 timeout 600 "$emu/cuda/${t#bench }" --check ;;
-        gpt2) timeout 600 "$emu/test_gpt2_cuda" ;;
+        model) timeout 600 "$emu/test_cuda_model" ;;
         tp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_tp_cuda" "$d" 2 ;;
         pp) timeout 600 mpirun --oversubscribe -np 2 "$emu/test_pp_cuda" "$d" 2 1 1 ;;
         cp-mesh) timeout 600 mpirun --oversubscribe -np 4 "$emu/test_cp_cuda" "$d" cp2.tp2 cp2.tp2.sp0 pp2.cp2 ;;

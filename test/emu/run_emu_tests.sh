@@ -4,7 +4,7 @@
 # trainer runs' model made small (4 layers of 64 channels, T = 8; the GPT-2 vocabulary stays):
 #   1. the emulator itself: launch limits, races, deadlocks, streams (test_emu), the PTX
 #      instructions lane by lane (test_ptx), cuBLASLt (test_cublaslt), NCCL over MPI on 1, 2, 4 ranks;
-#   2. the CUDA model against the CPU model (test_gpt2_cuda) and its host-side logic (test_cuda_host);
+#   2. the CUDA model against the CPU model (test_cuda_model) and its host-side logic (test_cuda_host);
 #   3. every kernel workbench's --check, each launch run under two thread schedules
 #      (LLMC_EMU_RACECHECK=1: an output that depends on the schedule is a race and fails);
 #   4. data, tensor, pipeline and context parallelism under mpirun (test/mpi/run_gpu_dp_tests.sh,
@@ -57,7 +57,7 @@ part "emulator: NCCL over MPI" dev/emu/run_nccl_test.sh "$emu/test_nccl"
 device_comm() { for np in 1 2 3; do timeout 300 mpirun --oversubscribe -np "$np" "$emu/test_device_comm"; done; }
 part "device communicators' all_to_all_v" device_comm
 part "CUDA model host logic" "$emu/test_cuda_host"
-part "CUDA model against the CPU model" "$emu/test_gpt2_cuda"
+part "CUDA model against the CPU model" "$emu/test_cuda_model"
 part "kernel workbenches" workbenches
 part "checkpoints, CUDA and CPU trainers" test/gpu/run_gpu_ckpt_tests.sh ./train_gpt_emu ./train_gpt_cpu
 part "data parallelism" test/mpi/run_gpu_dp_tests.sh ./train_gpt_emu

@@ -19,7 +19,7 @@
 #include "llmc/models/cpu_backend.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/cpu_model.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/mpi/mpi_test_util.h"
@@ -28,7 +28,7 @@ namespace llmc::mpi_test {
 
 // Trains `model` from the config's seed and gathers the whole model on every rank (`replicas`: the
 // ranks that hold the same parameters, as train_gpt passes them; dp by default).
-inline RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, GPT2CUDA& model,
+inline RunResult train_cuda(const RunConfig& cfg, Communicator& dp, Communicator* world, CUDAModel& model,
                             Communicator* replicas = nullptr) {
     model.init_random(cfg.seed);
     RunResult r;
@@ -49,7 +49,7 @@ inline std::vector<int> pseudo_tokens(int n, int vocab, int seed) {
 // data-parallel micro-batches side by side, so it reads the same tokens), trained on this rank's GPU
 // (the one CudaBackend picks for it): `model` (kept, for evaluation checks) and the CPU model, whose
 // curve the CUDA one must follow within bf16 tolerance. Returns the CUDA run.
-inline RunResult train_references(const RunConfig& rc, GPT2CUDA& model, RunResult* cpu) {
+inline RunResult train_references(const RunConfig& rc, CUDAModel& model, RunResult* cpu) {
     LocalComm local;
     const RunResult cuda = train_cuda(rc, local, nullptr, model);
     CPUModel cpu_model(rc.model_config, rc.batch_size, rc.seq_len, local, 0);
@@ -75,11 +75,11 @@ inline void use_this_ranks_gpu() {
 // This rank's model for `cfg`, made by CudaBackend::make_model exactly as train_gpt makes it (into
 // `built`, which owns it and its device communicators), its allocations checked against
 // CudaBackend::memory_plan for its place in the mesh: every memory kind's bytes equal the plan's.
-inline GPT2CUDA& make_planned_model(BuiltModel& built, const RunConfig& cfg, const ProcessGroups& groups,
+inline CUDAModel& make_planned_model(BuiltModel& built, const RunConfig& cfg, const ProcessGroups& groups,
                                     const std::string& what) {
     built = CudaBackend::make_model(cfg, groups, launch);
-    GPT2CUDA* model = dynamic_cast<GPT2CUDA*>(built.model.get());
-    check(model != nullptr, what + ": CudaBackend::make_model did not make a GPT2CUDA");
+    CUDAModel* model = dynamic_cast<CUDAModel*>(built.model.get());
+    check(model != nullptr, what + ": CudaBackend::make_model did not make a CUDAModel");
     const MemoryPlan plan = CudaBackend::memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), groups.pp().rank());
     for (int k = 0; k < (int)MemoryKind::Count; k++)
         check(plan.bytes[k] == model->allocated_bytes((MemoryKind)k),

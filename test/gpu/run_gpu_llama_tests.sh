@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Llama on the CUDA model (part of make test-gpu and make test-emu; the model itself against the
-# CPU model, kernel by kernel and step by step, is test_gpt2_cuda's "a Llama" cases): train_gpt with
+# CPU model, kernel by kernel and step by step, is test_cuda_model's "a Llama" cases): train_gpt with
 # the test model made a Llama (--arch llama: RMSNorm, RoPE, SwiGLU, an untied head) of 128 channels
 # in 4 heads sharing 2 kv heads (so that 2 tensor ranks each hold a group), 8 steps of 16 sequences:
 #   1. one rank (two micro-batches of 8) follows train_gpt_cpu's run of the same data, seed and

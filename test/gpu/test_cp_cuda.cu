@@ -38,7 +38,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/cpu_model.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/train_loop.h"
 #include "test/gpu/cuda_test_util.h"
 
@@ -122,12 +122,12 @@ double checked_loss_difference(const std::vector<float>& losses, const std::vect
 
 // The 1-rank references every mesh is checked against.
 struct References {
-    GPT2CUDA& model;  // the 1-rank CUDA model, for evaluation checks
+    CUDAModel& model;  // the 1-rank CUDA model, for evaluation checks
     const RunResult &cuda, &cpu;
 };
 
 // With the 1-rank model's weights, `model` gives its evaluate() and next-token logits, on every rank.
-void check_same_weights_same_outputs(GPT2CUDA& model, const References& ref, Communicator& world,
+void check_same_weights_same_outputs(CUDAModel& model, const References& ref, Communicator& world,
                                      const RunConfig& cfg, const std::string& what) {
     model.set_master_weights(ref.cuda.params.data());
     ref.model.set_master_weights(ref.cuda.params.data());
@@ -155,7 +155,7 @@ void check_mesh(const std::string& shard, Communicator& world, const Mesh& mesh,
     ProcessGroups groups(world, cfg.dims);
     const std::string what = strformat("%s, ZeRO-%d", mesh.describe(cfg.dims.dp).c_str(), stage);
     BuiltModel built;
-    GPT2CUDA& model = make_planned_model(built, cfg, groups, what);
+    CUDAModel& model = make_planned_model(built, cfg, groups, what);
     const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), model);
     const double worst = checked_loss_difference(run.losses, ref.cuda.losses, what, "the 1-rank CUDA run");
     const double worst_cpu = checked_loss_difference(run.losses, ref.cpu.losses, what, "the CPU run");
@@ -177,7 +177,7 @@ void check_recomputation(const std::string& shard, Communicator& world, const Me
     ProcessGroups groups(world, cfg.dims);
     const std::string what = strformat("%s, ZeRO-1, -r 3", mesh.describe(cfg.dims.dp).c_str());
     BuiltModel built;
-    GPT2CUDA& model = make_planned_model(built, cfg, groups, what);
+    CUDAModel& model = make_planned_model(built, cfg, groups, what);
     const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), model);
     const double worst = checked_loss_difference(run.losses, ref.cuda.losses, what, "the 1-rank CUDA run");
     say(strformat("%s: %d losses match 1 CUDA rank (worst %.2g)", what.c_str(), STEPS, worst));
@@ -202,7 +202,7 @@ void check_llama_step(const std::string& shard, Communicator& world, const Mesh&
     const float cpu_loss = cpu.forward_backward(inputs.data(), targets.data(), BATCH, SEQ, 1.0f, true);
 
     BuiltModel built;
-    GPT2CUDA& model = make_planned_model(built, cfg, groups, what);
+    CUDAModel& model = make_planned_model(built, cfg, groups, what);
     model.set_master_weights(weights.data());
     model.zero_grad();
     const float loss = model.forward_backward(inputs.data(), targets.data(), BATCH, SEQ, 1.0f, true);
@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, Mesh{}, BATCH * dp);
         use_this_ranks_gpu();
-        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
+        CUDAModel reference_model(rc.model_config, rc.batch_size, rc.seq_len);
         RunResult cpu;
         const RunResult reference = train_references(rc, reference_model, &cpu);
         const References ref{reference_model, reference, cpu};

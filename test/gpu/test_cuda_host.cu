@@ -13,7 +13,7 @@
 
 #include "llmc/numerics/fp8.h"
 #include "llmc/models/cuda_backend.cuh"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/planning/step_plan.h"
 #include "test/gpu/shape_only_comm.h"
 
@@ -21,8 +21,8 @@ using namespace llmc;
 
 namespace {
 
-GPT2CUDAOptions with(Recompute r) {
-    GPT2CUDAOptions o;
+CUDAModelOptions with(Recompute r) {
+    CUDAModelOptions o;
     o.recompute = r;
     return o;
 }
@@ -47,7 +47,7 @@ TEST_CASE("each recomputation setting keeps less activation memory than the one 
 TEST_CASE("every smaller call's activations fit in the allocation made for max_B x max_T") {
     const ModelConfig c = model_preset("d12");
     for (int r = 0; r <= 3; r++) {
-        const GPT2CUDAOptions o = with((Recompute)r);
+        const CUDAModelOptions o = with((Recompute)r);
         const size_t allocated = CudaActivationLayout::bytes_for(c, 16, 1024, o);
         for (int B : {1, 3, 8, 15, 16})
             for (int T : {1, 7, 64, 1000, 1024}) {
@@ -115,9 +115,9 @@ TEST_CASE("kernel scratch sizes never shrink as the row count grows") {
 
 TEST_CASE("the memory plan lists the parameters at 18 bytes each and the activation layout's bytes") {
     const ModelConfig c = model_preset("d12");
-    const GPT2CUDAOptions o = with(Recompute::Gelu);
+    const CUDAModelOptions o = with(Recompute::Gelu);
     size_t per_kind[(int)MemoryKind::Count] = {};
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 16, 1024, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+    for (const BufferSpec& s : CUDAModel::memory_specs(c, 16, 1024, o, CUDAModel::zero_plan(c, 0, 0, 1)))
         per_kind[(int)s.kind] += s.bytes();
     const size_t n = num_params(c);
     CHECK(per_kind[(int)MemoryKind::Parameters] == 2 * n);
@@ -131,10 +131,10 @@ TEST_CASE("the memory plan lists the parameters at 18 bytes each and the activat
 TEST_CASE("the CUDA model refuses shapes its kernels cannot run, before touching the GPU") {
     ModelConfig c = model_preset("d4");
     c.channels = 100;  // 4 heads of 25: not a multiple of 8
-    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("channels (100) must be a multiple of 8"));
+    CHECK_THROWS_WITH(CUDAModel(c, 1, 16), Catch::Contains("channels (100) must be a multiple of 8"));
     c = model_preset("d4");
     c.padded_vocab_size = c.vocab_size;  // 50257
-    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16), Catch::Contains("padded_vocab_size (50257) must be a multiple of 8"));
+    CHECK_THROWS_WITH(CUDAModel(c, 1, 16), Catch::Contains("padded_vocab_size (50257) must be a multiple of 8"));
 }
 
 TEST_CASE("ZeRO plans for the CUDA model keep every bucket and slice 16-byte aligned in bf16") {
@@ -142,7 +142,7 @@ TEST_CASE("ZeRO plans for the CUDA model keep every bucket and slice 16-byte ali
         const ModelConfig c = model_preset(preset);
         for (int world : {1, 2, 3, 5, 8, 64})
             for (int rank : {0, world - 1}) {
-                const ZeroPlan plan = GPT2CUDA::zero_plan(c, 3, rank, world);
+                const ZeroPlan plan = CUDAModel::zero_plan(c, 3, rank, world);
                 for (const ZeroPlan::Bucket& k : plan.buckets) {
                     INFO(preset << " world " << world << " rank " << rank << " bucket at " << k.begin);
                     CHECK(k.padded_begin % 8 == 0);
@@ -159,7 +159,7 @@ TEST_CASE("the CUDA memory plan shards master weights and moments from ZeRO-1, g
     const int world = 8;
     size_t bytes[4][(int)MemoryKind::Count] = {};
     for (int stage = 0; stage <= 3; stage++)
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 4, 1024, {}, GPT2CUDA::zero_plan(c, stage, 0, world)))
+        for (const BufferSpec& s : CUDAModel::memory_specs(c, 4, 1024, {}, CUDAModel::zero_plan(c, stage, 0, world)))
             bytes[stage][(int)s.kind] += s.bytes();
     using K = MemoryKind;
     const size_t n = num_params(c);
@@ -180,7 +180,7 @@ TEST_CASE("under tensor parallelism each rank's activations, layers and vocabula
         for (bool sp : {true, false}) {
             INFO("tp " << tp << (sp ? ", sequence parallel" : ""));
             const TpShape shape{tp, tp - 1, sp};
-            const GPT2CUDAOptions o = with(Recompute::None);
+            const CUDAModelOptions o = with(Recompute::None);
             std::vector<char> buffer(CudaActivationLayout::bytes_for(c, B, T, o, shape) + 256);
             char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(buffer.data()) + 255) / 256 * 256);
             const CudaActivationLayout a(c, B, T, o, base, shape);
@@ -197,7 +197,7 @@ TEST_CASE("under tensor parallelism each rank's activations, layers and vocabula
             const size_t whole = CudaActivationLayout::bytes_for(c, B, T, o);
             CHECK(CudaActivationLayout::bytes_for(c, B, T, o, shape) < whole);
             // Each rank's ZeRO plan covers exactly its piece of the parameters.
-            const ZeroPlan plan = GPT2CUDA::zero_plan(c, 0, 0, 1, shape);
+            const ZeroPlan plan = CUDAModel::zero_plan(c, 0, 0, 1, shape);
             size_t planned = 0;
             for (const ZeroPlan::Bucket& k : plan.buckets) planned += k.size;
             CHECK(planned == GPT2Params::layout(c, {tp - 1, tp}).num_params);
@@ -242,7 +242,7 @@ TEST_CASE("pipeline activation slots: kept tensors per slot, scratch and recompu
     const int B = 2, T = 64;
     char* base = reinterpret_cast<char*>(uintptr_t(1) << 32);  // addresses only, never dereferenced
     for (int r : {0, 1, 2, 3}) {
-        GPT2CUDAOptions o;
+        CUDAModelOptions o;
         o.recompute = (Recompute)r;
         StageShape stage;
         stage.layers = 6;
@@ -285,16 +285,16 @@ TEST_CASE("FP8 at ZeRO-3: the memory plan lists the codes' gather, and the plan'
     c.vocab_size = 512, c.padded_vocab_size = 512;
     for (bool gather : {true, false}) {
         INFO("--fp8-gather " << gather);
-        GPT2CUDAOptions o;
+        CUDAModelOptions o;
         o.fp8 = {true, Fp8Scaling::Current, 4, gather};
-        const ZeroPlan plan = GPT2CUDA::zero_plan(c, 3, 0, 3);
+        const ZeroPlan plan = CUDAModel::zero_plan(c, 3, 0, 3);
         bool gather_line = false;
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, plan)) {
+        for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, plan)) {
             gather_line = gather_line || s.name.find("FP8 gather") != std::string::npos;
         }
-        CHECK(gather_line == gather);  // test_gpt2_cuda checks the plan against a model's allocation
-        const double saved = GPT2CUDA::fp8_gather_bytes_saved(c, plan, o.fp8);
-        const auto [packed, bf16] = GPT2CUDA::fp8_gather_chunk_bytes(c, plan, o.fp8);
+        CHECK(gather_line == gather);  // test_cuda_model checks the plan against a model's allocation
+        const double saved = CUDAModel::fp8_gather_bytes_saved(c, plan, o.fp8);
+        const auto [packed, bf16] = CUDAModel::fp8_gather_chunk_bytes(c, plan, o.fp8);
         if (!gather) {
             CHECK(saved == 0);
             CHECK(packed == 0);
@@ -319,11 +319,11 @@ TEST_CASE("the CUDA model refuses a --tp its heads or its vocabulary slices cann
     ShapeOnlyComm three(3), two(2);
     TensorParallelGroup tp;
     tp.comm = &three;
-    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16, {}, {}, tp), Catch::Contains("--tp 3 must be a positive divisor of num_heads (4)"));
+    CHECK_THROWS_WITH(CUDAModel(c, 1, 16, {}, {}, tp), Catch::Contains("--tp 3 must be a positive divisor of num_heads (4)"));
     c.vocab_size = 500;
     c.padded_vocab_size = 520;  // a multiple of 8, but 260 per rank is not
     tp.comm = &two;
-    CHECK_THROWS_WITH(GPT2CUDA(c, 1, 16, {}, {}, tp),
+    CHECK_THROWS_WITH(CUDAModel(c, 1, 16, {}, {}, tp),
                       Catch::Contains("padded_vocab_size (520) must be a multiple of 8 x --tp 2"));
 }
 
@@ -333,14 +333,14 @@ TEST_CASE("the CUDA model refuses a pipeline split that does not fit its group o
     pp.comm = &two;
     pp.host = &two;
     pp.pipe.split = make_pipeline_split(4, 4, 1);  // 4 stages for a group of 2
-    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp),
+    CHECK_THROWS_WITH(CUDAModel(model_preset("d4"), 1, 16, {}, {}, {}, pp),
                       Catch::Contains("does not fit a pipeline group of 2 rank(s) and a model of 4 layers"));
     pp.pipe.split = make_pipeline_split(6, 2, 1);  // a 6-layer split for a 4-layer model
-    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp),
+    CHECK_THROWS_WITH(CUDAModel(model_preset("d4"), 1, 16, {}, {}, {}, pp),
                       Catch::Contains("does not fit a pipeline group of 2 rank(s) and a model of 4 layers"));
     pp.pipe.split = make_pipeline_split(4, 2, 1);
     pp.pipe.micro_batches = 0;
-    CHECK_THROWS_WITH(GPT2CUDA(model_preset("d4"), 1, 16, {}, {}, {}, pp), Catch::Contains("at least 1 micro-batch"));
+    CHECK_THROWS_WITH(CUDAModel(model_preset("d4"), 1, 16, {}, {}, {}, pp), Catch::Contains("at least 1 micro-batch"));
 }
 
 // llmc/numerics/fp8.h's encoder (which the CPU model's FP8 simulation uses) against CUDA's own conversion,

@@ -23,7 +23,7 @@
 #include "llmc/dist/bootstrap.h"
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "test/gpu/cuda_test_util.h"
 
 using namespace llmc;
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
         // The 1-rank references, on every rank: the mesh's batch as 4 micro-batches of BATCH.
         const RunConfig rc = make_config(shard, 0, 1);
         use_this_ranks_gpu();
-        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len, CudaBackend::options(rc));
+        CUDAModel reference_model(rc.model_config, rc.batch_size, rc.seq_len, CudaBackend::options(rc));
         RunResult cpu;
         const RunResult reference = train_references(rc, reference_model, &cpu);
 
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
             const std::string what = strformat("%d ranks%s, ZeRO-%d, 4 experts top 2, capacity 1", W,
                                                mesh.ep > 1 ? strformat(" (ep %d)", mesh.ep).c_str() : "", mesh.stage);
             BuiltModel built;
-            GPT2CUDA& model = make_planned_model(built, cfg, groups, what);
+            CUDAModel& model = make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), model,
                                              mesh.ep > 1 ? &groups.expert_data() : nullptr);
             const double worst = worst_loss_difference(run.losses, reference.losses);

@@ -38,7 +38,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/cpu_model.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/gpu/cuda_test_util.h"
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, 1, 1, 1, "", BATCH * dp);
         use_this_ranks_gpu();
-        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
+        CUDAModel reference_model(rc.model_config, rc.batch_size, rc.seq_len);
         RunResult cpu;
         const RunResult reference = train_references(rc, reference_model, &cpu);
 
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
                           V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B",
                           pipeline_split(cfg).describe().c_str(), stage);
             BuiltModel built;
-            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+            CUDAModel* model = &make_planned_model(built, cfg, groups, what);
 
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
             const std::string what = strformat("dp %d x pp %d x tp %d, %s, ZeRO-1, -r 3", dp, pp, tp,
                                                V > 1 ? strformat("interleaved (%d chunks per rank)", V).c_str() : "1F1B");
             BuiltModel built;
-            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+            CUDAModel* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",

@@ -34,7 +34,7 @@
 #include "llmc/dist/process_groups.h"
 #include "llmc/models/cuda_backend.cuh"
 #include "llmc/models/cpu_model.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "llmc/planning/planner.h"
 #include "llmc/train_loop.h"
 #include "test/gpu/cuda_test_util.h"
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
         // The 1-rank references, computed on every rank: the CUDA model and the CPU model.
         const RunConfig rc = make_config(shard, 0, 1, 1, 0, BATCH * dp);
         use_this_ranks_gpu();
-        GPT2CUDA reference_model(rc.model_config, rc.batch_size, rc.seq_len);
+        CUDAModel reference_model(rc.model_config, rc.batch_size, rc.seq_len);
         RunResult cpu;
         const RunResult reference = train_references(rc, reference_model, &cpu);
 
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
                 const std::string what =
                     strformat("dp %d x tp %d, ZeRO-%d, sequence parallel %s", dp, tp, stage, sp ? "on" : "off");
                 BuiltModel built;
-                GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+                CUDAModel* model = &make_planned_model(built, cfg, groups, what);
 
                 const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
                 const double worst = worst_loss_difference(run.losses, reference.losses);
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
             ProcessGroups groups(comm, cfg.dims);
             const std::string what = strformat("dp %d x tp %d, ZeRO-1, sequence parallel on, -r %d", dp, tp, recompute);
             BuiltModel built;
-            GPT2CUDA* model = &make_planned_model(built, cfg, groups, what);
+            CUDAModel* model = &make_planned_model(built, cfg, groups, what);
             const RunResult run = train_cuda(cfg, groups.dp(), &groups.world(), *model);
             const double worst = worst_loss_difference(run.losses, reference.losses);
             check(worst <= 1e-2, strformat("%s: loss differs from the 1-rank CUDA run by %.3g relative (limit 1e-2)",

@@ -36,7 +36,7 @@
 #include "llmc/kernels/gelu.cuh"
 #include "llmc/kernels/matmul.cuh"
 #include "llmc/kernels/phase_timer.cuh"
-#include "llmc/models/gpt2/fp8_gather.cuh"
+#include "llmc/models/cuda/fp8_gather.cuh"
 
 namespace llmc {
 

@@ -1,4 +1,4 @@
-// models/gpt2/activations.cuh: GPT2CUDA's options and where its activations live: every tensor of
+// models/cuda/activations.cuh: CUDAModel's options and where its activations live: every tensor of
 // a step cut out of one allocation, per layer or shared, sized by recomputation, tensor and pipeline
 // parallelism and the mixture of experts (the memory plan, --plan, lists the same allocation).
 #pragma once
@@ -15,7 +15,7 @@
 #include "llmc/model.h"
 #include "llmc/models/gpt2/config.h"
 #include "llmc/models/family.h"
-#include "llmc/models/gpt2/fp8_linears.cuh"
+#include "llmc/models/cuda/fp8_linears.cuh"
 #include "llmc/models/parallel_groups.h"
 #include "llmc/numerics/fp8.h"
 
@@ -23,7 +23,7 @@ namespace llmc {
 
 enum class Recompute { None = 0, Gelu = 1, GeluLayerNorm = 2, Block = 3 };
 
-struct GPT2CUDAOptions {
+struct CUDAModelOptions {
     Recompute recompute = Recompute::None;
     int classifier_chunk_rows = 8192;  // logits rows computed at once (8192 x 50304 bf16 = 786 MiB)
     Fp8Options fp8;                    // the blocks' products in FP8 (fp8_linears.cuh)
@@ -95,13 +95,13 @@ struct CudaActivationLayout {
 
     // T: the rows of each sequence this rank holds (T / cp of a sequence under context parallelism
     // over cp ranks, whose ring buffers it adds).
-    static size_t bytes_for(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const TpShape& tp = {},
+    static size_t bytes_for(const ModelConfig& c, int B, int T, const CUDAModelOptions& o, const TpShape& tp = {},
                             const StageShape& stage = {}, int cp = 1) {
         return CudaActivationLayout(c, B, T, o, nullptr, tp, stage, 0, cp).total_bytes;
     }
 
     // Assigns 256-byte aligned slices of `base`; with nullptr only the sizes are set.
-    CudaActivationLayout(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, char* base,
+    CudaActivationLayout(const ModelConfig& c, int B, int T, const CUDAModelOptions& o, char* base,
                          const TpShape& tp = {}, const StageShape& stage = {}, int slot = 0, int cp = 1) {
         const size_t BT = (size_t)B * T, C = c.channels, Cl = C / tp.size;
         const size_t L = stage.layers < 0 ? c.num_layers : stage.layers;

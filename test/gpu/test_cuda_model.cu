@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "llmc/models/cpu_model.h"
-#include "llmc/models/gpt2/gpt2_cuda.cuh"
+#include "llmc/models/cuda_model.cuh"
 #include "test/catch_session.h"
 #include "test/gpu/shape_only_comm.h"
 #include "test/rel_error.h"
@@ -60,26 +60,26 @@ Batch random_batch(const ModelConfig& c, int B, int T, uint64_t seed) {
     return b;
 }
 
-GPT2CUDAOptions options(Recompute r, int chunk_rows = 8192) {
-    GPT2CUDAOptions o;
+CUDAModelOptions options(Recompute r, int chunk_rows = 8192) {
+    CUDAModelOptions o;
     o.recompute = r;
     o.classifier_chunk_rows = chunk_rows;
     return o;
 }
 
-std::vector<float> grads_of(GPT2CUDA& m) {
+std::vector<float> grads_of(CUDAModel& m) {
     std::vector<float> g(m.num_params());
     m.get_grads(g.data());
     return g;
 }
-std::vector<float> master_of(GPT2CUDA& m) {
+std::vector<float> master_of(CUDAModel& m) {
     std::vector<float> p(m.num_params());
     m.get_master_weights(p.data());
     return p;
 }
 
 // The evaluation loss and the next-token logits of the same weights on the two models, within 1e-2.
-void check_evaluation_matches(GPT2CUDA& gpu, CPUModel& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
+void check_evaluation_matches(CUDAModel& gpu, CPUModel& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
     CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
                     cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
     std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
@@ -94,7 +94,7 @@ template <typename OptionsOf>
 void step_per_recompute(const ModelConfig& c, const std::vector<float>& weights, const Batch& batch, int B, int T,
                         OptionsOf options_of, float losses[4], std::vector<float> grads[4]) {
     for (int r = 0; r <= 3; r++) {
-        GPT2CUDA gpu(c, B, T, options_of((Recompute)r));
+        CUDAModel gpu(c, B, T, options_of((Recompute)r));
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
         losses[r] = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -104,9 +104,9 @@ void step_per_recompute(const ModelConfig& c, const std::vector<float>& weights,
 
 // What the memory plan of these options says a one-rank model allocates, kind by kind, is what `gpu`
 // (made with them) allocated.
-void check_plan_equals_allocation(const ModelConfig& c, int B, int T, const GPT2CUDAOptions& o, const GPT2CUDA& gpu) {
+void check_plan_equals_allocation(const ModelConfig& c, int B, int T, const CUDAModelOptions& o, const CUDAModel& gpu) {
     size_t planned[(int)MemoryKind::Count] = {};
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, B, T, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+    for (const BufferSpec& s : CUDAModel::memory_specs(c, B, T, o, CUDAModel::zero_plan(c, 0, 0, 1)))
         planned[(int)s.kind] += s.bytes();
     for (int k = 0; k < (int)MemoryKind::Count; k++) {
         INFO("recompute " << (int)o.recompute << ", " << memory_kind_name((MemoryKind)k));
@@ -126,7 +126,7 @@ void check_step_matches_cpu(const ModelConfig& c, const std::vector<float>& weig
         cpu.zero_grad();
         const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
 
-        GPT2CUDA gpu(c, B, T, options(Recompute::None, 50));
+        CUDAModel gpu(c, B, T, options(Recompute::None, 50));
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
         const float gpu_loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -150,7 +150,7 @@ void check_adamw_steps_track_cpu(const ModelConfig& c) {
     const int B = 4, T = 64;
     CPUModel cpu(c, B, T);
     std::copy(weights.begin(), weights.end(), cpu.params());
-    GPT2CUDA gpu(c, B, T);
+    CUDAModel gpu(c, B, T);
     gpu.set_master_weights(weights.data());
     AdamWConfig opt;
     opt.lr = 1e-3f;
@@ -199,7 +199,7 @@ TEST_CASE("with the wgmma attention kernels (head size 64, with or without the T
             set_attention_kernels(settings[k]);
             // the emulator is an H100
             CHECK(attention_detail::attention_on_wgmma(c.channels / c.num_heads) == (k > 0));
-            GPT2CUDA gpu(c, B, T, options(Recompute::None, 50));
+            CUDAModel gpu(c, B, T, options(Recompute::None, 50));
             gpu.set_master_weights(weights.data());
             gpu.zero_grad();
             const float loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -227,7 +227,7 @@ TEST_CASE("evaluation loss and next-token logits match the CPU reference within 
     const Batch batch = random_batch(c, B, T, 11);
     CPUModel cpu(c, B, T);
     std::copy(weights.begin(), weights.end(), cpu.params());
-    GPT2CUDA gpu(c, B, T);
+    CUDAModel gpu(c, B, T);
     gpu.set_master_weights(weights.data());
     check_evaluation_matches(gpu, cpu, c, batch, B, T);
 }
@@ -244,7 +244,7 @@ TEST_CASE("adamw_step updates the master weights as the CPU AdamW on the same gr
     const ParamLayout layout = GPT2Params::layout(c);
     const size_t n = layout.num_params;
     const int B = 2, T = 32;
-    GPT2CUDA gpu(c, B, T);
+    CUDAModel gpu(c, B, T);
     gpu.set_master_weights(bf16_exact_init(c, 17).data());
     std::vector<float> cpu_master = master_of(gpu), m(n, 0.0f), v(n, 0.0f);
     AdamWConfig opt;
@@ -283,7 +283,7 @@ TEST_CASE("two runs with the same seed give bitwise identical losses and weights
     const int B = 4, T = 64;
     std::vector<float> losses[2], weights[2];
     for (int run = 0; run < 2; run++) {
-        GPT2CUDA gpu(c, B, T, options(Recompute::None, 100));
+        CUDAModel gpu(c, B, T, options(Recompute::None, 100));
         gpu.init_random(1337);
         AdamWConfig opt;
         opt.lr = 1e-3f;
@@ -323,9 +323,9 @@ TEST_CASE("phase timing names every matrix product forward and backward (bench_t
     const Batch batch = random_batch(c, B, T, 13);
     for (bool fp8 : {false, true})
     for (Recompute r : {Recompute::None, Recompute::Block}) {
-        GPT2CUDAOptions o = options(r);
+        CUDAModelOptions o = options(r);
         o.fp8 = {fp8, Fp8Scaling::Current, 4};
-        GPT2CUDA gpu(c, B, T, o);
+        CUDAModel gpu(c, B, T, o);
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
         gpu.enable_phase_timing(true);
@@ -353,7 +353,7 @@ TEST_CASE("gradient accumulation: two half-scaled micro-batches equal the sum of
     const std::vector<float> weights = bf16_exact_init(c, 21);
     const int B = 2, T = 32;
     const Batch a = random_batch(c, B, T, 1), b = random_batch(c, B, T, 2);
-    GPT2CUDA gpu(c, B, T);
+    CUDAModel gpu(c, B, T);
     gpu.set_master_weights(weights.data());
     gpu.zero_grad();
     gpu.forward_backward(a.inputs.data(), a.targets.data(), B, T, 0.5f, false);
@@ -373,7 +373,7 @@ TEST_CASE("save then load round-trips the model file exactly") {
     const int B = 2, T = 16;
     const std::string dir = "build/test_gpu_tmp";
     make_dirs(dir);
-    GPT2CUDA gpu(c, B, T);
+    CUDAModel gpu(c, B, T);
     gpu.init_random(77);
     const Batch batch = random_batch(c, B, T, 3);
     gpu.zero_grad();
@@ -381,7 +381,7 @@ TEST_CASE("save then load round-trips the model file exactly") {
     AdamWConfig opt;
     gpu.adamw_step(opt, 1, 1.0f);  // master weights no longer bf16-exact
     gpu.save(dir + "/a.bin");
-    GPT2CUDA loaded(c, B, T);
+    CUDAModel loaded(c, B, T);
     loaded.load(dir + "/a.bin");
     CHECK(master_of(loaded) == master_of(gpu));
     loaded.save(dir + "/b.bin");
@@ -395,8 +395,8 @@ TEST_CASE("save then load round-trips the model file exactly") {
 TEST_CASE("the memory plan equals what the model allocates, for every recomputation setting") {
     const ModelConfig c = test_config();
     for (int r = 0; r <= 3; r++) {
-        const GPT2CUDAOptions o = options((Recompute)r);
-        check_plan_equals_allocation(c, 4, 64, o, GPT2CUDA(c, 4, 64, o));
+        const CUDAModelOptions o = options((Recompute)r);
+        check_plan_equals_allocation(c, 4, 64, o, CUDAModel(c, 4, 64, o));
     }
     // each setting keeps less than the one before
     size_t previous = SIZE_MAX;
@@ -409,7 +409,7 @@ TEST_CASE("the memory plan equals what the model allocates, for every recomputat
 
 TEST_CASE("bad batches are refused with a message naming the value") {
     const ModelConfig c = test_config();
-    GPT2CUDA gpu(c, 2, 16);
+    CUDAModel gpu(c, 2, 16);
     const Batch batch = random_batch(c, 3, 16, 1);
     CHECK_THROWS_WITH(gpu.forward_backward(batch.inputs.data(), batch.targets.data(), 3, 16, 1.0f, true),
                       Catch::Contains("B = 3 is not in [1, 2]"));
@@ -423,8 +423,8 @@ TEST_CASE("bad batches are refused with a message naming the value") {
 
 namespace {
 
-GPT2CUDAOptions fp8_options(Recompute r, Fp8Scaling scaling = Fp8Scaling::Current) {
-    GPT2CUDAOptions o = options(r);
+CUDAModelOptions fp8_options(Recompute r, Fp8Scaling scaling = Fp8Scaling::Current) {
+    CUDAModelOptions o = options(r);
     o.fp8 = {true, scaling, 4};
     return o;
 }
@@ -455,7 +455,7 @@ void check_fp8_step_nearer_simulation(const ModelConfig& c, const std::vector<fl
     std::vector<float> grads[2];
     float losses[2];
     for (int fp8 = 0; fp8 <= 1; fp8++) {
-        GPT2CUDA gpu(c, B, T, fp8 ? fp8_options(Recompute::None) : options(Recompute::None));
+        CUDAModel gpu(c, B, T, fp8 ? fp8_options(Recompute::None) : options(Recompute::None));
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
         losses[fp8] = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -511,9 +511,9 @@ TEST_CASE("weight gradients split along k: within 1e-5 of whole ones, not their 
     const Batch batch = random_batch(c, B, T, 17);
     for (bool fp8 : {false, true}) {
         auto step = [&](int split_k) {
-            GPT2CUDAOptions o = fp8 ? fp8_options(Recompute::None) : options(Recompute::None);
+            CUDAModelOptions o = fp8 ? fp8_options(Recompute::None) : options(Recompute::None);
             o.split_k = split_k;
-            GPT2CUDA gpu(c, B, T, o);
+            CUDAModel gpu(c, B, T, o);
             gpu.set_master_weights(weights.data());
             gpu.zero_grad();
             (void)gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -548,7 +548,7 @@ TEST_CASE("FP8: recomputation 1-3 give bitwise equal gradients, and the memory p
     // differ in their last bit, a few of which then take another FP8 code (5.7e-2 emulated).
     CHECK(rel_error(grads[1].data(), grads[0].data(), grads[0].size()) <= 0.1);
     for (int r = 0; r <= 3; r++) {
-        GPT2CUDA gpu(c, B, T, delayed((Recompute)r));
+        CUDAModel gpu(c, B, T, delayed((Recompute)r));
         check_plan_equals_allocation(c, B, T, delayed((Recompute)r), gpu);
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
@@ -574,7 +574,7 @@ TEST_CASE("FP8: amax measured by the kernels that write the operands gives the s
         std::vector<float> grads[2];
         uint64_t passes[2];
         for (bool fused : {false, true}) {
-            GPT2CUDA gpu(c, B, T, fp8_options(r));
+            CUDAModel gpu(c, B, T, fp8_options(r));
             gpu.set_fp8_fused_amax(fused);
             gpu.set_master_weights(weights.data());
             gpu.zero_grad();
@@ -596,7 +596,7 @@ TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parame
     const Batch batch = random_batch(c, B, T, 17);
     // Whole-block recomputation: each weight is used by 2 micro-batches' forward, recomputation and
     // backward, and by an evaluation; cast at each use it would be 6 times a step.
-    GPT2CUDA gpu(c, B, T, fp8_options(Recompute::Block));
+    CUDAModel gpu(c, B, T, fp8_options(Recompute::Block));
     gpu.set_master_weights(bf16_exact_init(c, 3).data());
     for (int step = 1; step <= 2; step++) {
         gpu.zero_grad();
@@ -613,7 +613,7 @@ TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parame
     gpu.zero_grad();
     gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
     CHECK(gpu.fp8_weight_casts() == 4 * per_step);
-    GPT2CUDA fresh(c, B, T, fp8_options(Recompute::Block));
+    CUDAModel fresh(c, B, T, fp8_options(Recompute::Block));
     fresh.set_master_weights(weights.data());
     fresh.zero_grad();
     fresh.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -628,12 +628,12 @@ TEST_CASE("FP8 at ZeRO-3: the memory plan of rank 0 of 3 equals what it allocate
     dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
     for (bool gather : {true, false}) {
         INFO("--fp8-gather " << gather);
-        GPT2CUDAOptions o;
+        CUDAModelOptions o;
         o.fp8 = {true, Fp8Scaling::Current, 4, gather};
         size_t planned[(int)MemoryKind::Count] = {};
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, GPT2CUDA::zero_plan(c, 3, 0, 3)))
+        for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, CUDAModel::zero_plan(c, 3, 0, 3)))
             planned[(int)s.kind] += s.bytes();
-        const GPT2CUDA gpu(c, 2, 64, o, dp);
+        const CUDAModel gpu(c, 2, 64, o, dp);
         for (int k = 0; k < (int)MemoryKind::Count; k++) {
             INFO(memory_kind_name((MemoryKind)k));
             CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
@@ -645,7 +645,7 @@ TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it
     const ModelConfig c = test_config();
     const std::vector<float> weights = bf16_exact_init(c, 5);
     const int B = 2, T = 64;
-    GPT2CUDA gpu(c, B, T, fp8_options(Recompute::None, Fp8Scaling::Delayed));
+    CUDAModel gpu(c, B, T, fp8_options(Recompute::None, Fp8Scaling::Delayed));
     gpu.set_master_weights(weights.data());
     CPUModel cpu(c, B, T);
     cpu.set_fp8_options({true, Fp8Scaling::Delayed, 4});
@@ -676,7 +676,7 @@ TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it
     }
     CHECK(agree >= scales * 9 / 10);
     // A fresh model given the state continues exactly as the one it came from.
-    GPT2CUDA restored(c, B, T, fp8_options(Recompute::None, Fp8Scaling::Delayed));
+    CUDAModel restored(c, B, T, fp8_options(Recompute::None, Fp8Scaling::Delayed));
     restored.sharded_state().replicated_state()->restore("fp8_scaling", gs, "test");
     CHECK(restored.sharded_state().replicated_state()->named_values()[0].second == gs);
     std::vector<float> now(gpu.num_params());
@@ -686,7 +686,7 @@ TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it
     const Batch next = random_batch(c, B, T, 200);
     float losses[2];
     std::vector<float> grads[2];
-    GPT2CUDA* models[2] = {&gpu, &restored};
+    CUDAModel* models[2] = {&gpu, &restored};
     for (int i = 0; i < 2; i++) {
         models[i]->zero_grad();
         losses[i] = models[i]->forward_backward(next.inputs.data(), next.targets.data(), B, T, 1.0f, true);
@@ -698,7 +698,7 @@ TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it
 
 int main(int argc, char** argv) {
     std::string why;
-    if (!cuda_device_present(&why)) return no_gpu_exit_status("test_gpt2_cuda", why);
+    if (!cuda_device_present(&why)) return no_gpu_exit_status("test_cuda_model", why);
     return run_catch_session(argc, argv);
 }
 
@@ -720,8 +720,8 @@ ModelConfig moe_config(const MoeCase& m) {
     c.num_experts = 4, c.moe_top_k = m.top_k, c.moe_every = m.every, c.moe_shared = m.shared;
     return c;
 }
-GPT2CUDAOptions moe_options(const MoeCase& m, Recompute r = Recompute::None) {
-    GPT2CUDAOptions o = options(r);
+CUDAModelOptions moe_options(const MoeCase& m, Recompute r = Recompute::None) {
+    CUDAModelOptions o = options(r);
     o.moe = {m.capacity_factor, 0.05f, 0.01f};  // weights large enough to show in the router's gradient
     return o;
 }
@@ -743,7 +743,7 @@ TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, r
         const std::vector<float> weights = bf16_exact_init(c, 3);
         const ParamLayout layout = GPT2Params::layout(c);
         const Batch batch = random_batch(c, B, T, 17);
-        const GPT2CUDAOptions o = moe_options(m);
+        const CUDAModelOptions o = moe_options(m);
         CPUModel cpu(c, B, T);
         cpu.set_moe_options(o.moe);
         std::copy(weights.begin(), weights.end(), cpu.params());
@@ -751,7 +751,7 @@ TEST_CASE("a mixture-of-experts training step matches the CPU reference: loss, r
         const float cpu_loss = cpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
         const RouterStats cpu_routing = cpu.take_router_stats();
 
-        GPT2CUDA gpu(c, B, T, o);
+        CUDAModel gpu(c, B, T, o);
         gpu.set_master_weights(weights.data());
         gpu.zero_grad();
         const float gpu_loss = gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
@@ -786,10 +786,10 @@ TEST_CASE("a mixture-of-experts model: recomputation 1-3 repeats the gradients b
     const Batch batch = random_batch(c, B, T, 19);
     std::vector<float> grads[4];
     for (int r = 0; r <= 3; r++) {
-        const GPT2CUDAOptions o = moe_options(m, (Recompute)r);
-        GPT2CUDA gpu(c, B, T, o);
+        const CUDAModelOptions o = moe_options(m, (Recompute)r);
+        CUDAModel gpu(c, B, T, o);
         size_t planned[(int)MemoryKind::Count] = {};
-        for (const BufferSpec& s : GPT2CUDA::memory_specs(c, B, T, o, GPT2CUDA::zero_plan(c, 0, 0, 1)))
+        for (const BufferSpec& s : CUDAModel::memory_specs(c, B, T, o, CUDAModel::zero_plan(c, 0, 0, 1)))
             planned[(int)s.kind] += s.bytes();
         for (int k = 0; k < (int)MemoryKind::Count; k++) {
             INFO("recompute " << r << ", " << memory_kind_name((MemoryKind)k));
@@ -839,7 +839,7 @@ TEST_CASE("a Llama: a training step, evaluation and next-token logits match the 
         INFO("-r " << r);
         CHECK(losses[r] == losses[0]);
         CHECK(grads[r] == grads[0]);
-        GPT2CUDA gpu(c, B, T, options((Recompute)r));
+        CUDAModel gpu(c, B, T, options((Recompute)r));
         check_plan_equals_allocation(c, B, T, options((Recompute)r), gpu);
     }
 }
@@ -858,18 +858,18 @@ TEST_CASE("a Llama with FP8 products: a step nearer the CPU model's FP8 simulati
     for (int r = 1; r <= 3; r++) {
         INFO("-r " << r);
         CHECK(grads[r] == grads[0]);  // SwiGLU is its own kernel at every setting
-        GPT2CUDA gpu(c, B, T, delayed((Recompute)r));
+        CUDAModel gpu(c, B, T, delayed((Recompute)r));
         check_plan_equals_allocation(c, B, T, delayed((Recompute)r), gpu);
     }
     ShapeOnlyComm three(3);
     DataParallel dp;
     dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
-    GPT2CUDAOptions o;
+    CUDAModelOptions o;
     o.fp8 = {true, Fp8Scaling::Current, 4, true};
     size_t planned[(int)MemoryKind::Count] = {};
-    for (const BufferSpec& s : GPT2CUDA::memory_specs(c, 2, 64, o, GPT2CUDA::zero_plan(c, 3, 0, 3)))
+    for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, CUDAModel::zero_plan(c, 3, 0, 3)))
         planned[(int)s.kind] += s.bytes();
-    const GPT2CUDA gpu(c, 2, 64, o, dp);
+    const CUDAModel gpu(c, 2, 64, o, dp);
     for (int k = 0; k < (int)MemoryKind::Count; k++) {
         INFO("ZeRO-3, rank 0 of 3: " << memory_kind_name((MemoryKind)k));
         CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
@@ -891,7 +891,7 @@ TEST_CASE("a Llama with FP8 products: amax measured by the kernels that write th
         std::vector<float> grads[2];
         uint64_t passes[2];
         for (bool fused : {false, true}) {
-            GPT2CUDA gpu(c, B, T, fp8_options(r));
+            CUDAModel gpu(c, B, T, fp8_options(r));
             gpu.set_fp8_fused_amax(fused);
             gpu.set_master_weights(weights.data());
             gpu.zero_grad();
@@ -912,7 +912,7 @@ TEST_CASE("a Llama: 10 AdamW steps track the CPU reference: every loss within 2e
 
 TEST_CASE("a Llama model file saved by the CUDA model loads into the CPU model exactly") {
     const ModelConfig c = llama_test_config();
-    GPT2CUDA gpu(c, 2, 32);
+    CUDAModel gpu(c, 2, 32);
     const std::vector<float> weights = bf16_exact_init(c, 5);
     gpu.set_master_weights(weights.data());
     const std::string path = "/tmp/llmc_test_llama_cuda_" + std::to_string(getpid()) + ".bin";

@@ -1,5 +1,7 @@
-// gpt2_cuda.cuh: GPT2CUDA, the product's model: GPT-2 training on GPUs in bf16 with llmc's own
-// kernels, behind the same Model interface as the fp32 CPU reference (models/cpu_model.h).
+// cuda_model.cuh: CUDAModel, the product's model: either family (GPT-2 or Llama, models/family.h)
+// trained on GPUs in bf16 (or FP8 products) with llmc's own kernels, behind the same Model interface
+// as the fp32 CPU reference (models/cpu_model.h), walking the same layers. Its parts are in
+// models/cuda/: the activation layout, the FP8 products and their ZeRO-3 gather, ring attention.
 //
 // Memory. The parameters, gradients and optimizer state belong to the same ZeRO engine as the CPU
 // model's (dist/zero.h), here with device memory (dist/device_memory.cuh), laid out from the same
@@ -53,7 +55,7 @@
 // Context parallelism (--cp, docs/context-parallel.md): as CPUModel's, each rank runs every layer on
 // 2 of the 2 x cp chunks of each sequence (context_parallel.h), with their global positions in the
 // embedding; attention is ring attention over the context group's device communicator from
-// attention.cuh's ring-pair kernels (CudaRingAttention, models/ring_attention.cuh); the loss is the mean
+// attention.cuh's ring-pair kernels (CudaRingAttention, models/cuda/ring_attention.cuh); the loss is the mean
 // over the group's rows, and the data-parallel communicator the model is given is the data x
 // context group's, so ZeRO sums the context ranks' partial gradients. With tensor parallelism the
 // ring runs per tensor rank over its heads (sequence parallelism cuts a context rank's rows again
@@ -101,7 +103,7 @@
 #include "llmc/kernels/moe.cuh"
 #include "llmc/kernels/nvtx.cuh"
 #include "llmc/model.h"
-#include "llmc/models/gpt2/fp8_linears.cuh"
+#include "llmc/models/cuda/fp8_linears.cuh"
 #include "llmc/models/model_file.h"
 #include "llmc/models/family.h"
 #include "llmc/models/gpt2/params.h"
@@ -111,13 +113,13 @@
 #include "llmc/dist/zero.h"
 #include "llmc/dist/device_memory.cuh"
 #include "llmc/dist/staged_comm.cuh"
-#include "llmc/models/gpt2/activations.cuh"
+#include "llmc/models/cuda/activations.cuh"
 #include "llmc/models/parallel_groups.h"
-#include "llmc/models/ring_attention.cuh"
+#include "llmc/models/cuda/ring_attention.cuh"
 
 namespace llmc {
 
-class GPT2CUDA : public Model, private PipelineStage {
+class CUDAModel : public Model, private PipelineStage {
 public:
     // Each slice of a ZeRO shard is a multiple of 8 elements, so every tensor stays 16-byte aligned.
     // One rank has nothing to shard: it runs ZeRO-0 whatever the stage asked for, which saves the
@@ -137,12 +139,12 @@ public:
 
     // The communicators in `dp`, `tp`, `pp` and `cp` must outlive the model. max_T: whole sequences
     // (a context-parallel rank allocates for its max_T / cp rows of each).
-    GPT2CUDA(const ModelConfig& config, int max_B, int max_T, const GPT2CUDAOptions& options = {},
+    CUDAModel(const ModelConfig& config, int max_B, int max_T, const CUDAModelOptions& options = {},
              const DataParallel& dp = {}, const TensorParallelGroup& tp = {}, const PipelineGroup& pp = {},
              const ContextParallelGroup& cp = {}, const ExpertParallelGroup& ep = {})
         : config_(validated(config, tp.shape().size)), tp_(tp.shape()),
           pp_host_(pp.host ? *pp.host : local_communicator()),
-          pipe_(checked_pipeline("GPT2CUDA", config.num_layers, pp_host_, pp.pipe)),
+          pipe_(checked_pipeline("CUDAModel", config.num_layers, pp_host_, pp.pipe)),
           stage_(pipeline_stage_shape(pipe_, pp_host_.rank())),
           layout_(model_layout(config, {tp_.rank, tp_.size},
                                model_stage_slice(config, pipe_.split, pp_host_.rank()), ep.shard())),
@@ -159,45 +161,45 @@ public:
                            comm_.world_size(), SHARD_ALIGN, expert_data_.rank(), expert_data_.world_size()),
                   comm_, memory_),
           encoder_backward_(max_B, std::max(1, max_T / cp.size())) {
-        if (max_B < 1) fail(strformat("GPT2CUDA: max_B must be >= 1, got %d", max_B));
+        if (max_B < 1) fail(strformat("CUDAModel: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
-            fail(strformat("GPT2CUDA: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
+            fail(strformat("CUDAModel: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
                            max_T));
         if (options.classifier_chunk_rows < 1)
-            fail(strformat("GPT2CUDA: classifier_chunk_rows must be >= 1, got %d", options.classifier_chunk_rows));
+            fail(strformat("CUDAModel: classifier_chunk_rows must be >= 1, got %d", options.classifier_chunk_rows));
         if (!comm_.uses_device_buffers())
-            fail(strformat("GPT2CUDA: the %s communicator works on host buffers; wrap it in a StagedComm",
+            fail(strformat("CUDAModel: the %s communicator works on host buffers; wrap it in a StagedComm",
                            comm_.backend()));
         // The gradient norm of a sharded stage is summed over host_: it must span the same ranks.
         if (host_.world_size() != comm_.world_size() || host_.rank() != comm_.rank())
-            fail(strformat("GPT2CUDA: the host communicator is rank %d of %d but the device one rank %d of %d",
+            fail(strformat("CUDAModel: the host communicator is rank %d of %d but the device one rank %d of %d",
                            host_.rank(), host_.world_size(), comm_.rank(), comm_.world_size()));
         if (!tp_comm_.uses_device_buffers())
-            fail(strformat("GPT2CUDA: the tensor-parallel %s communicator works on host buffers; wrap it in a "
+            fail(strformat("CUDAModel: the tensor-parallel %s communicator works on host buffers; wrap it in a "
                            "StagedComm", tp_comm_.backend()));
         if (tp_host_.world_size() != tp_comm_.world_size() || tp_host_.rank() != tp_comm_.rank())
-            fail(strformat("GPT2CUDA: the tensor-parallel host communicator is rank %d of %d but the device one rank "
+            fail(strformat("CUDAModel: the tensor-parallel host communicator is rank %d of %d but the device one rank "
                            "%d of %d", tp_host_.rank(), tp_host_.world_size(), tp_comm_.rank(), tp_comm_.world_size()));
         if (tp_.sequence_parallel && max_T / cp.size() % tp_.size != 0)
-            fail(strformat("GPT2CUDA: sequence parallelism over %d tensor-parallel ranks needs max_T / cp (%d / %d) "
+            fail(strformat("CUDAModel: sequence parallelism over %d tensor-parallel ranks needs max_T / cp (%d / %d) "
                            "divisible by them", tp_.size, max_T, cp.size()));
         if (!pp_comm_.uses_device_buffers())
-            fail(strformat("GPT2CUDA: the pipeline %s communicator works on host buffers; wrap it in a StagedComm",
+            fail(strformat("CUDAModel: the pipeline %s communicator works on host buffers; wrap it in a StagedComm",
                            pp_comm_.backend()));
         if (pp_host_.world_size() != pp_comm_.world_size() || pp_host_.rank() != pp_comm_.rank())
-            fail(strformat("GPT2CUDA: the pipeline host communicator is rank %d of %d but the device one rank %d of %d",
+            fail(strformat("CUDAModel: the pipeline host communicator is rank %d of %d but the device one rank %d of %d",
                            pp_host_.rank(), pp_host_.world_size(), pp_comm_.rank(), pp_comm_.world_size()));
         if (cp_.size > 1) {
-            ContextSplit::check(max_T, cp_.size, "GPT2CUDA");
+            ContextSplit::check(max_T, cp_.size, "CUDAModel");
             if (!cp_comm_.uses_device_buffers() || cp_host_.world_size() != cp_comm_.world_size() ||
                 cp_host_.rank() != cp_comm_.rank())
-                fail(strformat("GPT2CUDA: the context-parallel communicators (%s, rank %d of %d; host rank %d of %d) "
+                fail(strformat("CUDAModel: the context-parallel communicators (%s, rank %d of %d; host rank %d of %d) "
                                "must be a device one and a host one over the same ranks",
                                cp_comm_.backend(), cp_comm_.rank(), cp_comm_.world_size(), cp_host_.rank(),
                                cp_host_.world_size()));
         }
         if (options.fp8.enabled && (tp_.size > 1 || stage_.pipelined || cp_.size > 1))
-            fail("GPT2CUDA: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
+            fail("CUDAModel: FP8 products (--fp8) run with data parallelism only so far (no --tp, --pp or --cp)");
         matmul_.force_split_k(options.split_k);
         engine_.set_tensor_parallel(tp_host_);
         engine_.set_pipeline_parallel(pp_host_);
@@ -208,7 +210,7 @@ public:
             // leaves dlnf in scratch for backward_chunk: nothing may run between the two.
             const PipeSchedule s = make_pipeline_schedule(pipe_.split.stages, pipe_.micro_batches, pipe_.split.chunks);
             if (!head_backward_follows_forward(s, pp_host_.rank()))
-                fail("GPT2CUDA: the pipeline schedule runs other passes between the head's forward and backward");
+                fail("CUDAModel: the pipeline schedule runs other passes between the head's forward and backward");
             // Where activations and gradients travel between the stages (pipeline_links): over NCCL
             // a communicator per edge, as its streams need.
             links_ = pipeline_links(pp_comm_, pipe_.edge_links || std::string(pp_comm_.backend()) == "nccl");
@@ -249,7 +251,7 @@ public:
     // Everything the model allocates on the GPU for this config and plan (what --plan prints; the
     // constructor's allocations add up to the same bytes).
     // (max_T: whole sequences, of which a rank of a context group of cp holds max_T / cp rows.)
-    static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o,
+    static std::vector<BufferSpec> memory_specs(const ModelConfig& c, int max_B, int max_T, const CUDAModelOptions& o,
                                                 const ZeroPlan& plan, const TpShape& tp = {},
                                                 const StageShape& stage = {}, int cp = 1, int ep = 1) {
         using K = MemoryKind;
@@ -279,7 +281,7 @@ public:
     }
     // The MoE blocks' routing and expert activations for max_B x max_T tokens (moe.cuh's MoeMemory),
     // on an expert group of ep ranks.
-    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const GPT2CUDAOptions& o, int ep = 1) {
+    static size_t moe_bytes(const ModelConfig& c, int max_B, int max_T, const CUDAModelOptions& o, int ep = 1) {
         return MoeMemory::bytes_for(moe_shape_of(c, max_B * max_T, o), moe_blocks(c), ep);
     }
 
@@ -344,7 +346,7 @@ public:
     void get_grads(float* full) {
         const float* grads = engine_.full_grads();
         if (!grads || engine_.plan().shards_optimizer())
-            fail("GPT2CUDA: get_grads needs the whole gradient on this rank (ZeRO-0)");
+            fail("CUDAModel: get_grads needs the whole gradient on this rank (ZeRO-0)");
         for (const ZeroPlan::Bucket& k : engine_.plan().buckets)
             memory_.download(full + k.begin, grads + k.padded_begin, k.size);
     }
@@ -355,7 +357,7 @@ public:
                            bool last_micro_batch) override {
         check_batch(inputs, targets, B, T, "forward_backward");
         if (stage_.pipelined)
-            fail("GPT2CUDA: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
+            fail("CUDAModel: a pipeline-parallel model runs a whole step at once (forward_backward_step)");
         const LocalBatch local = local_batch(inputs, targets, B, T);
         const CudaActivationLayout a = activations(B, local.T, 0);
         forward_chunk(a, 0, local.inputs, local.targets, B, local.T, Pass::Train, grad_scale);
@@ -450,25 +452,25 @@ private:
     static const ModelConfig& validated(const ModelConfig& c, int tp) {
         c.validate();
         if (c.channels % 8 != 0)
-            fail(strformat("GPT2CUDA: channels (%d) must be a multiple of 8 (16-byte vector loads)", c.channels));
+            fail(strformat("CUDAModel: channels (%d) must be a multiple of 8 (16-byte vector loads)", c.channels));
         if (c.padded_vocab_size % 8 != 0)
-            fail(strformat("GPT2CUDA: padded_vocab_size (%d) must be a multiple of 8", c.padded_vocab_size));
+            fail(strformat("CUDAModel: padded_vocab_size (%d) must be a multiple of 8", c.padded_vocab_size));
         if (c.head_size() != 32 && c.head_size() != 64 && c.head_size() != 128)
-            fail(strformat("GPT2CUDA: head size channels / num_heads = %d must be 32, 64 or 128 (the attention "
+            fail(strformat("CUDAModel: head size channels / num_heads = %d must be 32, 64 or 128 (the attention "
                            "kernels' instantiations)",
                            c.head_size()));
         if (c.arch == ModelArch::Llama && (c.mlp_hidden() / std::max(tp, 1)) % 8 != 0)
-            fail(strformat("GPT2CUDA: the SwiGLU width / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
+            fail(strformat("CUDAModel: the SwiGLU width / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
                            c.mlp_hidden(), tp));
         if (tp == 1) return c;
         if (tp < 1 || c.num_heads % tp != 0)
-            fail(strformat("GPT2CUDA: --tp %d must be a positive divisor of num_heads (%d)", tp, c.num_heads));
+            fail(strformat("CUDAModel: --tp %d must be a positive divisor of num_heads (%d)", tp, c.num_heads));
         check_tensor_parallel_shape(c, tp);  // a Llama's kv heads and MLP width too
         if ((c.channels / tp) % 8 != 0)
-            fail(strformat("GPT2CUDA: channels / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
+            fail(strformat("CUDAModel: channels / --tp = %d / %d must be a multiple of 8 (16-byte vector loads)",
                            c.channels, tp));
         if (c.padded_vocab_size % (8 * tp) != 0)
-            fail(strformat("GPT2CUDA: padded_vocab_size (%d) must be a multiple of 8 x --tp %d (each rank's "
+            fail(strformat("CUDAModel: padded_vocab_size (%d) must be a multiple of 8 x --tp %d (each rank's "
                            "vocabulary slice a multiple of 8)", c.padded_vocab_size, tp));
         return c;
     }
@@ -477,7 +479,7 @@ private:
     CudaActivationLayout activations(int B, int T, int slot) const {
         CudaActivationLayout a(config_, B, T, options_, acts_.get(), tp_, stage_, slot, cp_.size);
         if (a.total_bytes > acts_.bytes())
-            fail(strformat("GPT2CUDA: activations for B %d x T %d need %zu bytes, %zu allocated", B, T, a.total_bytes,
+            fail(strformat("CUDAModel: activations for B %d x T %d need %zu bytes, %zu allocated", B, T, a.total_bytes,
                            acts_.bytes()));
         return a;
     }
@@ -1044,7 +1046,7 @@ private:
     // the order they arrive in and the experts' order a copy per block of rows, on the stream.
     class ExpertRows : public MoeExchange {
     public:
-        ExpertRows(GPT2CUDA& model, int experts) : model_(model), experts_(experts) {}
+        ExpertRows(CUDAModel& model, int experts) : model_(model), experts_(experts) {}
         void plan(const MoeSummary& m) override { routes_.plan(model_.ep_host_, m.begin, experts_); }
         const std::vector<int>& local_begin() const override { return routes_.local_begin(); }
         const std::vector<int>& rows_out() const { return routes_.rows_out(); }
@@ -1076,7 +1078,7 @@ private:
             model_.wait(model_.ep_comm_.all_to_all_v(send, send_counts.data(), recv, recv_counts.data(),
                                                      CommDtype::BF16));
         }
-        GPT2CUDA& model_;
+        CUDAModel& model_;
         int experts_;
         ExpertExchange routes_;
     };
@@ -1085,14 +1087,14 @@ private:
     // The expert group's communicators agree with each other and with the model.
     void check_expert_group(const ExpertParallelGroup& ep) {
         if (!ep.host || !ep.expert_data)
-            fail("GPT2CUDA: an expert group needs its host communicator and its expert data group");
+            fail("CUDAModel: an expert group needs its host communicator and its expert data group");
         if (!ep_comm_.uses_device_buffers() || !expert_data_.uses_device_buffers())
-            fail("GPT2CUDA: the expert group's rows and the expert data group's buckets need device communicators");
+            fail("CUDAModel: the expert group's rows and the expert data group's buckets need device communicators");
         if (ep_host_.world_size() != ep_comm_.world_size() || ep_host_.rank() != ep_comm_.rank())
-            fail(strformat("GPT2CUDA: the expert group's host communicator is rank %d of %d, its device one %d of %d",
+            fail(strformat("CUDAModel: the expert group's host communicator is rank %d of %d, its device one %d of %d",
                            ep_host_.rank(), ep_host_.world_size(), ep_comm_.rank(), ep_comm_.world_size()));
         if (config_.num_experts == 0 || config_.num_experts % ep_comm_.world_size() != 0)
-            fail(strformat("GPT2CUDA: %d experts cannot be split over an expert group of %d ranks", config_.num_experts,
+            fail(strformat("CUDAModel: %d experts cannot be split over an expert group of %d ranks", config_.num_experts,
                            ep_comm_.world_size()));
         engine_.set_expert_parallel(expert_data_, ep_host_);
     }
@@ -1102,7 +1104,7 @@ private:
         for (int l = 0; l < c.num_layers; l++) blocks += c.is_moe_layer(l);
         return blocks;
     }
-    static cpu::MoeShape moe_shape_of(const ModelConfig& c, int rows, const GPT2CUDAOptions& o) {
+    static cpu::MoeShape moe_shape_of(const ModelConfig& c, int rows, const CUDAModelOptions& o) {
         return {rows, c.channels, 4 * c.channels, c.num_experts, c.moe_top_k, o.moe.capacity_factor};
     }
     cpu::MoeShape moe_shape(int BT) const { return moe_shape_of(config_, BT, options_); }
@@ -1115,7 +1117,7 @@ private:
     // The MoE blocks' memory (moe_bytes), numbered in layer order.
     void allocate_experts() {
         if (tp_.size > 1 || stage_.pipelined || cp_.size > 1)
-            fail(strformat("GPT2CUDA: a mixture-of-experts model (%d experts) runs with data parallelism only on "
+            fail(strformat("CUDAModel: a mixture-of-experts model (%d experts) runs with data parallelism only on "
                            "CUDA, not --tp %d / --pp %d / --cp %d",
                            config_.num_experts, tp_.size, pp_host_.world_size(), cp_.size));
         const int ep = ep_comm_.world_size();
@@ -1263,7 +1265,7 @@ private:
         return a.gqa_qkv;
     }
 
-    // The ring's buffers in the activation layout (models/ring_attention.cuh).
+    // The ring's buffers in the activation layout (models/cuda/ring_attention.cuh).
     static RingBuffers ring_buffers(const CudaActivationLayout& a) {
         return {a.ring_kv, a.pair_out, a.pair_lse, a.ring_acc, a.ring_dkv, a.scratch};
     }
@@ -1354,7 +1356,7 @@ private:
     // sum, so both take the same AdamW update and stay equal.
     double run_schedule(const int* inputs, const int* targets, int m, int B, int T, float grad_scale) {
         if (m > pipe_.micro_batches)
-            fail(strformat("GPT2CUDA: a step of %d micro-batches, but the model was made for %d "
+            fail(strformat("CUDAModel: a step of %d micro-batches, but the model was made for %d "
                            "(PipelineParallel::micro_batches)", m, pipe_.micro_batches));
         step_ = {inputs, targets, B, T, grad_scale};
         const int rank = pp_host_.rank(), BT = B * T;
@@ -1386,7 +1388,7 @@ private:
     BlockTensors tensors_ = block_tensors(config_);  // which tensor plays each part of a block (family.h)
     BlockWidths widths_{config_, tp_.size};          // this rank's widths of a block's activations
     int max_B_, max_T_;
-    GPT2CUDAOptions options_;
+    CUDAModelOptions options_;
     int last_B_ = 1, last_T_ = 1;
     CudaStream stream_;
     Communicator& host_;

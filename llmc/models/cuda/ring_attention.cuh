@@ -1,4 +1,4 @@
-// models/ring_attention.cuh: causal attention around the context group's ring on the GPU (context
+// models/cuda/ring_attention.cuh: causal attention around the context group's ring on the GPU (context
 // parallelism: each rank holds 2 of the 2 cp chunks of every sequence, dist/context_parallel.h), the
 // CUDA model's counterpart of cpu/ring_attention.h. The model owns the buffers (its activation
 // layout's ring_* and pair_* slices, RingBuffers) and the stream; this class runs the ring: which
@@ -15,7 +15,7 @@
 
 namespace llmc {
 
-// The ring's device buffers, slices of the model's activation buffer (models/gpt2/activations.cuh):
+// The ring's device buffers, slices of the model's activation buffer (models/cuda/activations.cuh):
 // the key/value blocks arriving (two, alternating), one pair's output and lse, the fp32 running
 // output (forward) or dq (backward), the fp32 dk, dv accumulators that travel with their blocks (two),
 // and backward's row sums D.
