@@ -35,12 +35,13 @@ gpu_checks() {
 }
 
 run() {
-    local name=$1 ranks=$2 batch=$3
+    local name=$1 ranks=$2 batch=$3 t0=$SECONDS
     shift 3
     echo "== $name: $ranks rank(s), B $batch $*"
     if [ "$ranks" = 1 ]; then "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" > "$dir/$name.log"
     else timeout 300 mpirun --oversubscribe -np "$ranks" "$trainer" "${common[@]}" -b "$batch" "$@" -o "$dir/$name" \
         > "$dir/$name.log"; fi
+    echo "   ($name: $((SECONDS - t0)) s)"  # where a suite's time goes (CI's 40 minutes)
 }
 
 # metrics.jsonl's keys are written sorted

@@ -4,8 +4,8 @@
 #   1. build/test_pp_cuda at pp 2 (2 ranks, 1F1B), pp 2 interleaved with 2 chunks per rank (2 ranks),
 #      dp 2 x pp 2 and pp 2 x tp 2 (4 ranks each): ZeRO-0..3 and -r 3, against the 1-rank CUDA model
 #      and the CPU model (test_pp_cuda.cu says what it checks);
-#   2. train_gpt through the trainer: --pp 2 (1F1B), --pp 2 interleaved (--pp-virtual 2), dp 2 x pp 2
-#      at ZeRO-1 and pp 2 x tp 2 reproduce the 1-rank loss curve on the same global batch within bf16
+#   2. train_gpt through the trainer: --pp 2 (1F1B), --pp 2 interleaved (--pp-virtual 2), and except
+#      emulated dp 2 x pp 2 at ZeRO-1 and pp 2 x tp 2, reproduce the 1-rank loss curve on the same global batch within bf16
 #      tolerance (2e-2 relative per step, the data-parallel suite's limit); the runs print their mesh
 #      and pipeline; a pp run saves a model.bin of the 1-rank size; --plan --pp prints every stage; a
 #      --pp 2 run's step-10 checkpoint resumes as 1 rank, and a 1-rank one's as --pp 2, each
@@ -40,19 +40,31 @@ need() {  # need LOG PATTERN WHAT: the log has a line matching the extended rege
 run one 1 4 -n 10
 run pp2 2 4 --pp 2 -n 10
 run pp2_int 2 4 --pp 2 --pp-schedule interleaved --pp-virtual 2
-run dp2_pp2_z1 4 2 --pp 2 -z 1
-run pp2_tp2 4 4 --pp 2 --tp 2
+# The 4-rank meshes through the trainer except emulated (the CI's time: test_pp_cuda's units above
+# run both meshes against the references there)
+four=0
+[ "${LLMC_EMULATED:-0}" = 1 ] || four=1
+if [ "$four" = 1 ]; then
+    run dp2_pp2_z1 4 2 --pp 2 -z 1
+    run pp2_tp2 4 4 --pp 2 --tp 2
+fi
 need pp2.log "mesh: 2 rank\(s\) = dp 1 x pp 2 x tp 1" "the --pp 2 run did not print its mesh"
 need pp2.log "pipeline: 2 stages, 1f1b schedule, layers per virtual stage 2,2, 4 micro-batches" \
     "the --pp 2 run did not print its pipeline"
 need pp2_int.log "pipeline: 2 stages, interleaved schedule, layers per virtual stage 1,1,1,1, 4 micro-batches" \
     "the interleaved run did not print its pipeline"
-need dp2_pp2_z1.log "mesh: 4 rank\(s\) = dp 2 x pp 2 x tp 1" "the dp 2 x pp 2 run did not print its mesh"
-need pp2_tp2.log "mesh: 4 rank\(s\) = dp 1 x pp 2 x tp 2" "the pp 2 x tp 2 run did not print its mesh"
+if [ "$four" = 1 ]; then
+    need dp2_pp2_z1.log "mesh: 4 rank\(s\) = dp 2 x pp 2 x tp 1" "the dp 2 x pp 2 run did not print its mesh"
+    need pp2_tp2.log "mesh: 4 rank\(s\) = dp 1 x pp 2 x tp 2" "the pp 2 x tp 2 run did not print its mesh"
+fi
 echo "ok the pipeline runs print their mesh and schedule"
-for name in pp2 pp2_int dp2_pp2_z1 pp2_tp2; do compare one "$name" 2e-2; done
+trainer_runs=(pp2 pp2_int)
+[ "$four" = 1 ] && trainer_runs+=(dp2_pp2_z1 pp2_tp2)
+for name in "${trainer_runs[@]}"; do compare one "$name" 2e-2; done
 size_one=$(stat -c %s "$dir/one/model.bin")
-for name in pp2 pp2_tp2; do
+saved=(pp2)
+[ "$four" = 1 ] && saved+=(pp2_tp2)
+for name in "${saved[@]}"; do
     size=$(stat -c %s "$dir/$name/model.bin")
     [ "$size_one" = "$size" ] || { echo "FAIL the $name model.bin has $size bytes, the 1-rank one $size_one"; exit 1; }
 done
