@@ -496,6 +496,30 @@ void check_fp8_step_nearer_simulation(const ModelConfig& c, const std::vector<fl
     CHECK(to_bf16 > 0.5 * to_fp32);  // the products are quantized, not run in bf16
 }
 
+// One FP8 step of either family at recomputation r with the amax measured by the kernels that write
+// the operands, and with every cast measuring its own: bitwise the same gradients, with 12 amax
+// passes a layer without the fused ones, `fused_passes` with them.
+void check_fused_amax_as_measured(const ModelConfig& c, Recompute r, int fused_passes) {
+    const std::vector<float> weights = bf16_exact_init(c, 5);
+    const int B = 2, T = 32;
+    const Batch batch = random_batch(c, B, T, 3);
+    std::vector<float> grads[2];
+    uint64_t passes[2];
+    for (bool fused : {false, true}) {
+        CUDAModel gpu(c, B, T, fp8_options(r));
+        gpu.set_fp8_fused_amax(fused);
+        gpu.set_master_weights(weights.data());
+        gpu.zero_grad();
+        gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
+        grads[fused] = grads_of(gpu);
+        passes[fused] = gpu.fp8_amax_passes();
+    }
+    INFO("recompute " << (int)r);
+    CHECK(grads[1] == grads[0]);
+    CHECK(passes[0] == (uint64_t)12 * c.num_layers);
+    CHECK(passes[1] == (uint64_t)fused_passes * c.num_layers);
+}
+
 }  // namespace
 
 TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than fp32, and its products quantized") {
@@ -567,26 +591,8 @@ TEST_CASE("FP8: amax measured by the kernels that write the operands gives the s
     // makes in a step (4 inputs, 4 gradients, 4 weights, which are measured once a step); 7 at -r 0,
     // where GELU is cuBLASLt's epilogue, which cannot measure.
     const ModelConfig c = test_config();
-    const std::vector<float> weights = bf16_exact_init(c, 5);
-    const int B = 2, T = 32;
-    const Batch batch = random_batch(c, B, T, 3);
-    for (Recompute r : {Recompute::None, Recompute::Gelu, Recompute::Block}) {
-        std::vector<float> grads[2];
-        uint64_t passes[2];
-        for (bool fused : {false, true}) {
-            CUDAModel gpu(c, B, T, fp8_options(r));
-            gpu.set_fp8_fused_amax(fused);
-            gpu.set_master_weights(weights.data());
-            gpu.zero_grad();
-            gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-            grads[fused] = grads_of(gpu);
-            passes[fused] = gpu.fp8_amax_passes();
-        }
-        INFO("recompute " << (int)r);
-        CHECK(grads[1] == grads[0]);
-        CHECK(passes[0] == (uint64_t)12 * c.num_layers);
-        CHECK(passes[1] == (uint64_t)(r == Recompute::None ? 5 : 4) * c.num_layers);
-    }
+    for (Recompute r : {Recompute::None, Recompute::Gelu, Recompute::Block})
+        check_fused_amax_as_measured(c, r, r == Recompute::None ? 5 : 4);
 }
 
 TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parameters change") {
@@ -884,26 +890,7 @@ TEST_CASE("a Llama with FP8 products: amax measured by the kernels that write th
     // attention's backward wrote it) and the gate/up gradient (SwiGLU's backward) are measured by
     // their casts: 6 passes a layer of 12 at every -r, and bitwise the same gradients.
     const ModelConfig c = llama_test_config();
-    const std::vector<float> weights = bf16_exact_init(c, 5);
-    const int B = 2, T = 32;
-    const Batch batch = random_batch(c, B, T, 3);
-    for (Recompute r : {Recompute::None, Recompute::Block}) {
-        std::vector<float> grads[2];
-        uint64_t passes[2];
-        for (bool fused : {false, true}) {
-            CUDAModel gpu(c, B, T, fp8_options(r));
-            gpu.set_fp8_fused_amax(fused);
-            gpu.set_master_weights(weights.data());
-            gpu.zero_grad();
-            gpu.forward_backward(batch.inputs.data(), batch.targets.data(), B, T, 1.0f, true);
-            grads[fused] = grads_of(gpu);
-            passes[fused] = gpu.fp8_amax_passes();
-        }
-        INFO("recompute " << (int)r);
-        CHECK(grads[1] == grads[0]);
-        CHECK(passes[0] == (uint64_t)12 * c.num_layers);
-        CHECK(passes[1] == (uint64_t)6 * c.num_layers);
-    }
+    for (Recompute r : {Recompute::None, Recompute::Block}) check_fused_amax_as_measured(c, r, 6);
 }
 
 TEST_CASE("a Llama: 10 AdamW steps track the CPU reference: every loss within 2e-2") {
