@@ -481,8 +481,8 @@ breakage llama-cuda-no-rope-backward llmc/models/cuda_model.cuh "model" \
     ''
 breakage llama-fp8-qkv-first-tensor-only llmc/models/cuda/fp8_gather.cuh "model" \
     "Fp8BlockWeights: the qkv product's FP8 copy sized by its query rows only (a Llama's wq without wkv)" \
-    'const size_t sizes[FP8_PRODUCTS] = {w.qkv * C, C * C, w.up * C, C * w.hidden};' \
-    'const size_t sizes[FP8_PRODUCTS] = {(size_t)w.heads * w.head_size * C, C * C, w.up * C, C * w.hidden};'
+    'size{w.qkv * C, C * C, w.up * C, C * w.hidden}' \
+    'size{(size_t)w.heads * w.head_size * C, C * C, w.up * C, C * w.hidden}'
 breakage llama-fp8-qkv-grad-amax-before-reduce llmc/models/cuda_model.cuh "model" \
     "CUDAModel::attention_layer_backward: the qkv gradient's FP8 amax taken from the expanded, unrotated rows" \
     'grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));' \

@@ -520,6 +520,24 @@ void check_fused_amax_as_measured(const ModelConfig& c, Recompute r, int fused_p
     CHECK(passes[1] == (uint64_t)fused_passes * c.num_layers);
 }
 
+// Rank 0 of 3 at ZeRO-3 with FP8 products, the weights' codes gathered or not: what the memory plan
+// says, kind by kind, is what the model allocates.
+void check_fp8_zero3_plan_equals_allocation(const ModelConfig& c, bool gather) {
+    ShapeOnlyComm three(3);  // the model issues no collective before its first pass
+    DataParallel dp;
+    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
+    CUDAModelOptions o;
+    o.fp8 = {true, Fp8Scaling::Current, 4, gather};
+    size_t planned[(int)MemoryKind::Count] = {};
+    for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, CUDAModel::zero_plan(c, 3, 0, 3)))
+        planned[(int)s.kind] += s.bytes();
+    const CUDAModel gpu(c, 2, 64, o, dp);
+    for (int k = 0; k < (int)MemoryKind::Count; k++) {
+        INFO("ZeRO-3, rank 0 of 3, --fp8-gather " << gather << ": " << memory_kind_name((MemoryKind)k));
+        CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("FP8: one training step is nearer the CPU model's FP8 simulation than fp32, and its products quantized") {
@@ -629,22 +647,7 @@ TEST_CASE("FP8: the weights are cast once a step, and recast whenever the parame
 TEST_CASE("FP8 at ZeRO-3: the memory plan of rank 0 of 3 equals what it allocates, its weights' codes gathered or not") {
     ModelConfig c = model_preset("d4");  // 4 layers of C 256
     c.vocab_size = 512, c.padded_vocab_size = 512;
-    ShapeOnlyComm three(3);  // the model issues no collective before its first pass
-    DataParallel dp;
-    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
-    for (bool gather : {true, false}) {
-        INFO("--fp8-gather " << gather);
-        CUDAModelOptions o;
-        o.fp8 = {true, Fp8Scaling::Current, 4, gather};
-        size_t planned[(int)MemoryKind::Count] = {};
-        for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, CUDAModel::zero_plan(c, 3, 0, 3)))
-            planned[(int)s.kind] += s.bytes();
-        const CUDAModel gpu(c, 2, 64, o, dp);
-        for (int k = 0; k < (int)MemoryKind::Count; k++) {
-            INFO(memory_kind_name((MemoryKind)k));
-            CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
-        }
-    }
+    for (bool gather : {true, false}) check_fp8_zero3_plan_equals_allocation(c, gather);
 }
 
 TEST_CASE("FP8: delayed scaling's state is the CPU model's, and a model given it continues the same way") {
@@ -867,19 +870,7 @@ TEST_CASE("a Llama with FP8 products: a step nearer the CPU model's FP8 simulati
         CUDAModel gpu(c, B, T, delayed((Recompute)r));
         check_plan_equals_allocation(c, B, T, delayed((Recompute)r), gpu);
     }
-    ShapeOnlyComm three(3);
-    DataParallel dp;
-    dp.comm = &three, dp.host = &three, dp.zero_stage = 3;
-    CUDAModelOptions o;
-    o.fp8 = {true, Fp8Scaling::Current, 4, true};
-    size_t planned[(int)MemoryKind::Count] = {};
-    for (const BufferSpec& s : CUDAModel::memory_specs(c, 2, 64, o, CUDAModel::zero_plan(c, 3, 0, 3)))
-        planned[(int)s.kind] += s.bytes();
-    const CUDAModel gpu(c, 2, 64, o, dp);
-    for (int k = 0; k < (int)MemoryKind::Count; k++) {
-        INFO("ZeRO-3, rank 0 of 3: " << memory_kind_name((MemoryKind)k));
-        CHECK(planned[k] == gpu.allocated_bytes((MemoryKind)k));
-    }
+    check_fp8_zero3_plan_equals_allocation(c, true);
 }
 
 TEST_CASE("a Llama with FP8 products: amax measured by the kernels that write the operands gives the step its "

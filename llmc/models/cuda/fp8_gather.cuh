@@ -40,15 +40,9 @@ struct Fp8BlockWeights {
     int tensor[FP8_PRODUCTS] = {};
     size_t size[FP8_PRODUCTS] = {};
     Fp8BlockWeights() = default;
-    explicit Fp8BlockWeights(const ModelConfig& c) {
-        const BlockTensors t = block_tensors(c);
-        const BlockWidths w(c);
-        const size_t C = c.channels;
-        const int tensors[FP8_PRODUCTS] = {t.qkv_w, t.attproj_w, t.up_w, t.down_w};
-        const size_t sizes[FP8_PRODUCTS] = {w.qkv * C, C * C, w.up * C, C * w.hidden};
-        std::copy(tensors, tensors + FP8_PRODUCTS, tensor);
-        std::copy(sizes, sizes + FP8_PRODUCTS, size);
-    }
+    explicit Fp8BlockWeights(const ModelConfig& c) : Fp8BlockWeights(block_tensors(c), BlockWidths(c), c.channels) {}
+    Fp8BlockWeights(const BlockTensors& t, const BlockWidths& w, size_t C)
+        : tensor{t.qkv_w, t.attproj_w, t.up_w, t.down_w}, size{w.qkv * C, C * C, w.up * C, C * w.hidden} {}
     size_t per_layer() const { return before(FP8_PRODUCTS); }
     // The elements of the products before p in a layer (where p's copy starts).
     size_t before(int p) const {

@@ -70,7 +70,8 @@ struct Fp8Scratch {
 class Fp8LinearsCUDA : public ReplicatedState, public GatherCodec<floatX> {
 public:
     Fp8LinearsCUDA() = default;
-    // `C`: the channels; `copies`: where the weights' codes come from (Gathered: then gather_weights);
+    // `weights`: the block's four product weights and their sizes; `copies`: where the weights' codes
+    // come from (Gathered: then gather_weights);
     // `dp_ranks`: the data-parallel ranks whose step amaxes delayed scaling takes the maximum of;
     // `stream`: the model's, on which every kernel runs (the host reads the state after it).
     Fp8LinearsCUDA(int layers, const Fp8BlockWeights& weights, const Fp8Options& options, Fp8WeightCopies copies,
