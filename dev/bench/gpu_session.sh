@@ -30,6 +30,11 @@
 #                                       Llama, transformers loading the exports (dev/bench/hf_check.py)
 #   dev/bench/gpu_session.sh kernels    every workbench's timings, attention against torch's SDPA, and
 #                                       the measured rates as a --topology file (measured_topology.json)
+#   dev/bench/gpu_session.sh speed      issue 37 in one call: test_ptx, the attention and matmul checks,
+#                                       test_cuda_model, d12 B 64 with each attention (mma, wgmma, tma)
+#                                       beside llm.c, the kernels' timings, the tuned tables, SDPA
+#   dev/bench/gpu_session.sh speed2     the call after it, tables committed: TMA cases one by one, d12 with
+#                                       --attention auto beside llm.c, the batch sweep, d48, PyTorch, a Llama
 #   dev/bench/gpu_session.sh tp         tensor parallelism: test_tp_cuda (tp 2, dp 2 x tp 2) and the
 #                                       trainer's --tp 2 against 1 rank (test/gpu/run_gpu_tp_tests.sh)
 #   dev/bench/gpu_session.sh pp         pipeline parallelism: test_pp_cuda (pp 2 1F1B and interleaved,
@@ -211,8 +216,8 @@ keep_run_files() {
 printf '# gpu_session.sh %s\n\n| step | result | s | log |\n| --- | --- | --- | --- |\n' "${STAGES[*]}" > "$SUMMARY"
 for stage in "${STAGES[@]}"; do
     case "$stage" in
-    test | sanitize | train | kernels | bench | tp | pp | cp | fp8) ;;
-    *) echo "unknown stage '$stage': expected prepare, prebuild, test, sanitize, train, kernels, bench, tp, pp, cp or fp8" >&2; exit 2 ;;
+    test | sanitize | train | kernels | bench | speed | speed2 | tp | pp | cp | fp8) ;;
+    *) echo "unknown stage '$stage': expected prepare, prebuild, test, sanitize, train, kernels, bench, speed, speed2, tp, pp, cp or fp8" >&2; exit 2 ;;
     esac
 done
 
@@ -291,6 +296,8 @@ for stage in "${STAGES[@]}"; do
     train) targets+=(train_gpt train_gpt_cpu) ;;
     kernels) targets+=(cuda-workbench build/test_ptx) ;;
     bench) targets+=(build/bench_train_step) ;;
+    speed) targets+=(build/test_ptx build/test_cuda_model build/bench_train_step cuda-workbench) ;;
+    speed2) targets+=(build/test_ptx build/bench_train_step cuda-workbench train_gpt train_gpt_cpu) ;;
     tp) targets+=(train_gpt build/test_tp_cuda build/test_cuda_host cuda-workbench) ;;
     pp) targets+=(train_gpt build/test_pp_cuda build/test_cuda_host) ;;
     cp) targets+=(train_gpt train_gpt_cpu build/test_cp_cuda build/test_cuda_host cuda-workbench) ;;
@@ -462,9 +469,47 @@ for stage in "${STAGES[@]}"; do
         # and PyTorch's Llama of the same shape and batch, compiled, on the same card
         step torch_d12_llama.log 150 python3 dev/bench/torch_gpt2.py --arch llama --model d12 -t 1024 -b 32
         ;;
+    speed)
+        # Issue 37 in one call, what decides the most first: whether the card agrees with the
+        # emulator on wgmma, TMA and mbarriers and the kernels built on them agree with the CPU; the
+        # split-k weight gradients in a whole step against the CPU; d12 at B 64 with each attention
+        # beside llm.c's d12 B 64; then the kernels' timings and the tuned tables to commit
+        step test_ptx.log 30 build/test_ptx
+        step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
+        step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
+        step check_matmul.log 45 dev/cuda/build/matmul --check
+        step test_cuda_model.log 90 build/test_cuda_model
+        for att in mma wgmma tma; do
+            step "bench_d12_b64_$att.log" 45 build/bench_train_step -e d12 -t 1024 -b 64 --attention $att --profile
+        done
+        [ -f .device/peers.sh ] && step peers.log 150 bash .device/peers.sh "$LOGS"
+        for b in attention_forward attention_backward matmul; do step "time_$b.log" 60 "dev/cuda/build/$b"; done
+        step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
+        step tune_attention.log 60 dev/cuda/build/attention_forward --tune "$LOGS/attention_table.h"
+        step attention_vs_sdpa.log 150 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
+        ;;
+    speed2)
+        # The call after `speed`, with its tables committed: the TMA cases one process each (a fault
+        # is sticky), the backward workbench's versions 3 and 4 at the timed shapes, d12 with the
+        # tuned kernels (--attention auto) beside llm.c, a Llama beside PyTorch's (issue 38), the
+        # batch sweep, d48, PyTorch's GPT-2, the Llama GPU tests
+        for c in "TMA writes zeros for the rows*" "TMA writes zeros for the columns*" "TMA writes zeros for the elements*" \
+                 "an mbarrier reused*" "one arrive.expect_tx*" "wgmma reads a TMA*"; do
+            step "test_ptx_$(echo "$c" | tr -cd 'a-z' | cut -c1-24).log" 20 build/test_ptx "$c"
+        done
+        step time_attention_backward.log 60 dev/cuda/build/attention_backward
+        step bench_d12_b64_auto.log 45 build/bench_train_step -e d12 -t 1024 -b 64 --attention auto --profile
+        [ -f .device/peers.sh ] && step peers.log 150 bash .device/peers.sh "$LOGS"
+        step bench_d12_llama.log 45 build/bench_train_step -e d12 -t 1024 -b 32 --arch llama --attention auto --profile
+        step torch_d12_llama.log 120 python3 dev/bench/torch_gpt2.py --arch llama --model d12 -t 1024 -b 32
+        best_step bench_d12_best.log 100 -e d12 -t 1024 --attention auto
+        step bench_d48_b16_auto.log 60 build/bench_train_step -e d48 -t 1024 -b 16 --attention auto --profile
+        step torch_d12.log 120 python3 dev/bench/torch_gpt2.py --model d12 -t 1024 -b 64
+        step gpu_llama.log 90 test/gpu/run_gpu_llama_tests.sh ./train_gpt ./train_gpt_cpu
+        ;;
     esac
 done
-[[ " ${STAGES[*]} " == *" bench "* ]] && side_by_side
+[[ " ${STAGES[*]} " == *" bench "* || " ${STAGES[*]} " == *" speed2 "* ]] && side_by_side
 
 [ "$FAILED" = 0 ] && verdict="**every step passed**" || verdict="**not a pass**: see the rows above"
 printf '\n%s in %d s of a %d s budget\n' "$verdict" $((SECONDS - START)) "$BUDGET" >> "$SUMMARY"

@@ -581,6 +581,18 @@ void tma_copy_2d(void* dst, const void* tensor_map, int x, int y, void* bar) {
                  dst_address, alignment, m.swizzle_bytes, alignment);
         device_fault(what, message);
     }
+    // The ISA fills a box's out-of-bound elements with zeros, and an H200 does so for boxes partly
+    // past either end or before the start (2026-11-28); one wholly outside the tensor (there: 4 x 16 at
+    // column 100 of 72) stopped the kernel with "illegal instruction", so here it is a fault too.
+    const bool outside = (int64_t)x >= (int64_t)m.dims[0] || (int64_t)y >= (int64_t)m.dims[1] ||
+                         (int64_t)x + m.box[0] <= 0 || (int64_t)y + m.box[1] <= 0;
+    if (outside) {
+        snprintf(message, sizeof message,
+                 "the box of %u x %u elements at (x %d, y %d) lies wholly outside the %llu x %llu tensor (an H200 "
+                 "faults with \"illegal instruction\")",
+                 m.box[1], m.box[0], x, y, (unsigned long long)m.dims[1], (unsigned long long)m.dims[0]);
+        device_fault(what, message);
+    }
     Mbarrier& b = barrier_at(bar, what);
     const PendingTensorCopy copy{dst_address, m, x, y};
     if (copies_land_at_issue()) {

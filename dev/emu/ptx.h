@@ -128,7 +128,8 @@ inline void fence_mbarrier_init() {}
 // The ISA requires `dst` 128-byte aligned; the emulator requires a swizzled box to start on its
 // pattern's 8 W-byte boundary (256, 512, 1024), so that the copy's pattern and a base-offset-0
 // descriptor's agree. The box must lie in shared memory, the map be one the emulator's
-// cuTensorMapEncodeTiled made (runtime.cpp), else a fault.
+// cuTensorMapEncodeTiled made (runtime.cpp), and at least one of its elements inside the tensor (a box
+// wholly outside made an H200 fault, 2026-11-28), else a fault.
 // Asynchrony, as cp.async's: under every schedule but the forward one the copy lands at issue (the
 // earliest); under the forward one it is kept on the barrier and lands when a thread waits for the
 // barrier's current phase while no arrival is pending any more, so that only the copies' bytes

@@ -314,6 +314,7 @@ enum class TmaMistake {
     GlobalBarrier,      // the barrier in global memory
     NoInit,             // the barrier used without mbarrier.init
     BadParity,          // try_wait.parity with 2
+    WhollyOutside,      // the box at column 64 of a 64-column tensor: no element inside (an H200 faults)
 };
 constexpr int TMA_BOX_ROWS = 16, TMA_COLS = 64, TMA_BOX_BYTES = TMA_BOX_ROWS * TMA_COLS * 2;
 template <TmaMistake MISTAKE>
@@ -334,7 +335,7 @@ __global__ void tma_kernel(uint16_t* out, const __grid_constant__ CUtensorMap ma
         const int delta = MISTAKE == TmaMistake::ExpectTooMuch ? 16 : MISTAKE == TmaMistake::ExpectTooLittle ? -16 : 0;
         llmc::tma::mbarrier_arrive_expect_tx(bar, (uint32_t)(TMA_BOX_BYTES + delta));
         if (MISTAKE == TmaMistake::ArriveTwice) llmc::tma::mbarrier_arrive(bar);
-        llmc::tma::copy_2d(stage, &map, 0, 8, bar);
+        llmc::tma::copy_2d(stage, &map, MISTAKE == TmaMistake::WhollyOutside ? TMA_COLS : 0, 8, bar);
     }
     const int i = threadIdx.x;
     if (MISTAKE == TmaMistake::ReadBeforeWait) out[i] = tile[i];
@@ -481,6 +482,7 @@ const Scenario SCENARIOS[] = {
     {"mbarrier in global memory", [] { return run_tma_kernel<TmaMistake::GlobalBarrier>(); }},
     {"mbarrier without init", [] { return run_tma_kernel<TmaMistake::NoInit>(); }},
     {"mbarrier parity 2", [] { return run_tma_kernel<TmaMistake::BadParity>(); }},
+    {"TMA box wholly outside the tensor", [] { return run_tma_kernel<TmaMistake::WhollyOutside>(); }},
     {"setmaxnreg by every warp", [] { return run_setmaxnreg(setmaxnreg_kernel<false>); }},
     {"setmaxnreg skipped by a warp", [] { return run_setmaxnreg(setmaxnreg_kernel<true>); }},
 };
@@ -688,7 +690,8 @@ TEST_CASE("an mbarrier phase that can never complete (expect_tx beyond the copie
     }
 }
 
-TEST_CASE("mbarrier and TMA fault on a misaligned or unencoded copy, a barrier misused, or counts that underflow") {
+TEST_CASE("mbarrier and TMA fault on a misaligned, unencoded or wholly outside copy, a barrier misused, or counts "
+          "that underflow") {
     check_reported(run_child("TMA destination off 128 bytes", "0"), "not 128-byte aligned");
     check_reported(run_child("TMA swizzled destination off 1024 bytes", "0"), "not 1024-byte aligned");
     check_reported(run_child("TMA map never encoded", "0"), "not made by cuTensorMapEncodeTiled");
@@ -698,6 +701,7 @@ TEST_CASE("mbarrier and TMA fault on a misaligned or unencoded copy, a barrier m
     check_reported(run_child("TMA expect_tx short of the copy", "0"), "tx-count underflow");
     check_reported(run_child("TMA expect_tx short of the copy", "1"), "tx-count underflow");
     check_reported(run_child("mbarrier arrival beyond its count", "0"), "arrive count underflow");
+    check_reported(run_child("TMA box wholly outside the tensor", "0"), "wholly outside");
 }
 
 TEST_CASE("setmaxnreg: all four warps of a warpgroup must execute it (.sync.aligned)") {

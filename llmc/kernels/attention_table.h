@@ -18,9 +18,10 @@ struct AttentionTuned {
     int version;
 };
 
-// No card has been tuned yet: every device takes the default (version 3).
 inline constexpr AttentionTuned ATTENTION_TUNED[] = {
-    {"", 0, 3},  // (a placeholder that matches no card)
+    {"NVIDIA H200", 1024, 4},  // ms: v2 0.070 v3 0.074 v4 0.058 v5 0.064 v6 0.064
+    {"NVIDIA H200", 2048, 5},  // ms: v2 0.119 v3 0.115 v4 0.094 v5 0.092 v6 0.093
+    {"NVIDIA H200", 4096, 5},  // ms: v2 0.219 v3 0.198 v4 0.165 v5 0.151 v6 0.153
 };
 
 }  // namespace llmc

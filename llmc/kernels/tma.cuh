@@ -123,7 +123,8 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes: the box at column x,
-// row y (in elements; either may be negative or run past the tensor: those elements are zeros) into
+// row y (in elements; either may be negative or run past the tensor: those elements are zeros, but
+// some element must lie inside it: a box wholly outside faulted on an H200, "illegal instruction") into
 // `shared_dst` (128-byte aligned; the swizzle's repeat, 256, 512 or 1024 bytes, for a swizzled map),
 // complete_tx of the box's bytes on `bar` when it lands. Issued by one thread.
 __device__ inline void copy_2d(void* shared_dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {

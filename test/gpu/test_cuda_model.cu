@@ -563,12 +563,16 @@ TEST_CASE("weight gradients split along k: within 1e-5 of whole ones, not their 
         };
         const std::vector<float> whole = step(1), split = step(3);
         INFO((fp8 ? "FP8" : "bf16") << " products");
-        // Only the order of the fp32 sums differs (each slice's, then the slices'): every tensor within
-        // 1e-5, and the weight gradients' bits differ somewhere (the split ran).
+        // Only the order of the sums differs (each slice's, then the slices'): every tensor within 1e-5
+        // for bf16 products, and the weight gradients' bits differ somewhere (the split ran). FP8
+        // products on Hopper's tensor cores accumulate in less than fp32 (an H200, 2026-11-28: split
+        // against whole 0.9e-4 to 1.4e-4 in every weight gradient; the emulator's sums are exact fp32),
+        // so FP8's are held to 1e-3, still far under what a lost or doubled slice gives (~0.3).
+        const double limit = fp8 ? 1e-3 : 1e-5;
         for (const ParamLayout::Segment& s : layout.segments()) {
             const double err = rel_error(split.data() + s.begin, whole.data() + s.begin, s.end - s.begin);
             INFO("gradient of " << layout.name(s.tensor) << " layer " << s.layer << ": rel. error " << err);
-            CHECK(err <= 1e-5);
+            CHECK(err <= limit);
         }
         CHECK(split != whole);
         CHECK(step(3) == split);
