@@ -8,11 +8,12 @@
 //   build/bench_train_step -e d12 --fp8 current        the blocks' products in FP8 (fp8_linears.cuh)
 //   build/bench_train_step -e d12 --experts 8 --top-k 2  every block's MLP as 8 experts, top 2 (moe.cuh)
 //   build/bench_train_step -e d12 --attention wgmma    attention on Hopper's warpgroup products
+//                                                      (attention_hopper.cuh; mma: attention.cuh's; tma:
+//                                                      wgmma fed by a producer warpgroup's TMA copies,
+//                                                      attention_hopper_tma.cuh; auto, the default as in
+//                                                      train_gpt: on an sm_90 device the tuned forward
+//                                                      per T and the TMA-fed backward, else mma)
 //   build/bench_train_step -e d12 --arch llama         the same depth as a Llama (models/llama/config.h)
-//                                                      (attention_hopper.cuh; mma: attention.cuh's, the
-//                                                      default; tma: wgmma with the forward fed by a
-//                                                      producer warpgroup, attention_hopper_tma.cuh;
-//                                                      auto: wgmma on an sm_90 device)
 //   build/bench_train_step -e d48 -t 1024 --best       the fastest micro-batch and recomputation: B doubling
 //                                                      while it fits, each -r tried only for the batches the
 //                                                      lower ones could not fit (batch_sweep.h); a row per
@@ -64,7 +65,7 @@ struct Args {
     double peak_tflops = 989.0;
     std::string fp8 = "off";  // off, current or delayed
     int experts = 0, top_k = 2;  // a mixture of experts in every block (0: dense)
-    std::string attention = "mma";  // mma, wgmma, tma or auto (set_attention_kernels)
+    std::string attention = "auto";  // auto, mma, wgmma or tma (set_attention_kernels), as train_gpt's
     std::string arch = "gpt2";      // the preset's family: gpt2 or llama (models/llama/config.h)
 };
 
@@ -196,9 +197,11 @@ void print_profile(Run& run, const ModelConfig& c, int B, const Args& args) {
         double in, out;
         bool per_layer;
     };
+    // the family's widths: a Llama's qkv has its kv heads' columns only, its fc both SwiGLU halves
+    const BlockWidths w(c);
     const double C = c.channels, rows = (double)B * args.T;
-    const Product products[] = {{"qkv", C, 3 * C, true}, {"attproj", C, C, true}, {"fc", C, 4 * C, true},
-                                {"fcproj", 4 * C, C, true}, {"lm head", C, (double)c.padded_vocab_size, false}};
+    const Product products[] = {{"qkv", C, (double)w.qkv, true}, {"attproj", C, C, true}, {"fc", C, (double)w.up, true},
+                                {"fcproj", (double)w.hidden, C, true}, {"lm head", C, (double)c.padded_vocab_size, false}};
     printf("\nThe matrix products: FLOPs over time, against the dense bf16 peak (%.0f TFLOP/s)\n", args.peak_tflops);
     printf("| product | ms | TFLOP/s | of peak |\n");
     for (const Product& p : products)

@@ -64,6 +64,7 @@ inline const std::vector<RunOption>& run_options() {
         {"", "fp8_scaling", &RunConfig::fp8_scaling, "with --fp8 1: current (each tensor's own amax) or delayed (the largest amax of its last --fp8-history steps)"},
         {"", "fp8_history", &RunConfig::fp8_history, "with --fp8-scaling delayed: steps of amax each tensor's scale comes from"},
         {"", "fp8_gather", &RunConfig::fp8_gather, "with --fp8 1 -z 3 (CUDA model): 1 all-gathers the four weights as their FP8 codes (half the bytes), 0 as bf16, cast at each use"},
+        {"", "attention", &RunConfig::attention, "CUDA model, head size 64: attention's kernels: auto (on an H100 or H200 Hopper's warpgroup products, the forward's version per T from llmc/kernels/attention_table.h, the backward fed by TMA; elsewhere mma), mma (mma.sync, any card), wgmma or tma (Hopper only)"},
         {"-b", "batch_size", &RunConfig::batch_size, "micro-batch size B (sequences per rank per forward)"},
         {"-t", "seq_len", &RunConfig::seq_len, "sequence length T"},
         {"-d", "total_batch_tokens", &RunConfig::total_batch_tokens, "tokens per optimizer step (0: B*T*ranks); more means gradient accumulation"},

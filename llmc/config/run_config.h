@@ -35,6 +35,8 @@ struct RunConfig {
     std::string fp8_scaling = "current";
     int fp8_history = 16;
     int fp8_gather = 1;  // ZeRO-3: the weights' all-gather carries their FP8 codes (models/cuda/fp8_gather.cuh)
+    // the CUDA model's attention kernels at head size 64 (kernels/attention_hopper.cuh): auto, mma, wgmma, tma
+    std::string attention = "auto";
     // batch
     int batch_size = 8;          // B: sequences per micro-batch per data-parallel rank
     int seq_len = 128;           // T

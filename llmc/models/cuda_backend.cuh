@@ -46,6 +46,7 @@ struct CudaBackend {
     // device communicators made here: NCCL, or the host groups staged through pinned memory.
     static BuiltModel make_model(const RunConfig& cfg, const ProcessGroups& groups, const Launch& launch) {
         refuse_unsupported(cfg);
+        set_attention_kernels(parse_attention_kernels(cfg.attention, "--attention"));
         Communicator& world = groups.world();
         const bool nccl = launch.under_launcher && cfg.gpu_comm == "nccl";
         const int device = pick_device(launch, nccl);
@@ -241,6 +242,18 @@ private:
                nccl ? ", collectives over NCCL" : host.world_size() > 1 ? ", collectives over MPI via host memory" : "",
                peak > 0 ? strformat("MFU against %g TFLOP/s dense bf16", peak).c_str()
                         : "no MFU (GPU not in llmc/planning/mfu.h's table; pass --peak-tflops)");
+        printf("attention: %s\n", attention_kernels_line(cfg).c_str());
+    }
+    // Which attention kernels --attention gives on this device (attention_hopper.cuh)
+    static std::string attention_kernels_line(const RunConfig& cfg) {
+        using namespace attention_detail;
+        const int HS = cfg.model_config.head_size();
+        if (!attention_on_wgmma(HS))
+            return strformat("mma.sync (--attention %s, head size %d)", cfg.attention.c_str(), HS);
+        return strformat("wgmma (--attention %s): forward version %d at T %d (dev/cuda/attention_forward's "
+                         "numbering), backward fed by %s",
+                         cfg.attention.c_str(), attention_forward_version(HS, cfg.seq_len), cfg.seq_len,
+                         attention_kernels_setting() == AttentionKernels::Wgmma ? "cp.async" : "TMA");
     }
 
     static std::unique_ptr<Communicator> make_device_comm(const RunConfig& cfg, Communicator& host, int device,
