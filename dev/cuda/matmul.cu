@@ -530,8 +530,9 @@ void time_layer(llmc::MatmulContext& ctx, int version, const TimedLayer& l, std:
 // The split of k (version 4): a weight gradient alone, split several ways, against the CPU.
 
 // Splits checked (0: the one the shape gets by itself) on shapes where the wave model splits: GPT-2
-// 124M's attention projection on a GPU (7 slices of 1216 rows, the last 896), a small output over a
-// short k emulated (16 slices asked for: 13 of 16 rows, the last 11).
+// 124M's attention projection on a GPU (by itself: the tuned table's on a card it lists, none on an
+// H200 at this k; else the wave model's 4 slices of 2048 rows; 7 asked for: 1216 rows, the last 896),
+// a small output over a short k emulated (16 slices asked for: 13 of 16 rows, the last 11).
 const int SPLITS_CHECKED[] = {0, 2, 7, 16};
 const Shape SPLIT_SHAPES[] = {{"124M attproj", 8 * 1024, 768, 768}};
 const Shape EMULATED_SPLIT_SHAPES[] = {{"small output", 203, 64, 48}};

@@ -15,9 +15,12 @@
 //      card and shape (`dev/cuda/build/matmul --tune`);
 //   3. otherwise the wave model below.
 // The wave model assumes cuBLASLt's 128 x 128 output tiles, one CTA per SM at a time. It leaves a
-// product alone when its tiles already fill half the SMs, and otherwise picks the smallest S whose
-// waves are at least 90% full (36 tiles: S = 7, 252 CTAs in two waves of 132), each slice at least
-// MIN_SLICE_K long, the partials within the context's buffer.
+// product alone when its tiles already fill half the SMs, and otherwise picks the smallest power of
+// two S that gives every SM a CTA (36 tiles on 132 SMs: S = 4), each slice at least MIN_SLICE_K long,
+// the partials within the context's buffer; where none does, the largest that fits. Powers of two
+// because cuBLASLt's batched products were slow at the others on the one card measured (an H200,
+// 2026-11-28: GPT-2 124M's attention projection at k = 65,536 took 0.114 ms in 4 slices, 0.117 in 8,
+// 0.124 in 2, but 0.33-0.57 in 3, 5, 6 or 7; the model had filled its waves with 7).
 #pragma once
 
 #include <cstddef>
@@ -42,7 +45,6 @@ namespace split_k_detail {
 constexpr int TILE = 128;                // cuBLASLt's usual output tile on Hopper, both ways
 constexpr int MIN_SLICE_K = 1024;        // shorter slices spend more on the partials than they save
 constexpr int MAX_SLICES = 16;
-constexpr double FULL_WAVES = 0.9;       // the least fraction of the waves' CTA slots a split must use
 constexpr int SLICE_GRANULE = 64;        // the wave model's slices: whole k tiles of cuBLASLt's kernels
 constexpr int FORCED_SLICE_GRANULE = 16; // a forced split's: FP8 operands stay 16-byte aligned
 
@@ -59,12 +61,6 @@ inline SplitK split_k_even(int k, int slices, int granule) {
     return SplitK{(k + slice_k - 1) / slice_k, slice_k};
 }
 
-// The fraction of the CTA slots of ceil(ctas / sms) full waves that `ctas` CTAs use.
-inline double wave_fill(long ctas, int sms) {
-    const long waves = (ctas + sms - 1) / sms;
-    return (double)ctas / (double)(waves * sms);
-}
-
 // The wave model's split of an (m x n) output over k rows on a GPU with `sms` SMs, whose partials
 // ((slices) x m x n floats) fit in partial_bytes.
 inline SplitK split_k_by_waves(int m, int n, int k, int sms, size_t partial_bytes) {
@@ -73,14 +69,13 @@ inline SplitK split_k_by_waves(int m, int n, int k, int sms, size_t partial_byte
     const SplitK none{1, k};
     if (sms < 1 || 2 * tiles > sms) return none;
     SplitK best = none;
-    double best_fill = wave_fill(tiles, sms);
-    for (int s = 2; s <= MAX_SLICES; s++) {
+    for (int s = 2; s <= MAX_SLICES; s *= 2) {
         const SplitK split = split_k_even(k, s, SLICE_GRANULE);
-        if (split.slices != s || split.slice_k < MIN_SLICE_K) continue;
+        // more slices are only shorter, and take more partials
+        if (split.slices != s || split.slice_k < MIN_SLICE_K) break;
         if ((size_t)s * m * n * sizeof(float) > partial_bytes) break;
-        const double fill = wave_fill(tiles * s, sms);
-        if (fill >= FULL_WAVES) return split;
-        if (fill > best_fill) best = split, best_fill = fill;
+        best = split;
+        if (tiles * s >= sms) break;  // every SM has a CTA
     }
     return best;
 }
