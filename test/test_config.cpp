@@ -368,6 +368,12 @@ TEST_CASE("--config types are strict: no bool for an integer, no string for a nu
     for (auto& p : {boolean, text, number, duplicate, flags}) remove(p.c_str());
 }
 
+TEST_CASE("--attention: auto by default, one of auto, mma, wgmma, tma, anything else refused by name", "[config]") {
+    CHECK(parse({}).attention == "auto");
+    for (const char* k : {"auto", "mma", "wgmma", "tma"}) CHECK(parse({"--attention", k}).attention == k);
+    CHECK_THROWS_WITH(parse({"--attention", "flash"}), Contains("--attention must be mma, wgmma, tma or auto, got 'flash'"));
+}
+
 TEST_CASE("a run's own config.json, \"resolved\" included, is accepted back by --config", "[config]") {
     RunConfig first = parse({"-b", "4", "-t", "32", "--seed", "7", "--comm-timeout-s", "1e10"});
     std::string path = temp_json(run_config_json(first).dump(2));

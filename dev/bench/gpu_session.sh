@@ -346,6 +346,22 @@ side_by_side() {
         fail_step "dev/bench/side_by_side.py" "see side_by_side.md"
     fi
 }
+# Whether the card agrees with the emulator on wgmma, TMA and mbarriers (test_ptx), then the
+# attention kernels built on them against the CPU (forward versions 2-6, backward 2-4)
+hopper_checks() {
+    step test_ptx.log 30 build/test_ptx
+    step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
+    step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
+}
+# This card's tables, to commit from the logs' archive: the weight gradients' split of k
+# (llmc/kernels/split_k_table.h) and the attention forward's kernel per T (attention_table.h, read
+# under --attention auto); then torch's SDPA (flash and cuDNN) beside llmc's attention, forward and
+# backward
+tune_tables() {
+    step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
+    step tune_attention.log 60 dev/cuda/build/attention_forward --tune "$LOGS/attention_table.h"
+    step attention_vs_sdpa.log 180 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
+}
 sanitize() {  # out-of-bounds accesses, uninitialised reads and shared-memory races on the small model
     local san
     san=$(command -v compute-sanitizer || echo "$CUDA/bin/compute-sanitizer")
@@ -426,21 +442,9 @@ for stage in "${STAGES[@]}"; do
             test/fixtures/gpt2_tiny_model.bin test/fixtures/llama_tiny_model.bin
         ;;
     kernels)
-        # the wgmma attention is not yet the default: first whether the card agrees with the emulator
-        # (the instruction's layouts, then both attention kernels against the CPU), then every timing
-        step test_ptx_wgmma.log 30 build/test_ptx "*wgmma*"
-        step test_ptx_tma.log 30 build/test_ptx "*TMA*,*mbarrier*,*expect_tx*"
-        step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
-        step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
+        hopper_checks
         for b in dev/cuda/build/*; do step "time_$(basename "$b").log" 90 "$b"; done
-        # the weight gradients' split of k on this card (llmc/kernels/split_k_table.h: commit the file
-        # from the logs' archive to make the launchers use it)
-        step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
-        # the attention forward's kernel per T on this card (llmc/kernels/attention_table.h, read
-        # under --attention auto: commit it from the archive likewise)
-        step tune_attention.log 60 dev/cuda/build/attention_forward --tune "$LOGS/attention_table.h"
-        # torch SDPA (flash and cuDNN) beside llmc mma.sync and wgmma, forward+backward
-        step attention_vs_sdpa.log 180 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
+        tune_tables
         # the measured kernel rates as a --topology file for --plan (llmc/planning/cluster.h)
         step measured_topology.json 10 dev/bench/measured_topology.sh "$LOGS"
         ;;
@@ -474,9 +478,7 @@ for stage in "${STAGES[@]}"; do
         # emulator on wgmma, TMA and mbarriers and the kernels built on them agree with the CPU; the
         # split-k weight gradients in a whole step against the CPU; d12 at B 64 with each attention
         # beside llm.c's d12 B 64; then the kernels' timings and the tuned tables to commit
-        step test_ptx.log 30 build/test_ptx
-        step check_attention_forward.log 45 dev/cuda/build/attention_forward --check
-        step check_attention_backward.log 45 dev/cuda/build/attention_backward --check
+        hopper_checks
         step check_matmul.log 45 dev/cuda/build/matmul --check
         step test_cuda_model.log 90 build/test_cuda_model
         for att in mma wgmma tma; do
@@ -484,9 +486,7 @@ for stage in "${STAGES[@]}"; do
         done
         [ -f .device/peers.sh ] && step peers.log 150 bash .device/peers.sh "$LOGS"
         for b in attention_forward attention_backward matmul; do step "time_$b.log" 60 "dev/cuda/build/$b"; done
-        step tune_matmul.log 150 dev/cuda/build/matmul --tune "$LOGS/split_k_table.h"
-        step tune_attention.log 60 dev/cuda/build/attention_forward --tune "$LOGS/attention_table.h"
-        step attention_vs_sdpa.log 150 python3 dev/bench/attention_vs_sdpa.py --llmc dev/cuda/build/attention_backward
+        tune_tables
         ;;
     speed2)
         # The call after `speed`, with its tables committed: the TMA cases one process each (a fault

@@ -16,6 +16,7 @@
 #include "llmc/dist/context_parallel.h"
 #include "llmc/dist/parallel_dims.h"
 #include "llmc/dist/pipeline_schedule.h"
+#include "llmc/kernels/attention_tuning.h"
 #include "llmc/models/family.h"
 #include "llmc/models/llama/config.h"
 #include "llmc/numerics/fp8.h"
@@ -239,8 +240,7 @@ inline void check_training_options(const RunConfig& cfg, int world_size) {
             strformat("--fp8-scaling must be current or delayed, got '%s'", cfg.fp8_scaling.c_str()));
     require(cfg.fp8_history >= 1, strformat("--fp8-history must be >= 1 step, got %d", cfg.fp8_history));
     require(cfg.fp8_gather == 0 || cfg.fp8_gather == 1, strformat("--fp8-gather must be 0 or 1, got %d", cfg.fp8_gather));
-    require(cfg.attention == "auto" || cfg.attention == "mma" || cfg.attention == "wgmma" || cfg.attention == "tma",
-            strformat("--attention must be auto, mma, wgmma or tma, got '%s'", cfg.attention.c_str()));
+    (void)parse_attention_kernels(cfg.attention, "--attention");  // the CUDA model sets it (cuda_backend.cuh)
     require(cfg.gpu_comm == "nccl" || cfg.gpu_comm == "mpi",
             strformat("--gpu-comm must be nccl or mpi, got '%s'", cfg.gpu_comm.c_str()));
     require(cfg.peak_tflops >= 0, strformat("--peak-tflops must be >= 0, got %g", cfg.peak_tflops));

@@ -43,32 +43,12 @@
 
 namespace llmc {
 
-// Which kernels attention and the ring pairs run for head size 64 (other head sizes always run
-// mma.sync): mma.sync (attention.cuh), wgmma (this file, an sm_90 device only), wgmma with the
-// forward fed by TMA from a producer warpgroup (attention_hopper_tma.cuh; the same backward), or
-// wgmma wherever the device is sm_90.
-enum class AttentionKernels { MmaSync, Wgmma, Tma, Auto };
-
+// The setting of which kernels attention and the ring pairs run (AttentionKernels, attention_tuning.h).
 inline AttentionKernels& attention_kernels_setting() {
     static AttentionKernels setting = AttentionKernels::MmaSync;
     return setting;
 }
 inline void set_attention_kernels(AttentionKernels k) { attention_kernels_setting() = k; }
-
-inline const char* attention_kernels_name(AttentionKernels k) {
-    return k == AttentionKernels::MmaSync ? "mma"
-           : k == AttentionKernels::Wgmma ? "wgmma"
-           : k == AttentionKernels::Tma   ? "tma"
-                                          : "auto";
-}
-// "mma", "wgmma", "tma" or "auto" (a flag's value); anything else fails naming `flag`.
-inline AttentionKernels parse_attention_kernels(const std::string& value, const char* flag) {
-    if (value == "mma") return AttentionKernels::MmaSync;
-    if (value == "wgmma") return AttentionKernels::Wgmma;
-    if (value == "tma") return AttentionKernels::Tma;
-    if (value == "auto") return AttentionKernels::Auto;
-    fail(strformat("%s must be mma, wgmma, tma or auto, got '%s'", flag, value.c_str()));
-}
 
 // Whether the current device runs sm_90a code (compute capability 9.0: H100, H200); asked once (a
 // rank uses one device).
