@@ -38,6 +38,8 @@
 #include "dev/cuda/attention_ring.cuh"
 #include "dev/cuda/common.cuh"
 #include "llmc/kernels/attention.cuh"
+#include "llmc/kernels/rope.cuh"
+#include "llmc/cpu/llama_ops.h"
 #include "llmc/cpu/ops.h"
 
 using llmc::floatX;
@@ -188,7 +190,8 @@ const char* const VERSION_NAMES[NUM_VERSIONS + 1] = {
     "llmc/attention_hopper_tma.cuh: version 3 fed by a producer warpgroup's TMA copies"};
 
 // Why version v cannot run this head size here, or null.
-const char* unavailable(int version, int HS) {
+const char* unavailable(int version, int HS, int NH, int KVH) {
+    if (version == 1 && KVH != NH) return "multi-head only (the CPU reference checks the grouped heads)";
     if (version < 3) return nullptr;
     if (HS != 64) return "head size 64 only";
     if (!llmc::device_has_wgmma()) return "not an sm_90 device";
@@ -203,35 +206,58 @@ void select_kernels(int version) {
 }
 
 void run_version(int version, floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
-                 const float* lse, int B, int T, int NH, int HS) {
+                 const float* lse, int B, int T, int NH, int KVH, int HS) {
     select_kernels(version);
     if (version == 1) attention_backward_v1(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
-    else llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, HS, 0);
+    else llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, NH, KVH, HS, 0);
 }
 
+// KVH < NH: grouped-query attention (each kv head's dk, dv summed over its NH / KVH query heads).
 struct Shape {
-    int B, T, NH, HS;
+    int B, T, NH, KVH, HS;
     bool check;      // false: too large for the CPU reference, timed only
     bool headline;   // print the "fwd+bwd ms" line compared with torch
 };
+
+// RoPE's backward fused into the stores (attention_backward's `rope`: a Llama's q and k are rotated
+// ones): dqkv must be the reference's rotated back by cpu::rope_backward, and the fused amax that of
+// what is stored.
+void check_rope_path(const std::vector<float>& dqkv_ref, floatX* dqkv, float* scratch, const floatX* dout,
+                     const floatX* qkv, const floatX* out, const float* lse, const Shape& s) {
+    constexpr float THETA = 10000.0f;  // angles up to T radians at i = 0, a full turn within 7 positions
+    const size_t n = dqkv_ref.size();
+    std::vector<float> rotated = dqkv_ref;
+    llmc::cpu::rope_backward(rotated.data(), s.B, s.T, s.NH, s.KVH, s.HS, THETA);
+    bench::DeviceBuffer<float> table((size_t)s.T * s.HS, "rope table");
+    llmc::rope_table(table.get(), s.T, s.HS, THETA, nullptr, 0);
+    auto run = [&](float* amax) {
+        bench::poison(dqkv, n);
+        llmc::attention_backward(dqkv, scratch, dout, qkv, out, lse, s.B, s.T, s.NH, s.KVH, s.HS, 0, amax,
+                                 table.get());
+        return bench::to_host(dqkv, n);
+    };
+    const std::vector<float> got = run(nullptr);
+    bench::check("dqkv with RoPE's backward", got, rotated, bench::BF16_TOLERANCE);
+    bench::check_amax("dqkv with RoPE's backward", got, run);
+}
 
 // attention_backward_pair over the whole sequence as one causal pair must give `dqkv`, the whole-
 // sequence call's, value for value.
 void check_pair_path(const std::vector<float>& dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
                      const float* lse, const Shape& s) {
-    const size_t C = (size_t)s.NH * s.HS, rows = (size_t)s.B * s.T;
+    const size_t C = (size_t)s.NH * s.HS, KV = 2 * (size_t)s.KVH * s.HS, rows = (size_t)s.B * s.T;
     bench::DeviceBuffer<float> D(llmc::attention_backward_scratch_floats(s.B, s.T, s.NH), "D");
-    bench::DeviceBuffer<float> dq(rows * C, "dq (fp32)"), dkv(rows * 2 * C, "dk, dv (fp32)");
-    bench::DeviceBuffer<floatX> pair_dqkv(rows * 3 * C, "dqkv (pair)");
+    bench::DeviceBuffer<float> dq(rows * C, "dq (fp32)"), dkv(rows * KV, "dk, dv (fp32)");
+    bench::DeviceBuffer<floatX> pair_dqkv(rows * (C + KV), "dqkv (pair)");
     CUDA_CHECK(cudaMemset(dq.get(), 0, rows * C * sizeof(float)));
-    CUDA_CHECK(cudaMemset(dkv.get(), 0, rows * 2 * C * sizeof(float)));
-    bench::poison(pair_dqkv.get(), rows * 3 * C);
+    CUDA_CHECK(cudaMemset(dkv.get(), 0, rows * KV * sizeof(float)));
+    bench::poison(pair_dqkv.get(), rows * (C + KV));
     llmc::attention_backward_rowdot(D.get(), dout, out, s.B, s.T, s.NH, s.HS, 0);
     llmc::attention_backward_pair(dq.get(), dkv.get(), dout, qkv, qkv, lse, D.get(), s.B,
-                                  llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
-    llmc::attention_backward_pair_finish(pair_dqkv.get(), dq.get(), dkv.get(), s.B, s.T, s.NH, s.HS, 0);
+                                  llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.KVH, s.HS, 0);
+    llmc::attention_backward_pair_finish(pair_dqkv.get(), dq.get(), dkv.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got = bench::to_host(pair_dqkv.get(), rows * 3 * C);
+    const std::vector<float> got = bench::to_host(pair_dqkv.get(), rows * (C + KV));
     size_t different = 0;
     for (size_t i = 0; i < got.size(); i++) different += !(got[i] == dqkv[i]);  // NaN counts as different
     bench::report_check("dqkv, as one causal pair", different == 0,
@@ -240,10 +266,11 @@ void check_pair_path(const std::vector<float>& dqkv, const floatX* dout, const f
 
 void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
     const int C = s.NH * s.HS;
-    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C, lse_n = (size_t)s.B * s.NH * s.T;
+    const size_t qkv_n = (size_t)s.B * s.T * (s.NH + 2 * s.KVH) * s.HS, out_n = (size_t)s.B * s.T * C;
+    const size_t lse_n = (size_t)s.B * s.NH * s.T;
     const size_t scratch_n = llmc::attention_backward_scratch_floats(s.B, s.T, s.NH);
     const double forward_flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
-    printf("B=%d T=%d NH=%d HS=%d%s\n", s.B, s.T, s.NH, s.HS, s.check ? "" : " (timed only)");
+    printf("B=%d T=%d NH=%d KVH=%d HS=%d%s\n", s.B, s.T, s.NH, s.KVH, s.HS, s.check ? "" : " (timed only)");
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
     const std::vector<float> qkv = bench::random_bf16(qkv_n, rng), dout = bench::random_bf16(out_n, rng);
@@ -251,31 +278,32 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     bench::DeviceBuffer<floatX> out_d(out_n, "out"), dqkv_d(qkv_n, "dqkv"), dqkv2_d(qkv_n, "dqkv (second run)");
     bench::DeviceBuffer<float> lse_d(lse_n, "lse"), scratch_d(scratch_n, "scratch");
     select_kernels(2);
-    llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
+    llmc::attention_forward(out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
     std::vector<float> dqkv_ref;
     if (s.check) {
         std::vector<float> out_ref(out_n), att((size_t)s.B * s.NH * s.T * s.T);
-        llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+        llmc::cpu::gqa_attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS);
         bench::check("forward out (backward input)", bench::to_host(out_d.get(), out_n), out_ref,
                      bench::BF16_TOLERANCE);
         dqkv_ref.resize(qkv_n);
-        llmc::cpu::attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+        llmc::cpu::gqa_attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH,
+                                          s.HS);
     }
 
     std::vector<float> dqkv_v3;
     for (int v = 1; v <= NUM_VERSIONS; v++) {
         if (!opt.runs(v)) continue;
         printf(" version %d: %s\n", v, VERSION_NAMES[v]);
-        if (const char* why = unavailable(v, s.HS)) {
+        if (const char* why = unavailable(v, s.HS, s.NH, s.KVH)) {
             printf("  skipped: %s\n", why);
             continue;
         }
         bench::poison(dqkv_d.get(), qkv_n);
         bench::poison(scratch_d.get(), scratch_n);
         run_version(v, dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B, s.T,
-                    s.NH, s.HS);
+                    s.NH, s.KVH, s.HS);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> dqkv = bench::to_host(dqkv_d.get(), qkv_n);
         if (s.check) bench::check("dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
@@ -286,7 +314,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::poison(dqkv2_d.get(), qkv_n);
             bench::poison(scratch_d.get(), scratch_n);
             run_version(v, dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s.B,
-                        s.T, s.NH, s.HS);
+                        s.T, s.NH, s.KVH, s.HS);
             CUDA_CHECK(cudaDeviceSynchronize());
             // The widened copies compare the bf16 bits: widening keeps every bit.
             bench::check_same_bits("dqkv, run twice", bench::to_host(dqkv2_d.get(), qkv_n), dqkv);
@@ -295,15 +323,18 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
             bench::check_amax("dqkv", dqkv, [&](float* amax) {
                 bench::poison(dqkv2_d.get(), qkv_n);
                 llmc::attention_backward(dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(),
-                                         lse_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
+                                         lse_d.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0, amax);
                 return bench::to_host(dqkv2_d.get(), qkv_n);
             });
             check_pair_path(dqkv, dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(), s);
+            if (s.check)
+                check_rope_path(dqkv_ref, dqkv2_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(),
+                                lse_d.get(), s);
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms([&] {
                 run_version(v, dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out_d.get(), lse_d.get(),
-                            s.B, s.T, s.NH, s.HS);
+                            s.B, s.T, s.NH, s.KVH, s.HS);
             });
             bench::report_compute_bound("backward", ms, 2.5 * forward_flops);
             if (v >= 2 && s.headline) {
@@ -312,11 +343,12 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
                 bench::DeviceBuffer<floatX> out2_d(out_n, "out (timed)");
                 bench::DeviceBuffer<float> lse2_d(lse_n, "lse (timed)");
                 const float both_ms = bench::time_ms([&] {
-                    llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0);
+                    llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
                     llmc::attention_backward(dqkv_d.get(), scratch_d.get(), dout_d.get(), qkv_d.get(), out2_d.get(),
-                                             lse2_d.get(), s.B, s.T, s.NH, s.HS, 0);
+                                             lse2_d.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
                 });
-                printf("fwd+bwd ms B=%d T=%d NH=%d HS=%d: %.4f\n", s.B, s.T, s.NH, s.HS, both_ms);
+                if (s.KVH == s.NH) printf("fwd+bwd ms B=%d T=%d NH=%d HS=%d: %.4f\n", s.B, s.T, s.NH, s.HS, both_ms);
+                else printf("fwd+bwd ms B=%d T=%d NH=%d KVH=%d HS=%d: %.4f\n", s.B, s.T, s.NH, s.KVH, s.HS, both_ms);
             }
         }
     }
@@ -326,51 +358,52 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 
 void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std::mt19937_64& rng) {
     const ring::Split split(s.cp, s.T);
-    const int C = s.NH * s.HS;
+    const int C = s.NH * s.HS, width = (s.NH + 2 * s.KVH) * s.HS;
     const size_t local_rows = (size_t)s.B * split.local_rows(), lse_local_n = (size_t)s.B * s.NH * split.local_rows();
-    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.HS, split.S,
-           version);
-    if (const char* why = unavailable(version, s.HS)) {
+    printf("ring cp=%d: B=%d T=%d NH=%d KVH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.KVH,
+           s.HS, split.S, version);
+    if (const char* why = unavailable(version, s.HS, s.NH, s.KVH)) {
         printf("  skipped: %s\n", why);
         return;
     }
     select_kernels(version);
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
-    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C;
+    const size_t qkv_n = (size_t)s.B * s.T * width, out_n = (size_t)s.B * s.T * C;
     const std::vector<float> qkv = bench::random_bf16(qkv_n, rng), dout = bench::random_bf16(out_n, rng);
     std::vector<float> out_ref(out_n), att((size_t)s.B * s.NH * s.T * s.T), dqkv_ref(qkv_n);
-    llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
-    llmc::cpu::attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
+    llmc::cpu::gqa_attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS);
+    llmc::cpu::gqa_attention_backward(dqkv_ref.data(), dout.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH,
+                                      s.HS);
 
-    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, 3 * C, split);
+    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, width, split);
     const ring::PerRank<floatX> dout_d = ring::scatter_bf16(dout, s.B, C, split);
     ring::PerRank<floatX> out_d = ring::allocate<floatX>(split, local_rows * C, "ring out");
     ring::PerRank<float> lse_d = ring::allocate<float>(split, lse_local_n, "ring lse");
-    ring::PerRank<floatX> dqkv_d = ring::allocate<floatX>(split, local_rows * 3 * C, "ring dqkv");
-    ring::Forward forward(split, s.B, s.NH, s.HS);
+    ring::PerRank<floatX> dqkv_d = ring::allocate<floatX>(split, local_rows * width, "ring dqkv");
+    ring::Forward forward(split, s.B, s.NH, s.KVH, s.HS);
     forward.run(out_d, lse_d, qkv_d);
     CUDA_CHECK(cudaDeviceSynchronize());
     bench::check("ring out (backward input)", ring::gather(out_d, s.B, C, split), out_ref, bench::BF16_TOLERANCE);
 
-    ring::Backward backward(split, s.B, s.NH, s.HS);
-    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * 3 * C);
+    ring::Backward backward(split, s.B, s.NH, s.KVH, s.HS);
+    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * width);
     backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d);
     CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> dqkv = ring::gather(dqkv_d, s.B, 3 * C, split);
+    const std::vector<float> dqkv = ring::gather(dqkv_d, s.B, width, split);
     bench::check("ring dqkv", dqkv, dqkv_ref, bench::BF16_TOLERANCE);
     // the same ring, run again: its fp32 sums are in a fixed order
-    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * 3 * C);
+    for (int r = 0; r < s.cp; r++) bench::poison(dqkv_d[r].get(), local_rows * width);
     backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d);
     CUDA_CHECK(cudaDeviceSynchronize());
-    bench::check_same_bits("ring dqkv, run twice", ring::gather(dqkv_d, s.B, 3 * C, split), dqkv);
+    bench::check_same_bits("ring dqkv, run twice", ring::gather(dqkv_d, s.B, width, split), dqkv);
 
     if (opt.check_only) {
         // what bf16 sums would cost: measured, not checked (a host round trip per pair)
         backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d, /*round_to_bf16=*/true);
         CUDA_CHECK(cudaDeviceSynchronize());
         const double fp32_err = llmc::rel_error(dqkv.data(), dqkv_ref.data(), qkv_n);
-        const std::vector<float> rounded = ring::gather(dqkv_d, s.B, 3 * C, split);
+        const std::vector<float> rounded = ring::gather(dqkv_d, s.B, width, split);
         printf("  info ring dqkv, bf16 sums        rel. error %.3e (fp32 sums: %.3e)\n",
                llmc::rel_error(rounded.data(), dqkv_ref.data(), qkv_n), fp32_err);
     } else {
@@ -378,10 +411,10 @@ void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std:
         bench::DeviceBuffer<floatX> qkv_whole = bench::to_device_bf16(qkv), dout_whole = bench::to_device_bf16(dout);
         bench::DeviceBuffer<floatX> out_whole(out_n, "out"), dqkv_whole(qkv_n, "dqkv");
         bench::DeviceBuffer<float> lse_whole((size_t)s.B * s.NH * s.T, "lse"), scratch((size_t)s.B * s.NH * s.T, "D");
-        llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+        llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
         const float plain_ms = bench::time_ms([&] {
             llmc::attention_backward(dqkv_whole.get(), scratch.get(), dout_whole.get(), qkv_whole.get(),
-                                     out_whole.get(), lse_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+                                     out_whole.get(), lse_whole.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0);
         });
         bench::report_compute_bound("backward, whole sequence", plain_ms, 2.5 * forward_flops);
         const float ring_ms = bench::time_ms([&] { backward.run(dqkv_d, dout_d, qkv_d, out_d, lse_d); });
@@ -393,13 +426,15 @@ int main(int argc, char** argv) {
     const bench::Options opt = bench::start(argc, argv, NUM_VERSIONS);
     std::mt19937_64 rng(opt.seed);
     const Shape shapes[] = {
-        {2, 17, 3, 64, true, false},     // one partial tile
-        {1, 1, 1, 64, true, false},      // a single key
-        {2, 130, 2, 32, true, false},    // partial tiles, the other head sizes
-        {2, 130, 2, 128, true, false},
-        {1, 259, 2, 64, true, false},    // several tiles, a partial last one
-        {8, 1024, 12, 64, true, true},   // GPT-2 124M
-        {2, 4096, 12, 64, false, true},
+        {2, 17, 3, 1, 64, true, false},      // one partial tile; 3 query heads on one kv head
+        {1, 1, 1, 1, 64, true, false},       // a single key
+        {2, 130, 2, 1, 32, true, false},     // partial tiles, the other head sizes (grouped, then not)
+        {2, 130, 2, 2, 128, true, false},
+        {1, 259, 2, 2, 64, true, false},     // several tiles, a partial last one
+        {1, 200, 4, 2, 64, true, false},     // several tiles in two groups of two
+        {8, 1024, 12, 12, 64, true, true},   // GPT-2 124M
+        {8, 1024, 12, 3, 64, true, true},    // its shape as a Llama (3 kv heads)
+        {2, 4096, 12, 12, 64, false, true},
     };
     return bench::run_and_finish(argv[0], [&] {
         for (const Shape& s : shapes) {

@@ -42,6 +42,7 @@
 #include "dev/cuda/attention_ring.cuh"
 #include "dev/cuda/common.cuh"
 #include "llmc/kernels/attention.cuh"
+#include "llmc/cpu/llama_ops.h"
 #include "llmc/cpu/ops.h"
 
 using llmc::floatX;
@@ -50,7 +51,7 @@ using llmc::floatX;
 
 // Rows are numbered like lse, (b, h, t) with t fastest; each lane holds HS/32 columns of q and out.
 __global__ void attention_forward_v1_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH,
-                                            int HS) {
+                                            int KVH, int HS) {
     constexpr int MAX_PER_LANE = 4;  // HS <= 128
     const size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= (size_t)B * NH * T) return;
@@ -58,8 +59,9 @@ __global__ void attention_forward_v1_kernel(floatX* out, float* lse, const float
     const int t = (int)(row % T), h = (int)(row / T % NH);
     const size_t b = row / T / NH;
     const int C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = (size_t)(NH + 2 * KVH) * HS;
     const floatX* head = qkv + b * T * ld + h * HS;  // q of position 0 of this head
+    const floatX* k_head = qkv + b * T * ld + (NH + h / (NH / KVH)) * HS;  // its kv head's k, then v
     const float scale = 1.0f / sqrtf((float)HS);
 
     float q[MAX_PER_LANE], o[MAX_PER_LANE];
@@ -70,8 +72,8 @@ __global__ void attention_forward_v1_kernel(floatX* out, float* lse, const float
     }
     float running_max = -INFINITY, running_sum = 0.0f;
     for (int j = 0; j <= t; j++) {
-        const floatX* k = head + j * ld + C;
-        const floatX* v = k + C;
+        const floatX* k = k_head + j * ld;
+        const floatX* v = k + KVH * HS;
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < MAX_PER_LANE; i++)
@@ -92,14 +94,14 @@ __global__ void attention_forward_v1_kernel(floatX* out, float* lse, const float
     if (lane == 0) lse[row] = running_max + logf(running_sum);
 }
 
-void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
+void attention_forward_v1(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, int HS,
                           cudaStream_t stream) {
     if (HS % 32 != 0 || HS > 128)
         llmc::fail(llmc::strformat("attention_forward_v1: head size %d must be a multiple of 32, at most 128", HS));
     constexpr int THREADS = 256, ROWS_PER_BLOCK = THREADS / 32;
     const size_t rows = (size_t)B * NH * T;
     LLMC_LAUNCH(attention_forward_v1_kernel, (unsigned)llmc::ceil_div(rows, (size_t)ROWS_PER_BLOCK), THREADS, 0, stream)(
-        out, lse, qkv, B, T, NH, HS);
+        out, lse, qkv, B, T, NH, KVH, HS);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -131,23 +133,24 @@ const char* unavailable(int version, int HS) {
 
 // The versions llmc::attention_forward runs (2, LLMC_WGMMA_VERSION, 5) run through it; the others
 // are launched directly.
-void run_version(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS) {
+void run_version(int version, floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, int HS) {
     namespace d = llmc::attention_detail;
     llmc::set_attention_kernels(kernels_of(version));
     const llmc::AttentionRows rows{T, T, T};
-    if (version == 1) attention_forward_v1(out, lse, qkv, B, T, NH, HS, 0);
+    const llmc::AttentionHeads heads{NH, KVH};
+    if (version == 1) attention_forward_v1(out, lse, qkv, B, T, NH, KVH, HS, 0);
     else if (version == 3 && version != LLMC_WGMMA_VERSION)
-        d::attention_forward_wgmma_launch<true, 128>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
+        d::attention_forward_wgmma_launch<true, 128>(out, lse, qkv, qkv, B, rows, heads, 0, nullptr);
     else if (version == 4 && version != LLMC_WGMMA_VERSION)
-        d::attention_forward_wgmma_launch<true, 64>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
-    else if (version == 6) d::attention_forward_tma_launch<true, 3>(out, lse, qkv, qkv, B, rows, NH, 0, nullptr);
-    else llmc::attention_forward(out, lse, qkv, B, T, NH, HS, 0);
+        d::attention_forward_wgmma_launch<true, 64>(out, lse, qkv, qkv, B, rows, heads, 0, nullptr);
+    else if (version == 6) d::attention_forward_tma_launch<true, 3>(out, lse, qkv, qkv, B, rows, heads, 0, nullptr);
+    else llmc::attention_forward(out, lse, qkv, B, T, NH, KVH, HS, 0);
 }
 
 // exp(lse) of every (b, h, t) row, in double from the same bf16-exact inputs.
-std::vector<float> reference_softmax_denominators(const std::vector<float>& qkv, int B, int T, int NH, int HS) {
-    const int C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+std::vector<float> reference_softmax_denominators(const std::vector<float>& qkv, int B, int T, int NH, int KVH,
+                                                  int HS) {
+    const size_t ld = (size_t)(NH + 2 * KVH) * HS;
     const double scale = 1.0 / std::sqrt((double)HS);
     std::vector<float> out((size_t)B * NH * T);
 #pragma omp parallel for schedule(dynamic, 16)
@@ -158,7 +161,7 @@ std::vector<float> reference_softmax_denominators(const std::vector<float>& qkv,
         std::vector<double> s(t + 1);
         double max_s = -INFINITY;
         for (int j = 0; j <= t; j++) {
-            const float* k = qkv.data() + (b * T + j) * ld + C + h * HS;
+            const float* k = qkv.data() + (b * T + j) * ld + (NH + h / (NH / KVH)) * HS;
             double dot = 0.0;
             for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
             s[j] = dot * scale;
@@ -185,16 +188,18 @@ void check_denominators(const std::vector<float>& lse, const std::vector<float>&
                         llmc::strformat("max rel. error %.3e (limit %.0e)", worst, tolerance));
 }
 
+// KVH < NH: grouped-query attention (each kv head read by NH / KVH query heads).
 struct Shape {
-    int B, T, NH, HS;
+    int B, T, NH, KVH, HS;
     bool check;  // false: too large for the CPU reference, timed only
 };
 
 void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) {
     const int C = s.NH * s.HS;
-    const size_t qkv_n = (size_t)s.B * s.T * 3 * C, out_n = (size_t)s.B * s.T * C, lse_n = (size_t)s.B * s.NH * s.T;
+    const size_t qkv_n = (size_t)s.B * s.T * (s.NH + 2 * s.KVH) * s.HS, out_n = (size_t)s.B * s.T * C;
+    const size_t lse_n = (size_t)s.B * s.NH * s.T;
     const double flops = 2.0 * s.B * s.NH * (double)s.T * s.T * s.HS;
-    printf("B=%d T=%d NH=%d HS=%d%s\n", s.B, s.T, s.NH, s.HS, s.check ? "" : " (timed only)");
+    printf("B=%d T=%d NH=%d KVH=%d HS=%d%s\n", s.B, s.T, s.NH, s.KVH, s.HS, s.check ? "" : " (timed only)");
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
     const std::vector<float> qkv = bench::random_bf16(qkv_n, rng);
@@ -202,8 +207,8 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
     if (s.check) {
         out_ref.resize(out_n);
         std::vector<float> att((size_t)s.B * s.NH * s.T * s.T);
-        llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
-        denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.HS);
+        llmc::cpu::gqa_attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS);
+        denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.KVH, s.HS);
     }
     bench::DeviceBuffer<floatX> qkv_d = bench::to_device_bf16(qkv);
     bench::DeviceBuffer<floatX> out_d(out_n, "out"), out2_d(out_n, "out (second run)");
@@ -219,7 +224,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
         }
         bench::poison(out_d.get(), out_n);
         bench::poison(lse_d.get(), lse_n);
-        run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
+        run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> out = bench::to_host(out_d.get(), out_n), lse = bench::to_host(lse_d.get(), lse_n);
         if (s.check) {
@@ -235,7 +240,7 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
         if (v >= 2) {
             bench::poison(out2_d.get(), out_n);
             bench::poison(lse2_d.get(), lse_n);
-            run_version(v, out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS);
+            run_version(v, out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS);
             CUDA_CHECK(cudaDeviceSynchronize());
             // The widened copies compare the bf16 bits of out: widening keeps every bit.
             bench::check_same_bits("out, run twice", bench::to_host(out2_d.get(), out_n), out);
@@ -245,21 +250,22 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
                 bench::poison(out2_d.get(), out_n);
                 bench::poison(lse2_d.get(), lse_n);
                 llmc::attention_forward_pair(out2_d.get(), lse2_d.get(), qkv_d.get(), qkv_d.get(), s.B,
-                                             llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.HS, 0);
+                                             llmc::AttentionRows{s.T, s.T, s.T}, true, s.NH, s.KVH, s.HS, 0);
                 CUDA_CHECK(cudaDeviceSynchronize());
                 bench::check_same_bits("out, as one causal pair", bench::to_host(out2_d.get(), out_n), out);
                 bench::check_same_bits("lse, as one causal pair", bench::to_host(lse2_d.get(), lse_n), lse);
                 // FP8's current scaling: given `amax`, the same out, and its largest |value| measured
                 bench::check_amax("out", out, [&](float* amax) {
                     bench::poison(out2_d.get(), out_n);
-                    llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS, 0, amax);
+                    llmc::attention_forward(out2_d.get(), lse2_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS, 0,
+                                            amax);
                     return bench::to_host(out2_d.get(), out_n);
                 });
             }
         }
         if (!opt.check_only) {
             const float ms = bench::time_ms(
-                [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.HS); });
+                [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), s.B, s.T, s.NH, s.KVH, s.HS); });
             bench::report_compute_bound("forward", ms, flops);
         }
     }
@@ -269,10 +275,10 @@ void run_shape(const Shape& s, const bench::Options& opt, std::mt19937_64& rng) 
 
 void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std::mt19937_64& rng) {
     const ring::Split split(s.cp, s.T);
-    const int C = s.NH * s.HS;
+    const int C = s.NH * s.HS, width = (s.NH + 2 * s.KVH) * s.HS;
     const size_t local_n = (size_t)s.B * split.local_rows() * C, lse_local_n = (size_t)s.B * s.NH * split.local_rows();
-    printf("ring cp=%d: B=%d T=%d NH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.HS, split.S,
-           version);
+    printf("ring cp=%d: B=%d T=%d NH=%d KVH=%d HS=%d, chunks of %d rows, version %d\n", s.cp, s.B, s.T, s.NH, s.KVH,
+           s.HS, split.S, version);
     if (const char* why = unavailable(version, s.HS)) {
         printf("  skipped: %s\n", why);
         return;
@@ -280,19 +286,19 @@ void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std:
     llmc::set_attention_kernels(kernels_of(version));
     if (bench::skip_when_emulated("B NH T^2 HS", (double)s.B * s.NH * s.T * s.T * s.HS)) return;
 
-    const std::vector<float> qkv = bench::random_bf16((size_t)s.B * s.T * 3 * C, rng);
+    const std::vector<float> qkv = bench::random_bf16((size_t)s.B * s.T * width, rng);
     std::vector<float> out_ref((size_t)s.B * s.T * C), att((size_t)s.B * s.NH * s.T * s.T);
-    llmc::cpu::attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, C, s.NH);
-    const std::vector<float> denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.HS);
+    llmc::cpu::gqa_attention_forward(out_ref.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS);
+    const std::vector<float> denom_ref = reference_softmax_denominators(qkv, s.B, s.T, s.NH, s.KVH, s.HS);
 
-    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, 3 * C, split);
+    const ring::PerRank<floatX> qkv_d = ring::scatter_bf16(qkv, s.B, width, split);
     ring::PerRank<floatX> out_d = ring::allocate<floatX>(split, local_n, "ring out");
     ring::PerRank<float> lse_d = ring::allocate<float>(split, lse_local_n, "ring lse");
     for (int r = 0; r < s.cp; r++) {
         bench::poison(out_d[r].get(), local_n);
         bench::poison(lse_d[r].get(), lse_local_n);
     }
-    ring::Forward forward(split, s.B, s.NH, s.HS);
+    ring::Forward forward(split, s.B, s.NH, s.KVH, s.HS);
     forward.run(out_d, lse_d, qkv_d);
     CUDA_CHECK(cudaDeviceSynchronize());
     bench::check("ring out", ring::gather(out_d, s.B, C, split), out_ref, bench::BF16_TOLERANCE);
@@ -303,7 +309,8 @@ void run_ring(const ring::Shape& s, int version, const bench::Options& opt, std:
         bench::DeviceBuffer<floatX> qkv_whole = bench::to_device_bf16(qkv), out_whole(out_ref.size(), "out");
         bench::DeviceBuffer<float> lse_whole((size_t)s.B * s.NH * s.T, "lse");
         const float plain_ms = bench::time_ms([&] {
-            llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.HS, 0);
+            llmc::attention_forward(out_whole.get(), lse_whole.get(), qkv_whole.get(), s.B, s.T, s.NH, s.KVH, s.HS,
+                                    0);
         });
         bench::report_compute_bound("forward, whole sequence", plain_ms, flops);
         const float ring_ms = bench::time_ms([&] { forward.run(out_d, lse_d, qkv_d); });
@@ -354,7 +361,7 @@ void tune(const std::string& path, std::mt19937_64& rng) {
         std::string times;
         for (int v = 2; v <= NUM_VERSIONS; v++) {
             if (unavailable(v, HS)) continue;
-            auto run = [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), B, T, NH, HS); };
+            auto run = [&] { run_version(v, out_d.get(), lse_d.get(), qkv_d.get(), B, T, NH, NH, HS); };
             run();
             CUDA_CHECK(cudaDeviceSynchronize());
             const std::vector<float> out = bench::to_host(out_d.get(), out_n);
@@ -381,13 +388,15 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(opt.seed);
     if (!opt.tune_path.empty()) return bench::run_and_finish(argv[0], [&] { tune(opt.tune_path, rng); });
     const Shape shapes[] = {
-        {2, 17, 3, 64, true},     // one partial tile
-        {1, 1, 1, 64, true},      // a single key
-        {2, 130, 2, 32, true},    // partial tiles, the other head sizes
-        {2, 130, 2, 128, true},
-        {1, 259, 2, 64, true},    // several tiles, a partial last one
-        {8, 1024, 12, 64, true},  // GPT-2 124M
-        {2, 4096, 12, 64, false},
+        {2, 17, 3, 1, 64, true},      // one partial tile; 3 query heads on one kv head
+        {1, 1, 1, 1, 64, true},       // a single key
+        {2, 130, 2, 1, 32, true},     // partial tiles, the other head sizes (grouped, then not)
+        {2, 130, 2, 2, 128, true},
+        {1, 259, 2, 2, 64, true},     // several tiles, a partial last one
+        {1, 200, 4, 2, 64, true},     // several tiles in two groups of two
+        {8, 1024, 12, 12, 64, true},  // GPT-2 124M
+        {8, 1024, 12, 3, 64, true},   // its shape as a Llama (3 kv heads)
+        {2, 4096, 12, 12, 64, false},
     };
     return bench::run_and_finish(argv[0], [&] {
         for (const Shape& s : shapes) {

@@ -32,15 +32,16 @@ struct Split {
 };
 
 // The workbenches' ring shapes: emulated, the first four (the last is GPT-2 124M's T, GPU only).
+// KVH < NH: grouped-query attention (a Llama's), the ring carrying only the kv heads.
 struct Shape {
-    int B, T, NH, HS, cp;
+    int B, T, NH, KVH, HS, cp;
 };
 inline constexpr Shape SHAPES[] = {
-    {2, 148, 2, 64, 2},    // chunks of 37 rows: one partial tile per pair
-    {1, 296, 2, 64, 4},
-    {2, 280, 1, 32, 2},    // chunks of 70: two tiles, the other head sizes
-    {1, 160, 2, 128, 2},
-    {2, 1024, 12, 64, 4},  // chunks of 128
+    {2, 148, 2, 1, 64, 2},     // chunks of 37 rows: one partial tile per pair; 2 query heads on one kv head
+    {1, 296, 2, 2, 64, 4},
+    {2, 280, 1, 1, 32, 2},     // chunks of 70: two tiles, the other head sizes
+    {1, 160, 2, 1, 128, 2},
+    {2, 1024, 12, 12, 64, 4},  // chunks of 128
 };
 
 // One (query chunk, key chunk) pair of the ring, in the order a rank runs them.
@@ -90,7 +91,7 @@ inline void from_local(std::vector<float>& global, const std::vector<float>& loc
 template <typename T>
 using PerRank = std::vector<bench::DeviceBuffer<T>>;
 
-// qkv (B, T, 3C) to every rank's local qkv.
+// qkv (B, T, (NH + 2 KVH) HS) to every rank's local qkv.
 inline PerRank<floatX> scatter_bf16(const std::vector<float>& global, size_t sequences, size_t width,
                                     const Split& split) {
     PerRank<floatX> out;
@@ -117,27 +118,27 @@ inline PerRank<T> allocate(const Split& split, size_t n_per_rank, const char* wh
 // The forward ring: every rank's merged out (bf16) and lse (the final one), from the ranks' qkv.
 struct Forward {
     Split split;
-    int B, NH, HS;
+    int B, NH, KVH, HS;
     PerRank<floatX> pair_out;  // the latest pair's out and lse, per rank
     PerRank<float> pair_lse;
     PerRank<float> acc;  // the merged out so far, fp32 (the merged lse is the caller's lse)
 
-    Forward(const Split& split_, int B_, int NH_, int HS_)
-        : split(split_), B(B_), NH(NH_), HS(HS_),
+    Forward(const Split& split_, int B_, int NH_, int KVH_, int HS_)
+        : split(split_), B(B_), NH(NH_), KVH(KVH_), HS(HS_),
           pair_out(allocate<floatX>(split, rows() * NH * HS, "pair out")),
           pair_lse(allocate<float>(split, (size_t)B * NH * split.local_rows(), "pair lse")),
           acc(allocate<float>(split, rows() * NH * HS, "merged out (fp32)")) {}
     size_t rows() const { return (size_t)B * split.local_rows(); }
 
     void run(PerRank<floatX>& out, PerRank<float>& lse, const PerRank<floatX>& qkv) {
-        const size_t C = (size_t)NH * HS, S = split.S;
+        const size_t C = (size_t)NH * HS, width = (size_t)(NH + 2 * KVH) * HS, S = split.S;
         const llmc::AttentionRows pair_rows{split.S, split.local_rows(), split.local_rows()};
         std::vector<int> merged(2 * split.cp, 0);  // pairs merged so far, per (rank, query half)
         for (const Pair& p : pairs(split)) {
             const size_t q = p.q_half * S, kv = p.kv_half * S;
             llmc::attention_forward_pair(pair_out[p.rank].get() + q * C, pair_lse[p.rank].get() + q,
-                                         qkv[p.rank].get() + q * 3 * C, qkv[p.kv_rank].get() + kv * 3 * C, B,
-                                         pair_rows, p.causal, NH, HS, 0);
+                                         qkv[p.rank].get() + q * width, qkv[p.kv_rank].get() + kv * width, B,
+                                         pair_rows, p.causal, NH, KVH, HS, 0);
             int& count = merged[2 * p.rank + p.q_half];
             llmc::attention_merge(acc[p.rank].get() + q * C, lse[p.rank].get() + q, pair_out[p.rank].get() + q * C,
                                   pair_lse[p.rank].get() + q, count == 0, B, split.S, split.local_rows(), NH, HS, 0);
@@ -150,43 +151,44 @@ struct Forward {
 // The backward ring: every rank's dqkv (bf16) from its dout and the forward ring's out and lse.
 struct Backward {
     Split split;
-    int B, NH, HS;
+    int B, NH, KVH, HS;
     PerRank<float> D;    // rowsum(dout * out) of the rank's query rows
-    PerRank<float> dq;   // the rank's dq summed over its pairs, fp32 (B, 2S, C)
-    PerRank<float> dkv;  // the rank's dk, dv summed over every rank's pairs with its keys, fp32 (B, 2S, 2C)
+    PerRank<float> dq;   // the rank's dq summed over its pairs, fp32 (B, 2S, NH HS)
+    PerRank<float> dkv;  // the rank's dk, dv summed over every rank's pairs with its keys, fp32 (B, 2S, 2 KVH HS)
 
-    Backward(const Split& split_, int B_, int NH_, int HS_)
-        : split(split_), B(B_), NH(NH_), HS(HS_),
+    Backward(const Split& split_, int B_, int NH_, int KVH_, int HS_)
+        : split(split_), B(B_), NH(NH_), KVH(KVH_), HS(HS_),
           D(allocate<float>(split, (size_t)B * NH * split.local_rows(), "D")),
           dq(allocate<float>(split, rows() * NH * HS, "dq (fp32)")),
-          dkv(allocate<float>(split, rows() * 2 * NH * HS, "dk, dv (fp32)")) {}
+          dkv(allocate<float>(split, rows() * 2 * KVH * HS, "dk, dv (fp32)")) {}
     size_t rows() const { return (size_t)B * split.local_rows(); }
 
     // round_to_bf16: the sums rounded to bf16 after every pair, to measure what summing the pairs
     // in bf16 instead of fp32 would cost (slow: a host round trip per pair).
     void run(PerRank<floatX>& dqkv, const PerRank<floatX>& dout, const PerRank<floatX>& qkv,
              const PerRank<floatX>& out, const PerRank<float>& lse, bool round_to_bf16 = false) {
-        const size_t C = (size_t)NH * HS, S = split.S;
+        const size_t C = (size_t)NH * HS, width = (size_t)(NH + 2 * KVH) * HS, kvw = 2 * (size_t)KVH * HS;
+        const size_t S = split.S;
         const llmc::AttentionRows pair_rows{split.S, split.local_rows(), split.local_rows()};
         for (int r = 0; r < split.cp; r++) {
             llmc::attention_backward_rowdot(D[r].get(), dout[r].get(), out[r].get(), B, split.local_rows(), NH, HS, 0);
             CUDA_CHECK(cudaMemsetAsync(dq[r].get(), 0, rows() * C * sizeof(float), 0));
-            CUDA_CHECK(cudaMemsetAsync(dkv[r].get(), 0, rows() * 2 * C * sizeof(float), 0));
+            CUDA_CHECK(cudaMemsetAsync(dkv[r].get(), 0, rows() * kvw * sizeof(float), 0));
         }
         for (const Pair& p : pairs(split)) {
             const size_t q = p.q_half * S, kv = p.kv_half * S;
-            llmc::attention_backward_pair(dq[p.rank].get() + q * C, dkv[p.kv_rank].get() + kv * 2 * C,
-                                          dout[p.rank].get() + q * C, qkv[p.rank].get() + q * 3 * C,
-                                          qkv[p.kv_rank].get() + kv * 3 * C, lse[p.rank].get() + q,
-                                          D[p.rank].get() + q, B, pair_rows, p.causal, NH, HS, 0);
+            llmc::attention_backward_pair(dq[p.rank].get() + q * C, dkv[p.kv_rank].get() + kv * kvw,
+                                          dout[p.rank].get() + q * C, qkv[p.rank].get() + q * width,
+                                          qkv[p.kv_rank].get() + kv * width, lse[p.rank].get() + q,
+                                          D[p.rank].get() + q, B, pair_rows, p.causal, NH, KVH, HS, 0);
             if (round_to_bf16) {
                 round_in_place(dq[p.rank].get(), rows() * C);
-                round_in_place(dkv[p.kv_rank].get(), rows() * 2 * C);
+                round_in_place(dkv[p.kv_rank].get(), rows() * kvw);
             }
         }
         for (int r = 0; r < split.cp; r++)
             llmc::attention_backward_pair_finish(dqkv[r].get(), dq[r].get(), dkv[r].get(), B, split.local_rows(), NH,
-                                                 HS, 0);
+                                                 KVH, HS, 0);
     }
 
     static void round_in_place(float* d, size_t n) {

@@ -14,6 +14,13 @@
 // threads of a quad, and the accumulator of one mma is, element for element, the A operand of the
 // next (S -> P -> P V), so P never leaves registers.
 //
+// Grouped-query attention (a Llama's kv heads; AttentionHeads, attention_tiles.cuh): each query head
+// reads the k and v of its group's kv head where they lie in the qkv row, which is all the forward and
+// dQ kernels change; the dK/dV kernel owns a tile of one kv head's keys and walks the query tiles of
+// each query head of the group in turn, so dK and dV are summed over the group in its registers
+// (fp32, in head order) and stored once. Nothing is copied G times, and the ring carries only kv heads.
+// A Llama's RoPE backward rides on the stores of dQ and dK (attention_backward's `rope`).
+//
 // Ring pairs (context parallelism, --cp N). Each sequence is cut into 2N equal chunks and a rank
 // holds chunks i and 2N-1-i; its attention is a sum over (query chunk, key chunk) pairs while K and V
 // travel around the ring. The same three kernels compute one pair: queries from one qkv buffer and
@@ -71,19 +78,19 @@ constexpr size_t forward_smem_bytes() {
 template <int HS, int WARPS, bool CAUSAL>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 2 : 1)
     attention_forward_kernel(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, AttentionRows rows,
-                             int NH, float scale_log2, float* amax) {
+                             AttentionHeads heads, float scale_log2, float* amax) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* k_s = q_s + BM * STRIDE;                          // [2][BN][STRIDE]
     floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
     const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = heads.qkv_width(HS);
     const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.k_col(h, HS);
+    const floatX* v_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.v_col(h, HS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row_first = q0 + 16 * warp;  // this warp's rows: row_first .. row_first + 15
     const bool warp_active = row_first < T;
@@ -224,21 +231,21 @@ constexpr size_t dq_smem_bytes() {
 template <int HS, int WARPS, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
     attention_backward_dq_kernel(GradT* grad_q, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
-                                 const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
-                                 float scale_log2, float scale, float* amax) {
+                                 const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, AttentionHeads heads,
+                                 float scale_log2, float scale, float* amax, const float* rope) {
     constexpr int BM = 16 * WARPS, BN = KEY_TILE, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* q_s = dynamic_shared_memory<floatX>();  // [BM][STRIDE]
     floatX* do_s = q_s + BM * STRIDE;                         // [BM][STRIDE]
     floatX* k_s = do_s + BM * STRIDE;                         // [2][BN][STRIDE]
     floatX* v_s = k_s + 2 * BN * STRIDE;                      // [2][BN][STRIDE]
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;
     const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = heads.qkv_width(HS);
     const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.k_col(h, HS);
+    const floatX* v_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.v_col(h, HS);
     const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row_first = q0 + 16 * warp;
@@ -308,16 +315,17 @@ __global__ void __launch_bounds__(WARPS * 32, HS <= 64 ? 3 : 2)
 
     if (!warp_active) return;
     const float largest =
-        write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane);
+        write_rows<HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HS, grad_ld, dq, scale, row_first, T, lane, rope);
     if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
         if (amax) warp_amax_into(amax, largest);
 }
 
-// dK, dV: grid (B*NH, key tiles); each warp owns 16 keys (K and V rows as A operands in registers)
-// and walks the query tiles from its diagonal (CAUSAL; from 0 otherwise) to T, working with
+// dK, dV: grid (B*KVH, key tiles); each warp owns 16 keys of one kv head (K and V rows as A operands
+// in registers) and, for each query head of the kv head's group in turn, walks the query tiles from
+// its diagonal (CAUSAL; from 0 otherwise) to T, working with
 // transposes so that its keys stay the rows: S^T = K Q^T, P^T, dV += P^T dout, dP^T = V dout^T,
-// dS^T = P^T (dP^T - D), dK += dS^T Q. dK and dV are written (GradT floatX) or added (GradT float)
-// at grad_k and grad_k + C of each key row.
+// dS^T = P^T (dP^T - D), dK += dS^T Q. dK and dV, summed over the group in fp32, are written (GradT
+// floatX) or added (GradT float) at grad_k and grad_k + KVH HS of each key row.
 
 constexpr int DKV_WARPS = 4;
 template <int HS>
@@ -333,8 +341,8 @@ constexpr size_t dkv_smem_bytes() {
 template <int HS, int WARPS, int BQ, bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_backward_dkv_kernel(GradT* grad_k, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
-                                  const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, int NH,
-                                  float scale_log2, float scale, float* amax) {
+                                  const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows, AttentionHeads heads,
+                                  float scale_log2, float scale, float* amax, const float* rope) {
     constexpr int BN = 16 * WARPS, STRIDE = tile_stride<HS>(), THREADS = WARPS * 32;
     floatX* k_s = dynamic_shared_memory<floatX>();  // [BN][STRIDE]
     floatX* v_s = k_s + BN * STRIDE;                          // [BN][STRIDE]
@@ -344,48 +352,47 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     float* lse_s = reinterpret_cast<float*>(do_s + 2 * BQ * STRIDE);  // [2][BQ]
     float* d_s = lse_s + 2 * BQ;                                      // [2][BQ]
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    // the block's kv head j of sequence b, and the G query heads that read it, in order
+    const int NH = heads.NH, G = heads.group(), b = blockIdx.x / heads.KVH, j = blockIdx.x % heads.KVH;
     const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
     const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
-    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
-    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
-    const float* lse_head = lse + (size_t)bh * rows.q_rows;
-    const float* d_head = D + (size_t)bh * rows.q_rows;
+    const size_t ld = heads.qkv_width(HS);
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + (NH + j) * HS;
+    const floatX* v_head = k_head + heads.KVH * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int key_first = kv0 + 16 * warp;  // this warp's keys: key_first .. key_first + 15
     const bool warp_active = key_first < T;
     // causal: the query tiles start at kv0, earlier ones see no key here
     const int q_begin = CAUSAL ? kv0 : 0;
     const int num_tiles = ceil_div(T - q_begin, BQ);
+    // Step i is query tile i % num_tiles of the group's query head i / num_tiles: one pipeline
+    // through the group, and dK, dV summed in this order.
+    const int num_steps = G * num_tiles;
+    auto load_step = [&](int step, int buf) {
+        const QueryHead qh(q_qkv, dout, lse, D, b, j * G + step / num_tiles, rows, heads, HS);
+        const int q0 = q_begin + step % num_tiles * BQ;
+        load_rows_async<BQ, HS, THREADS>(q_s + buf * BQ * STRIDE, qh.q, ld, q0, T);
+        load_rows_async<BQ, HS, THREADS>(do_s + buf * BQ * STRIDE, qh.dout, C, q0, T);
+        load_floats_async<BQ, THREADS>(lse_s + buf * BQ, qh.lse, q0, T);
+        load_floats_async<BQ, THREADS>(d_s + buf * BQ, qh.D, q0, T);
+    };
 
     load_rows_async<BN, HS, THREADS>(k_s, k_head, ld, kv0, T);
     load_rows_async<BN, HS, THREADS>(v_s, v_head, ld, kv0, T);
-    load_rows_async<BQ, HS, THREADS>(q_s, q_head, ld, q_begin, T);
-    load_rows_async<BQ, HS, THREADS>(do_s, do_head, C, q_begin, T);
-    load_floats_async<BQ, THREADS>(lse_s, lse_head, q_begin, T);
-    load_floats_async<BQ, THREADS>(d_s, d_head, q_begin, T);
+    load_step(0, 0);
     cp_async_commit();
 
     uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
 
-    for (int tile = 0; tile < num_tiles; tile++) {
-        const int buf = tile % 2;
-        const int q0 = q_begin + tile * BQ;
-        if (tile + 1 < num_tiles) {
-            const int next = q0 + BQ;
-            load_rows_async<BQ, HS, THREADS>(q_s + (buf ^ 1) * BQ * STRIDE, q_head, ld, next, T);
-            load_rows_async<BQ, HS, THREADS>(do_s + (buf ^ 1) * BQ * STRIDE, do_head, C, next, T);
-            load_floats_async<BQ, THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);
-            load_floats_async<BQ, THREADS>(d_s + (buf ^ 1) * BQ, d_head, next, T);
-        }
+    for (int step = 0; step < num_steps; step++) {
+        const int buf = step % 2;
+        const int q0 = q_begin + step % num_tiles * BQ;
+        if (step + 1 < num_steps) load_step(step + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (tile == 0) {
+        if (step == 0) {
             load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);
             load_a_rows<HS, STRIDE>(v_frag, v_s, 16 * warp, lane);
         }
@@ -432,9 +439,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 
     if (!warp_active) return;
-    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
-    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
-                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
+    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + j * HS;
+    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane, rope),
+                                write_rows<HS>(dk_head + heads.KVH * HS, grad_ld, dv, 1.0f, key_first, T, lane));
     if constexpr (std::is_same_v<GradT, floatX>)  // as in the dq kernel
         if (amax) warp_amax_into(amax, largest);
 }
@@ -482,18 +489,22 @@ __global__ void attention_round_kernel(floatX* dst, const float* src, size_t n) 
     if (i < n) dst[i] = (floatX)src[i];
 }
 
-// dqkv (rows, 3C) bf16 from the fp32 sums of a ring's pairs: dq (rows, C) and dk|dv (rows, 2C).
-__global__ void attention_gather_grads_kernel(floatX* dqkv, const float* dq, const float* dkv, size_t rows, int C) {
+// dqkv (rows, C + KV) bf16 from the fp32 sums of a ring's pairs: dq (rows, C) and dk|dv (rows, KV).
+__global__ void attention_gather_grads_kernel(floatX* dqkv, const float* dq, const float* dkv, size_t rows, int C,
+                                              int KV) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * 3 * C) return;
-    const size_t row = i / (3 * C);
-    const int c = (int)(i % (3 * C));
-    dqkv[i] = (floatX)(c < C ? dq[row * C + c] : dkv[row * 2 * C + c - C]);
+    if (i >= rows * (C + KV)) return;
+    const size_t row = i / (C + KV);
+    const int c = (int)(i % (C + KV));
+    dqkv[i] = (floatX)(c < C ? dq[row * C + c] : dkv[row * KV + c - C]);
 }
 
 // ---- launchers ----
 
-inline void check_attention_shape(const char* who, int B, int T, int NH, int HS) {
+inline void check_attention_shape(const char* who, int B, int T, int NH, int HS, int KVH = -1) {
+    if (KVH == -1) KVH = NH;  // the calls about query heads only (out, lse)
+    if (KVH < 1 || NH % KVH != 0)
+        fail(strformat("%s: %d kv heads for %d heads; expected a divisor of the heads", who, KVH, NH));
     if (HS != 32 && HS != 64 && HS != 128)
         fail(strformat("%s: head size %d is not supported (expected 32, 64 or 128)", who, HS));
     if (B < 1 || NH < 1 || T < 1) fail(strformat("%s: B=%d, T=%d, NH=%d must all be >= 1", who, B, T, NH));
@@ -503,8 +514,8 @@ inline void check_attention_shape(const char* who, int B, int T, int NH, int HS)
 }
 
 // The shape checks of a ring pair: those of T rows, and buffers that hold at least T rows per sequence.
-inline void check_pair_shape(const char* who, int B, const AttentionRows& rows, int NH, int HS) {
-    check_attention_shape(who, B, rows.T, NH, HS);
+inline void check_pair_shape(const char* who, int B, const AttentionRows& rows, int NH, int HS, int KVH = -1) {
+    check_attention_shape(who, B, rows.T, NH, HS, KVH);
     if (rows.q_rows < rows.T || rows.kv_rows < rows.T)
         fail(strformat("%s: buffers of %d query rows and %d key rows per sequence cannot hold a pair of %d rows", who,
                        rows.q_rows, rows.kv_rows, rows.T));
@@ -515,17 +526,18 @@ inline void check_pair_shape(const char* who, int B, const AttentionRows& rows, 
 // them (head size 64 only: attention_forward_version), else the mma.sync kernel above.
 template <int HS, bool CAUSAL>
 inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
-                                     const AttentionRows& rows, int NH, cudaStream_t stream, float* amax = nullptr) {
+                                     const AttentionRows& rows, const AttentionHeads& heads, cudaStream_t stream,
+                                     float* amax = nullptr) {
     if constexpr (HS == HOPPER_HS) {
         switch (attention_forward_version(HS, rows.T)) {
             case 3:
-                return attention_forward_wgmma_launch<CAUSAL, 128>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+                return attention_forward_wgmma_launch<CAUSAL, 128>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream, amax);
             case 4:
-                return attention_forward_wgmma_launch<CAUSAL, 64>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+                return attention_forward_wgmma_launch<CAUSAL, 64>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream, amax);
             case 5:
-                return attention_forward_tma_launch<CAUSAL, 2>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+                return attention_forward_tma_launch<CAUSAL, 2>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream, amax);
             case 6:
-                return attention_forward_tma_launch<CAUSAL, 3>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream, amax);
+                return attention_forward_tma_launch<CAUSAL, 3>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream, amax);
             default: break;  // 2: the mma.sync kernel below
         }
     }
@@ -533,9 +545,9 @@ inline void attention_forward_launch(floatX* out, float* lse, const floatX* q_qk
     constexpr size_t smem = forward_smem_bytes<HS>();
     auto kernel = attention_forward_kernel<HS, WARPS, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward", HS);
-    const dim3 grid(B * NH, ceil_div(rows.T, 16 * WARPS));
+    const dim3 grid(B * heads.NH, ceil_div(rows.T, 16 * WARPS));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2, amax);
+    LLMC_LAUNCH(kernel, grid, WARPS * 32, smem, stream)(out, lse, q_qkv, kv_qkv, rows, heads, scale_log2, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -549,21 +561,21 @@ inline void attention_rowdot_launch(float* D, const floatX* dout, const floatX* 
 }
 
 // The dK/dV and dQ kernels for the rows: gradients written as bf16 (GradT floatX) or added to fp32
-// (GradT float); dq at grad_q, dk and dv at grad_k and grad_k + C of each row, grad_ld apart.
+// (GradT float); dq at grad_q, dk and dv at grad_k and grad_k + KVH HS of each row, grad_ld apart.
 template <int HS, bool CAUSAL, typename GradT>
 inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
                                       const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv, const float* lse,
-                                      const float* D, int B, const AttentionRows& rows, int NH, cudaStream_t stream,
-                                      float* amax = nullptr) {
+                                      const float* D, int B, const AttentionRows& rows, const AttentionHeads& heads,
+                                      cudaStream_t stream, float* amax = nullptr, const float* rope = nullptr) {
     if constexpr (HS == HOPPER_HS)
         if (attention_on_wgmma(HS)) {  // the backward follows the forward's choice of kernels
             // Tma, and Auto: the TMA-fed backward was the faster on an H200 (2026-11-28, forward and
             // backward at B 8 T 1024: 0.270 ms against 0.279; B 2 T 4096: 0.702 against 0.796)
             if (attention_kernels_setting() != AttentionKernels::Wgmma)
                 return attention_backward_tma_launch<CAUSAL>(grad_q, grad_k, grad_q_ld, grad_k_ld, dout, q_qkv,
-                                                             kv_qkv, lse, D, B, rows, NH, stream, amax);
+                                                             kv_qkv, lse, D, B, rows, heads, stream, amax, rope);
             return attention_backward_wgmma_launch<CAUSAL>(grad_q, grad_k, grad_q_ld, grad_k_ld, dout, q_qkv, kv_qkv,
-                                                           lse, D, B, rows, NH, stream, amax);
+                                                           lse, D, B, rows, heads, stream, amax, rope);
         }
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
 
@@ -571,15 +583,15 @@ inline void attention_backward_launch(GradT* grad_q, GradT* grad_k, size_t grad_
     constexpr size_t dkv_smem = dkv_smem_bytes<HS>();
     auto dkv_kernel = attention_backward_dkv_kernel<HS, DKV_WARPS, BQ, CAUSAL, GradT>;
     set_smem_limit(dkv_kernel, dkv_smem, "attention_backward", HS);
-    const dim3 dkv_grid(B * NH, ceil_div(rows.T, 16 * DKV_WARPS));
-    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
+    const dim3 dkv_grid(B * heads.KVH, ceil_div(rows.T, 16 * DKV_WARPS));
+    LLMC_LAUNCH(dkv_kernel, dkv_grid, DKV_WARPS * 32, dkv_smem, stream)(grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, heads, scale_log2, scale, amax, rope);
     CUDA_CHECK_LAUNCH();
 
     constexpr size_t dq_smem = dq_smem_bytes<HS>();
     auto dq_kernel = attention_backward_dq_kernel<HS, DQ_WARPS, CAUSAL, GradT>;
     set_smem_limit(dq_kernel, dq_smem, "attention_backward", HS);
-    const dim3 dq_grid(B * NH, ceil_div(rows.T, 16 * DQ_WARPS));
-    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
+    const dim3 dq_grid(B * heads.NH, ceil_div(rows.T, 16 * DQ_WARPS));
+    LLMC_LAUNCH(dq_kernel, dq_grid, DQ_WARPS * 32, dq_smem, stream)(grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, heads, scale_log2, scale, amax, rope);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -597,17 +609,19 @@ inline unsigned blocks_for(size_t n, int threads) { return (unsigned)ceil_div(n,
 
 }  // namespace attention_detail
 
-// qkv (B, T, 3C) rows [q | k | v], C = NH*HS: head h's q at column h*HS, k at C + h*HS, v at 2C + h*HS.
-// out (B, T, C): head h at columns h*HS... lse (B, NH, T) fp32: the natural-log log-sum-exp of the
-// scaled scores (scale 1/sqrt(HS)) of each query row over its causal keys 0..t. HS is 32, 64 or 128.
-// With `amax`, out's largest |value| joins *amax (FP8's current scaling).
-inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
+// qkv (B, T, (NH + 2 KVH) HS) rows [q | k | v] (AttentionHeads): query head h's q at column h HS, its
+// k and v those of kv head h / (NH / KVH), at (NH + h / G) HS and (NH + KVH + h / G) HS; KVH = NH for
+// multi-head attention. out (B, T, C = NH HS): head h at columns h HS. lse (B, NH, T) fp32: the
+// natural-log log-sum-exp of the scaled scores (scale 1/sqrt(HS)) of each query row over its causal
+// keys 0..t. HS is 32, 64 or 128. With `amax`, out's largest |value| joins *amax (FP8's current
+// scaling).
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int KVH, int HS,
                               cudaStream_t stream, float* amax = nullptr) {
     using namespace attention_detail;
-    check_attention_shape("attention_forward", B, T, NH, HS);
+    check_attention_shape("attention_forward", B, T, NH, HS, KVH);
     const AttentionRows rows{T, T, T};
     with_head_size(HS, [&]<int H>() {
-        attention_forward_launch<H, true>(out, lse, qkv, qkv, B, rows, NH, stream, amax);
+        attention_forward_launch<H, true>(out, lse, qkv, qkv, B, rows, AttentionHeads{NH, KVH}, stream, amax);
     });
 }
 
@@ -623,20 +637,25 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
     with_head_size(HS, [&]<int H>() { attention_rowdot_launch<H>(D, dout, out, B, T, NH, stream); });
 }
 
-// dqkv (B, T, 3C) is fully overwritten (dq, dk, dv of every head). out and lse are the forward's.
-// scratch: attention_backward_scratch_floats(B, T, NH) floats. Deterministic: no atomics in the
-// gradients. With `amax`, dqkv's largest |value| joins *amax (FP8's current scaling).
+// dqkv (B, T, (NH + 2 KVH) HS), qkv's layout, is fully overwritten (dq of every query head, dk and dv
+// of every kv head: the sums over its group's query heads, in head order, in fp32, rounded once). out
+// and lse are the forward's. scratch: attention_backward_scratch_floats(B, T, NH) floats.
+// Deterministic: no atomics in the gradients. With `amax`, dqkv's largest |value| joins *amax (FP8's
+// current scaling). With `rope` (RoPE's cos/sin table of the T positions, kernels/rope.cuh: qkv's q
+// and k are the rotated ones) dq and dk are rotated back before they are stored, so that dqkv is the
+// gradient of the unrotated qkv: RoPE's backward, fused (and `amax` measures that).
 inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
-                               const floatX* out, const float* lse, int B, int T, int NH, int HS,
-                               cudaStream_t stream, float* amax = nullptr) {
+                               const floatX* out, const float* lse, int B, int T, int NH, int KVH, int HS,
+                               cudaStream_t stream, float* amax = nullptr, const float* rope = nullptr) {
     using namespace attention_detail;
-    check_attention_shape("attention_backward", B, T, NH, HS);
+    check_attention_shape("attention_backward", B, T, NH, HS, KVH);
     const AttentionRows rows{T, T, T};
-    const size_t ld = 3 * (size_t)NH * HS;
+    const AttentionHeads heads{NH, KVH};
+    const size_t ld = heads.qkv_width(HS);
     with_head_size(HS, [&]<int H>() {
         attention_rowdot_launch<H>(scratch, dout, out, B, T, NH, stream);
-        attention_backward_launch<H, true>(dqkv, dqkv + NH * H, ld, ld, dout, qkv, qkv, lse, scratch, B, rows, NH,
-                                           stream, amax);
+        attention_backward_launch<H, true>(dqkv, dqkv + NH * H, ld, ld, dout, qkv, qkv, lse, scratch, B, rows, heads,
+                                           stream, amax, rope);
     });
 }
 
@@ -647,12 +666,14 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
 // (causal true: the pair of a chunk with itself). out and lse are the pair's, in the query side's
 // layout (rows.q_rows rows per sequence); attention_merge folds them into the running result.
 inline void attention_forward_pair(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
-                                   const AttentionRows& rows, bool causal, int NH, int HS, cudaStream_t stream) {
+                                   const AttentionRows& rows, bool causal, int NH, int KVH, int HS,
+                                   cudaStream_t stream) {
     using namespace attention_detail;
-    check_pair_shape("attention_forward_pair", B, rows, NH, HS);
+    check_pair_shape("attention_forward_pair", B, rows, NH, HS, KVH);
+    const AttentionHeads heads{NH, KVH};
     with_head_size(HS, [&]<int H>() {
-        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);
-        else attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);
+        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream);
+        else attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream);
     });
 }
 
@@ -679,33 +700,36 @@ inline void attention_merge_finish(floatX* out, const float* acc, size_t n, cuda
     CUDA_CHECK_LAUNCH();
 }
 
-// One ring pair's backward: adds the pair's dq to dq_acc (fp32, the query side's rows, C columns) and
-// its dk, dv to dkv_acc (fp32, the key side's rows, 2C columns: dk, then dv). dout, lse and D are the
+// One ring pair's backward: adds the pair's dq to dq_acc (fp32, the query side's rows, C = NH HS
+// columns) and its dk, dv to dkv_acc (fp32, the key side's rows, 2 KVH HS columns: dk, then dv). dout, lse and D are the
 // query rows' final ones (the merged out's D, from attention_backward_rowdot), so each pair's
 // probabilities are exp(s - lse) of the whole softmax and the pairs' gradients add up. The caller
 // zeroes the accumulators; the sums are fp32 in launch order: deterministic, no atomics.
 inline void attention_backward_pair(float* dq_acc, float* dkv_acc, const floatX* dout, const floatX* q_qkv,
                                     const floatX* kv_qkv, const float* lse, const float* D, int B,
-                                    const AttentionRows& rows, bool causal, int NH, int HS, cudaStream_t stream) {
+                                    const AttentionRows& rows, bool causal, int NH, int KVH, int HS,
+                                    cudaStream_t stream) {
     using namespace attention_detail;
-    check_pair_shape("attention_backward_pair", B, rows, NH, HS);
-    const size_t C = (size_t)NH * HS;
+    check_pair_shape("attention_backward_pair", B, rows, NH, HS, KVH);
+    const AttentionHeads heads{NH, KVH};
+    const size_t C = (size_t)NH * HS, kv = 2 * (size_t)KVH * HS;
     with_head_size(HS, [&]<int H>() {
         if (causal)
-            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);
+            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, kv, dout, q_qkv, kv_qkv, lse, D, B, rows, heads, stream);
         else
-            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);
+            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, kv, dout, q_qkv, kv_qkv, lse, D, B, rows, heads, stream);
     });
 }
 
-// dqkv (B, T, 3C) bf16 from a rank's summed dq_acc (B, T, C) and dkv_acc (B, T, 2C).
+// dqkv (B, T, (NH + 2 KVH) HS) bf16 from a rank's summed dq_acc (B, T, NH HS) and dkv_acc (B, T,
+// 2 KVH HS).
 inline void attention_backward_pair_finish(floatX* dqkv, const float* dq_acc, const float* dkv_acc, int B, int T,
-                                           int NH, int HS, cudaStream_t stream) {
+                                           int NH, int KVH, int HS, cudaStream_t stream) {
     using namespace attention_detail;
-    check_attention_shape("attention_backward_pair_finish", B, T, NH, HS);
+    check_attention_shape("attention_backward_pair_finish", B, T, NH, HS, KVH);
     const size_t rows = (size_t)B * T;
     constexpr int THREADS = 256;
-    LLMC_LAUNCH(attention_gather_grads_kernel, blocks_for(rows * 3 * NH * HS, THREADS), THREADS, 0, stream)(dqkv, dq_acc, dkv_acc, rows, NH * HS);
+    LLMC_LAUNCH(attention_gather_grads_kernel, blocks_for(rows * (NH + 2 * KVH) * HS, THREADS), THREADS, 0, stream)(dqkv, dq_acc, dkv_acc, rows, NH * HS, 2 * KVH * HS);
     CUDA_CHECK_LAUNCH();
 }
 

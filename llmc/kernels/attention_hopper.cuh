@@ -249,7 +249,7 @@ __device__ __forceinline__ void finish_rows(floatX* out, float* lse, float (&o)[
 template <int BN, bool CAUSAL>
 __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_SM)
     attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv,
-                                   AttentionRows rows, int NH, float scale_log2, float* amax) {
+                                   AttentionRows rows, AttentionHeads heads, float scale_log2, float* amax) {
     constexpr int HS = HOPPER_HS, BM = HOPPER_BM;
     constexpr uint32_t KV_BYTES = HopperForward<BN>::KV_BYTES;
     const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
@@ -257,13 +257,13 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
     const uint32_t k_s = q_s + HOPPER_Q_BYTES;  // [2] tiles
     const uint32_t v_s = k_s + 2 * KV_BYTES;    // [2] tiles
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
-    const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+    const int T = rows.T;
+    const size_t ld = heads.qkv_width(HS);
     const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.k_col(h, HS);
+    const floatX* v_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.v_col(h, HS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
     const int group_first = q0 + 64 * group;  // this warpgroup's rows: group_first .. + 63
     const int row_first = q0 + 16 * warp;     // this warp's rows: row_first .. + 15
@@ -308,13 +308,14 @@ __global__ void __launch_bounds__(HOPPER_THREADS, HopperForward<BN>::BLOCKS_PER_
 
 template <bool CAUSAL, int BN = FORWARD_KEYS>
 inline void attention_forward_wgmma_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
-                                           const AttentionRows& rows, int NH, cudaStream_t stream, float* amax) {
+                                           const AttentionRows& rows, const AttentionHeads& heads, cudaStream_t stream,
+                                           float* amax) {
     constexpr size_t smem = HopperForward<BN>::SMEM_BYTES;
     auto kernel = attention_forward_wgmma_kernel<BN, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward (wgmma)", HOPPER_HS);
-    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const dim3 grid(B * heads.NH, ceil_div(rows.T, HOPPER_BM));
     const float scale_log2 = LOG2E / sqrtf((float)HOPPER_HS);
-    LLMC_LAUNCH(kernel, grid, HOPPER_THREADS, smem, stream)(out, lse, q_qkv, kv_qkv, rows, NH, scale_log2, amax);
+    LLMC_LAUNCH(kernel, grid, HOPPER_THREADS, smem, stream)(out, lse, q_qkv, kv_qkv, rows, heads, scale_log2, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -395,17 +396,18 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[HOPPER_HS / 8][4], float (&
     wgmma_a_b<BQ>(dk, ds_frag, q_tile);
 }
 
-// The dK/dV kernel's end for this warp's 16 keys (key_first < T): dK (scaled) and dV written or added.
+// The dK/dV kernel's end for this warp's 16 keys (key_first < T) of kv head j: dK (scaled, rotated
+// back where `rope` is given) and dV written or added, at grad_k and grad_k + KVH HS of each key row.
 template <typename GradT>
 __device__ __forceinline__ void finish_dkv(GradT* grad_k, size_t grad_ld, float (&dk)[HOPPER_HS / 8][4],
-                                           float (&dv)[HOPPER_HS / 8][4], int b, int h, int NH,
+                                           float (&dv)[HOPPER_HS / 8][4], int b, int j, const AttentionHeads& heads,
                                            const AttentionRows& rows, int key_first, int lane, float scale,
-                                           float* amax) {
+                                           float* amax, const float* rope) {
     constexpr int HS = HOPPER_HS;
-    const int T = rows.T, C = NH * HS;
-    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + h * HS;
-    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane),
-                                write_rows<HS>(dk_head + C, grad_ld, dv, 1.0f, key_first, T, lane));
+    const int T = rows.T;
+    GradT* dk_head = grad_k + (size_t)b * rows.kv_rows * grad_ld + j * HS;
+    const float largest = fmaxf(write_rows<HS>(dk_head, grad_ld, dk, scale, key_first, T, lane, rope),
+                                write_rows<HS>(dk_head + heads.KVH * HS, grad_ld, dv, 1.0f, key_first, T, lane));
     if constexpr (std::is_same_v<GradT, floatX>)  // bf16 gradients: FP8's current scaling measures them
         if (amax) warp_amax_into(amax, largest);
 }
@@ -453,23 +455,26 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HOPPER_HS / 8][4], uint32_t 
     wgmma_a_b<BN>(dq, ds_frag, k_tile);
 }
 
-// The dQ kernel's end for this warp's 16 queries (row_first < T): dQ (scaled) written or added.
+// The dQ kernel's end for this warp's 16 queries (row_first < T): dQ (scaled, rotated back where
+// `rope` is given) written or added.
 template <typename GradT>
 __device__ __forceinline__ void finish_dq(GradT* grad_q, size_t grad_ld, float (&dq)[HOPPER_HS / 8][4], int b, int h,
                                           const AttentionRows& rows, int row_first, int lane, float scale,
-                                          float* amax) {
+                                          float* amax, const float* rope) {
     const float largest = write_rows<HOPPER_HS>(grad_q + (size_t)b * rows.q_rows * grad_ld + h * HOPPER_HS, grad_ld,
-                                                dq, scale, row_first, rows.T, lane);
+                                                dq, scale, row_first, rows.T, lane, rope);
     if constexpr (std::is_same_v<GradT, floatX>)
         if (amax) warp_amax_into(amax, largest);
 }
 
-// dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
+// dK, dV: grid (B*KVH, key tiles of 128); for each query head of the kv head's group in turn, the
+// query tiles from the block's first key (CAUSAL) or 0.
 template <bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     attention_backward_dkv_wgmma_kernel(GradT* grad_k, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
                                         const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows,
-                                        int NH, float scale_log2, float scale, float* amax) {
+                                        AttentionHeads heads, float scale_log2, float scale, float* amax,
+                                        const float* rope) {
     constexpr int HS = HOPPER_HS, BN = HOPPER_BM, BQ = HOPPER_BACKWARD_TILE;
     const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
     const uint32_t k_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
@@ -480,44 +485,42 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     float* lse_s = reinterpret_cast<float*>(dynamic_shared_memory<uint8_t>() + (do_s + 2 * HOPPER_TILE_BYTES - raw));
     float* d_s = lse_s + 2 * BQ;
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    // the block's kv head j of sequence b, and the G query heads that read it, in order
+    const int NH = heads.NH, G = heads.group(), b = blockIdx.x / heads.KVH, j = blockIdx.x % heads.KVH;
     const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
     const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
-    const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
-    const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
-    const float* lse_head = lse + (size_t)bh * rows.q_rows;
-    const float* d_head = D + (size_t)bh * rows.q_rows;
+    const size_t ld = heads.qkv_width(HS);
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + (NH + j) * HS;
+    const floatX* v_head = k_head + heads.KVH * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
     const int group_first = kv0 + 64 * group;  // this warpgroup's keys
     const int key_first = kv0 + 16 * warp;     // this warp's keys: key_first .. + 15
     const bool group_active = group_first < T;
     const int q_begin = CAUSAL ? kv0 : 0;
     const int num_tiles = ceil_div(T - q_begin, BQ);
+    // Step i is query tile i % num_tiles of the group's query head i / num_tiles (attention.cuh's dK/dV).
+    const int num_steps = G * num_tiles;
+    auto load_step = [&](int step, int buf) {
+        const QueryHead qh(q_qkv, dout, lse, D, b, j * G + step / num_tiles, rows, heads, HS);
+        const int q0 = q_begin + step % num_tiles * BQ;
+        load_rows_swizzled_async<BQ>(q_s + buf * HOPPER_TILE_BYTES, qh.q, ld, q0, T);
+        load_rows_swizzled_async<BQ>(do_s + buf * HOPPER_TILE_BYTES, qh.dout, C, q0, T);
+        load_floats_async<BQ, HOPPER_THREADS>(lse_s + buf * BQ, qh.lse, q0, T);
+        load_floats_async<BQ, HOPPER_THREADS>(d_s + buf * BQ, qh.D, q0, T);
+    };
 
     load_rows_swizzled_async<BN>(k_s, k_head, ld, kv0, T);
     load_rows_swizzled_async<BN>(v_s, v_head, ld, kv0, T);
-    load_rows_swizzled_async<BQ>(q_s, q_head, ld, q_begin, T);
-    load_rows_swizzled_async<BQ>(do_s, do_head, C, q_begin, T);
-    load_floats_async<BQ, HOPPER_THREADS>(lse_s, lse_head, q_begin, T);
-    load_floats_async<BQ, HOPPER_THREADS>(d_s, d_head, q_begin, T);
+    load_step(0, 0);
     cp_async_commit();
 
     const uint32_t k_group = k_s + 64 * HOPPER_ROW_BYTES * group, v_group = v_s + 64 * HOPPER_ROW_BYTES * group;
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
 
-    for (int tile = 0; tile < num_tiles; tile++) {
-        const int buf = tile % 2;
-        const int q0 = q_begin + tile * BQ;
-        if (tile + 1 < num_tiles) {
-            const int next = q0 + BQ;
-            load_rows_swizzled_async<BQ>(q_s + (buf ^ 1) * HOPPER_TILE_BYTES, q_head, ld, next, T);
-            load_rows_swizzled_async<BQ>(do_s + (buf ^ 1) * HOPPER_TILE_BYTES, do_head, C, next, T);
-            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);
-            load_floats_async<BQ, HOPPER_THREADS>(d_s + (buf ^ 1) * BQ, d_head, next, T);
-        }
+    for (int step = 0; step < num_steps; step++) {
+        const int buf = step % 2;
+        const int q0 = q_begin + step % num_tiles * BQ;
+        if (step + 1 < num_steps) load_step(step + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         wgmma::fence_proxy_async();
@@ -534,7 +537,7 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
         __syncthreads();  // the next iteration refills buffer `buf`
     }
 
-    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, h, NH, rows, key_first, lane, scale, amax);
+    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, j, heads, rows, key_first, lane, scale, amax, rope);
 }
 
 // dQ: grid (B*NH, query tiles of 128); the key tiles up to the block's diagonal (CAUSAL) or all.
@@ -542,7 +545,8 @@ template <bool CAUSAL, typename GradT>
 __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     attention_backward_dq_wgmma_kernel(GradT* grad_q, size_t grad_ld, const floatX* dout, const floatX* q_qkv,
                                        const floatX* kv_qkv, const float* lse, const float* D, AttentionRows rows,
-                                       int NH, float scale_log2, float scale, float* amax) {
+                                       AttentionHeads heads, float scale_log2, float scale, float* amax,
+                                       const float* rope) {
     constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = HOPPER_BACKWARD_TILE;
     const uint32_t raw = smem_addr(dynamic_shared_memory<uint8_t>());
     const uint32_t q_s = (raw + HOPPER_ATOM_BYTES - 1) / HOPPER_ATOM_BYTES * HOPPER_ATOM_BYTES;
@@ -550,13 +554,13 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
     const uint32_t k_s = do_s + HOPPER_Q_BYTES;         // [2] tiles
     const uint32_t v_s = k_s + 2 * HOPPER_TILE_BYTES;   // [2] tiles
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
     const int T = rows.T, C = NH * HS;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = heads.qkv_width(HS);
     const floatX* q_head = q_qkv + (size_t)b * rows.q_rows * ld + h * HS;
-    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + C + h * HS;
-    const floatX* v_head = k_head + C;
+    const floatX* k_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.k_col(h, HS);
+    const floatX* v_head = kv_qkv + (size_t)b * rows.kv_rows * ld + heads.v_col(h, HS);
     const floatX* do_head = dout + (size_t)b * rows.q_rows * C + h * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = warp / 4;
     const int group_first = q0 + 64 * group;
@@ -592,25 +596,26 @@ __global__ void __launch_bounds__(HOPPER_THREADS, 1)
                                 lse2, row_d, key0, row_first, lane, T, scale_log2);
         __syncthreads();  // the next iteration refills buffer `buf`
     }
-    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax);
+    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax, rope);
 }
 
 template <bool CAUSAL, typename GradT>
 inline void attention_backward_wgmma_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
                                             const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv,
-                                            const float* lse, const float* D, int B, const AttentionRows& rows, int NH,
-                                            cudaStream_t stream, float* amax) {
+                                            const float* lse, const float* D, int B, const AttentionRows& rows,
+                                            const AttentionHeads& heads, cudaStream_t stream, float* amax,
+                                            const float* rope) {
     const float scale = 1.0f / sqrtf((float)HOPPER_HS), scale_log2 = scale * LOG2E;
-    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const int tiles = ceil_div(rows.T, HOPPER_BM);
     auto dkv = attention_backward_dkv_wgmma_kernel<CAUSAL, GradT>;
     set_smem_limit(dkv, HOPPER_BACKWARD_SMEM_BYTES, "attention_backward (wgmma)", HOPPER_HS);
-    LLMC_LAUNCH(dkv, grid, HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
-        grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
+    LLMC_LAUNCH(dkv, dim3(B * heads.KVH, tiles), HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
+        grad_k, grad_k_ld, dout, q_qkv, kv_qkv, lse, D, rows, heads, scale_log2, scale, amax, rope);
     CUDA_CHECK_LAUNCH();
     auto dq = attention_backward_dq_wgmma_kernel<CAUSAL, GradT>;
     set_smem_limit(dq, HOPPER_BACKWARD_SMEM_BYTES, "attention_backward (wgmma)", HOPPER_HS);
-    LLMC_LAUNCH(dq, grid, HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
-        grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, NH, scale_log2, scale, amax);
+    LLMC_LAUNCH(dq, dim3(B * heads.NH, tiles), HOPPER_THREADS, HOPPER_BACKWARD_SMEM_BYTES, stream)(
+        grad_q, grad_q_ld, dout, q_qkv, kv_qkv, lse, D, rows, heads, scale_log2, scale, amax, rope);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -59,12 +59,12 @@ struct TmaForward {
 };
 
 // Grid (B*NH, query tiles of 128), TmaForward<STAGES>::THREADS threads. q_map: the query side's qkv
-// as a ((B - 1) q_rows + T, 3C) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's,
+// as a ((B - 1) q_rows + T, (NH + 2 KVH) HS) matrix, boxes of 128 rows x 64 columns; kv_map: the key side's,
 // with kv_rows, boxes of KEYS rows; both in the 128-byte swizzle.
 template <int STAGES_, bool CAUSAL>
 __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
     attention_forward_tma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                                 floatX* out, float* lse, AttentionRows rows, int NH, float scale_log2, float* amax) {
+                                 floatX* out, float* lse, AttentionRows rows, AttentionHeads heads, float scale_log2, float* amax) {
     using Shape = TmaForward<STAGES_>;
     constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = Shape::KEYS, STAGES = Shape::STAGES;
     constexpr uint32_t KV_BYTES = Shape::KV_BYTES;
@@ -81,9 +81,9 @@ __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
     uint64_t* v_full = k_full + STAGES;  // [STAGES]
     uint64_t* empty = v_full + STAGES;   // [STAGES]
 
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
-    const int T = rows.T, C = NH * HS;
+    const int T = rows.T;
     const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
 
     if (threadIdx.x == 0) {
@@ -110,9 +110,9 @@ __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
             // the stage's previous tile (tile - STAGES) retired by every consumer thread
             if (tile >= STAGES) tma::mbarrier_wait(&empty[s], (tile / STAGES - 1) & 1);
             tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES);
-            tma::copy_2d(at(k_s + s * KV_BYTES), &kv_map, C + h * HS, kv_row0 + tile * BN, &k_full[s]);
+            tma::copy_2d(at(k_s + s * KV_BYTES), &kv_map, heads.k_col(h, HS), kv_row0 + tile * BN, &k_full[s]);
             tma::mbarrier_arrive_expect_tx(&v_full[s], KV_BYTES);
-            tma::copy_2d(at(v_s + s * KV_BYTES), &kv_map, 2 * C + h * HS, kv_row0 + tile * BN, &v_full[s]);
+            tma::copy_2d(at(v_s + s * KV_BYTES), &kv_map, heads.v_col(h, HS), kv_row0 + tile * BN, &v_full[s]);
         }
         return;
     }
@@ -152,11 +152,12 @@ __global__ void __launch_bounds__(TmaForward<STAGES_>::THREADS, 1)
 
 template <bool CAUSAL, int STAGES = 2>
 inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* q_qkv, const floatX* kv_qkv, int B,
-                                         const AttentionRows& rows, int NH, cudaStream_t stream, float* amax) {
+                                         const AttentionRows& rows, const AttentionHeads& heads, cudaStream_t stream,
+                                         float* amax) {
     constexpr int HS = HOPPER_HS;
     // The matrices end at the last sequence's row T - 1: a pair's chunk may start inside its buffer,
     // so B * q_rows rows from it could reach past the allocation.
-    const uint64_t columns = 3 * (uint64_t)NH * HS, row_bytes = columns * sizeof(floatX);
+    const uint64_t columns = heads.qkv_width(HS), row_bytes = columns * sizeof(floatX);
     const uint64_t q_matrix_rows = (uint64_t)(B - 1) * rows.q_rows + rows.T;
     const uint64_t kv_matrix_rows = (uint64_t)(B - 1) * rows.kv_rows + rows.T;
     const CUtensorMap q_map = tma::make_tensor_map_2d(q_qkv, q_matrix_rows, columns, row_bytes, HOPPER_BM, HS,
@@ -167,9 +168,9 @@ inline void attention_forward_tma_launch(floatX* out, float* lse, const floatX* 
     constexpr size_t smem = Shape::SMEM_BYTES;
     auto kernel = attention_forward_tma_kernel<STAGES, CAUSAL>;
     set_smem_limit(kernel, smem, "attention_forward (wgmma, TMA)", HS);
-    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const dim3 grid(B * heads.NH, ceil_div(rows.T, HOPPER_BM));
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    LLMC_LAUNCH(kernel, grid, Shape::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, NH, scale_log2, amax);
+    LLMC_LAUNCH(kernel, grid, Shape::THREADS, smem, stream)(q_map, kv_map, out, lse, rows, heads, scale_log2, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -239,7 +240,8 @@ __device__ inline void init_backward_barriers(const TmaBackwardSmem& m, uint32_t
     __syncthreads();  // the last block-wide barrier: the producer's threads leave early
 }
 
-// dK, dV: grid (B*NH, key tiles of 128); the query tiles from the block's first key (CAUSAL) or 0.
+// dK, dV: grid (B*KVH, key tiles of 128); for each query head of the kv head's group in turn, the
+// query tiles from the block's first key (CAUSAL) or 0.
 // kv_map: the key side's qkv (128-row boxes); q_map: the query side's (64-row boxes); do_map: dout
 // as a (rows, C) matrix (64-row boxes).
 template <bool CAUSAL, typename GradT>
@@ -247,15 +249,18 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
     attention_backward_dkv_tma_kernel(const __grid_constant__ CUtensorMap kv_map,
                                       const __grid_constant__ CUtensorMap q_map,
                                       const __grid_constant__ CUtensorMap do_map, GradT* grad_k, size_t grad_ld,
-                                      const float* lse, const float* D, AttentionRows rows, int NH, float scale_log2,
-                                      float scale, float* amax) {
+                                      const float* lse, const float* D, AttentionRows rows, AttentionHeads heads, float scale_log2,
+                                      float scale, float* amax, const float* rope) {
     constexpr int HS = HOPPER_HS, BN = HOPPER_BM, BQ = TmaBackward::TILE, STAGES = TmaBackward::STAGES;
     const TmaBackwardSmem m(dynamic_shared_memory<uint8_t>());
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    // the block's kv head j of sequence b, and the G query heads that read it, in order
+    const int NH = heads.NH, KVH = heads.KVH, G = heads.group(), b = blockIdx.x / KVH, j = blockIdx.x % KVH;
     const int kv0 = blockIdx.y * BN;  // the first key tiles, seen by the most queries, start first
-    const int T = rows.T, C = NH * HS;
+    const int T = rows.T;
     const int q_begin = CAUSAL ? kv0 : 0;
     const int num_tiles = ceil_div(T - q_begin, BQ);
+    // Step i is query tile i % num_tiles of the group's query head i / num_tiles (attention.cuh's dK/dV).
+    const int num_steps = G * num_tiles;
     init_backward_barriers(m, 32);
 
     if (threadIdx.x < 128) {
@@ -264,15 +269,15 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
         const int lane = threadIdx.x;
         if (lane == 0) {
             tma::mbarrier_arrive_expect_tx(m.own_full, TmaBackward::OWN_BYTES);
-            tma::copy_2d(m.at(m.own0), &kv_map, C + h * HS, b * rows.kv_rows + kv0, m.own_full);
-            tma::copy_2d(m.at(m.own1), &kv_map, 2 * C + h * HS, b * rows.kv_rows + kv0, m.own_full);
+            tma::copy_2d(m.at(m.own0), &kv_map, (NH + j) * HS, b * rows.kv_rows + kv0, m.own_full);
+            tma::copy_2d(m.at(m.own1), &kv_map, (NH + KVH + j) * HS, b * rows.kv_rows + kv0, m.own_full);
         }
-        const float* lse_head = lse + (size_t)bh * rows.q_rows;
-        const float* d_head = D + (size_t)bh * rows.q_rows;
-        for (int tile = 0; tile < num_tiles; tile++) {
-            const int s = tile % STAGES, q0 = q_begin + tile * BQ;
-            if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
+        for (int step = 0; step < num_steps; step++) {
+            const int s = step % STAGES, q0 = q_begin + step % num_tiles * BQ, h = j * G + step / num_tiles;
+            if (step >= STAGES) tma::mbarrier_wait(&m.empty[s], (step / STAGES - 1) & 1);
             // lse and D of the tile's queries (0 past T: finite, and masked out)
+            const float* lse_head = lse + ((size_t)b * NH + h) * rows.q_rows;
+            const float* d_head = D + ((size_t)b * NH + h) * rows.q_rows;
 #pragma unroll
             for (int i = lane; i < BQ; i += 32) {
                 const bool valid = q0 + i < T;
@@ -299,9 +304,9 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
 
     tma::mbarrier_wait(m.own_full, 0);
-    for (int tile = 0; tile < num_tiles; tile++) {
-        const int s = tile % STAGES, q0 = q_begin + tile * BQ;
-        tma::mbarrier_wait(&m.full[s], (tile / STAGES) & 1);
+    for (int step = 0; step < num_steps; step++) {
+        const int s = step % STAGES, q0 = q_begin + step % num_tiles * BQ;
+        tma::mbarrier_wait(&m.full[s], (step / STAGES) & 1);
         // warpgroup-uniform: some query of the tile sees some key of the warpgroup (a warpgroup with
         // nothing to do still waits for the tile, so its arrival never counts towards a later use)
         if (group_active && (!CAUSAL || q0 + BQ - 1 >= group_first)) {
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
         }
         tma::mbarrier_arrive(&m.empty[s]);  // this thread's products on the stage have retired
     }
-    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, h, NH, rows, key_first, lane, scale, amax);
+    if (key_first < T) finish_dkv(grad_k, grad_ld, dk, dv, b, j, heads, rows, key_first, lane, scale, amax, rope);
 }
 
 // dQ: grid (B*NH, query tiles of 128); the key tiles up to the block's diagonal (CAUSAL) or all.
@@ -321,13 +326,13 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
     attention_backward_dq_tma_kernel(const __grid_constant__ CUtensorMap q_map,
                                      const __grid_constant__ CUtensorMap do_map,
                                      const __grid_constant__ CUtensorMap kv_map, GradT* grad_q, size_t grad_ld,
-                                     const float* lse, const float* D, AttentionRows rows, int NH, float scale_log2,
-                                     float scale, float* amax) {
+                                     const float* lse, const float* D, AttentionRows rows, AttentionHeads heads, float scale_log2,
+                                     float scale, float* amax, const float* rope) {
     constexpr int HS = HOPPER_HS, BM = HOPPER_BM, BN = TmaBackward::TILE, STAGES = TmaBackward::STAGES;
     const TmaBackwardSmem m(dynamic_shared_memory<uint8_t>());
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int NH = heads.NH, bh = blockIdx.x, b = bh / NH, h = bh % NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest (last) query tiles start first
-    const int T = rows.T, C = NH * HS;
+    const int T = rows.T;
     const int num_tiles = ceil_div(CAUSAL ? min(q0 + BM, T) : T, BN);
     init_backward_barriers(m, 1);
 
@@ -341,8 +346,8 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
             const int s = tile % STAGES;
             if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
             tma::mbarrier_arrive_expect_tx(&m.full[s], 2 * HOPPER_TILE_BYTES);
-            tma::copy_2d(m.at(m.tiles0[s]), &kv_map, C + h * HS, b * rows.kv_rows + tile * BN, &m.full[s]);
-            tma::copy_2d(m.at(m.tiles1[s]), &kv_map, 2 * C + h * HS, b * rows.kv_rows + tile * BN, &m.full[s]);
+            tma::copy_2d(m.at(m.tiles0[s]), &kv_map, heads.k_col(h, HS), b * rows.kv_rows + tile * BN, &m.full[s]);
+            tma::copy_2d(m.at(m.tiles1[s]), &kv_map, heads.v_col(h, HS), b * rows.kv_rows + tile * BN, &m.full[s]);
         }
         return;
     }
@@ -366,17 +371,18 @@ __global__ void __launch_bounds__(TmaBackward::THREADS, 1)
                                 T, scale_log2);
         tma::mbarrier_arrive(&m.empty[s]);
     }
-    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax);
+    if (row_first < T) finish_dq(grad_q, grad_ld, dq, b, h, rows, row_first, lane, scale, amax, rope);
 }
 
 template <bool CAUSAL, typename GradT>
 inline void attention_backward_tma_launch(GradT* grad_q, GradT* grad_k, size_t grad_q_ld, size_t grad_k_ld,
                                           const floatX* dout, const floatX* q_qkv, const floatX* kv_qkv,
-                                          const float* lse, const float* D, int B, const AttentionRows& rows, int NH,
-                                          cudaStream_t stream, float* amax) {
+                                          const float* lse, const float* D, int B, const AttentionRows& rows,
+                                          const AttentionHeads& heads, cudaStream_t stream, float* amax,
+                                          const float* rope) {
     constexpr int HS = HOPPER_HS;
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
-    const uint64_t C = (uint64_t)NH * HS, qkv_bytes = 3 * C * sizeof(floatX);
+    const uint64_t C = (uint64_t)heads.NH * HS, width = heads.qkv_width(HS), qkv_bytes = width * sizeof(floatX);
     // as the forward's maps, ending at the last sequence's row T - 1
     const uint64_t q_rows = (uint64_t)(B - 1) * rows.q_rows + rows.T;
     const uint64_t kv_rows = (uint64_t)(B - 1) * rows.kv_rows + rows.T;
@@ -385,18 +391,20 @@ inline void attention_backward_tma_launch(GradT* grad_q, GradT* grad_k, size_t g
     };
     constexpr int OWN = HOPPER_BM, TILE = TmaBackward::TILE;
     constexpr size_t smem = TmaBackward::SMEM_BYTES;
-    const dim3 grid(B * NH, ceil_div(rows.T, HOPPER_BM));
+    const int tiles = ceil_div(rows.T, HOPPER_BM);
     auto dkv = attention_backward_dkv_tma_kernel<CAUSAL, GradT>;
     set_smem_limit(dkv, smem, "attention_backward (wgmma, TMA)", HS);
-    LLMC_LAUNCH(dkv, grid, TmaBackward::THREADS, smem, stream)(
-        map(kv_qkv, kv_rows, 3 * C, qkv_bytes, OWN), map(q_qkv, q_rows, 3 * C, qkv_bytes, TILE),
-        map(dout, q_rows, C, C * sizeof(floatX), TILE), grad_k, grad_k_ld, lse, D, rows, NH, scale_log2, scale, amax);
+    LLMC_LAUNCH(dkv, dim3(B * heads.KVH, tiles), TmaBackward::THREADS, smem, stream)(
+        map(kv_qkv, kv_rows, width, qkv_bytes, OWN), map(q_qkv, q_rows, width, qkv_bytes, TILE),
+        map(dout, q_rows, C, C * sizeof(floatX), TILE), grad_k, grad_k_ld, lse, D, rows, heads, scale_log2, scale,
+        amax, rope);
     CUDA_CHECK_LAUNCH();
     auto dq = attention_backward_dq_tma_kernel<CAUSAL, GradT>;
     set_smem_limit(dq, smem, "attention_backward (wgmma, TMA)", HS);
-    LLMC_LAUNCH(dq, grid, TmaBackward::THREADS, smem, stream)(
-        map(q_qkv, q_rows, 3 * C, qkv_bytes, OWN), map(dout, q_rows, C, C * sizeof(floatX), OWN),
-        map(kv_qkv, kv_rows, 3 * C, qkv_bytes, TILE), grad_q, grad_q_ld, lse, D, rows, NH, scale_log2, scale, amax);
+    LLMC_LAUNCH(dq, dim3(B * heads.NH, tiles), TmaBackward::THREADS, smem, stream)(
+        map(q_qkv, q_rows, width, qkv_bytes, OWN), map(dout, q_rows, C, C * sizeof(floatX), OWN),
+        map(kv_qkv, kv_rows, width, qkv_bytes, TILE), grad_q, grad_q_ld, lse, D, rows, heads, scale_log2, scale, amax,
+        rope);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -25,6 +25,22 @@ struct AttentionRows {
     int kv_rows;  // rows per sequence in the key side's buffers: k's and v's qkv, dk, dv
 };
 
+// The heads of one attention launch: NH query heads and KVH key/value heads, KVH dividing NH.
+// Grouped-query attention: kv head j serves the G = NH / KVH query heads j G .. j G + G - 1 (Hugging
+// Face's repeat_kv order); KVH = NH is multi-head attention (GPT-2). A qkv row is [q: NH HS | k: KVH
+// HS | v: KVH HS]; out, dout, lse and D have one head per query head. The kernels read each query
+// head's k and v where they are, and the dK/dV kernels sum a kv head's gradient over its group in
+// their own loop, so no head is ever copied G times.
+struct AttentionHeads {
+    int NH, KVH;
+    __host__ __device__ int group() const { return NH / KVH; }
+    __host__ __device__ int kv_of(int h) const { return h / (NH / KVH); }
+    // Elements of a qkv row, and where query head h's k and v start in it (q: at h HS).
+    __host__ __device__ size_t qkv_width(int HS) const { return (size_t)(NH + 2 * KVH) * HS; }
+    __host__ __device__ int k_col(int h, int HS) const { return (NH + kv_of(h)) * HS; }
+    __host__ __device__ int v_col(int h, int HS) const { return (NH + KVH + kv_of(h)) * HS; }
+};
+
 namespace attention_detail {
 
 constexpr float LOG2E = 1.4426950408889634f;
@@ -204,18 +220,44 @@ __device__ inline void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N /
 // dst + (row0 + r) * ld, for the rows below T only. A bf16 dst is overwritten (a whole-sequence
 // call, or a ring pair's forward output); an fp32 dst is added to (a ring pair's gradients, summed
 // over the pairs in fp32: each element belongs to one thread, so the sum is in launch order).
+// With `rope` (RoPE's cos/sin table, kernels/rope.cuh: row t is [cos(angle(t, i)), i < HS/2 |
+// sin(angle(t, i)), i < HS/2]) the rows are a gradient with respect to RoPE's rotated q or k, and are
+// rotated back by -angle(row, i) before they are stored: RoPE's backward, fused. A thread holds both
+// columns of every rotated pair (i, i + HS/2): acc[n] and acc[n + HS/16] (column n*8 + 2(lane%4) +
+// e%2), so this needs no other thread; the rotation is in fp32 and the value is rounded once.
 template <int HS, typename OutT>
 __device__ inline float write_rows(OutT* dst, size_t ld, const float (&acc)[HS / 8][4], float scale, int row0, int T,
-                                   int lane) {
+                                   int lane, const float* rope = nullptr) {
     float largest = 0.0f;  // of the bf16 values stored (the amax FP8's current scaling measures)
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int row = row0 + lane / 4 + 8 * half;
         if (row >= T) continue;
+        float v[HS / 8][2];
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            v[n][0] = acc[n][2 * half] * scale;
+            v[n][1] = acc[n][2 * half + 1] * scale;
+        }
+        if (rope) {
+            const float* cos_row = rope + (size_t)row * HS + 2 * (lane % 4);
+            const float* sin_row = cos_row + HS / 2;
+#pragma unroll
+            for (int n = 0; n < HS / 16; n++) {
+                const float2 c = *reinterpret_cast<const float2*>(cos_row + n * 8);
+                const float2 s = *reinterpret_cast<const float2*>(sin_row + n * 8);
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const float x0 = v[n][k], x1 = v[n + HS / 16][k], ck = k ? c.y : c.x, sk = k ? s.y : s.x;
+                    v[n][k] = x0 * ck + x1 * sk;
+                    v[n + HS / 16][k] = x1 * ck - x0 * sk;
+                }
+            }
+        }
         OutT* p = dst + (size_t)row * ld + 2 * (lane % 4);
 #pragma unroll
         for (int n = 0; n < HS / 8; n++) {
-            const float lo = acc[n][2 * half] * scale, hi = acc[n][2 * half + 1] * scale;
+            const float lo = v[n][0], hi = v[n][1];
             if constexpr (std::is_same_v<OutT, float>) {
                 float2& sum = *reinterpret_cast<float2*>(p + n * 8);
                 sum.x += lo;
@@ -230,6 +272,21 @@ __device__ inline float write_rows(OutT* dst, size_t ld, const float (&acc)[HS /
     }
     return largest;
 }
+
+// One query head h of sequence b as the dK/dV kernels stream it: its q (in qkv rows), dout (NH HS
+// per row), lse and D (q_rows per head).
+struct QueryHead {
+    const floatX* q;
+    const floatX* dout;
+    const float* lse;
+    const float* D;
+    __device__ QueryHead(const floatX* q_qkv, const floatX* dout_, const float* lse_, const float* D_, int b, int h,
+                         const AttentionRows& rows, const AttentionHeads& heads, int HS)
+        : q(q_qkv + (size_t)b * rows.q_rows * heads.qkv_width(HS) + (size_t)h * HS),
+          dout(dout_ + (size_t)b * rows.q_rows * heads.NH * HS + (size_t)h * HS),
+          lse(lse_ + ((size_t)b * heads.NH + h) * rows.q_rows),
+          D(D_ + ((size_t)b * heads.NH + h) * rows.q_rows) {}
+};
 
 // Starts copying rows row0..row0+ROWS-1 of one head's (T, HS) slice (row stride ld elements) into a
 // padded shared tile. Rows at or past T are zero-filled, so padded keys and queries are finite and

@@ -92,7 +92,6 @@
 #include "llmc/kernels/cuda_common.cuh"
 #include "llmc/kernels/encoder.cuh"
 #include "llmc/kernels/gelu.cuh"
-#include "llmc/kernels/gqa.cuh"
 #include "llmc/kernels/global_norm.cuh"
 #include "llmc/kernels/layernorm.cuh"
 #include "llmc/kernels/rmsnorm.cuh"
@@ -1229,40 +1228,32 @@ private:
     }
 
     // Layer l's attention over this rank's NH heads: the plain kernel, or the ring over the context group.
-    // A Llama's grouped kv heads are expanded to one per query head first (kernels/gqa.cuh; around the
-    // ring too, which then carries the expanded rows).
+    // A Llama's grouped kv heads are read by the kernels where they are (AttentionHeads, kernels/attention_tiles.cuh).
     void attention_layer_forward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
-        const floatX* qkv = attention_qkv(a, l, B * T);
+        const int KVH = widths_.kv_heads;
         if (cp_.size == 1)
-            attention_forward(a.atty.at(l), a.lse.at(l), qkv, B, T, NH, HS, stream_.get(),
+            attention_forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), B, T, NH, KVH, HS, stream_.get(),
                               fp8_fused_amax(l, FP8_ATTPROJ, FP8_INPUT));
         else
-            ring_.forward(a.atty.at(l), a.lse.at(l), qkv, ring_buffers(a), B, T, NH, HS, stream_.get());
+            ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, KVH, HS, stream_.get());
     }
-    // Its backward, into a.d3C from the output's gradient in a.dC.
-    // A Llama's: the expanded rows' gradient summed back over each kv head's group, then rotated back
-    // (RoPE's backward), so that d3C is the gradient of the qkv product's output.
+    // Its backward, into a.d3C from the output's gradient in a.dC (each kv head's dk and dv summed over
+    // its group by the kernels), so that d3C is the gradient of the qkv product's output: a Llama's q
+    // and k gradients rotated back (RoPE's backward) by the kernels as they store them, or, around the
+    // ring (whose pairs sum in fp32 first), by rope_backward after it.
     void attention_layer_backward(const CudaActivationLayout& a, int l, int B, int T, int NH, int HS) {
         PhaseScope phase(timer_, "attention", stream_.get());
-        const bool grouped = widths_.kv_heads != NH;
-        const floatX* qkv = attention_qkv(a, l, B * T);
-        floatX* dqkv = grouped ? a.gqa_dqkv : a.d3C;
-        // (the qkv product's output gradient is what it writes only where no reduction or rotation follows)
-        if (cp_.size == 1)
-            attention_backward(dqkv, a.scratch, a.dC, qkv, a.atty.at(l), a.lse.at(l), B, T, NH, HS, stream_.get(),
-                               grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));
-        else
-            ring_.backward(dqkv, a.dC, qkv, a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());
-        if (grouped) gqa_reduce(a.d3C, a.gqa_dqkv, (size_t)B * T, NH, widths_.kv_heads, HS, stream_.get());
-        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());
-    }
-    // Layer l's qkv rows as the attention kernels read them: as kept, or with grouped kv heads
-    // expanded to one per query head (into scratch: backward expands them again).
-    const floatX* attention_qkv(const CudaActivationLayout& a, int l, int BT) {
-        if (widths_.kv_heads == widths_.heads) return a.qkv.at(l);
-        gqa_expand(a.gqa_qkv, a.qkv.at(l), BT, widths_.heads, widths_.kv_heads, widths_.head_size, stream_.get());
-        return a.gqa_qkv;
+        const int KVH = widths_.kv_heads;
+        const float* rope = widths_.rotary ? a.rope : nullptr;
+        if (cp_.size == 1) {
+            attention_backward(a.d3C, a.scratch, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), B, T, NH, KVH, HS,
+                               stream_.get(), fp8_fused_amax(l, FP8_QKV, FP8_GRAD), rope);
+        } else {
+            ring_.backward(a.d3C, a.dC, a.qkv.at(l), a.atty.at(l), a.lse.at(l), ring_buffers(a), B, T, NH, KVH, HS,
+                           stream_.get());
+            if (rope) rope_backward(a.d3C, rope, B, T, NH, KVH, HS, stream_.get());
+        }
     }
 
     // The ring's buffers in the activation layout (models/cuda/ring_attention.cuh).

@@ -99,10 +99,10 @@ breakage attention-dkv-barrier llmc/kernels/attention.cuh "bench attention_backw
     "attention backward dK/dV: the Q/dout/lse tile used after this thread's cp.async wait, not every thread's" \
     '        cp_async_wait<1>();
         __syncthreads();
-        if (tile == 0) {
+        if (step == 0) {
             load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);' \
     '        cp_async_wait<1>();
-        if (tile == 0) {
+        if (step == 0) {
             load_a_rows<HS, STRIDE>(k_frag, k_s, 16 * warp, lane);'
 
 # 2. Wrong mma fragments, ldmatrix and cp.async.
@@ -154,9 +154,15 @@ breakage wgmma-dq-operand llmc/kernels/attention_hopper.cuh "bench attention_bac
     '    wgmma_a_b<BN>(dq, ds_frag, k_tile);' \
     '    wgmma_a_b<BN>(dq, ds_frag, v_tile);'
 breakage wgmma-dkv-float-buffer llmc/kernels/attention_hopper.cuh "bench attention_backward" \
-    "attention backward (wgmma): the next tile's lse copied over the one in use" \
-    '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + (buf ^ 1) * BQ, lse_head, next, T);' \
-    '            load_floats_async<BQ, HOPPER_THREADS>(lse_s + buf * BQ, lse_head, next, T);'
+    "attention backward (wgmma): the next step's Q, dout, lse and D copied over the ones in use" \
+    '        if (step + 1 < num_steps) load_step(step + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        wgmma::fence_proxy_async();' \
+    '        if (step + 1 < num_steps) load_step(step + 1, buf);
+        cp_async_commit();
+        cp_async_wait<1>();
+        wgmma::fence_proxy_async();'
 breakage tma-no-empty-wait llmc/kernels/attention_hopper_tma.cuh "bench attention_forward" \
     "attention forward (TMA): the producer refills a stage without waiting for its consumers to free it" \
     '            if (tile >= STAGES) tma::mbarrier_wait(&empty[s], (tile / STAGES - 1) & 1);' \
@@ -175,7 +181,7 @@ breakage tma-expect-bytes llmc/kernels/attention_hopper_tma.cuh "bench attention
     '            tma::mbarrier_arrive_expect_tx(&k_full[s], KV_BYTES / 2);'
 breakage tma-dkv-floats-early llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
     "attention backward (TMA): the producer stores a tile's lse and D before the stage is free" \
-    '            if (tile >= STAGES) tma::mbarrier_wait(&m.empty[s], (tile / STAGES - 1) & 1);
+    '            if (step >= STAGES) tma::mbarrier_wait(&m.empty[s], (step / STAGES - 1) & 1);
             // lse and D of the tile' \
     '            // lse and D of the tile'
 breakage tma-dkv-one-arrival llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
@@ -309,16 +315,16 @@ breakage ring-merge-no-rescale llmc/kernels/attention.cuh "bench attention_forwa
     'acc[at + c + i] = (first ? 0.0f : acc[at + c + i]) + (float)o[i];'
 breakage ring-diagonal-unmasked llmc/kernels/attention.cuh "bench attention_forward" \
     "attention_forward_pair: the pair of a chunk with itself run without the causal mask" \
-    '        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);' \
-    '        if (causal) attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, NH, stream);'
+    '        if (causal) attention_forward_launch<H, true>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream);' \
+    '        if (causal) attention_forward_launch<H, false>(out, lse, q_qkv, kv_qkv, B, rows, heads, stream);'
 breakage ring-earlier-chunk-masked llmc/kernels/attention.cuh "bench attention_forward" \
     "attention forward: a pair with an earlier key chunk masked causally (key > row) in its last key tile" \
     '                        if (key > (CAUSAL ? row : T - 1)) s[n][e] = -INFINITY;' \
     '                        if (key > row) s[n][e] = -INFINITY;'
 breakage ring-backward-diagonal-unmasked llmc/kernels/attention.cuh "bench attention_backward" \
     "attention_backward_pair: the pair of a chunk with itself run without the causal mask" \
-    '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);' \
-    '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, 2 * C, dout, q_qkv, kv_qkv, lse, D, B, rows, NH, stream);'
+    '            attention_backward_launch<H, true>(dq_acc, dkv_acc, C, kv, dout, q_qkv, kv_qkv, lse, D, B, rows, heads, stream);' \
+    '            attention_backward_launch<H, false>(dq_acc, dkv_acc, C, kv, dout, q_qkv, kv_qkv, lse, D, B, rows, heads, stream);'
 
 # 8. Context parallelism with tensor and pipeline parallelism (the CUDA model's meshes).
 breakage cp-tp-plain-attention-backward llmc/models/cuda_model.cuh "cp-mesh" \
@@ -471,30 +477,50 @@ breakage swiglu-backward-no-sigmoid-derivative llmc/kernels/swiglu.cuh "bench ll
 
 # 12. A Llama on the CUDA model (test_cuda_model's Llama cases against the CPU model, FP8 products
 # included; test_cp_cuda's Llama step on cp 2).
-breakage gqa-reduce-first-head-only llmc/kernels/gqa.cuh "model" \
-    "gqa_reduce: each kv head's dk, dv take only the first query head of its group" \
-    'for (int g = 0; g < G; g++) {' \
-    'for (int g = 0; g < 1; g++) {'
+breakage attention-gqa-first-head-only llmc/kernels/attention.cuh "bench attention_backward" \
+    "attention backward dK/dV (mma.sync): each kv head's dk, dv summed over the first query head of its group only" \
+    '    const int num_steps = G * num_tiles;
+    auto load_step' \
+    '    const int num_steps = num_tiles;
+    auto load_step'
+breakage attention-gqa-kv-head llmc/kernels/attention_tiles.cuh "bench attention_forward" \
+    "attention (every kernel): query head h reads kv head h % KVH (interleaved groups) instead of h / (NH / KVH)" \
+    '__host__ __device__ int kv_of(int h) const { return h / (NH / KVH); }' \
+    '__host__ __device__ int kv_of(int h) const { return h % KVH; }'
+breakage wgmma-gqa-first-head-only llmc/kernels/attention_hopper.cuh "bench attention_backward" \
+    "attention backward dK/dV (wgmma): each kv head's dk, dv summed over the first query head of its group only" \
+    '    const int num_steps = G * num_tiles;
+    auto load_step' \
+    '    const int num_steps = num_tiles;
+    auto load_step'
+breakage tma-gqa-producer-head llmc/kernels/attention_hopper_tma.cuh "bench attention_backward" \
+    "attention backward dK/dV (TMA): the producer streams the group's first query head's lse and D for every head" \
+    'const float* lse_head = lse + ((size_t)b * NH + h) * rows.q_rows;' \
+    'const float* lse_head = lse + ((size_t)b * NH + j * G) * rows.q_rows;'
 breakage llama-cuda-no-rope-backward llmc/models/cuda_model.cuh "model" \
-    "CUDAModel::attention_layer_backward: the qkv gradient is not rotated back (RoPE's backward skipped)" \
-    '        if (widths_.rotary) rope_backward(a.d3C, a.rope, B, T, NH, widths_.kv_heads, HS, stream_.get());' \
-    ''
+    "CUDAModel::attention_layer_backward: the qkv gradient is not rotated back (no table for the fused RoPE backward)" \
+    'const float* rope = widths_.rotary ? a.rope : nullptr;' \
+    'const float* rope = nullptr;'
+breakage attention-rope-backward-direction llmc/kernels/attention_tiles.cuh "bench attention_backward" \
+    "attention backward, RoPE's backward fused in write_rows: the first half of each pair rotated by +angle" \
+    'v[n][k] = x0 * ck + x1 * sk;' \
+    'v[n][k] = x0 * ck - x1 * sk;'
 breakage llama-fp8-qkv-first-tensor-only llmc/models/cuda/fp8_gather.cuh "model" \
     "Fp8BlockWeights: the qkv product's FP8 copy sized by its query rows only (a Llama's wq without wkv)" \
     'size{w.qkv * C, C * C, w.up * C, C * w.hidden}' \
     'size{(size_t)w.heads * w.head_size * C, C * C, w.up * C, C * w.hidden}'
-breakage llama-fp8-qkv-grad-amax-before-reduce llmc/models/cuda_model.cuh "model" \
-    "CUDAModel::attention_layer_backward: the qkv gradient's FP8 amax taken from the expanded, unrotated rows" \
-    'grouped || widths_.rotary ? nullptr : fp8_fused_amax(l, FP8_QKV, FP8_GRAD));' \
-    'fp8_fused_amax(l, FP8_QKV, FP8_GRAD));'
+breakage llama-cp-no-rope-backward llmc/models/cuda_model.cuh "cp2" \
+    "CUDAModel::attention_layer_backward: around the ring the qkv gradient is not rotated back" \
+    '            if (rope) rope_backward(a.d3C, rope, B, T, NH, KVH, HS, stream_.get());' \
+    ''
 breakage llama-cp-local-positions llmc/models/cuda_model.cuh "cp2" \
     "CUDAModel::forward_chunk: RoPE at each rank's local positions 0..T/cp-1, not its rows' global ones" \
     'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, a.positions, s);' \
     'rope_table(a.rope, T, widths_.head_size, config_.rope_theta, nullptr, s);'
-breakage llama-cp-ring-unexpanded llmc/models/cuda_model.cuh "cp2" \
-    "CUDAModel::attention_layer_forward: the ring reads the kept qkv rows (2 kv heads) as if every head had its own" \
-    'ring_.forward(a.atty.at(l), a.lse.at(l), qkv, ring_buffers(a), B, T, NH, HS, stream_.get());' \
-    'ring_.forward(a.atty.at(l), a.lse.at(l), a.qkv.at(l), ring_buffers(a), B, T, NH, HS, stream_.get());'
+breakage llama-cp-ring-row-width llmc/models/cuda/ring_attention.cuh "cp2" \
+    "CudaRingAttention::forward: the second key chunk found 3 NH HS elements a row in (as if every head had its own k, v)" \
+    'qkv + q * width, held + k * width, B,' \
+    'qkv + q * width, held + k * 3 * C, B,'
 
 if [ "$list" = 1 ]; then
     for n in "${names[@]}"; do

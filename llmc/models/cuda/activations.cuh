@@ -63,11 +63,10 @@ struct CudaActivationLayout {
     float* row_loss;                                     // (BT)
     int *inputs, *targets;                               // (BT) token ids on the device
     floatX *dresidual, *dC, *d3C, *d4C;                  // backward: residual-stream and layer gradients
-    // A Llama only (family.h; no bytes for GPT-2): the gradient of SwiGLU's output (dhidden), the
-    // qkv rows expanded to a kv head per query head and their gradient (grouped-query attention on
-    // the multi-head kernels, kernels/gqa.cuh; only where kv heads < heads), and RoPE's cos/sin table
-    // for the T positions of the pass (kernels/rope.cuh).
-    floatX *dhidden, *gqa_qkv, *gqa_dqkv;
+    // A Llama only (family.h; no bytes for GPT-2): the gradient of SwiGLU's output (dhidden) and
+    // RoPE's cos/sin table for the T positions of the pass (kernels/rope.cuh). Grouped kv heads need
+    // nothing: the attention kernels read them where they are.
+    floatX* dhidden;
     float* rope;
     float* scratch;                                      // kernel scratch (bias/LN partials, attention D)
     // Tensor parallelism only (no bytes otherwise): a LayerNorm output gathered to all BT rows (full),
@@ -109,7 +108,6 @@ struct CudaActivationLayout {
         // a block's widths on this rank: a qkv row, the MLP's input product and its activation's
         // output (GPT-2: 3 C_l, 4 C_l, 4 C_l; Llama: its kv heads' and SwiGLU's, family.h)
         const BlockWidths w(c, tp.size);
-        const bool grouped = w.kv_heads != w.heads;
         const size_t Vp = c.padded_vocab_size / tp.size, n = tp.rows((int)BT);
         const bool split = tp.size > 1, sp = tp.sequence_parallel, head = stage.head, pipe = stage.pipelined;
         const size_t chunk_rows = std::min(BT, (size_t)o.classifier_chunk_rows);
@@ -162,8 +160,6 @@ struct CudaActivationLayout {
         take(d3C, BT * w.qkv, false);
         take(d4C, BT * w.up, false);
         take(dhidden, w.swiglu ? BT * w.hidden : 0, false);
-        take(gqa_qkv, grouped ? BT * 3 * Cl : 0, false);
-        take(gqa_dqkv, grouped ? BT * 3 * Cl : 0, false);
         take(rope, w.rotary ? (size_t)T * w.head_size : 0, false);
         size_t scratch_floats = std::max({matmul_backward_scratch_floats((int)BT, (int)w.up),
                                           matmul_backward_scratch_floats((int)BT, (int)w.hidden),
@@ -183,11 +179,11 @@ struct CudaActivationLayout {
         take(send_grad, pipe ? 2 * n * C : 0, false);
         const bool ring = cp > 1;
         take(positions, ring ? T : 0, false);
-        take(ring_kv, ring ? std::min(cp - 1, 2) * BT * 3 * Cl : 0, false);
+        take(ring_kv, ring ? std::min(cp - 1, 2) * BT * w.qkv : 0, false);
         take(pair_out, ring ? BT * Cl : 0, false);
         take(pair_lse, ring ? NH * BT : 0, false);
         take(ring_acc, ring ? BT * Cl : 0, false);
-        take(ring_dkv, ring ? 2 * BT * 2 * Cl : 0, false);
+        take(ring_dkv, ring ? 2 * BT * (w.qkv - Cl) : 0, false);
         const bool quantized = o.fp8.enabled;
         const size_t widest = std::max({(size_t)Cl, w.qkv, w.up, w.hidden});  // a product's input or output row
         take(fp8.input, quantized ? BT * widest : 0, false);

@@ -40,15 +40,16 @@ public:
         return ms;
     }
 
-    // Attention of this rank's B x T rows of qkv (NH heads of HS) into out, lse the final log-sum-exp:
+    // Attention of this rank's B x T rows of qkv (NH query heads and KVH kv heads of HS) into out, lse
+    // the final log-sum-exp:
     // in cp steps each rank runs its query chunks against the key/value block in hand (its own, then
     // its predecessors') while that block is already on its way to the next rank and the previous
     // rank's is arriving; each pair's out and lse are merged into the fp32 running result through the
     // log-sum-exp. The keys and values travel as whole qkv rows (the pair kernels read them in qkv's
-    // layout).
-    void forward(floatX* out, float* lse, const floatX* qkv, const RingBuffers& r, int B, int T, int NH, int HS,
-                 cudaStream_t s) {
-        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C;
+    // layout; a grouped model's rows carry its KVH kv heads, not one per query head).
+    void forward(floatX* out, float* lse, const floatX* qkv, const RingBuffers& r, int B, int T, int NH, int KVH,
+                 int HS, cudaStream_t s) {
+        const size_t C = (size_t)NH * HS, width = (size_t)(NH + 2 * KVH) * HS, S = T / 2, block = (size_t)B * T * width;
         const AttentionRows rows{(int)S, T, T};
         int merged[2] = {0, 0};  // pairs merged so far, per query half
         for (int step = 0; step < split_.size; step++) {
@@ -57,8 +58,8 @@ public:
             if (step < split_.size - 1) pass(held, incoming(r, step, block), block * sizeof(floatX), sent, arrived, s);
             for_each_pair(source(step), [&](int q_half, int k_half, bool causal) {
                 const size_t q = q_half * S, k = k_half * S;
-                attention_forward_pair(r.pair_out + q * C, r.pair_lse + q, qkv + q * 3 * C, held + k * 3 * C, B, rows,
-                                       causal, NH, HS, s);
+                attention_forward_pair(r.pair_out + q * C, r.pair_lse + q, qkv + q * width, held + k * width, B,
+                                       rows, causal, NH, KVH, HS, s);
                 attention_merge(r.acc + q * C, lse + q, r.pair_out + q * C, r.pair_lse + q, merged[q_half]++ == 0, B,
                                 (int)S, T, NH, HS, s);
             });
@@ -74,8 +75,9 @@ public:
     // it on, so after cp hops it is home, whole. The accumulator's hop waits for the block's backward
     // (its content), so only the key/value transfer is hidden.
     void backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                  const RingBuffers& r, int B, int T, int NH, int HS, cudaStream_t s) {
-        const size_t C = (size_t)NH * HS, S = T / 2, block = (size_t)B * T * 3 * C, grads = (size_t)B * T * 2 * C;
+                  const RingBuffers& r, int B, int T, int NH, int KVH, int HS, cudaStream_t s) {
+        const size_t C = (size_t)NH * HS, width = (size_t)(NH + 2 * KVH) * HS, S = T / 2;
+        const size_t block = (size_t)B * T * width, kv = 2 * (size_t)KVH * HS, grads = (size_t)B * T * kv;
         const AttentionRows rows{(int)S, T, T};
         float* D = r.rowsum;  // rowsum(dout * out) of the query rows, in lse's layout
         float* dkv[2] = {r.dkv, r.dkv + grads};
@@ -89,8 +91,8 @@ public:
             if (step < split_.size - 1) pass(held, incoming(r, step, block), block * sizeof(floatX), sent, arrived, s);
             for_each_pair(source(step), [&](int q_half, int k_half, bool causal) {
                 const size_t q = q_half * S, k = k_half * S;
-                attention_backward_pair(r.acc + q * C, dkv_held + k * 2 * C, dout + q * C, qkv + q * 3 * C,
-                                        held + k * 3 * C, lse + q, D + q, B, rows, causal, NH, HS, s);
+                attention_backward_pair(r.acc + q * C, dkv_held + k * kv, dout + q * C, qkv + q * width,
+                                        held + k * width, lse + q, D + q, B, rows, causal, NH, KVH, HS, s);
             });
             wait(sent);
             wait(arrived);
@@ -99,7 +101,7 @@ public:
             wait(sent);
             wait(arrived);
         }
-        attention_backward_pair_finish(dqkv, r.acc, dkv[split_.size % 2], B, T, NH, HS, s);
+        attention_backward_pair_finish(dqkv, r.acc, dkv[split_.size % 2], B, T, NH, KVH, HS, s);
     }
 
 private:
