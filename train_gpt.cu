@@ -131,6 +131,10 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                "ZeRO-%d over %s\n",
                cfg.batch_size, cfg.seq_len, cfg.dims.dp, cfg.grad_accum_steps, cfg.total_batch_tokens, cfg.steps,
                Backend::effective_zero_stage(cfg), comm.backend());
+        if (cfg.dims.hybrid())
+            printf("hybrid sharding: ZeRO inside %d group(s) of %d data-parallel rank(s)%s; each bucket's reduced slice "
+                   "all-reduced over its %d replicas\n", cfg.dims.replicas(), cfg.dims.shard_size(),
+                   cfg.dims.cp > 1 ? strformat(" (x cp %d)", cfg.dims.cp).c_str() : "", cfg.dims.replicas());
         if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1 || cfg.dims.ep > 1)
             printf("mesh: %d rank(s) = dp %d x pp %d%s x tp %d%s%s%s\n", cfg.world_size, cfg.dims.dp, cfg.dims.pp,
                    cfg.dims.cp > 1 ? strformat(" x cp %d", cfg.dims.cp).c_str() : "", cfg.dims.tp,
@@ -168,6 +172,7 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
                     cfg.dims.ep > 1 ? &groups.expert_data() : &groups.dp_cp());
     trainer.set_peak_tflops(built.peak_tflops);
     trainer.set_straggler_factor(straggler_factor);
+    trainer.set_zero_replicas(&groups.zero_replicas());
     claim_output_dir(cfg, groups.world());  // ckpt/output_dir.h: locked, and whose run this is
     TrainSummary summary = trainer.run([&] {
         if (is_rank0) write_text_file_atomic(cfg.output_dir + "/config.json", run_config_json(cfg).dump(2) + "\n");

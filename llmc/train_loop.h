@@ -176,6 +176,9 @@ public:
     // The factor over the median past which --log-rank-times names a step's slowest rank (0: never;
     // health_check's answer, which is 0 where the ranks share CPUs).
     void set_straggler_factor(double factor) { straggler_factor_ = factor; }
+    // Hybrid sharding (--dp-shard): the ranks that hold the same ZeRO shard (ProcessGroups::
+    // zero_replicas), among which a local-tier restore shares a shard's state.
+    void set_zero_replicas(Communicator* replicas) { zero_replicas_ = replicas; }
 
     // started: called once the state is loaded and the first step begins (main uses it to tell a
     // configuration error from a failure during training).
@@ -445,7 +448,8 @@ private:
         if (!point && !cfg_.resume_from.empty()) point = find_resume_checkpoint(cfg_, world_, at_most_step);
         if (!point) return false;
         const Manifest& m = point->manifest;
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_,
+                        zero_replicas_);
         const DataLoaderState kept = train_.state();
         if (restore_data) train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
@@ -617,7 +621,8 @@ private:
         if (m.step > cfg_.steps)
             fail(strformat("cannot resume from '%s': it is after step %d but this run has only -x %d steps",
                            point->dir.c_str(), m.step, cfg_.steps));
-        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_);
+        load_checkpoint(*point, model_.sharded_state(), model_.layout(), &world_, restore_group(), &replicas_,
+                        zero_replicas_);
         train_.restore(m.data);
         sample_rng_.set_state(m.sampler_rng);
         log_.open(metrics_path_, m.step);
@@ -684,6 +689,7 @@ private:
     Communicator& dp_;
     Communicator& world_;
     Communicator& replicas_;
+    Communicator* zero_replicas_ = nullptr;  // hybrid sharding: the replicas of this rank's ZeRO shard
     // The ranks that share a local-tier restore of the buckets that are not experts (ProcessGroups::
     // dp_cp(): dp, since experts do not run with --cp; replicas_ then holds only the same experts).
     Communicator* restore_group() { return cfg_.dims.ep > 1 ? &dp_ : &replicas_; }

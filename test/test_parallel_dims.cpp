@@ -2,6 +2,7 @@
 // the ranks of each group, checked against layouts written out by hand.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -92,4 +93,32 @@ TEST_CASE("expert groups are ep consecutive data-parallel ranks; the ranks that 
     CHECK(d.describe() == "dp 4 x pp 1 x cp 1 x tp 2 (ep 2)");
     d.ep = 3;
     CHECK_THROWS_WITH(d.validate(8), Contains("ep must divide the 4 data-parallel ranks"));
+}
+
+TEST_CASE("hybrid sharding: shard groups are blocks of dp_shard data ranks with their context ranks, replica groups "
+          "the same place in every block",
+          "[parallel_dims]") {
+    ParallelDims d;  // 16 ranks: dp 4 x cp 2 x tp 2, shard groups of 2 data ranks
+    d.dp = 4, d.cp = 2, d.tp = 2, d.dp_shard = 2;
+    d.validate(16);
+    CHECK(d.hybrid());
+    CHECK(d.shard_size() == 2);
+    CHECK(d.replicas() == 2);
+    // rank 13 = dp 3, cp 0, tp 1: its block is dp 2-3; ZeRO's order is (data place, context)
+    CHECK(d.shard_group_ranks(13) == std::vector<int>{9, 11, 13, 15});
+    CHECK(d.replica_group_ranks(13) == std::vector<int>{5, 13});  // dp 1 and 3: place 1 of each block
+    // the shard groups and the replica groups partition the data x context groups
+    for (int r = 0; r < 16; r++) {
+        const std::vector<int> shard = d.shard_group_ranks(r), replicas = d.replica_group_ranks(r);
+        CHECK(std::count(shard.begin(), shard.end(), r) == 1);
+        CHECK(std::count(replicas.begin(), replicas.end(), r) == 1);
+        for (int s : shard) CHECK(d.shard_group_ranks(s) == shard);
+        for (int s : replicas) CHECK(d.replica_group_ranks(s) == replicas);
+    }
+    CHECK(d.describe() == "dp 4 x pp 1 x cp 2 x tp 2 (dp shard 2)");
+    d.dp_shard = 4;  // the whole data group: flat sharding, one group
+    CHECK_FALSE(d.hybrid());
+    CHECK(d.shard_group_ranks(13).size() == 8);
+    d.dp_shard = 3;
+    CHECK_THROWS_WITH(d.validate(16), Contains("dp_shard must divide the 4 data-parallel ranks, got 3"));
 }

@@ -308,7 +308,7 @@ inline void heal_local_checkpoint(const ResumePoint& p, Communicator& world) {
 // those that hold the same experts, which share the expert buckets' ranges instead (null: dp).
 inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const ParamLayout& layout,
                             Communicator* world = nullptr, Communicator* dp = nullptr,
-                            Communicator* expert_dp = nullptr) {
+                            Communicator* expert_dp = nullptr, Communicator* shard_replicas = nullptr) {
     const bool local = p.tier.local();
     if (local && !world) fail("load_checkpoint: the local tier needs the world communicator");
     Manifest own_only;
@@ -329,14 +329,25 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
         if (source == STATE_PARAMS && !has_master && reader.has_buffer(STATE_MASTER)) source = STATE_MASTER;
         if (!reader.has_buffer(source))
             fail(strformat("checkpoint '%s' holds no buffer '%s'", p.dir.c_str(), source.c_str()));
-        if (!local || state.held_ranges(i) == owned) {
+        // A rank whose own file holds what it holds reads it; otherwise the ranks exchange their
+        // parts, a collective, so every rank takes the same path (under hybrid sharding a replica
+        // owns nothing and always exchanges, while its shard group's ranks hold what they own).
+        bool own_file = !local || state.held_ranges(i) == owned;
+        if (local) own_file = sum_over_ranks(*world, own_file ? 0.0 : 1.0) == 0.0;
+        if (own_file) {
             state.restore(i, [&](FlatRange r, float* out) { reader.read(source, r, out); });
             continue;
         }
         // Every rank holds whole ranges here (the same ones on every rank of its data-parallel
         // group, which holds the same layout, or of its expert data group for an expert bucket's):
-        // each sends its part.
+        // each sends its part. Or, under hybrid sharding, its shard of a sharded buffer: the same
+        // ranges as every replica of the shard, the first of which owns them.
+        size_t held = 0, whole = 0;
+        for (const FlatRange& r : state.held_ranges(i)) held += r.size();
+        for (int b = 0; b < layout.num_buckets(); b++) whole += layout.bucket_size(b);
+        const bool shard = held < whole && shard_replicas && shard_replicas->world_size() > 1;
         auto group_of = [&](FlatRange r) -> Communicator& {
+            if (shard) return *shard_replicas;
             for (int b = 0; b < layout.num_buckets(); b++)
                 if (layout.is_expert_bucket(b) && r.begin >= layout.bucket_begin(b) &&
                     r.begin < layout.bucket_begin(b) + layout.bucket_size(b) && expert_dp)

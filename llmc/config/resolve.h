@@ -77,6 +77,11 @@ inline void resolve_mesh(RunConfig& cfg, int world_size) {
                       "%d)): expert groups are carved from the data-parallel ranks", cfg.ep, cfg.dims.dp, world_size,
                       cfg.pp, cfg.cp, cfg.tp));
     cfg.dims.ep = cfg.ep;
+    require(cfg.dp_shard >= 0 && (cfg.dp_shard == 0 || cfg.dims.dp % cfg.dp_shard == 0),
+            strformat("--dp-shard %d must be 0 or divide the %d data-parallel rank(s) (%d rank(s) / (pp %d x cp %d x tp %d)): "
+                      "ZeRO shards over groups of that many data ranks, which replicate one another (0: one group "
+                      "of all of them)", cfg.dp_shard, cfg.dims.dp, world_size, cfg.pp, cfg.cp, cfg.tp));
+    cfg.dims.dp_shard = cfg.dp_shard == cfg.dims.dp ? 0 : cfg.dp_shard;
     cfg.dims.validate(world_size);
 }
 
@@ -143,6 +148,10 @@ inline void resolve_model(RunConfig& cfg, const ModelConfig* model_from_file) {
     require(cfg.ep == 1 || experts > 0,
             strformat("--ep %d splits a mixture-of-experts model's experts, but the model is dense (give --experts, "
                       "or a model file with experts)", cfg.ep));
+    require(experts == 0 || !cfg.dims.hybrid(),
+            strformat("--dp-shard %d with a mixture-of-experts model (%d experts) is not supported yet: its expert "
+                      "buckets are sharded over their expert data group, which hybrid sharding does not cut; drop "
+                      "--dp-shard", cfg.dp_shard, experts));
     require(experts == 0 || experts % cfg.ep == 0,
             strformat("--ep %d must divide the model's %d experts: each expert-parallel rank holds an equal block of "
                       "them", cfg.ep, experts));
@@ -336,6 +345,7 @@ inline nlohmann::json run_config_json(const RunConfig& cfg) {
         {"pp_size", cfg.dims.pp},
         {"cp_size", cfg.dims.cp},
         {"ep_size", cfg.dims.ep},
+        {"dp_shard", cfg.dims.shard_size()},
         {"pp_layers", pipeline_split(cfg).describe()},
         {"grad_accum_steps", cfg.grad_accum_steps},
         {"model_is_file", cfg.model_is_file},

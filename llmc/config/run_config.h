@@ -91,6 +91,7 @@ struct RunConfig {
     int cp = 1;                           // ranks per context group, each sequence split over them
     // expert parallelism (dist/expert_parallel.h)
     int ep = 1;                           // ranks per expert group, carved from the data-parallel ranks
+    int dp_shard = 0;                     // hybrid sharding: ZeRO over groups of this many data ranks (0: all)
     // memory
     int recompute = 0;  // CUDA model: 0 store all activations, 1 recompute GELU, 2 + LayerNorms, 3 whole blocks
     int expected_world_size = 0;  // >0: the launch must have exactly this many ranks

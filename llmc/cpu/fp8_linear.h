@@ -59,11 +59,14 @@ public:
 
     // Ends an optimizer step: with delayed scaling each tensor's step amax, the maximum over the
     // ranks of `group`, joins its history and sets its next scale. Every rank of the group calls it.
-    void end_step(Communicator& group) {
+    // `replicas`: under hybrid sharding `group` is one shard group, and the maximum goes on over the
+    // shard's replicas (a maximum of maxima: every rank ends with the same scales).
+    void end_step(Communicator& group, Communicator* replicas = nullptr) {
         if (!enabled() || options_.scaling != Fp8Scaling::Delayed) return;
         std::vector<float> amax(scales_.size());
         for (size_t i = 0; i < scales_.size(); i++) amax[i] = scales_[i].step_amax;
         amax = max_over_ranks(group, amax);
+        if (replicas) amax = max_over_ranks(*replicas, amax);
         for (size_t i = 0; i < scales_.size(); i++) {
             TensorScale& s = scales_[i];
             s.step_amax = 0.0f;

@@ -17,6 +17,11 @@
 // data group (the dp / ep ranks that hold the same experts). Both are split from the world even
 // where they span it, so the token exchange's messages never share a communicator with ZeRO's
 // collectives. Without it the expert group is one rank and the expert data group is dp.
+//
+// Hybrid sharding (ParallelDims::dp_shard) cuts the data x context group in two: the shard group
+// (ZeRO's group: dp_shard data ranks with their context ranks) and the replica group (the dp /
+// dp_shard ranks holding the same shard). Without it the shard group is dp_cp and the replica group
+// is one rank.
 #pragma once
 
 #include <algorithm>
@@ -42,6 +47,15 @@ public:
     Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
     Communicator& ep() const { return ep_ ? *ep_ : local_communicator(); }
     Communicator& expert_data() const { return expert_data_ ? *expert_data_ : dp(); }
+    // ZeRO's group (gradients reduce-scattered, parameters and states sharded), and the group of the
+    // replicas of this rank's shard (its gradients' slices all-reduced over them).
+    Communicator& zero_shard() const { return shard_ ? *shard_ : dp_cp(); }
+    Communicator& zero_replicas() const { return replicas_ ? *replicas_ : local_communicator(); }
+    // The colour and key that split world rank `rank`'s shard group (`replicas` false) or replica
+    // group from the world (for device communicators that mirror them).
+    std::pair<int, int> hybrid_split(int rank, bool replicas) const {
+        return split_of(replicas ? dims_.replica_group_ranks(rank) : dims_.shard_group_ranks(rank), rank);
+    }
     // The colour and key that split world rank `rank`'s dp x cp group from the world (for device
     // communicators that mirror it): the group's first rank, and the rank's (dp, cp) index in it.
     std::pair<int, int> dp_cp_split(int rank) const {
@@ -82,6 +96,10 @@ public:
             ep_ = split_by(world, dims.expert_group_ranks(rank));
             expert_data_ = split_by(world, dims.expert_data_ranks(rank));
         }
+        if (dims.hybrid()) {
+            shard_ = split_by(world, dims.shard_group_ranks(rank));
+            replicas_ = split_by(world, dims.replica_group_ranks(rank));
+        }
     }
 
 private:
@@ -106,6 +124,7 @@ private:
     std::array<Communicator*, 4> group_{};                  // each dimension's group: owned, or world
     std::unique_ptr<Communicator> dp_cp_;                   // with cp > 1: the data x context group
     std::unique_ptr<Communicator> ep_, expert_data_;        // with ep > 1: the expert and expert data groups
+    std::unique_ptr<Communicator> shard_, replicas_;        // hybrid sharding: ZeRO's group and the replicas'
 };
 
 }  // namespace llmc

@@ -23,6 +23,13 @@
 // (the ranks that hold the same experts; zero_plan.h), every other bucket over the engine's
 // data-parallel communicator; set_expert_parallel gives the engine that group.
 //
+// Hybrid sharding (HSDP, --dp-shard): the engine's communicator is one shard group, and the ranks
+// that hold the same shard in the other groups are its replicas (set_replicas). Everything above
+// happens inside the shard group (a stage 3 gather never leaves it); then, once a step's gradient is
+// reduced there, each rank's part of it (its slice under stages 1-3, all of it under stage 0) is
+// summed over the replicas, so every replica takes the same AdamW step on the whole data-parallel
+// gradient while only 1/N of it crossed between the groups.
+//
 // A bucket may travel packed in stage 3's gathers (GatherCodec: the CUDA model's FP8 weights as one
 // byte an element, models/cuda/fp8_gather.cuh): each rank packs its slice, the packed chunks are
 // gathered, and the codec unpacks them once the gather has landed.
@@ -352,6 +359,7 @@ public:
         const auto& k = plan_.buckets[bucket];
         Communicator& comm = comm_of(k);
         if (plan_.shards_gradients() || last_micro_batch) mem_.before_collective(comm);
+        if (last_micro_batch) replicas_due_ = true;
         if (plan_.shards_gradients()) {
             GradSlot* slot = grad_slot_for(bucket);
             slot->pending = std::make_unique<CommHandle>(
@@ -368,13 +376,16 @@ public:
         }
     }
 
-    // Waits for every gradient collective of this micro-batch and lands the results.
+    // Waits for every gradient collective of this micro-batch and lands the results; after a step's
+    // last micro-batch, sums the reduced gradient over the replicas (hybrid sharding).
     void finish_backward() {
         while (!in_flight_.empty()) {
             fold(*in_flight_.front());
         }
         for (auto& op : whole_step_ops_) finish(op);
         whole_step_ops_.clear();
+        if (replicas_due_ && replicas_) sum_over_replicas();
+        replicas_due_ = false;
         // Parameters gathered for this forward/backward are not kept between micro-batches.
         invalidate_gathered();
     }
@@ -410,6 +421,20 @@ public:
         expert_comm_ = &expert_data;
         ep_ = &ep;
     }
+
+    // Hybrid sharding: `replicas` holds this rank's place in every other shard group (the same slice
+    // of every bucket), in the same order on every member. The plan's buckets must all be sharded over
+    // the engine's communicator (no expert buckets over another group: their norm and their replicas
+    // would be another group's).
+    void set_replicas(Communicator& replicas) {
+        for (const auto& k : plan_.buckets)
+            if (k.world_size != plan_.world_size)
+                fail(strformat("ZeroEngine: hybrid sharding needs every bucket sharded over the shard group; bucket "
+                               "'%s' is sharded over %d ranks, the group has %d", k.name.c_str(), k.world_size,
+                               plan_.world_size));
+        replicas_ = replicas.world_size() > 1 ? &replicas : nullptr;
+    }
+    int replica_rank() const { return replicas_ ? replicas_->rank() : 0; }
 
     // The squared global gradient norm (identical on every rank; a collective under stages 1-3 and
     // under tensor, pipeline and expert parallelism). Under stages 1-3 the data-parallel sum covers
@@ -510,8 +535,11 @@ public:
     std::vector<StateBuffer> state_buffers() const override { return checkpoint_buffers(Memory::precision); }
     // This rank's ZeRO slice of every bucket, whatever the stage: under stage 0 the replicas are
     // the same, and each rank writing a different 1/N of them spreads the writing over all ranks.
+    // Under hybrid sharding the first shard group's ranks write their slices and the replicas none
+    // (they hold the same), so the files are those of a run sharded over one group.
     std::vector<FlatRange> owned_ranges() const override {
         std::vector<FlatRange> ranges;
+        if (replica_rank() > 0) return ranges;
         for (const auto& k : plan_.buckets)
             if (k.owned_end > k.owned_begin) ranges.push_back({k.begin + k.owned_begin, k.begin + k.owned_end});
         return ranges;
@@ -519,6 +547,7 @@ public:
     void* snapshot_memory(size_t bytes) override { return mem_.snapshot_memory(bytes); }
     void start_snapshot(void* host) override {
         std::vector<HostCopy> copies;
+        if (replica_rank() > 0) return mem_.start_host_copies(copies);  // owns nothing (owned_ranges)
         char* at = static_cast<char*>(host);
         const std::vector<StateBuffer> buffers = state_buffers();
         for (int b = 0; b < (int)buffers.size(); b++)
@@ -692,6 +721,19 @@ private:
     }
     // The group bucket k is reduced and sharded over.
     Communicator& comm_of(const ZeroPlan::Bucket& k) { return k.experts && expert_comm_ ? *expert_comm_ : comm_; }
+    // The step's reduced gradient, as far as this rank holds it (its slices, or every bucket whole),
+    // all-reduced over the replicas: one collective a bucket, in bucket order.
+    void sum_over_replicas() {
+        mem_.before_collective(*replicas_);
+        for (const auto& k : plan_.buckets) {
+            float* g = plan_.shards_optimizer() ? grads_shard_ + k.shard_offset : grads_full_ + k.padded_begin;
+            const size_t n = plan_.shards_optimizer() ? k.shard_size : k.padded_extent;
+            whole_step_ops_.push_back(
+                std::make_unique<CommHandle>(replicas_->all_reduce_sum(g, n, CommDtype::F32)));
+        }
+        for (auto& op : whole_step_ops_) finish(op);
+        whole_step_ops_.clear();
+    }
     // Scalars (the gradient norm) travel through host memory on the host communicator.
     Communicator& host_comm() { return comm_.uses_device_buffers() ? mem_.host_comm(comm_) : comm_; }
     // Stage 2-3 gradient buffers: each resident bucket has its own, the others alternate two.
@@ -767,6 +809,8 @@ private:
     Communicator* tp_ = nullptr;  // the tensor-parallel group, when the layout is a piece of the model
     Communicator* pp_ = nullptr;  // the pipeline group, when the layout is a stage's part of it
     Communicator* expert_comm_ = nullptr;  // the expert data group (expert buckets), when not comm_
+    Communicator* replicas_ = nullptr;     // hybrid sharding: this shard's replicas (null: none)
+    bool replicas_due_ = false;            // the step's last micro-batch ran: sum over the replicas
     Communicator* ep_ = nullptr;  // the expert-parallel group, when the layout holds some of the experts
     Memory& mem_;
     size_t allocated_bytes_[(int)MemoryKind::Count] = {};

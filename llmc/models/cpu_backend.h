@@ -58,13 +58,15 @@ struct CpuBackend {
             printf("device: CPU, %d OpenMP thread(s) per rank (%s)\n", omp_get_max_threads(), threads_why.c_str());
         // Nothing is allocated before the plan is known to fit (planner.h).
         const std::string warning = check_plan_fits_host(
-            cfg, memory_plan(cfg, groups.dp_cp().rank(), groups.tp().rank(), groups.pp().rank()), launch.local_size);
+            cfg, memory_plan(cfg, groups.zero_shard().rank(), groups.tp().rank(), groups.pp().rank()), launch.local_size);
         if (!warning.empty() && is_rank0) fprintf(stderr, "%s\n", warning.c_str());
         BuiltModel built;
         try {
-            auto model = std::make_unique<CPUModel>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.dp_cp(),
+            // ZeRO over the shard group: the data x context group, or one block of it (--dp-shard)
+            auto model = std::make_unique<CPUModel>(cfg.model_config, cfg.batch_size, cfg.seq_len, groups.zero_shard(),
                                                    cfg.zero_stage, groups.tp(), cfg.sequence_parallel, groups.pp(),
-                                                   pipeline_of(cfg), groups.cp(), groups.ep(), &groups.expert_data());
+                                                   pipeline_of(cfg), groups.cp(), groups.ep(), &groups.expert_data(),
+                                                   &groups.zero_replicas());
             model->set_moe_options({cfg.capacity_factor, cfg.moe_balance_coef, cfg.moe_z_coef});
             model->set_fp8_options(fp8_options(cfg));
             built.model = std::move(model);
@@ -96,10 +98,11 @@ struct CpuBackend {
         return model_layout(cfg.model_config, {tp_rank, cfg.dims.tp},
                             model_stage_slice(cfg.model_config, pipeline_split(cfg), pp_rank), {0, cfg.dims.ep});
     }
-    // ZeRO's plan for rank `zero_rank` of the data x context group; its experts' buckets are sharded
-    // over its expert data group (dp / ep ranks; rank zero_rank / ep in it).
+    // ZeRO's plan for rank `zero_rank` of the data x context group (of one shard group of it under
+    // --dp-shard); its experts' buckets are sharded over its expert data group (dp / ep ranks; rank
+    // zero_rank / ep in it).
     static ZeroPlan zero_plan(const RunConfig& cfg, const ParamLayout& layout, int zero_rank) {
-        const int zero_world = cfg.dims.dp * cfg.dims.cp;
+        const int zero_world = cfg.dims.shard_size() * cfg.dims.cp;
         return ZeroPlan(layout, cfg.zero_stage, zero_rank, zero_world, 1, zero_rank / cfg.dims.ep,
                         zero_world / cfg.dims.ep);
     }

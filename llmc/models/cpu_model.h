@@ -187,13 +187,14 @@ public:
     // data x context group, ProcessGroups::dp_cp(), since the context ranks' gradients add up); when
     // `ep` has more than one rank, the experts split over it (expert parallelism; `expert_data` is the
     // group of data-parallel ranks that hold the same experts, ProcessGroups::expert_data(), which
-    // ZeRO reduces them over; null: dp).
+    // ZeRO reduces them over; null: dp). Under hybrid sharding `dp` is the shard group
+    // (ProcessGroups::zero_shard) and `replicas` the replicas of this rank's shard (zero_replicas).
     // Every entry point takes whole sequences of max_T or fewer tokens, the same on every context rank.
     CPUModel(const ModelConfig& config, int max_B, int max_T, Communicator& dp, int zero_stage,
             Communicator& tp = local_communicator(), bool sequence_parallel = false,
             Communicator& pp = local_communicator(), const PipelineParallel& pipe = {},
             Communicator& cp = local_communicator(), Communicator& ep = local_communicator(),
-            Communicator* expert_data = nullptr)
+            Communicator* expert_data = nullptr, Communicator* replicas = nullptr)
         : config_(validated(config)), tp_comm_(tp),
           tp_{tp.world_size(), tp.rank(), sequence_parallel && tp.world_size() > 1}, pp_comm_(pp),
           pipe_(checked_pipeline("CPUModel", config.num_layers, pp, pipe)),
@@ -204,7 +205,8 @@ public:
                   ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size(), 1, (expert_data ? *expert_data : dp).rank(),
                            (expert_data ? *expert_data : dp).world_size()),
                   dp, memory_),
-          dp_comm_(dp), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp), ep_comm_(ep) {
+          dp_comm_(dp), replicas_comm_(replicas && replicas->world_size() > 1 ? replicas : nullptr), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp),
+          ep_comm_(ep) {
         if (max_B < 1) fail(strformat("CPUModel: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
             fail(strformat("CPUModel: max_T must be in [1, %d] (the model's max_seq_len), got %d", config.max_seq_len,
@@ -217,6 +219,7 @@ public:
         engine_.set_tensor_parallel(tp);
         engine_.set_pipeline_parallel(pp);
         engine_.set_expert_parallel(expert_data ? *expert_data : dp, ep);
+        if (replicas) engine_.set_replicas(*replicas);
         chunks_ = pipeline_chunks(pipe_.split, pp.rank());
         // Where activations and gradients travel between the stages (pipeline_links).
         if (stage_.pipelined) links_ = pipeline_links(pp, pipe_.edge_links);
@@ -368,7 +371,7 @@ public:
 
     double grad_norm_squared() override { return engine_.grad_norm_squared(); }
     void adamw_step(const AdamWConfig& opt, int step, float grad_multiplier) override {
-        fp8_.end_step(dp_comm_);
+        fp8_.end_step(dp_comm_, replicas_comm_);
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     double take_exposed_comm_ms() override {
@@ -970,7 +973,8 @@ private:
     double tp_exposed_ms_ = 0, pp_wait_ms_ = 0;
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
-    Communicator& dp_comm_;                     // ZeRO's group (data x context ranks)
+    Communicator& dp_comm_;                     // ZeRO's group (data x context ranks, or a shard group of them)
+    Communicator* replicas_comm_;               // hybrid sharding: the shard's replicas (null: none)
     Communicator& cp_comm_;                     // the context group
     ContextSplit cp_;                           // this rank's positions of the batch under way
     cpu::RingAttention ring_;

@@ -39,7 +39,7 @@ struct CudaBackend {
     static int effective_zero_stage(const RunConfig& cfg) {
         return CUDAModel::effective_stage(cfg.zero_stage, zero_world(cfg));
     }
-    static int zero_world(const RunConfig& cfg) { return cfg.dims.dp * cfg.dims.cp; }
+    static int zero_world(const RunConfig& cfg) { return cfg.dims.shard_size() * cfg.dims.cp; }
 
     // This rank's model on its GPU (local rank modulo the node's GPUs), sharded by ZeRO over the
     // data-parallel group, cut over the tensor-parallel group, and one stage of the pipeline, on
@@ -58,6 +58,13 @@ struct CudaBackend {
         dp.comm = cfg.dims.cp > 1 ? dp_cp_device_group(built, groups) : device_group(built, groups, MeshDim::DP);
         dp.host = &groups.dp_cp();
         dp.zero_stage = cfg.zero_stage;
+        if (cfg.dims.hybrid()) {  // ZeRO inside each shard group; the whole group for FP8's scales
+            const int rank = world.rank();
+            dp.whole = dp.comm;
+            dp.comm = split_device_group(built, groups.hybrid_split(rank, false), groups.zero_shard(), "shard");
+            dp.host = &groups.zero_shard();
+            dp.replicas = split_device_group(built, groups.hybrid_split(rank, true), groups.zero_replicas(), "replica");
+        }
         TensorParallelGroup tp;
         tp.comm = device_group(built, groups, MeshDim::TP);
         tp.host = &groups.tp();

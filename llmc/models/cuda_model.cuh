@@ -149,6 +149,7 @@ public:
                                model_stage_slice(config, pipe_.split, pp_host_.rank()), ep.shard())),
           max_B_(max_B), max_T_(max_T), options_(options),
           host_(dp.host ? *dp.host : local_communicator()), comm_(dp.comm ? *dp.comm : staged_local_),
+          whole_(dp.whole ? *dp.whole : comm_),
           tp_host_(tp.host ? *tp.host : local_communicator()), tp_comm_(tp.comm ? *tp.comm : staged_local_),
           pp_comm_(pp.comm ? *pp.comm : staged_local_), cp_host_(cp.host ? *cp.host : local_communicator()),
           cp_comm_(cp.comm ? *cp.comm : staged_local_), cp_{cp.size(), cp_comm_.rank(), max_T},
@@ -173,6 +174,14 @@ public:
         if (host_.world_size() != comm_.world_size() || host_.rank() != comm_.rank())
             fail(strformat("CUDAModel: the host communicator is rank %d of %d but the device one rank %d of %d",
                            host_.rank(), host_.world_size(), comm_.rank(), comm_.world_size()));
+        if (dp.replicas) {
+            if (!dp.replicas->uses_device_buffers() || !whole_.uses_device_buffers())
+                fail("CUDAModel: hybrid sharding's replica and whole data-parallel groups need device communicators");
+            if (whole_.world_size() != comm_.world_size() * dp.replicas->world_size())
+                fail(strformat("CUDAModel: %d shard groups of %d ranks do not make the %d ranks of the whole group",
+                               dp.replicas->world_size(), comm_.world_size(), whole_.world_size()));
+            engine_.set_replicas(*dp.replicas);
+        }
         if (!tp_comm_.uses_device_buffers())
             fail(strformat("CUDAModel: the tensor-parallel %s communicator works on host buffers; wrap it in a "
                            "StagedComm", tp_comm_.backend()));
@@ -222,7 +231,7 @@ public:
         pinned_logits_ = PinnedBuffer<floatX>(config_.padded_vocab_size, "logits download");
         const Fp8WeightCopies fp8_copies = fp8_weight_copies(options_.fp8, engine_.plan());
         fp8_ = Fp8LinearsCUDA(layout_.num_layers(), Fp8BlockWeights(config_), options_.fp8, fp8_copies,
-                              comm_.world_size(), stream_.get());
+                              whole_.world_size(), stream_.get());
         fp8_.time_casts_in(&timer_);
         engine_.attach_replicated_state(&fp8_);
         if (fp8_gathers_codes(options_.fp8, engine_.plan())) {
@@ -417,7 +426,7 @@ public:
         if (step < 1) fail(strformat("adamw_step: step must be >= 1 (1-based for bias correction), got %d", step));
         NvtxRange range("adamw");
         PhaseScope phase(timer_, "adamw", stream_.get());
-        fp8_.end_step(comm_.world_size() > 1 ? &comm_ : nullptr);
+        fp8_.end_step(whole_.world_size() > 1 ? &whole_ : nullptr);
         engine_.adamw_step(opt, step, grad_multiplier);
     }
     Fp8Stats take_fp8_stats() override { return fp8_.take_stats(); }
@@ -1385,6 +1394,7 @@ private:
     Communicator& host_;
     StagedComm staged_local_{local_communicator()};  // the communicator of one rank without a launcher
     Communicator& comm_;
+    Communicator& whole_;  // the whole data x context group: comm_, or the shard groups together
     Communicator& tp_host_;  // the tensor-parallel group: host buffers
     Communicator& tp_comm_;  // the tensor-parallel group: device buffers
     Communicator& pp_comm_;  // the pipeline group: device buffers

@@ -19,10 +19,15 @@ struct TpShape {
     int rows(int BT) const { return sequence_parallel ? BT / size : BT; }
 };
 
-// Where a model's gradients and parameters are communicated, and how they are sharded.
+// Where a model's gradients and parameters are communicated, and how they are sharded. Under hybrid
+// sharding (--dp-shard) `comm` and `host` are one shard group, `replicas` the groups' ranks that hold
+// the same shard, and `whole` the whole data x context group (for what every replica must agree on:
+// FP8's delayed scales).
 struct DataParallel {
-    Communicator* comm = nullptr;  // device buffers (NcclComm, StagedComm); nullptr: one rank, no launcher
-    Communicator* host = nullptr;  // host buffers, for scalars (the gradient norm); nullptr: the local one
+    Communicator* comm = nullptr;      // device buffers (NcclComm, StagedComm); nullptr: one rank, no launcher
+    Communicator* host = nullptr;      // host buffers, for scalars (the gradient norm); nullptr: the local one
+    Communicator* replicas = nullptr;  // device buffers; nullptr: no hybrid sharding
+    Communicator* whole = nullptr;     // device buffers; nullptr: comm
     int zero_stage = 0;
 };
 

@@ -24,6 +24,7 @@ struct MemoryPlan {
     size_t bytes[(int)MemoryKind::Count] = {};       // per category, per rank
     double flops_per_step = 0;                       // forward + backward, all ranks together
     double comm_bytes_per_rank = 0;                  // bytes each rank sends per optimizer step in its data-parallel group (ring algorithms)
+    double replica_comm_bytes_per_rank = 0;          // and to its shard's replicas (hybrid sharding, --dp-shard)
     double tp_comm_bytes_per_rank = 0;               // and in its tensor-parallel group
     double pp_comm_bytes_per_rank = 0;               // and to its pipeline neighbours
     double cp_comm_bytes_per_rank = 0;               // and around its context ring (ring attention)
@@ -129,6 +130,11 @@ inline MemoryPlan plan_memory(const RunConfig& cfg, const ZeroPlan& zero, std::v
     case 2: plan.comm_bytes_per_rank = accum * grads + params; break;         // a reduce-scatter per micro-batch
     case 3: plan.comm_bytes_per_rank = accum * (grads + 2 * (params - packed_gather_saving)); break;  // + 2 gathers
     }
+    // Hybrid sharding: the above inside a shard group (zero.world_size ranks); then the step's reduced
+    // gradient this rank holds (its slice, or all of it at stage 0) is all-reduced over R replicas.
+    const double R = cfg.dims.replicas();
+    const double held = zero.shards_optimizer() ? (double)zero.shard_num_params : (double)zero.padded_num_params;
+    plan.replica_comm_bytes_per_rank = 2 * (R - 1) / R * held * sizeof(float);
     // The activations travel in the parameters' precision (fp32 on the CPU, bf16 on the GPU).
     plan.tp_comm_bytes_per_rank = tensor_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes) * accum;
     plan.ep_comm_bytes_per_rank = expert_parallel_comm_bytes(cfg, pp_rank, precision.param_bytes);
@@ -171,7 +177,7 @@ inline std::string expert_memory_line(const RunConfig& cfg, const ZeroPlan& zero
 inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero, const MemoryPlan& plan,
                                       const char* model_kind) {
     const ModelConfig& m = cfg.model_config;
-    std::string mesh = strformat("%d rank(s)", zero.world_size);
+    std::string mesh = strformat("%d rank(s)", zero.world_size * cfg.dims.replicas());
     if (cfg.dims.tp > 1 || cfg.dims.pp > 1 || cfg.dims.cp > 1) {
         mesh = strformat("dp %d", cfg.dims.dp);
         if (cfg.dims.pp > 1) mesh += strformat(" x pp %d", cfg.dims.pp);
@@ -197,6 +203,13 @@ inline std::string memory_plan_report(const RunConfig& cfg, const ZeroPlan& zero
     if (plan.snapshot_bytes > 0)
         out += strformat("  plus %s of host memory for checkpoint snapshots (-n; pinned on a GPU)\n",
                          format_bytes((double)plan.snapshot_bytes).c_str());
+    if (cfg.dims.hybrid())
+        out += strformat("hybrid sharding: ZeRO-%d inside %d group(s) of %d data rank(s)%s; each rank sends %s in its "
+                         "shard group and %s to the %d replicas of its shard per optimizer step\n",
+                         zero.stage, cfg.dims.replicas(), cfg.dims.shard_size(),
+                         cfg.dims.cp > 1 ? strformat(" x cp %d", cfg.dims.cp).c_str() : "",
+                         format_bytes(plan.comm_bytes_per_rank).c_str(),
+                         format_bytes(plan.replica_comm_bytes_per_rank).c_str(), cfg.dims.replicas());
     if (cfg.dims.tp > 1 || cfg.dims.cp > 1)
         out += strformat("per optimizer step: %.1f TFLOP over all ranks; each rank sends %s in its data-parallel%s "
                          "group%s%s\n",
