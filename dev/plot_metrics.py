@@ -73,9 +73,10 @@ def plot(runs, out_path):
 
     has_mfu = any("mfu" in r for _, steps, _, _, _ in runs for r in steps)
     has_hellaswag = any(hs for *_, hs in runs)
-    panels = ["loss_steps", "loss_tokens", "lr", "grad_norm", "tokens_per_s"] + (["mfu"] if has_mfu else []) + \
-        (["hellaswag"] if has_hellaswag else [])
-    cols = 3
+    trained = any(steps or vals for _, steps, vals, _, _ in runs)  # else only evaluated (-x 0 -h 1)
+    panels = (["loss_steps", "loss_tokens", "lr", "grad_norm", "tokens_per_s"] if trained else []) + \
+        (["mfu"] if has_mfu else []) + (["hellaswag"] if has_hellaswag else [])
+    cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     ax = dict(zip(panels, axes.flat))
@@ -84,20 +85,21 @@ def plot(runs, out_path):
 
     for i, (label, steps, vals, tps, hs) in enumerate(runs):
         color = f"C{i % 10}"
-        s = [r["step"] for r in steps]
-        v = [r["step"] for r in vals]
-        ax["loss_steps"].plot(s, [r["train_loss"] for r in steps], color=color, lw=1, alpha=0.8,
-                              label=f"{label} train")
-        ax["loss_steps"].plot(v, [r["val_loss"] for r in vals], color=color, lw=2, ls="--", marker="o", ms=3,
-                              label=f"{label} val")
-        if tps:
-            ax["loss_tokens"].plot([x * tps for x in s], [r["train_loss"] for r in steps], color=color, lw=1,
-                                   alpha=0.8, label=f"{label} train")
-            ax["loss_tokens"].plot([x * tps for x in v], [r["val_loss"] for r in vals], color=color, lw=2,
-                                   ls="--", marker="o", ms=3, label=f"{label} val")
-        ax["lr"].plot(s, [r["lr"] for r in steps], color=color, label=label)
-        ax["grad_norm"].plot(s, [r["grad_norm"] for r in steps], color=color, lw=1, label=label)
-        ax["tokens_per_s"].plot(s, [r["tokens_per_s"] for r in steps], color=color, lw=1, label=label)
+        if trained:
+            s = [r["step"] for r in steps]
+            v = [r["step"] for r in vals]
+            ax["loss_steps"].plot(s, [r["train_loss"] for r in steps], color=color, lw=1, alpha=0.8,
+                                  label=f"{label} train")
+            ax["loss_steps"].plot(v, [r["val_loss"] for r in vals], color=color, lw=2, ls="--", marker="o", ms=3,
+                                  label=f"{label} val")
+            if tps:
+                ax["loss_tokens"].plot([x * tps for x in s], [r["train_loss"] for r in steps], color=color, lw=1,
+                                       alpha=0.8, label=f"{label} train")
+                ax["loss_tokens"].plot([x * tps for x in v], [r["val_loss"] for r in vals], color=color, lw=2,
+                                       ls="--", marker="o", ms=3, label=f"{label} val")
+            ax["lr"].plot(s, [r["lr"] for r in steps], color=color, label=label)
+            ax["grad_norm"].plot(s, [r["grad_norm"] for r in steps], color=color, lw=1, label=label)
+            ax["tokens_per_s"].plot(s, [r["tokens_per_s"] for r in steps], color=color, lw=1, label=label)
         if has_mfu:
             m = [r for r in steps if "mfu" in r]
             ax["mfu"].plot([r["step"] for r in m], [100 * r["mfu"] for r in m], color=color, lw=1, label=label)
@@ -117,7 +119,8 @@ def plot(runs, out_path):
             a.legend(fontsize=7)
         elif name == "loss_tokens":
             a.text(0.5, 0.5, "no config.json beside the metrics", ha="center", va="center", transform=a.transAxes)
-    ax["grad_norm"].set_yscale("log")
+    if trained:
+        ax["grad_norm"].set_yscale("log")
     fig.tight_layout()
     out_dir = os.path.dirname(out_path)
     if out_dir:
