@@ -242,6 +242,7 @@ test-mpi: $(BUILD)/test_comm $(BUILD)/test_zero $(BUILD)/test_tp $(BUILD)/test_p
 	test/mpi/run_fp8_tests.sh ./train_gpt_cpu
 	test/mpi/run_cp_tests.sh $(BUILD)/test_cp ./train_gpt_cpu
 	test/mpi/run_hsdp_tests.sh ./train_gpt_cpu
+	test/mpi/run_hellaswag_tests.sh ./train_gpt_cpu
 	test/mpi/run_ckpt_tests.sh ./train_gpt_cpu
 	test/mpi/run_guard_tests.sh ./train_gpt_cpu
 	test/mpi/run_failure_tests.sh ./train_gpt_cpu

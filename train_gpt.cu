@@ -179,6 +179,11 @@ static void train(RunConfig& cfg, Communicator& comm, const Launch& launch) {
         g_training_started = true;
     });
 
+    // -x 0 evaluated the model it was given: there is nothing new to save.
+    if (summary.evaluated_only) {
+        if (is_rank0) printf("done: %s | no model saved\n", summary_text(summary).c_str());
+        return;
+    }
     std::string model_path = cfg.output_dir + "/model.bin";
     model->save(model_path, cfg.model_dtype == "bf16");  // a collective: rank 0 writes
     if (is_rank0) printf("done: %s | model saved to %s\n", summary_text(summary).c_str(), model_path.c_str());

@@ -105,6 +105,11 @@ public:
     }
     // Mean loss on a micro-batch, gradients untouched.
     virtual float evaluate(const int* inputs, const int* targets, int B, int T) = 0;
+    // The cross-entropy at each of the micro-batch's B x T positions, into row_losses (host memory,
+    // row-major in the batch's own order), the same on every rank of a model cut over ranks (the
+    // context ranks' positions put back in place, the last pipeline stage's broadcast); gradients
+    // untouched. What per-ending scores (HellaSwag, training/hellaswag.h) are summed from.
+    virtual void evaluate_rows(const int* inputs, const int* targets, int B, int T, float* row_losses) = 0;
     // Logits (padded_vocab_size floats; only the first vocab_size mean anything) for the token that
     // follows tokens[0..T), written to logits_out (host memory).
     virtual void next_token_logits(const int* tokens, int T, float* logits_out) = 0;

@@ -3,8 +3,9 @@
 // Host orchestration only: it knows a Model through model.h's interface and nothing of CUDA. One
 // optimizer step = grad_accum_steps micro-batches of forward+backward (gradients accumulate, each
 // scaled by 1/grad_accum_steps so the sum is the mean over the whole batch), then the global
-// gradient norm, clipping, and AdamW at the scheduled learning rate. Validation and samples happen
-// between steps and never touch the training data order or the training RNG.
+// gradient norm, clipping, and AdamW at the scheduled learning rate. Validation, HellaSwag
+// (training/hellaswag.h) and samples happen between steps and never touch the training data order
+// or the training RNG; -x 0 runs only the evaluations after step 0, of the model it was given.
 //
 // With several ranks every rank runs this same loop; each data-parallel rank on its own windows of
 // the data. The loop talks only to the data-parallel communicator (process_groups.h): the data
@@ -38,6 +39,7 @@
 #include "llmc/failures/faults.h"
 #include "llmc/failures/guards.h"
 #include "llmc/failures/health.h"
+#include "llmc/training/hellaswag.h"
 #include "llmc/training/metrics.h"
 #include "llmc/planning/mfu.h"
 #include "llmc/model.h"
@@ -52,6 +54,9 @@ struct TrainSummary {
     int steps_run = 0;   // optimizer steps this process ran (a replayed step counts again)
     int first_val_step = -1, last_val_step = -1;  // -1: no validation ran
     float first_val_loss = NAN, last_val_loss = NAN;
+    int first_hellaswag_step = -1, last_hellaswag_step = -1;  // -1: no HellaSwag evaluation ran
+    double first_hellaswag_acc = NAN, last_hellaswag_acc = NAN;
+    bool evaluated_only = false;  // -x 0: the run evaluated a model and trained nothing
     float last_train_loss = NAN;
     std::vector<float> train_losses;  // every step's loss, averaged over ranks
     double mean_tokens_per_s = 0;  // over the steps but the first (which warms caches up), unless it is the only one
@@ -61,16 +66,22 @@ struct TrainSummary {
 };
 
 // What a run did, for its closing line, and nothing of what it did not do: where it resumed, the
-// validation loss from its first evaluation to its last, the last training loss and the throughput.
+// validation loss and HellaSwag accuracy from their first evaluation to their last, the last
+// training loss and the throughput.
 inline std::string summary_text(const TrainSummary& s) {
     std::string text;
     auto add = [&](const std::string& part) { text += (text.empty() ? "" : " | ") + part; };
     if (s.first_step > 0) add(strformat("resumed at step %d", s.first_step));
-    if (s.steps_run == 0) add("nothing left to train");
+    if (s.steps_run == 0) add(s.evaluated_only ? "evaluated only" : "nothing left to train");
     if (s.first_val_step >= 0)
         add(strformat("val loss %.4f (step %d)", s.first_val_loss, s.first_val_step) +
             (s.last_val_step != s.first_val_step ? strformat(" -> %.4f (step %d)", s.last_val_loss, s.last_val_step)
                                                  : ""));
+    if (s.first_hellaswag_step >= 0)
+        add(strformat("hellaswag acc %.4f (step %d)", s.first_hellaswag_acc, s.first_hellaswag_step) +
+            (s.last_hellaswag_step != s.first_hellaswag_step
+                 ? strformat(" -> %.4f (step %d)", s.last_hellaswag_acc, s.last_hellaswag_step)
+                 : ""));
     if (s.steps_run > 0) add(strformat("train loss %.4f | %.0f tok/s mean", s.last_train_loss, s.mean_tokens_per_s));
     return text;
 }
@@ -101,11 +112,12 @@ inline float validation_loss(Model& model, DataLoader& val, Communicator& dp, in
     return (float)(total / windows);
 }
 
-// Whether the run validates after `step` steps: every -v steps from 0, and after the last.
-inline bool validates_after(const RunConfig& cfg, int step) {
-    return !cfg.val_data.empty() && cfg.val_every > 0 && step >= 0 && step <= cfg.steps &&
-           (step % cfg.val_every == 0 || step == cfg.steps);
+// Whether the run evaluates (validation loss, HellaSwag) after `step` steps: every -v steps from 0,
+// and after the last.
+inline bool evaluates_after(const RunConfig& cfg, int step) {
+    return cfg.val_every > 0 && step >= 0 && step <= cfg.steps && (step % cfg.val_every == 0 || step == cfg.steps);
 }
+inline bool validates_after(const RunConfig& cfg, int step) { return !cfg.val_data.empty() && evaluates_after(cfg, step); }
 
 // Why fault `f` (faults.h) cannot fire in the run `cfg` describes ("" where it can): a rank the run
 // does not have; a step it does not run, or one without the validation (nan_val) or the checkpoint
@@ -163,6 +175,7 @@ public:
         if (!cfg.val_data.empty() && cfg.val_every > 0)
             val_ = std::make_unique<DataLoader>(cfg.val_data, cfg.batch_size, cfg.seq_len, 0, 1,
                                                 cfg.model_config.vocab_size, false, cfg.seed);
+        if (cfg.hellaswag == 1 && cfg.val_every > 0) hellaswag_ = open_hellaswag(cfg);
         if (!cfg.tokenizer.empty() && cfg.sample_every > 0) {
             tokenizer_ = std::make_unique<Tokenizer>(cfg.tokenizer);
             if (tokenizer_->vocab_size() != cfg.model_config.vocab_size)
@@ -199,6 +212,7 @@ public:
         while (step <= cfg_.steps) {
             const bool last = step == cfg_.steps;
             if (val_ && validates_after(cfg_, step)) validate(step);
+            if (hellaswag_ && evaluates_after(cfg_, step)) evaluate_hellaswag(step);
             if (tokenizer_ && step > 0 && (step % cfg_.sample_every == 0 || last)) print_samples(step);
             if (last) break;
             const bool skipped = train_step(step, checkpoints.get());
@@ -215,6 +229,7 @@ public:
             log_checkpoints(checkpoints->take_finished());
         }
         summary_.mean_tokens_per_s = mean_tokens_per_s();
+        summary_.evaluated_only = cfg_.steps == 0;
         return summary_;
     }
 
@@ -243,6 +258,33 @@ private:
         }
         summary_.last_val_step = step;
         summary_.last_val_loss = loss;
+    }
+
+    // -h 1's file, read and checked before the run touches its output directory; a missing one is
+    // named with where it comes from and how to make it.
+    static std::unique_ptr<EvalSet> open_hellaswag(const RunConfig& cfg) {
+        const std::string& path = cfg.eval_hellaswag;
+        const bool default_file = !cfg.given.count("eval_hellaswag");
+        if (!std::filesystem::exists(path))
+            fail(strformat("-h 1: the HellaSwag file '%s'%s does not exist: make it with `python3 "
+                           "dev/data/hellaswag.py` (it downloads HellaSwag's validation split; --input FILE.jsonl "
+                           "reads a local copy)%s", path.c_str(), default_file ? " (the default)" : "",
+                           default_file ? ", or give another with --eval-hellaswag FILE" : ""));
+        return std::make_unique<EvalSet>(path, cfg.model_config.vocab_size, cfg.seq_len,
+                                         default_file ? "-h 1" : "--eval-hellaswag");
+    }
+
+    // HellaSwag's accuracy after `step` steps (collective), logged with its time beside a step's.
+    void evaluate_hellaswag(int step) {
+        const auto start = std::chrono::steady_clock::now();
+        const HellaswagResult r = hellaswag_accuracy(model_, *hellaswag_, dp_, cfg_.batch_size, cfg_.seq_len);
+        log_.log_hellaswag(step, r.correct, r.items, ms_since(start), last_step_ms_);
+        if (summary_.first_hellaswag_step < 0) {
+            summary_.first_hellaswag_step = step;
+            summary_.first_hellaswag_acc = r.accuracy();
+        }
+        summary_.last_hellaswag_step = step;
+        summary_.last_hellaswag_acc = r.accuracy();
     }
 
     // Optimizer step step + 1 (collective): the forward and backward of its micro-batches, the
@@ -277,7 +319,8 @@ private:
             if (checkpoints) checkpoints->before_update();
             model_.adamw_step(opt, step + 1, clip_coef < 1.0f ? clip_coef : 1.0f);
         }
-        log_step(step + 1, verdict, opt.lr, ms_since(start), compute_ms);
+        last_step_ms_ = ms_since(start);
+        log_step(step + 1, verdict, opt.lr, last_step_ms_, compute_ms);
         count_skip(step + 1, verdict, data_at);
         if (faults().fire("flip_bit", step + 1, world_.rank())) {
             const std::string what = model_.sharded_state().flip_parameter_bit();
@@ -696,6 +739,8 @@ private:
     DataLoader train_;
     std::vector<int> step_inputs_, step_targets_;  // one step's micro-batches, back to back
     std::unique_ptr<DataLoader> val_;
+    std::unique_ptr<EvalSet> hellaswag_;  // -h 1's items
+    double last_step_ms_ = -1;            // the last step's time, beside an evaluation's (-1: none yet)
     std::unique_ptr<Tokenizer> tokenizer_;
     std::string metrics_path_;
     MetricsLog log_;

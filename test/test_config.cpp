@@ -238,14 +238,15 @@ TEST_CASE("every letter of llm.c's train_gpt2.cu means what it means in llm.c, o
         {"-g", "144", [](auto& c) { return c.sample_tokens == 144; }},
         {"-z", "1", [](auto& c) { return c.zero_stage == 1; }},
         {"-r", "0", [](auto& c) { return c.recompute == 0; }},
+        {"-h", "1", [](auto& c) { return c.hellaswag == 1; }},
+        {"-h", "0", [](auto& c) { return c.hellaswag == 0; }},
         // What llmc always does: accepted, nothing to set.
-        {"-h", "0", [](auto&) { return true; }},
         {"-a", "0", [](auto&) { return true; }},
         {"-w", "1", [](auto&) { return true; }},
     };
     // The rest: refused, and the message names llm.c's meaning and llmc's alternative.
     const std::vector<std::pair<const char*, const char*>> refused = {
-        {"-h", "1"}, {"-a", "1"}, {"-w", "0"}, {"-f", "1"}, {"-f", "0"}, {"-ge", "2"}, {"-lg", "10"},
+        {"-a", "1"}, {"-w", "0"}, {"-f", "1"}, {"-f", "0"}, {"-ge", "2"}, {"-lg", "10"},
         {"-pn", "2"}, {"-pr", "0"}, {"-pg", "8"}, {"-pi", "mpi"}, {"-pm", "tcp"}, {"-ps", "10.0.0.1"},
         {"-pf", "/tmp"}, {"-pp", "/tmp"}, {"-x", "-1"},
     };
@@ -283,6 +284,23 @@ TEST_CASE("every letter of llm.c's train_gpt2.cu means what it means in llm.c, o
                                                  Contains("llm.c's -pp is the shared file system path") &&
                                                  Contains("llmc's --pp (two dashes) is something else, the number of "
                                                           "pipeline stages"));
+}
+
+TEST_CASE("-h 1 and --eval-hellaswag ask for HellaSwag, and -x 0 evaluates only where something is evaluated",
+          "[config][hellaswag]") {
+    CHECK(parse({"-h", "1"}).eval_hellaswag == "data/hellaswag/hellaswag_val.bin");
+    CHECK(parse({"--eval-hellaswag", "items.bin"}).hellaswag == 1);
+    CHECK(parse({"-h", "0", "--eval-hellaswag", "items.bin"}).hellaswag == 0);  // a config.json gives both
+    CHECK(parse({}).hellaswag == 0);
+    REQUIRE_THROWS_WITH(parse({"-h", "2"}), Contains("-h (hellaswag) must be 0 or 1, got 2"));
+    REQUIRE_THROWS_WITH(parse({"-h", "1", "--eval-hellaswag", ""}), Contains("-h 1 needs a HellaSwag file"));
+    CHECK(parse({"-x", "0", "-h", "1", "-j", ""}).steps == 0);
+    CHECK(parse({"-x", "0"}).steps == 0);  // the default validation data
+    for (const std::vector<const char*>& nothing : {std::vector<const char*>{"-x", "0", "-j", ""},
+                                                     std::vector<const char*>{"-x", "0", "-h", "1", "-v", "0"}})
+        REQUIRE_THROWS_WITH(parse(nothing), Contains("-x 0 trains nothing and only evaluates a model") &&
+                                                Contains("nothing is evaluated here"));
+    REQUIRE_THROWS_WITH(parse({"-x", "-2"}), Contains("-x (steps) must be positive (or 0 to evaluate only), got -2"));
 }
 
 TEST_CASE("--config reads options by long name and later flags override it", "[config]") {

@@ -83,6 +83,8 @@ inline const std::vector<RunOption>& run_options() {
         {"", "shuffle", &RunConfig::shuffle, "shuffle training windows each epoch (0 or 1)"},
         {"-v", "val_every", &RunConfig::val_every, "evaluate validation loss every N steps (0: never)"},
         {"-m", "val_steps", &RunConfig::val_steps, "validation windows of B x T tokens per evaluation, over all data-parallel ranks together (the same set on any mesh)"},
+        {"-h", "hellaswag", &RunConfig::hellaswag, "1: HellaSwag accuracy (llm.c's acc_norm) of --eval-hellaswag's items where validation runs: every -v steps and after the last (with -x 0 -e model.bin: evaluate that model only)"},
+        {"", "eval_hellaswag", &RunConfig::eval_hellaswag, "the HellaSwag evaluation file, llm.c's format (dev/data/hellaswag.py makes it); giving one implies -h 1 unless -h is given"},
         {"-s", "sample_every", &RunConfig::sample_every, "print samples every N steps (0: never)"},
         {"-g", "sample_tokens", &RunConfig::sample_tokens, "tokens to generate per sample"},
         {"", "temperature", &RunConfig::temperature, "sampling temperature"},
@@ -141,7 +143,7 @@ inline const std::vector<RunOption>& run_options() {
 }
 
 // llm.c's letters that have no llmc option. A flag never means something else here than in llm.c:
-// the value that describes what llmc always does (`same`, e.g. -h 0: no HellaSwag) is accepted and
+// the value that describes what llmc always does (`same`, e.g. -a 0: no overfitting) is accepted and
 // sets nothing; any other value is refused with what llmc offers instead.
 struct LlmcOnlyFlag {
     const char* flag;
@@ -153,8 +155,6 @@ inline const std::vector<LlmcOnlyFlag>& llmc_only_flags() {
     static const char* launcher = "llmc takes the ranks and GPUs per node from mpirun or srun: launch with "
                                   "`mpirun -np N` or `srun`, no flag needed";
     static const std::vector<LlmcOnlyFlag> flags = {
-        {"-h", "0", "llm.c's -h 1 runs the HellaSwag evaluation, which llmc does not have (validation loss: -v, -m); "
-                    "for llmc's help use --help"},
         {"-a", "0", "llm.c's -a 1 overfits a single batch; llmc has no such debug mode"},
         {"-w", "1", "llmc always keeps fp32 master weights for the optimizer (llm.c's -w 1)"},
         {"-f", "", "llm.c's -f switches TF32 for fp32 matmuls; llmc's CUDA matmuls are bf16 with fp32 accumulation "
@@ -316,8 +316,7 @@ inline std::string run_config_help(const char* program) {
         out += strformat("  %-26s %s (default %s)\n", spelled.c_str(), o.doc, value.c_str());
     }
     out += "      --config FILE          read options from a JSON file; later flags override it\n";
-    out += "  -h, --help                 print this help (-h with a value is llm.c's HellaSwag flag: -h 0 is "
-           "accepted, -h 1 refused)\n";
+    out += "  -h, --help                 print this help (-h with a value is llm.c's HellaSwag flag, --hellaswag)\n";
     out += "\nllm.c's letters llmc has no option for (accepted only with the value that describes what llmc does):\n ";
     for (const LlmcOnlyFlag& f : llmc_only_flags())
         out += f.same[0] ? strformat(" %s %s", f.flag, f.same) : strformat(" %s", f.flag);
@@ -338,7 +337,7 @@ inline bool check_llmc_only_flag(const std::string& flag, const std::string& val
 
 // Parses argv into cfg. Returns false when --help was asked for (the caller prints the help).
 // -h alone (last, or followed by another flag) asks for help; -h with a value is llm.c's HellaSwag
-// flag (llmc_only_flags).
+// flag (--hellaswag).
 inline bool parse_run_args(RunConfig& cfg, int argc, const char* const* argv) {
     for (int i = 1; i < argc; i++) {
         std::string arg = argv[i];

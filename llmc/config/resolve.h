@@ -32,10 +32,23 @@ inline PipelineSplit pipeline_split(const RunConfig& cfg) {
 // The pipeline a config asks for (one stage without --pp): its split, and a step's micro-batches.
 inline PipelineParallel pipeline_of(const RunConfig& cfg) { return {pipeline_split(cfg), cfg.grad_accum_steps}; }
 
+// Whether the run evaluates where validation runs (after step 0, every -v steps and after the last):
+// validation data (-j) or HellaSwag (-h 1), with -v above 0.
+inline bool evaluates(const RunConfig& cfg) {
+    return cfg.val_every > 0 && (!cfg.val_data.empty() || cfg.hellaswag == 1);
+}
+
 namespace detail {
 
 inline void require(bool ok, const std::string& message) {
     if (!ok) fail(message);
+}
+
+// --eval-hellaswag FILE asks for HellaSwag (-h 1) unless -h itself is given: a run's config.json,
+// fed back with --config, gives both, and its -h stands.
+inline void resolve_evaluation(RunConfig& cfg) {
+    if (cfg.given.count("eval_hellaswag") && !cfg.given.count("hellaswag")) cfg.hellaswag = 1;
+    require(cfg.hellaswag == 0 || !cfg.eval_hellaswag.empty(), "-h 1 needs a HellaSwag file: --eval-hellaswag is empty");
 }
 
 // The mesh: the launch's rank count, and dp x pp x cp x tp with the pipeline schedule's options.
@@ -214,8 +227,13 @@ inline void resolve_batch(RunConfig& cfg) {
 
 // Every other option in its range.
 inline void check_training_options(const RunConfig& cfg, int world_size) {
-    require(cfg.steps > 0, strformat("-x (steps) must be positive, got %d%s", cfg.steps,
-                                     cfg.steps == -1 ? " (llm.c's -x -1, one epoch, is not offered: give the step count)" : ""));
+    require(cfg.hellaswag == 0 || cfg.hellaswag == 1, strformat("-h (hellaswag) must be 0 or 1, got %d", cfg.hellaswag));
+    require(cfg.steps > 0 || (cfg.steps == 0 && evaluates(cfg)),
+            cfg.steps == 0
+                ? std::string("-x 0 trains nothing and only evaluates a model (e.g. -e model.bin -x 0 -h 1), but nothing "
+                              "is evaluated here: give -h 1 or validation data (-j), and -v above 0")
+                : strformat("-x (steps) must be positive (or 0 to evaluate only), got %d%s", cfg.steps,
+                            cfg.steps == -1 ? " (llm.c's -x -1, one epoch, is not offered: give the step count)" : ""));
     // Float options are finite and in range (a NaN fails every comparison, so each check is written
     // as "ok if"); only the timeouts take inf, for "never".
     require(cfg.lr > 0 && cfg.lr <= 1, strformat("-l (lr) must be in (0, 1], got %g", cfg.lr));
@@ -308,6 +326,7 @@ inline void resolve_run_config(RunConfig& cfg, int world_size, const ModelConfig
     detail::resolve_mesh(cfg, world_size);
     detail::resolve_model(cfg, model_from_file);
     detail::resolve_batch(cfg);
+    detail::resolve_evaluation(cfg);
     detail::check_training_options(cfg, world_size);
 }
 

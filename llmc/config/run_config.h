@@ -56,6 +56,8 @@ struct RunConfig {
     // evaluation and sampling
     int val_every = 100;  // 0 disables
     int val_steps = 10;   // validation windows (B x T tokens each) per evaluation, over all ranks together
+    int hellaswag = 0;  // -h 1: HellaSwag accuracy where validation runs (training/hellaswag.h)
+    std::string eval_hellaswag = "data/hellaswag/hellaswag_val.bin";  // its items (data/eval_loader.h)
     int sample_every = 250;  // 0 disables
     int sample_tokens = 48;
     float temperature = 1.0f;

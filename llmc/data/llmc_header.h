@@ -1,7 +1,7 @@
 // llmc_header.h: the header that starts every llm.c file llmc reads or writes: 256 int32, [0] the
 // magic number (which kind of file), [1] the format version, then the kind's own fields, zeros after.
-// Token shards (dataloader.h), the tokenizer (tokenizer.h) and the GPT-2 model file
-// (models/gpt2/model_file.h) read theirs with read_llmc_header, so a wrong, truncated or
+// Token shards (dataloader.h), evaluation files (eval_loader.h), the tokenizer (tokenizer.h) and the
+// GPT-2 model file (models/gpt2/model_file.h) read theirs with read_llmc_header, so a wrong, truncated or
 // mixed-up file is reported the same way: the file, what was found, what was expected.
 #pragma once
 
@@ -21,6 +21,7 @@ using LlmcHeader = std::array<int32_t, LLMC_HEADER_INTS>;
 constexpr int32_t MODEL_FILE_MAGIC = 20240326;
 constexpr int32_t TOKENIZER_MAGIC = 20240328;
 constexpr int32_t TOKEN_SHARD_MAGIC = 20240520;
+constexpr int32_t EVAL_FILE_MAGIC = 20240522;  // multiple-choice items (HellaSwag), llm.c's write_evalfile
 
 // The kind of file a magic number marks, for error messages; nullptr for one llmc does not know.
 inline const char* llmc_file_kind(int32_t magic) {
@@ -28,6 +29,7 @@ inline const char* llmc_file_kind(int32_t magic) {
         case MODEL_FILE_MAGIC: return "GPT-2 model file";
         case TOKENIZER_MAGIC: return "tokenizer file";
         case TOKEN_SHARD_MAGIC: return "token shard";
+        case EVAL_FILE_MAGIC: return "multiple-choice evaluation file";
         default: return nullptr;
     }
 }

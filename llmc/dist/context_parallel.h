@@ -79,6 +79,17 @@ struct ContextSplit {
         for (int s = 0; s < sequences; s++)
             for (int j = 0; j < Tl; j++) (*mine)[(size_t)s * Tl + j] = whole[(size_t)s * T + positions[j]];
     }
+    // The inverse, over the whole group: every rank's `sequences` x local_len() values, gathered rank
+    // after rank into `gathered`, put back at their global positions of `whole` (sequences x T).
+    void place_gathered(const float* gathered, int sequences, float* whole) const {
+        const int Tl = local_len();
+        for (int q = 0; q < size; q++) {
+            const ContextSplit owner{size, q, T};
+            const float* from = gathered + (size_t)q * sequences * Tl;
+            for (int s = 0; s < sequences; s++)
+                for (int j = 0; j < Tl; j++) whole[(size_t)s * T + owner.global_position(j)] = from[(size_t)s * Tl + j];
+        }
+    }
 };
 
 // A batch's tokens at this rank's positions: T of them per sequence.

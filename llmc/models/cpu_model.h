@@ -346,6 +346,26 @@ public:
         const LocalBatch local = local_batch(inputs, targets, B, T);
         return forward_through_stages(local.inputs, local.targets, B, local.T, Pass::Evaluate);
     }
+    // The last stage holds the losses of this rank's positions (all rows on every tensor rank): the
+    // context ranks' are gathered and put back in place, then the last stage broadcasts them.
+    void evaluate_rows(const int* inputs, const int* targets, int B, int T, float* row_losses) override {
+        check_batch(inputs, targets, B, T, "evaluate_rows");
+        const LocalBatch local = local_batch(inputs, targets, B, T);
+        forward_through_stages(local.inputs, local.targets, B, local.T, Pass::Evaluate);
+        if (stage_.head) {
+            const float* mine = activations(B, local.T, 0).row_loss;
+            const size_t n = (size_t)B * local.T;
+            if (cp_.size == 1) {
+                std::copy(mine, mine + n, row_losses);
+            } else {
+                std::vector<float> gathered(n * cp_.size);
+                cp_comm_.all_gather(mine, gathered.data(), n, CommDtype::F32).wait();
+                cp_.place_gathered(gathered.data(), B, row_losses);
+            }
+        }
+        if (stage_.pipelined)
+            wait(pp_comm_.broadcast(row_losses, (size_t)B * T * sizeof(float), pipe_.split.last_rank()));
+    }
     // Every rank of the tensor and pipeline groups calls it with the same tokens and gets the whole row.
     void next_token_logits(const int* tokens, int T, float* logits_out) override {
         llmc::check_batch(config_, max_B_, max_T_, tokens, nullptr, 1, T, "next_token_logits");

@@ -139,6 +139,17 @@ public:
         fflush(stdout);
         write({{"step", step}, {"val_loss", val_loss}});
     }
+    // HellaSwag's accuracy after `step` steps, with the evaluation's time beside the last step's
+    // (step_ms < 0: no step yet), so its cost per -v steps is seen at a glance.
+    void log_hellaswag(int step, int correct, int items, double eval_ms, double step_ms) {
+        if (!file_) return;
+        const double acc = items ? (double)correct / items : 0.0;
+        printf("hellaswag acc %.4f (%d/%d items, after %d steps) | eval %.1f ms%s\n", acc, correct, items, step,
+               eval_ms, step_ms >= 0 ? strformat(" (a step takes %.1f ms)", step_ms).c_str() : "");
+        fflush(stdout);
+        write({{"step", step}, {"hellaswag_acc", acc}, {"hellaswag_correct", correct}, {"hellaswag_items", items},
+               {"hellaswag_ms", eval_ms}});
+    }
     void log_sample(int step, const std::string& prompt, const std::string& completion) {
         if (!file_) return;
         printf("---- sample after %d steps%s ----\n%s%s\n--------\n", step, prompt.empty() ? "" : " (prompted)",
@@ -167,7 +178,7 @@ private:
     // a later step, or an evaluation or sample of that step (the loop evaluates before each step).
     static bool repeated_after(const nlohmann::json& r, int step) {
         const int s = r["step"].get<int>();
-        return s > step || (s == step && (r.contains("val_loss") || r.contains("sample")));
+        return s > step || (s == step && (r.contains("val_loss") || r.contains("hellaswag_acc") || r.contains("sample")));
     }
 
     // Writes the file anew (whole or not at all) from its records, each passed through edit(record),

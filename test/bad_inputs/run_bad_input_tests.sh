@@ -156,6 +156,33 @@ k=$(variant "$tmp/tok.bin" tok_eot.bin); put_i32 "$k" 4 2; put_i32 "$k" 12 -1
 run "tokenizer eot -1" "$k': eot token -1" --tokenizer "$k"
 run "model file as tokenizer" "(a GPT-2 model file's)" --tokenizer "$model"
 
+# ---- HellaSwag evaluation files (-h 1, --eval-hellaswag) ----
+hs="$tmp/hellaswag.bin"  # 4 synthetic items over GPT-2's vocabulary; item 0 at byte 1024
+"${PYTHON:-/usr/bin/python3}" dev/data/hellaswag.py --synthetic 4 --vocab 50257 --out "$hs" >/dev/null
+[ -e data/hellaswag/hellaswag_val.bin ] ||
+    run "HellaSwag without its default file" \
+        "-h 1: the HellaSwag file 'data/hellaswag/hellaswag_val.bin' (the default) does not exist: make it with" -h 1
+run "HellaSwag file missing" "-h 1: the HellaSwag file '$tmp/none.bin' does not exist" --eval-hellaswag "$tmp/none.bin"
+h=$(variant "$hs" hs_trunc.bin); truncate -s 1030 "$h"
+run "HellaSwag file truncated" "$h': item 0 (byte offset 1024) is truncated: 6 bytes left" --eval-hellaswag "$h"
+h=$(variant "$hs" hs_cut.bin); truncate -s 1000 "$h"
+run "HellaSwag file with a cut header" "$h' is truncated" --eval-hellaswag "$h"
+h=$(variant "$hs" hs_magic.bin); flip_bit "$h" 0 0
+run "HellaSwag magic bit flip" "$h' is not a multiple-choice evaluation file" --eval-hellaswag "$h"
+run "token shard as HellaSwag file" "(a token shard's)" --eval-hellaswag "$tmp/train.bin"
+h=$(variant "$hs" hs_delim.bin); printf '\000\000' | put_bytes "$h" 1024
+run "HellaSwag item without its delimiter" "$h': item 0 (byte offset 1024) does not start with the delimiter 65535" \
+    --eval-hellaswag "$h"
+h=$(variant "$hs" hs_label.bin); printf '\007\000' | put_bytes "$h" 1030
+run "HellaSwag label 7" "$h': item 0 (byte offset 1024) has label 7: expected 0 to 3" --eval-hellaswag "$h"
+h=$(variant "$hs" hs_token.bin); printf '\376\377' | put_bytes "$h" 1036
+run "HellaSwag token beyond the vocabulary" "$h': item 0 (byte offset 1024) has token 65534 in its context: not below the model's vocab_size 50257" \
+    --eval-hellaswag "$h"
+run "HellaSwag row longer than -t" "more than -t (seq_len) 4; the file's longest row needs -t" --eval-hellaswag "$hs" -t 4
+run "-x 0 with nothing to evaluate" "-x 0 trains nothing and only evaluates a model" -x 0 -j ""
+expect_ok "-x 0 -h 1 evaluates a model" "$bin" "${data[@]}" -e "$model" -x 0 -h 1 --eval-hellaswag "$hs" -o "$tmp/eval"
+[ ! -e "$tmp/eval/model.bin" ] || problem "-x 0 -h 1 saved a model"
+
 # ---- model files (-e) ----
 run_model "--experts with a model file" "--experts shapes a preset, but -e names a model file" "$model" --experts 4
 m=$(variant "$model" m_trunc.bin); truncate -s -4 "$m"

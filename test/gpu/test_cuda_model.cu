@@ -78,10 +78,15 @@ std::vector<float> master_of(CUDAModel& m) {
     return p;
 }
 
-// The evaluation loss and the next-token logits of the same weights on the two models, within 1e-2.
+// The evaluation loss, every position's loss (evaluate_rows, what HellaSwag scores from) and the
+// next-token logits of the same weights on the two models, within 1e-2.
 void check_evaluation_matches(CUDAModel& gpu, CPUModel& cpu, const ModelConfig& c, const Batch& batch, int B, int T) {
     CHECK(rel_error(gpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T),
                     cpu.evaluate(batch.inputs.data(), batch.targets.data(), B, T)) <= 1e-2);
+    std::vector<float> gpu_rows((size_t)B * T), cpu_rows((size_t)B * T);
+    gpu.evaluate_rows(batch.inputs.data(), batch.targets.data(), B, T, gpu_rows.data());
+    cpu.evaluate_rows(batch.inputs.data(), batch.targets.data(), B, T, cpu_rows.data());
+    CHECK(rel_error(gpu_rows.data(), cpu_rows.data(), B * T) <= 1e-2);
     std::vector<float> gpu_logits(c.padded_vocab_size), cpu_logits(c.padded_vocab_size);
     gpu.next_token_logits(batch.inputs.data(), T, gpu_logits.data());
     cpu.next_token_logits(batch.inputs.data(), T, cpu_logits.data());
