@@ -23,10 +23,10 @@ import os
 import random
 import struct
 import sys
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_bpe  # noqa: E402
+from download import download  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_ITEMS = 10042
@@ -137,23 +137,6 @@ def hellaswag_items(path, bpe_dir):
     return items
 
 
-def download(url, path, timeout_s=60):
-    """Fetches url to path whole or not at all; exits 1 with the reason on any failure."""
-    print(f"downloading {url} -> {path}")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response, open(tmp, "wb") as f:
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
-        os.replace(tmp, path)
-    except Exception as e:  # URLError, HTTPError, timeouts, disk errors: all end the same way
-        raise SystemExit(f"error: cannot download {url}: {e}\n"
-                         f"       (no internet here? pass a local copy with --input FILE.jsonl)")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bpe-dir", default="data/gpt2_bpe", help="directory with encoder.json and vocab.bpe")
@@ -184,7 +167,7 @@ def main():
         path = os.path.join(args.out_dir, "hellaswag_val.jsonl")
         if not os.path.exists(path):
             try:
-                download(URL, path)
+                download(URL, path, "--input FILE.jsonl")
             except SystemExit:
                 if made_out_dir and not os.listdir(args.out_dir):
                     os.rmdir(args.out_dir)  # a failed download leaves no empty directory behind

@@ -11,33 +11,16 @@ file instead of downloading.
 import argparse
 import os
 import sys
-import urllib.request
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_bpe  # noqa: E402
+from download import download  # noqa: E402
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 VAL_TOKENS = 32768
 SHARD_TOKENS = 100_000_000
-
-
-def download(url, path, timeout_s=60):
-    """Fetches url to path whole or not at all; exits 1 with the reason on any failure."""
-    print(f"downloading {url} -> {path}")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response, open(tmp, "wb") as f:
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
-        os.replace(tmp, path)
-    except Exception as e:  # URLError, HTTPError, timeouts, disk errors: all end the same way
-        raise SystemExit(f"error: cannot download {url}: {e}\n"
-                         f"       (no internet here? pass a local copy with --input FILE)")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def main():

@@ -2,6 +2,7 @@
 #   mpirun        an array: timeout 300 mpirun --oversubscribe (as root, with Open MPI's consent)
 #   dir           a scratch directory, removed on exit
 #   expect_failure WHAT PATTERN MPIRUN_ARGS...   the launch must exit non-zero with PATTERN on stderr
+#   walk_shard FILE SEED MULT INC SPREAD          a training shard of a fixed random walk (250-token vocabulary)
 #   curve METRICS / same_curve A B WHAT [TOLS]    a run's training curve, and two runs' compared
 #   checkpoint_bytes DIR                          a checkpoint's bytes, each file checked to hold what its
 #                                                 manifest lists
@@ -12,6 +13,23 @@ export OMP_NUM_THREADS=1  # ranks share the cores
 mpirun=(timeout 300 mpirun --oversubscribe)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+
+# walk_shard FILE SEED MULT INC SPREAD: 30000 tokens of a 250-token vocabulary, the walk
+# t -> (t * MULT + INC + a random 0..SPREAD-1) % 250 from seed SEED: learnable, but not trivially.
+walk_shard() {
+    "${PYTHON:-/usr/bin/python3}" - "$@" <<'PY'
+import random, struct, sys
+path, (seed, mult, inc, spread) = sys.argv[1], map(int, sys.argv[2:6])
+random.seed(seed)
+tokens, t = [], 0
+for _ in range(30000):
+    t = (t * mult + inc + random.randrange(spread)) % 250
+    tokens.append(t)
+with open(path, "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+}
 
 expect_failure() {
     local what=$1 pattern=$2

@@ -20,19 +20,8 @@ trainer=${1:-./train_gpt_cpu}
 [ -x "$trainer" ] || { echo "run_hsdp_tests.sh: $trainer is not built" >&2; exit 1; }
 source "$(dirname "$0")/lib.sh"
 
-# A shard of 30000 tokens of a 250-token vocabulary: a fixed random walk, learnable but not trivial.
 shard="$dir/hsdp_train_000000.bin"
-"${PYTHON:-/usr/bin/python3}" - "$shard" <<'PY'
-import random, struct, sys
-random.seed(11)
-tokens, t = [], 0
-for _ in range(30000):
-    t = (t * 13 + 5 + random.randrange(7)) % 250
-    tokens.append(t)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+walk_shard "$shard" 11 13 5 7
 
 # -d 512 = 8 ranks x B 2 x T 32: every mesh below takes the same global batch (more accumulation on
 # fewer data ranks).

@@ -16,19 +16,8 @@ trainer=${1:-./train_gpt_cpu}
 [ -x "$trainer" ] || { echo "run_llama_tests.sh: $trainer is not built" >&2; exit 1; }
 source "$(dirname "$0")/lib.sh"
 
-# A shard of 30000 tokens of a 250-token vocabulary: a fixed random walk, learnable but not trivial.
 shard="$dir/llama_train_000000.bin"
-"${PYTHON:-/usr/bin/python3}" - "$shard" <<'PY'
-import random, struct, sys
-random.seed(7)
-tokens, t = [], 0
-for _ in range(30000):
-    t = (t * 17 + 3 + random.randrange(5)) % 250
-    tokens.append(t)
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+walk_shard "$shard" 7 17 3 5
 
 common=(-i "$shard" -j "" --tokenizer "" --vocab-size 250 --arch llama --num-layers 4 --channels 32 --num-heads 4
         --kv-heads 2 --ffn-hidden 64 --max-seq-len 32 -b 2 -t 32 -d 512 -l 1e-2 -u 2 --heartbeat-s 0
