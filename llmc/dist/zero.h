@@ -427,12 +427,14 @@ public:
     // the engine's communicator (no expert buckets over another group: their norm and their replicas
     // would be another group's).
     void set_replicas(Communicator& replicas) {
+        replicas_ = nullptr;
+        if (replicas.world_size() == 1) return;  // one group: nothing to sum, whatever the buckets
         for (const auto& k : plan_.buckets)
             if (k.world_size != plan_.world_size)
                 fail(strformat("ZeroEngine: hybrid sharding needs every bucket sharded over the shard group; bucket "
                                "'%s' is sharded over %d ranks, the group has %d", k.name.c_str(), k.world_size,
                                plan_.world_size));
-        replicas_ = replicas.world_size() > 1 ? &replicas : nullptr;
+        replicas_ = &replicas;
     }
     int replica_rank() const { return replicas_ ? replicas_->rank() : 0; }
 
