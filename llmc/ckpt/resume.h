@@ -323,6 +323,8 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
     const std::vector<StateBuffer> buffers = state.state_buffers();
     bool has_master = false;
     for (const StateBuffer& b : buffers) has_master |= b.name == STATE_MASTER;
+    size_t whole = 0;  // the layout's elements: a buffer held whole, or a shard of one
+    for (int b = 0; b < layout.num_buckets(); b++) whole += layout.bucket_size(b);
     for (int i = 0; i < (int)buffers.size(); i++) {
         std::string source = buffers[i].name;
         if (source == STATE_MASTER && !reader.has_buffer(STATE_MASTER)) source = STATE_PARAMS;
@@ -342,9 +344,8 @@ inline void load_checkpoint(const ResumePoint& p, ShardedState& state, const Par
         // group, which holds the same layout, or of its expert data group for an expert bucket's):
         // each sends its part. Or, under hybrid sharding, its shard of a sharded buffer: the same
         // ranges as every replica of the shard, the first of which owns them.
-        size_t held = 0, whole = 0;
+        size_t held = 0;
         for (const FlatRange& r : state.held_ranges(i)) held += r.size();
-        for (int b = 0; b < layout.num_buckets(); b++) whole += layout.bucket_size(b);
         const bool shard = held < whole && shard_replicas && shard_replicas->world_size() > 1;
         auto group_of = [&](FlatRange r) -> Communicator& {
             if (shard) return *shard_replicas;

@@ -205,7 +205,7 @@ public:
                   ZeroPlan(layout_, zero_stage, dp.rank(), dp.world_size(), 1, (expert_data ? *expert_data : dp).rank(),
                            (expert_data ? *expert_data : dp).world_size()),
                   dp, memory_),
-          dp_comm_(dp), replicas_comm_(replicas && replicas->world_size() > 1 ? replicas : nullptr), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp),
+          dp_comm_(dp), replicas_comm_(replicas), cp_comm_(cp), cp_{cp.world_size(), cp.rank(), max_T}, ring_(cp),
           ep_comm_(ep) {
         if (max_B < 1) fail(strformat("CPUModel: max_B must be >= 1, got %d", max_B));
         if (max_T < 1 || max_T > config.max_seq_len)
@@ -994,7 +994,7 @@ private:
     HostMemory memory_;  // before engine_, which allocates from it
     ZeroEngine<HostMemory> engine_;
     Communicator& dp_comm_;                     // ZeRO's group (data x context ranks, or a shard group of them)
-    Communicator* replicas_comm_;               // hybrid sharding: the shard's replicas (null: none)
+    Communicator* replicas_comm_;               // hybrid sharding: the shard's replicas (null or one rank: none)
     Communicator& cp_comm_;                     // the context group
     ContextSplit cp_;                           // this rank's positions of the batch under way
     cpu::RingAttention ring_;

@@ -3,6 +3,7 @@
 #   dir           a scratch directory, removed on exit
 #   expect_failure WHAT PATTERN MPIRUN_ARGS...   the launch must exit non-zero with PATTERN on stderr
 #   walk_shard FILE SEED MULT INC SPREAD          a training shard of a fixed random walk (250-token vocabulary)
+#   run_like_one NAME NP FLAGS...                  $trainer on NP ranks for 20 steps: $dir/one's curve
 #   curve METRICS / same_curve A B WHAT [TOLS]    a run's training curve, and two runs' compared
 #   checkpoint_bytes DIR                          a checkpoint's bytes, each file checked to hold what its
 #                                                 manifest lists
@@ -29,6 +30,16 @@ with open(path, "wb") as f:
     f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
+}
+
+# run_like_one NAME NP FLAGS...: $trainer with "${common[@]}" and FLAGS on NP ranks for 20 steps, into
+# $dir/NAME, whose curve must be the 1-rank run's in $dir/one (same_curve).
+run_like_one() {
+    local name=$1 np=$2
+    shift 2
+    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 "$@" -o "$dir/$name" >"$dir/$name.log"
+    same_curve "$dir/one/metrics.jsonl" "$dir/$name/metrics.jsonl" "$name against 1 rank"
+    echo "ok $name ($np rank(s), $*) reproduces 1 rank's losses and gradient norms for 20 steps"
 }
 
 expect_failure() {

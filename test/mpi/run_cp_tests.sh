@@ -60,26 +60,19 @@ echo "ok --plan: activations per rank $a1, $a2, $a4 bytes at cp 1, 2, 4 (1/cp, w
 # The same run on 1 rank and split over contexts: the same curve.
 # The 1-rank and cp 2 runs also validate (on the training shard) every 10 steps.
 "${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 20 -n 10 -j "$shard" -v 10 -m 2 -o "$dir/one" >"$dir/one.log"
-run() {  # run NAME NP FLAGS...: trains 20 steps, checks the curve against 1 rank's
-    local name=$1 np=$2
-    shift 2
-    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 "$@" -o "$dir/$name" >"$dir/$name.log"
-    same_curve "$dir/one/metrics.jsonl" "$dir/$name/metrics.jsonl" "$name against 1 rank"
-    echo "ok the trainer on $name ($*) reproduces 1 rank's losses and gradient norms for 20 steps"
-}
-run cp2 2 --cp 2 -n 10 -j "$shard" -v 10 -m 2
+run_like_one cp2 2 --cp 2 -n 10 -j "$shard" -v 10 -m 2
 val_losses() { grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2; }
 paste <(val_losses "$dir/one/metrics.jsonl") <(val_losses "$dir/cp2/metrics.jsonl") |
     awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit !(n == 3 && !bad) }' ||
     { echo "FAILED: cp 2's validation losses are not 1 rank's"; exit 1; }
 echo "ok cp 2's validation losses (steps 0, 10, 20) are 1 rank's"
-run cp4 4 --cp 4
-run dp2_cp2 4 --cp 2 -z 1 --fingerprint-every 10
+run_like_one cp4 4 --cp 4
+run_like_one dp2_cp2 4 --cp 2 -z 1 --fingerprint-every 10
 grep -q "^fingerprint: the 4 replicas agree after step 20" "$dir/dp2_cp2.log" ||
     { echo "FAILED: dp 2 x cp 2 compared no fingerprints of its 4 replicas"; cat "$dir/dp2_cp2.log"; exit 1; }
 echo "ok dp 2 x cp 2: the fingerprints of all 4 replicas (data and context ranks) agree"
-run pp2_cp2 4 --cp 2 --pp 2
-run pp2_cp2_zero3 4 --cp 2 --pp 2 -z 3
+run_like_one pp2_cp2 4 --cp 2 --pp 2
+run_like_one pp2_cp2_zero3 4 --cp 2 --pp 2 -z 3
 grep -q "^mesh: 2 rank(s) = dp 1 x pp 1 x cp 2 x tp 1; context parallel, 16 of each sequence's 32 positions per rank, ring attention, ZeRO over dp x cp$" "$dir/cp2.log" &&
     grep -q "^batch: B 2 x T 32 x 1 data-parallel rank(s) x 4 accumulation = 256 tokens per step" "$dir/cp2.log" ||
     { echo "FAILED: the mesh and batch lines of a cp 2 run"; cat "$dir/cp2.log"; exit 1; }

@@ -29,19 +29,12 @@ common=(-i "$shard" -j "" --tokenizer "" --vocab-size 250 --num-layers 2 --chann
         -b 2 -t 32 -d 512 -l 1e-2 -u 2 --heartbeat-s 0 --straggler-factor 0)
 
 "${mpirun[@]}" -np 1 "$trainer" "${common[@]}" -x 20 -n 10 -o "$dir/one" >"$dir/one.log"
-run() {  # run NAME NP FLAGS...: trains 20 steps, checks the curve against 1 rank's
-    local name=$1 np=$2
-    shift 2
-    "${mpirun[@]}" -np "$np" "$trainer" "${common[@]}" -x 20 "$@" -o "$dir/$name" >"$dir/$name.log"
-    same_curve "$dir/one/metrics.jsonl" "$dir/$name/metrics.jsonl" "$name against 1 rank"
-    echo "ok $name ($np ranks, $*) reproduces 1 rank's losses and gradient norms for 20 steps"
-}
 
 # 1. The stages, on 4 ranks in 2 groups of 2.
-for z in 0 1 2 3; do run "shard2_z$z" 4 --dp-shard 2 -z "$z" -n 10; done
+for z in 0 1 2 3; do run_like_one "shard2_z$z" 4 --dp-shard 2 -z "$z" -n 10; done
 grep -q "^hybrid sharding: ZeRO inside 2 group(s) of 2 data-parallel rank(s); each bucket's reduced slice all-reduced over its 2 replicas$" \
     "$dir/shard2_z1.log" || { echo "FAILED: the startup line of --dp-shard 2"; cat "$dir/shard2_z1.log"; exit 1; }
-run shard1_z3 4 --dp-shard 1 -z 3
+run_like_one shard1_z3 4 --dp-shard 1 -z 3
 # --dp-shard dp is the flat run itself: the same bits (no replica group, nothing else differs)
 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 20 -z 2 -o "$dir/flat" >"$dir/flat.log"
 "${mpirun[@]}" -np 4 "$trainer" "${common[@]}" -x 20 -z 2 --dp-shard 4 -o "$dir/shard4" >"$dir/shard4.log"
@@ -51,8 +44,8 @@ grep -q "^hybrid sharding" "$dir/shard4.log" && { echo "FAILED: --dp-shard 4 of 
 echo "ok --dp-shard 4 on 4 ranks is the flat run, bitwise (no hybrid sharding line)"
 
 # 2. With the other axes.
-run dp4_tp2_z1 8 --tp 2 --dp-shard 2 -z 1
-run dp4_tp2_z3 8 --tp 2 --dp-shard 2 -z 3
+run_like_one dp4_tp2_z1 8 --tp 2 --dp-shard 2 -z 1
+run_like_one dp4_tp2_z3 8 --tp 2 --dp-shard 2 -z 3
 # (ring attention's sums differ from 1 rank's attention in the last bits: with this shard the flat
 # dp 2 x cp 2 run's norm is 1.01e-4 off 1 rank's at step 12, so this mesh is held to the flat run's
 # curve within the usual tolerances, and to 1 rank's with the norm within 2e-4)
@@ -61,7 +54,7 @@ run dp4_tp2_z3 8 --tp 2 --dp-shard 2 -z 3
 same_curve "$dir/dp2_cp2_flat/metrics.jsonl" "$dir/dp2_cp2/metrics.jsonl" "dp 2 x cp 2 at --dp-shard 1 against flat"
 same_curve "$dir/one/metrics.jsonl" "$dir/dp2_cp2/metrics.jsonl" "dp 2 x cp 2 at --dp-shard 1 against 1 rank" 1e-5 2e-4
 echo "ok dp2_cp2 (4 ranks, --cp 2 --dp-shard 1 -z 3) reproduces the flat dp 2 x cp 2 run, and 1 rank's curve"
-run dp2_pp2 4 --pp 2 --dp-shard 1 -z 2
+run_like_one dp2_pp2 4 --pp 2 --dp-shard 1 -z 2
 # FP8 with delayed scaling: each step's scales come from the amax of every rank's casts, so the
 # replicas must take theirs over the shard groups too (the flat 4-rank run is the reference: its
 # micro-batches are the same, 1 rank's are not)
